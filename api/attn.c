@@ -1,0 +1,109 @@
+// The attention entry points: validate, agree across ranks, run the chosen algorithm.
+#include <stdio.h>
+
+#include "context_internal.h"
+#include "validate.h"
+
+static ctxpar_run make_run(ctxpar_context *ctx, ctxpar_stream *stream) {
+    ctxpar_run run = {ctx->dev,           ctx->comm,   stream,    ctx->options.verify_transfers,
+                      ctx->trace,         ctx->trace_user, &ctx->work};
+    return run;
+}
+
+static ctxpar_status check_lse(const char *name, const void *lse) {
+    if (!lse)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s is NULL", name);
+    return CTXPAR_OK;
+}
+
+// After local validation, every rank takes part in the agreement check; a rank whose own
+// arguments failed keeps its own message and status.
+static ctxpar_status agree(ctxpar_context *ctx, ctxpar_call_kind kind,
+                           const ctxpar_attn_params *params, const ctxpar_problem *pb,
+                           ctxpar_algo algo, ctxpar_status local) {
+    if (local == CTXPAR_OK)
+        return ctxpar_check_agreement(ctx, kind, params, pb, algo);
+    char saved[512];
+    snprintf(saved, sizeof saved, "%s", ctxpar_last_error());
+    (void)ctxpar_check_agreement(ctx, kind, NULL, NULL, algo);
+    ctxpar_restore_error(saved);
+    return local;
+}
+
+static ctxpar_status validate_fwd(const ctxpar_context *ctx, const ctxpar_attn_params *params,
+                                  const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                  const ctxpar_tensor *v, const ctxpar_tensor *out,
+                                  ctxpar_problem *pb, ctxpar_algo *algo) {
+    CTXPAR_CHECK(ctxpar_validate_problem(params, ctx->comm, q, k, v, pb));
+    CTXPAR_CHECK(ctxpar_validate_same("out", out, "q", q));
+    *algo = ctxpar_resolve_algo(params->algo, pb);
+    if (*algo == CTXPAR_ALGO_ALLTOALL)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "params.algo = alltoall is not implemented yet; use ring or allgather");
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *params,
+                              const ctxpar_tensor *q, const ctxpar_tensor *k,
+                              const ctxpar_tensor *v, ctxpar_tensor *out, float *lse,
+                              ctxpar_stream *stream) {
+    ctxpar_clear_error();
+    if (!ctx)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
+    ctxpar_problem pb;
+    ctxpar_algo algo = CTXPAR_ALGO_AUTO;
+    ctxpar_status st = validate_fwd(ctx, params, q, k, v, out, &pb, &algo);
+    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_FWD, params, &pb, algo, st));
+    ctxpar_run run = make_run(ctx, stream);
+    if (algo == CTXPAR_ALGO_ALLGATHER)
+        return ctxpar_allgather_fwd(&run, &pb, q, k, v, out, lse);
+    return ctxpar_ring_fwd(&run, &pb, q, k, v, out, lse);
+}
+
+static ctxpar_status validate_bwd(const ctxpar_context *ctx, const ctxpar_attn_params *params,
+                                  const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                  const ctxpar_tensor *v, const ctxpar_tensor *out,
+                                  const float *lse, const ctxpar_tensor *dout,
+                                  const ctxpar_tensor *dq, const ctxpar_tensor *dk,
+                                  const ctxpar_tensor *dv, ctxpar_problem *pb,
+                                  ctxpar_algo *algo) {
+    CTXPAR_CHECK(validate_fwd(ctx, params, q, k, v, out, pb, algo));
+    CTXPAR_CHECK(check_lse("lse", lse));
+    CTXPAR_CHECK(ctxpar_validate_same("dout", dout, "q", q));
+    CTXPAR_CHECK(ctxpar_validate_same("dq", dq, "q", q));
+    CTXPAR_CHECK(ctxpar_validate_same("dk", dk, "k", k));
+    return ctxpar_validate_same("dv", dv, "v", v);
+}
+
+ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *params,
+                              const ctxpar_tensor *q, const ctxpar_tensor *k,
+                              const ctxpar_tensor *v, const ctxpar_tensor *out, const float *lse,
+                              const ctxpar_tensor *dout, ctxpar_tensor *dq, ctxpar_tensor *dk,
+                              ctxpar_tensor *dv, ctxpar_stream *stream) {
+    ctxpar_clear_error();
+    if (!ctx)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
+    ctxpar_problem pb;
+    ctxpar_algo algo = CTXPAR_ALGO_AUTO;
+    ctxpar_status st =
+        validate_bwd(ctx, params, q, k, v, out, lse, dout, dq, dk, dv, &pb, &algo);
+    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_BWD, params, &pb, algo, st));
+    ctxpar_run run = make_run(ctx, stream);
+    if (algo == CTXPAR_ALGO_ALLGATHER)
+        return ctxpar_allgather_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
+    return ctxpar_ring_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
+}
+
+ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx, const ctxpar_attn_params *params,
+                                      const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                      ctxpar_algo *algo_out) {
+    ctxpar_clear_error();
+    if (!ctx || !algo_out)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx (%p) and algo_out (%p) must be set",
+                            (const void *)ctx, (void *)algo_out);
+    ctxpar_problem pb;
+    // v has k's shape; validating k against itself is enough here.
+    CTXPAR_CHECK(ctxpar_validate_problem(params, ctx->comm, q, k, k, &pb));
+    *algo_out = ctxpar_resolve_algo(params->algo, &pb);
+    return CTXPAR_OK;
+}

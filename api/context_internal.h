@@ -1,0 +1,29 @@
+// The context object, shared by the files of the front door.
+#ifndef CTXPAR_CONTEXT_INTERNAL_H
+#define CTXPAR_CONTEXT_INTERNAL_H
+
+#include "algorithms.h"
+
+struct ctxpar_context {
+    ctxpar_device *dev; /* borrowed */
+    ctxpar_comm *comm;  /* borrowed */
+    ctxpar_context_options options;
+    ctxpar_trace_fn trace;
+    void *trace_user;
+    ctxpar_work_stats work;
+};
+
+// Puts back a message saved from ctxpar_last_error() (after a call that may overwrite it).
+void ctxpar_restore_error(const char *message);
+
+typedef enum ctxpar_call_kind { CTXPAR_CALL_FWD = 1, CTXPAR_CALL_BWD = 2 } ctxpar_call_kind;
+
+// Collective: every rank says whether its arguments were valid and what it was asked to do, and
+// all ranks return CTXPAR_ERR_INVALID_USAGE, naming what differs, unless they all agree. pb and
+// params may be NULL on a rank whose arguments were rejected (it still takes part, so that its
+// peers fail at once instead of waiting for a transfer that will never come).
+ctxpar_status ctxpar_check_agreement(ctxpar_context *ctx, ctxpar_call_kind kind,
+                                     const ctxpar_attn_params *params, const ctxpar_problem *pb,
+                                     ctxpar_algo algo);
+
+#endif // CTXPAR_CONTEXT_INTERNAL_H

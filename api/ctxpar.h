@@ -1,0 +1,274 @@
+/*
+ * ctxpar.h - context-parallel attention: the user's API.
+ *
+ * A sequence of S tokens is split across P ranks. Every rank calls the same functions with its
+ * local shard of Q, K, V; the library cooperates through a comm (threads, MPI or NCCL) so that the
+ * local output equals the matching rows of attention over the full sequence.
+ *
+ * Conventions (the whole header follows them):
+ *  - Every function returns a ctxpar_status. On failure ctxpar_last_error() holds one line naming
+ *    the argument and the values, and nothing the caller owns has been written.
+ *  - Outputs come last and are named *_out; they are written only on success.
+ *  - Objects are opaque handles with create/destroy pairs; destroy(NULL) does nothing.
+ *  - Collective calls (attention, context creation) must be made by every rank of the comm with
+ *    the same parameters; a mismatch is detected and returned as CTXPAR_ERR_INVALID_USAGE on
+ *    every rank.
+ */
+#ifndef CTXPAR_H
+#define CTXPAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum ctxpar_status {
+    CTXPAR_OK = 0,
+    CTXPAR_ERR_INVALID_ARG = -1,   /* a bad argument: NULL, shape, dtype, size that does not divide */
+    CTXPAR_ERR_INVALID_USAGE = -2, /* legal arguments used wrongly, e.g. ranks disagree */
+    CTXPAR_ERR_NOT_SUPPORTED = -3, /* a valid combination this algorithm/backend cannot do */
+    CTXPAR_ERR_OUT_OF_MEMORY = -4,
+    CTXPAR_ERR_DEVICE = -5,        /* the device backend failed (kernel launch, driver) */
+    CTXPAR_ERR_COMM = -6,          /* the communication library failed, or a transfer was corrupt */
+    CTXPAR_ERR_REMOTE = -7,        /* a peer failed or left */
+    CTXPAR_ERR_TIMEOUT = -8,       /* a peer did not arrive within the timeout */
+    CTXPAR_ERR_INTERNAL = -9,      /* a bug in ctxpar: please report it */
+} ctxpar_status;
+
+/* Short constant name of a status ("CTXPAR_ERR_INVALID_ARG"); never NULL. */
+const char *ctxpar_status_string(ctxpar_status status);
+
+/* Detail of the last error on the calling thread ("algorithms/ring.c:88: q.shape[3] (96) !=
+ * k.shape[3] (64)"); "" when none. Valid until the next ctxpar call on this thread. */
+const char *ctxpar_last_error(void);
+
+/* Version of the library as "MAJOR.MINOR.PATCH". */
+const char *ctxpar_version(void);
+
+/* ---------------------------------------------------------------- tensors */
+
+typedef enum ctxpar_dtype {
+    CTXPAR_DTYPE_F32 = 0,
+    CTXPAR_DTYPE_F16 = 1,
+    CTXPAR_DTYPE_BF16 = 2,
+} ctxpar_dtype;
+
+/* Bytes per element; 0 for an unknown dtype. */
+size_t ctxpar_dtype_size(ctxpar_dtype dtype);
+/* "f32", "f16", "bf16"; "?" for an unknown dtype. */
+const char *ctxpar_dtype_name(ctxpar_dtype dtype);
+
+/* A view of memory the caller owns: [batch, seq, heads, head_dim] (BSHD), strides in elements.
+ * The memory lives where the device of the context expects it (host for the CPU backend). */
+typedef struct ctxpar_tensor {
+    void *data;
+    ctxpar_dtype dtype;
+    int64_t shape[4];
+    int64_t stride[4];
+} ctxpar_tensor;
+
+/* A densely packed BSHD view (stride = [s*h*d, h*d, d, 1]). */
+ctxpar_tensor ctxpar_tensor_bshd(void *data, ctxpar_dtype dtype, int64_t batch, int64_t seq,
+                                 int64_t heads, int64_t head_dim);
+
+/* ---------------------------------------------------------------- attention parameters */
+
+typedef enum ctxpar_algo {
+    CTXPAR_ALGO_AUTO = 0,      /* chosen by the library; see docs/ */
+    CTXPAR_ALGO_RING = 1,      /* K/V travel around the ring; O(S/P) memory */
+    CTXPAR_ALGO_ALLGATHER = 2, /* gather all K/V, then compute; bitwise equal to P = 1 */
+    CTXPAR_ALGO_ALLTOALL = 3,  /* Ulysses: re-shard heads; needs heads divisible by P */
+} ctxpar_algo;
+
+typedef enum ctxpar_layout {
+    CTXPAR_LAYOUT_CONTIGUOUS = 0, /* rank r holds tokens [r*S/P, (r+1)*S/P) */
+    CTXPAR_LAYOUT_ZIGZAG = 1,     /* 2P chunks; rank r holds chunks r and 2P-1-r */
+    CTXPAR_LAYOUT_STRIPED = 2,    /* token t on rank t mod P */
+} ctxpar_layout;
+
+typedef enum ctxpar_mask {
+    CTXPAR_MASK_NONE = 0,
+    CTXPAR_MASK_CAUSAL = 1, /* query at global position i sees keys at positions <= i */
+} ctxpar_mask;
+
+/* What to compute. Initialise with CTXPAR_ATTN_PARAMS_INIT, then set fields: new fields are only
+ * appended, and struct_size tells the library which ones the caller knows. */
+typedef struct ctxpar_attn_params {
+    size_t struct_size;
+    ctxpar_algo algo;
+    ctxpar_layout layout;
+    ctxpar_mask mask;
+    /* Sliding window: a query at position i sees keys k with i - k < window_left; 0 = none. */
+    int64_t window_left;
+    /* Packed documents: num_docs + 1 increasing global boundaries, cu_seqlens[0] = 0 and
+     * cu_seqlens[num_docs] = the global sequence length; host memory; NULL = one document. */
+    const int32_t *cu_seqlens;
+    int64_t num_docs;
+    /* Multiplies QK^T; 0 = 1/sqrt(head_dim). */
+    float softmax_scale;
+    /* Global sequence length; 0 = local seq * P. */
+    int64_t seq_len_global;
+} ctxpar_attn_params;
+
+#define CTXPAR_ATTN_PARAMS_INIT                                                                   \
+    {                                                                                             \
+        sizeof(ctxpar_attn_params), CTXPAR_ALGO_AUTO, CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_MASK_NONE, \
+            0, NULL, 0, 0.0f, 0                                                                   \
+    }
+
+const char *ctxpar_algo_name(ctxpar_algo algo);     /* "auto", "ring", ... */
+const char *ctxpar_layout_name(ctxpar_layout lay);  /* "contiguous", "zigzag", "striped" */
+const char *ctxpar_mask_name(ctxpar_mask mask);     /* "none", "causal" */
+
+/* ---------------------------------------------------------------- handles */
+
+typedef struct ctxpar_device ctxpar_device;   /* a compute backend instance (see ctxpar_cpu.h) */
+typedef struct ctxpar_comm ctxpar_comm;       /* a communicator between ranks (ctxpar_local.h) */
+typedef struct ctxpar_stream ctxpar_stream;   /* an ordered queue of work on a device */
+typedef struct ctxpar_context ctxpar_context; /* device + comm + workspace for attention calls */
+
+/* Destroys a device or a comm made by any backend's constructor; NULL is a no-op. A device or
+ * comm must outlive every context that uses it. */
+void ctxpar_device_destroy(ctxpar_device *device);
+void ctxpar_comm_destroy(ctxpar_comm *comm);
+
+/* Rank of this process/thread in the comm, and the number of ranks. */
+int ctxpar_comm_rank(const ctxpar_comm *comm);
+int ctxpar_comm_size(const ctxpar_comm *comm);
+
+/* Seconds a blocking comm operation waits for a peer before returning CTXPAR_ERR_TIMEOUT
+ * (default 60). Must be > 0. */
+ctxpar_status ctxpar_comm_set_timeout(ctxpar_comm *comm, double seconds);
+
+/* Options for a context. Initialise with CTXPAR_CONTEXT_OPTIONS_INIT. */
+typedef struct ctxpar_context_options {
+    size_t struct_size;
+    /* Checksum every block sent and received; a mismatch returns CTXPAR_ERR_COMM naming the step
+     * and the peer. Costs one pass over each transferred block. */
+    int verify_transfers;
+} ctxpar_context_options;
+
+#define CTXPAR_CONTEXT_OPTIONS_INIT { sizeof(ctxpar_context_options), 0 }
+
+/* Creates a context on `device` and `comm` (borrowed: both must outlive the context). Not
+ * collective: no communication happens here. options may be NULL for defaults. */
+ctxpar_status ctxpar_context_create(ctxpar_device *device, ctxpar_comm *comm,
+                                    const ctxpar_context_options *options,
+                                    ctxpar_context **ctx_out);
+void ctxpar_context_destroy(ctxpar_context *ctx);
+
+/* ---------------------------------------------------------------- attention */
+
+/*
+ * Forward attention on this rank's shard. Collective over the context's comm.
+ *
+ *   q    [B, S/P, Hq,  D]   local queries, in the layout's order (see ctxpar_shard)
+ *   k, v [B, S/P, Hkv, D]   local keys and values; Hq is a multiple of Hkv
+ *   out  [B, S/P, Hq,  D]   written: the local rows of full-sequence attention
+ *   lse  [B, Hq, S/P] F32   written, densely packed: natural-log sum of exp of the scaled,
+ *                           masked scores of each row; -inf for a fully masked row (whose out
+ *                           row is 0). May be NULL when not needed (then bwd cannot use it).
+ *
+ * q, k, v, out share one dtype. stream may be NULL (the device's default order); the call
+ * returns when the work is enqueued on stream (the CPU backend: when it is complete).
+ */
+ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *params,
+                              const ctxpar_tensor *q, const ctxpar_tensor *k,
+                              const ctxpar_tensor *v, ctxpar_tensor *out, float *lse,
+                              ctxpar_stream *stream);
+
+/*
+ * Backward of ctxpar_attn_fwd with the same params, inputs, out and lse.
+ *   dout [B, S/P, Hq, D]     gradient of out
+ *   dq   [B, S/P, Hq, D]     written
+ *   dk, dv [B, S/P, Hkv, D]  written: gradients of the local K and V (summed over all ranks'
+ *                            queries)
+ * Gradients are accumulated in F32 and stored in the dtype of q.
+ */
+ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *params,
+                              const ctxpar_tensor *q, const ctxpar_tensor *k,
+                              const ctxpar_tensor *v, const ctxpar_tensor *out, const float *lse,
+                              const ctxpar_tensor *dout, ctxpar_tensor *dq, ctxpar_tensor *dk,
+                              ctxpar_tensor *dv, ctxpar_stream *stream);
+
+/* The algorithm AUTO resolves to for these params and local shapes on this context, without
+ * running it; useful to print. Not collective. */
+ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx, const ctxpar_attn_params *params,
+                                      const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                      ctxpar_algo *algo_out);
+
+/* ---------------------------------------------------------------- layouts */
+
+/* Global position of each local token of `rank` for a layout: pos_out[i] for i < seq_global/P.
+ * seq_global must divide by P (by 2P for ZIGZAG). Host memory. */
+ctxpar_status ctxpar_positions(ctxpar_layout layout, int64_t seq_global, int rank, int nranks,
+                               int64_t *pos_out);
+
+/* Copies the rows of `global` ([B, S, H, D], host) that `rank` holds into `local_out`
+ * ([B, S/P, H, D], host, same dtype, caller-allocated). */
+ctxpar_status ctxpar_shard(ctxpar_layout layout, int rank, int nranks,
+                           const ctxpar_tensor *global, ctxpar_tensor *local_out);
+
+/* The inverse: copies `local` of `rank` into its rows of `global_out` (host). */
+ctxpar_status ctxpar_unshard(ctxpar_layout layout, int rank, int nranks,
+                             const ctxpar_tensor *local, ctxpar_tensor *global_out);
+
+/* ---------------------------------------------------------------- memory and counters */
+
+typedef struct ctxpar_memory_stats {
+    size_t current_bytes; /* bytes the library holds now on the context's device */
+    size_t peak_bytes;    /* high-water mark since creation or the last reset */
+} ctxpar_memory_stats;
+
+/* Memory the library allocated through the context's device (workspace, buffers in flight); the
+ * caller's tensors are not counted. */
+ctxpar_status ctxpar_context_memory_stats(const ctxpar_context *ctx,
+                                          ctxpar_memory_stats *stats_out);
+/* Sets peak_bytes to current_bytes. */
+ctxpar_status ctxpar_context_reset_peak(ctxpar_context *ctx);
+
+/* Bytes this rank has sent through the context's comm since creation. */
+ctxpar_status ctxpar_context_bytes_sent(const ctxpar_context *ctx, uint64_t *bytes_out);
+
+
+/* ---------------------------------------------------------------- tracing and work counters */
+
+typedef enum ctxpar_event_kind {
+    CTXPAR_EVENT_COMPUTE = 0,  /* a block kernel (or a batch of them) ran */
+    CTXPAR_EVENT_TRANSFER = 1, /* a transfer was in flight: from its post to its completion */
+    CTXPAR_EVENT_WAIT = 2,     /* the rank blocked waiting for a transfer (the unhidden part) */
+} ctxpar_event_kind;
+
+typedef struct ctxpar_trace_event {
+    ctxpar_event_kind kind;
+    const char *name; /* "fwd", "bwd", "kv", "dkv", "allgather_kv", ... static storage */
+    int step;         /* ring step (0..P-1) or -1 */
+    int peer;         /* rank sent to / received from, or -1 */
+    double t_begin;   /* seconds, CLOCK_MONOTONIC */
+    double t_end;
+    uint64_t bytes; /* bytes sent by this rank in a TRANSFER event; 0 otherwise */
+} ctxpar_trace_event;
+
+/* Called on the rank's own thread, synchronously, once per event; NULL fn turns tracing off. */
+typedef void (*ctxpar_trace_fn)(void *user, const ctxpar_trace_event *event);
+ctxpar_status ctxpar_context_set_trace(ctxpar_context *ctx, ctxpar_trace_fn fn, void *user);
+
+/* Work this rank did since creation (or the last reset): how it was load-balanced. */
+typedef struct ctxpar_work_stats {
+    uint64_t blocks_computed; /* (Q block, K/V block) pairs a kernel ran on */
+    uint64_t blocks_skipped;  /* pairs skipped as fully masked */
+    double flops;             /* useful FLOPs: 4*D per visible (query, key) pair forward */
+} ctxpar_work_stats;
+
+ctxpar_status ctxpar_context_work_stats(const ctxpar_context *ctx, ctxpar_work_stats *stats_out);
+ctxpar_status ctxpar_context_reset_work_stats(ctxpar_context *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CTXPAR_H */

@@ -1,0 +1,454 @@
+/*
+ * ctxpar_backend.h - for backend authors and for the algorithms.
+ *
+ * A device is `struct ctxpar_device_ops` + an implementation pointer; a comm likewise. Backends
+ * fill an ops table and call ctxpar_device_create / ctxpar_comm_create, which check the table.
+ * Algorithms never touch an ops table: they call the ctxpar_dev_* / ctxpar_comm_* wrappers below,
+ * which live in api/dispatch_*.c, the only files that call through the tables, and which own
+ * every NULL check and every fallback for an optional op.
+ *
+ * Tables are versioned: they start with `version` and `struct_size`, members are only appended,
+ * and CTXPAR_OPS_HAS tells whether a table is new enough to hold a member and sets it.
+ */
+#ifndef CTXPAR_BACKEND_H
+#define CTXPAR_BACKEND_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctxpar.h"
+#include "ctxpar_half.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ================================================================ errors */
+
+/* Records `status` with a printf-style message prefixed by file:line as the thread's last error
+ * and returns status. The first function that detects an error reports it; callers pass the
+ * status up unchanged. */
+ctxpar_status ctxpar_set_error(ctxpar_status status, const char *file, int line, const char *fmt,
+                               ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+void ctxpar_clear_error(void);
+
+#define CTXPAR_ERROR(status, ...) ctxpar_set_error((status), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Returns from the calling function when expr fails. */
+#define CTXPAR_CHECK(expr)                                                                        \
+    do {                                                                                          \
+        ctxpar_status ctxpar_check_st_ = (expr);                                                  \
+        if (ctxpar_check_st_ != CTXPAR_OK)                                                        \
+            return ctxpar_check_st_;                                                              \
+    } while (0)
+
+/* Stores the failure in `st` and jumps to the cleanup label. */
+#define CTXPAR_CHECK_GOTO(expr, st, label)                                                        \
+    do {                                                                                          \
+        (st) = (expr);                                                                            \
+        if ((st) != CTXPAR_OK)                                                                    \
+            goto label;                                                                           \
+    } while (0)
+
+/* Monotonic clock in seconds. */
+double ctxpar_now(void);
+
+/* ================================================================ positions and masks */
+
+/* Global positions start + i*stride for i < len. A shard is a short list of spans. */
+typedef struct ctxpar_span {
+    int64_t start;
+    int64_t len;
+    int64_t stride;
+} ctxpar_span;
+
+typedef struct ctxpar_spans {
+    const ctxpar_span *span;
+    int count;
+} ctxpar_spans;
+
+/* Number of positions in a span list. */
+static inline int64_t ctxpar_spans_total(ctxpar_spans s) {
+    int64_t n = 0;
+    for (int i = 0; i < s.count; i++)
+        n += s.span[i].len;
+    return n;
+}
+
+/* The mask as a function of global positions. Host memory. */
+typedef struct ctxpar_mask_desc {
+    int causal;                /* k <= q */
+    int64_t window_left;       /* q - k < window_left; 0 = none */
+    const int32_t *cu_seqlens; /* num_docs + 1 global document boundaries; NULL = one document */
+    int64_t num_docs;
+} ctxpar_mask_desc;
+
+/* Index of the document holding global position pos (0 without documents). */
+static inline int64_t ctxpar_mask_doc_of(const ctxpar_mask_desc *m, int64_t pos) {
+    if (!m->cu_seqlens)
+        return 0;
+    int64_t lo = 0, hi = m->num_docs - 1; // find the last doc whose start <= pos
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (m->cu_seqlens[mid] <= pos)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Whether query position q sees key position k; qdoc/kdoc from ctxpar_mask_doc_of. */
+static inline int ctxpar_mask_visible(const ctxpar_mask_desc *m, int64_t q, int64_t k,
+                                      int64_t qdoc, int64_t kdoc) {
+    if (m->causal && k > q)
+        return 0;
+    if (m->window_left > 0 && q - k >= m->window_left)
+        return 0;
+    return qdoc == kdoc;
+}
+
+typedef enum ctxpar_block_class {
+    CTXPAR_BLOCK_SKIP = 0,    /* no (q, k) pair visible: no compute */
+    CTXPAR_BLOCK_PARTIAL = 1, /* apply the mask element by element */
+    CTXPAR_BLOCK_FULL = 2,    /* every pair visible: no mask needed */
+} ctxpar_block_class;
+
+/* Classifies every (q, k) pair with q in [qmin, qmax] and k in [kmin, kmax]. Conservative: FULL
+ * and SKIP are exact claims about the whole rectangle; anything else is PARTIAL. */
+static inline ctxpar_block_class ctxpar_mask_classify(const ctxpar_mask_desc *m, int64_t qmin,
+                                                      int64_t qmax, int64_t kmin, int64_t kmax) {
+    if (m->causal && kmin > qmax)
+        return CTXPAR_BLOCK_SKIP;
+    if (m->window_left > 0 && qmin - kmax >= m->window_left)
+        return CTXPAR_BLOCK_SKIP;
+    int full = 1;
+    if (m->causal && kmax > qmin)
+        full = 0;
+    if (m->window_left > 0 && qmax - kmin >= m->window_left)
+        full = 0;
+    if (m->cu_seqlens) {
+        int64_t qd0 = ctxpar_mask_doc_of(m, qmin), qd1 = ctxpar_mask_doc_of(m, qmax);
+        int64_t kd0 = ctxpar_mask_doc_of(m, kmin), kd1 = ctxpar_mask_doc_of(m, kmax);
+        if (qd1 < kd0 || kd1 < qd0)
+            return CTXPAR_BLOCK_SKIP;
+        if (!(qd0 == qd1 && kd0 == kd1 && qd0 == kd0))
+            full = 0;
+    }
+    return full ? CTXPAR_BLOCK_FULL : CTXPAR_BLOCK_PARTIAL;
+}
+
+/* Smallest and largest position of a span list (count >= 1, every len >= 1). */
+static inline void ctxpar_spans_range(ctxpar_spans s, int64_t *min_out, int64_t *max_out) {
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (int i = 0; i < s.count; i++) {
+        const ctxpar_span *p = &s.span[i];
+        if (p->len <= 0)
+            continue;
+        int64_t a = p->start, b = p->start + (p->len - 1) * p->stride;
+        if (a > b) {
+            int64_t t = a;
+            a = b;
+            b = t;
+        }
+        if (a < lo)
+            lo = a;
+        if (b > hi)
+            hi = b;
+    }
+    *min_out = lo;
+    *max_out = hi;
+}
+
+/* ================================================================ device */
+
+#define CTXPAR_DEVICE_OPS_VERSION 1u
+
+typedef enum ctxpar_mem_kind {
+    CTXPAR_MEM_DEVICE = 0, /* where the device computes (host memory for the CPU backend) */
+    CTXPAR_MEM_HOST = 1,   /* host memory the device can copy to and from fast (pinned) */
+} ctxpar_mem_kind;
+
+typedef enum ctxpar_copy_kind {
+    CTXPAR_COPY_D2D = 0,
+    CTXPAR_COPY_H2D = 1,
+    CTXPAR_COPY_D2H = 2,
+    CTXPAR_COPY_H2H = 3,
+} ctxpar_copy_kind;
+
+typedef struct ctxpar_event ctxpar_event; /* defined by each backend */
+
+/* One (Q block, K/V block) pair for the block kernels.
+ *   q    [B, Sq, Hq,  D]  any strides, innermost stride 1
+ *   k, v [B, Sk, Hkv, D]  any strides, innermost stride 1; Hq % Hkv == 0 (GQA: query head h
+ *                         uses K/V head h / (Hq / Hkv)); q, k, v share one dtype
+ *   q_pos, k_pos          global positions of the Sq query rows and the Sk key rows
+ */
+typedef struct ctxpar_attn_block {
+    ctxpar_tensor q, k, v;
+    ctxpar_spans q_pos, k_pos;
+    ctxpar_mask_desc mask;
+    float scale; /* multiplies QK^T (already resolved: never 0) */
+} ctxpar_attn_block;
+
+struct ctxpar_device;
+
+/*
+ * The device vtable. Every op receives the device (its `impl` is the backend's state) and, where
+ * it says so, a stream: the op is ordered on that stream (NULL = the device's default order). A
+ * synchronous backend (the CPU) completes every op before returning.
+ * F32 accumulators are densely packed:  out_acc/dq_acc [B, Sq, Hq, D];  lse/delta [B, Hq, Sq];
+ * dk_acc/dv_acc [B, Sk, Hkv, D].
+ */
+struct ctxpar_device_ops {
+    uint32_t version;   /* CTXPAR_DEVICE_OPS_VERSION */
+    size_t struct_size; /* sizeof(struct ctxpar_device_ops) as the backend was compiled */
+    const char *name;   /* "cpu", "cuda" */
+
+    /* Frees impl and everything the backend holds. */
+    void (*destroy)(struct ctxpar_device *dev);
+
+    /* ---- memory */
+    ctxpar_status (*alloc)(struct ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
+                           void **ptr_out);
+    void (*free)(struct ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind);
+    ctxpar_status (*copy)(struct ctxpar_device *dev, void *dst, const void *src, size_t bytes,
+                          ctxpar_copy_kind kind, ctxpar_stream *stream);
+    ctxpar_status (*memset)(struct ctxpar_device *dev, void *dst, int value, size_t bytes,
+                            ctxpar_stream *stream);
+
+    /* ---- streams and events: (optional, all or none) default: everything is synchronous, a
+     * NULL stream is the only stream, events are no-ops. */
+    ctxpar_status (*stream_create)(struct ctxpar_device *dev, ctxpar_stream **stream_out);
+    void (*stream_destroy)(struct ctxpar_device *dev, ctxpar_stream *stream);
+    ctxpar_status (*stream_sync)(struct ctxpar_device *dev, ctxpar_stream *stream);
+    ctxpar_status (*event_create)(struct ctxpar_device *dev, ctxpar_event **event_out);
+    void (*event_destroy)(struct ctxpar_device *dev, ctxpar_event *event);
+    ctxpar_status (*event_record)(struct ctxpar_device *dev, ctxpar_event *event,
+                                  ctxpar_stream *stream);
+    ctxpar_status (*stream_wait_event)(struct ctxpar_device *dev, ctxpar_stream *stream,
+                                       ctxpar_event *event);
+
+    /* ---- attention blocks */
+
+    /* out_b, lse_b = softmax(scale*QK^T + mask) V over this block's keys, then
+     *   merge == 0: out_acc, lse_acc = out_b, lse_b
+     *   merge == 1: lse' = logaddexp(lse_acc, lse_b); out_acc = e^(lse_acc-lse') out_acc +
+     *               e^(lse_b-lse') out_b
+     * A row with no visible key has out_b = 0, lse_b = -inf (and merging it changes nothing).
+     * Key tiles are visited in increasing k index, so a call over a whole sequence gives the same
+     * bits whichever query rows it is given. */
+    ctxpar_status (*attn_block_fwd)(struct ctxpar_device *dev, const ctxpar_attn_block *blk,
+                                    float *out_acc, float *lse_acc, int merge,
+                                    ctxpar_stream *stream);
+
+    /* out_acc, lse_acc = merge of (out_acc, lse_acc) with (out_b, lse_b), as above, for
+     * [B, S, H, D] / [B, H, S] densely packed F32. */
+    ctxpar_status (*attn_merge)(struct ctxpar_device *dev, float *out_acc, float *lse_acc,
+                                const float *out_b, const float *lse_b, int64_t batch,
+                                int64_t seq, int64_t heads, int64_t head_dim,
+                                ctxpar_stream *stream);
+
+    /* delta [B, H, S] = rowsum(dout * out) over D, for out and dout [B, S, H, D]. */
+    ctxpar_status (*attn_bwd_prep)(struct ctxpar_device *dev, const ctxpar_tensor *out,
+                                   const ctxpar_tensor *dout, float *delta,
+                                   ctxpar_stream *stream);
+
+    /* With P = exp(scale*QK^T + mask - lse) (lse: the final forward LSE of the query rows),
+     * dP = dout V^T, dS = P * (dP - delta):
+     *   dq_acc += scale * dS K,  dk_acc += scale * dS^T Q,  dv_acc += P^T dout
+     * dout is [B, Sq, Hq, D] in the dtype of q. Any of dq_acc, dk_acc, dv_acc may be NULL (not
+     * wanted). Deterministic: no atomics, no thread-count-dependent sums. */
+    ctxpar_status (*attn_block_bwd)(struct ctxpar_device *dev, const ctxpar_attn_block *blk,
+                                    const ctxpar_tensor *dout, const float *lse,
+                                    const float *delta, float *dq_acc, float *dk_acc,
+                                    float *dv_acc, ctxpar_stream *stream);
+
+    /* ---- elementwise */
+
+    /* dst = src converted to dst's dtype, element by element over the 4-D shape (equal shapes;
+     * any strides with innermost stride 1). */
+    ctxpar_status (*cast)(struct ctxpar_device *dev, const ctxpar_tensor *src, ctxpar_tensor *dst,
+                          ctxpar_stream *stream);
+    /* dst[i] += src[i], F32, i < n. */
+    ctxpar_status (*add)(struct ctxpar_device *dev, float *dst, const float *src, size_t n,
+                         ctxpar_stream *stream);
+    /* dst[i] = value, F32, i < n. */
+    ctxpar_status (*fill)(struct ctxpar_device *dev, float *dst, float value, size_t n,
+                          ctxpar_stream *stream);
+
+    /* (optional) 64-bit checksum of bytes in device memory, complete when it returns.
+     * default: copy to the host and hash there. */
+    ctxpar_status (*checksum)(struct ctxpar_device *dev, const void *data, size_t bytes,
+                              ctxpar_stream *stream, uint64_t *sum_out);
+};
+
+/* The base object. Fields other than ops/impl belong to the dispatch layer. A device is used by
+ * one rank (one thread) at a time. */
+struct ctxpar_device {
+    const struct ctxpar_device_ops *ops;
+    void *impl;
+    int host_memory;        /* device memory is host-addressable (the CPU backend) */
+    size_t mem_current;     /* bytes allocated through ctxpar_dev_alloc and not yet freed */
+    size_t mem_peak;
+};
+
+/* Whether an ops table (struct_size as compiled by its author) holds `member` and sets it. */
+#define CTXPAR_OPS_HAS(ops, type, member)                                                         \
+    ((ops)->struct_size >= offsetof(type, member) + sizeof((ops)->member) &&                      \
+     (ops)->member != NULL)
+
+/* Checks the table (version, size, every required op, streams all-or-none), then wraps it.
+ * On failure the caller still owns impl. */
+ctxpar_status ctxpar_device_create(const struct ctxpar_device_ops *ops, void *impl,
+                                   int host_memory, ctxpar_device **device_out);
+
+/* Dispatch wrappers: the only way algorithms reach a device. */
+ctxpar_status ctxpar_dev_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
+                               void **ptr_out);
+void ctxpar_dev_free(ctxpar_device *dev, void *ptr, size_t bytes, ctxpar_mem_kind kind);
+ctxpar_status ctxpar_dev_copy(ctxpar_device *dev, void *dst, const void *src, size_t bytes,
+                              ctxpar_copy_kind kind, ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_memset(ctxpar_device *dev, void *dst, int value, size_t bytes,
+                                ctxpar_stream *stream);
+int ctxpar_dev_has_streams(const ctxpar_device *dev);
+ctxpar_status ctxpar_dev_stream_create(ctxpar_device *dev, ctxpar_stream **stream_out);
+void ctxpar_dev_stream_destroy(ctxpar_device *dev, ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_stream_sync(ctxpar_device *dev, ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_event_create(ctxpar_device *dev, ctxpar_event **event_out);
+void ctxpar_dev_event_destroy(ctxpar_device *dev, ctxpar_event *event);
+ctxpar_status ctxpar_dev_event_record(ctxpar_device *dev, ctxpar_event *event,
+                                      ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_stream_wait_event(ctxpar_device *dev, ctxpar_stream *stream,
+                                           ctxpar_event *event);
+ctxpar_status ctxpar_dev_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_block *blk,
+                                        float *out_acc, float *lse_acc, int merge,
+                                        ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_attn_merge(ctxpar_device *dev, float *out_acc, float *lse_acc,
+                                    const float *out_b, const float *lse_b, int64_t batch,
+                                    int64_t seq, int64_t heads, int64_t head_dim,
+                                    ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_attn_bwd_prep(ctxpar_device *dev, const ctxpar_tensor *out,
+                                       const ctxpar_tensor *dout, float *delta,
+                                       ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_block *blk,
+                                        const ctxpar_tensor *dout, const float *lse,
+                                        const float *delta, float *dq_acc, float *dk_acc,
+                                        float *dv_acc, ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_cast(ctxpar_device *dev, const ctxpar_tensor *src, ctxpar_tensor *dst,
+                              ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_add(ctxpar_device *dev, float *dst, const float *src, size_t n,
+                             ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_fill(ctxpar_device *dev, float *dst, float value, size_t n,
+                              ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_checksum(ctxpar_device *dev, const void *data, size_t bytes,
+                                  ctxpar_stream *stream, uint64_t *sum_out);
+
+/* ================================================================ comm */
+
+#define CTXPAR_COMM_OPS_VERSION 1u
+
+typedef struct ctxpar_request ctxpar_request; /* defined by each comm */
+
+typedef enum ctxpar_reduce_op {
+    CTXPAR_REDUCE_SUM = 0,
+    CTXPAR_REDUCE_MIN = 1,
+    CTXPAR_REDUCE_MAX = 2,
+} ctxpar_reduce_op;
+
+struct ctxpar_comm;
+
+/*
+ * The comm vtable. Buffers are device memory of the device the comm was made for (host memory
+ * for the CPU backend). Nonblocking ops return a request that must be retired by exactly one
+ * wait (success or not) or cancel; after wait returns OK, work ordered on `stream` sees the data
+ * and the send buffer may be reused. Blocking ops honour comm->timeout_s: a peer that does not
+ * arrive gives CTXPAR_ERR_TIMEOUT, a peer known to have failed CTXPAR_ERR_REMOTE.
+ * Ops are issued by all ranks in the same order (as MPI and NCCL require).
+ */
+struct ctxpar_comm_ops {
+    uint32_t version;   /* CTXPAR_COMM_OPS_VERSION */
+    size_t struct_size; /* sizeof(struct ctxpar_comm_ops) as the comm was compiled */
+    const char *name;   /* "local", "mpi", "nccl" */
+
+    void (*destroy)(struct ctxpar_comm *comm);
+
+    /* Sends send_bytes from sendbuf to rank dst and receives recv_bytes into recvbuf from rank
+     * src, as one operation. dst < 0 or src < 0 skips that half. */
+    ctxpar_status (*sendrecv)(struct ctxpar_comm *comm, const void *sendbuf, size_t send_bytes,
+                              int dst, void *recvbuf, size_t recv_bytes, int src,
+                              ctxpar_stream *stream, ctxpar_request **req_out);
+    /* recvbuf[r*bytes .. (r+1)*bytes) = rank r's sendbuf, for every rank r. */
+    ctxpar_status (*allgather)(struct ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
+                               size_t bytes, ctxpar_stream *stream, ctxpar_request **req_out);
+    /* recvbuf[i] = sum over ranks r of r's sendbuf[rank*count + i], i < count; F32. The sum is
+     * taken in rank order 0..P-1 so that it is deterministic. */
+    ctxpar_status (*reduce_scatter)(struct ctxpar_comm *comm, const float *sendbuf,
+                                    float *recvbuf, size_t count, ctxpar_stream *stream,
+                                    ctxpar_request **req_out);
+    /* Block j of sendbuf (bytes each) goes to rank j; block i of recvbuf comes from rank i. */
+    ctxpar_status (*alltoall)(struct ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
+                              size_t bytes, ctxpar_stream *stream, ctxpar_request **req_out);
+    /* Retires req (also on failure); then `stream` is ordered after the transfer. */
+    ctxpar_status (*wait)(struct ctxpar_comm *comm, ctxpar_request *req, ctxpar_stream *stream);
+    /* Abandons req after an error elsewhere: when it returns the comm no longer touches the
+     * request's buffers and req is freed. Peers may then see TIMEOUT or REMOTE. */
+    void (*cancel)(struct ctxpar_comm *comm, ctxpar_request *req);
+    /* Blocking, host memory, small: in-place reduction of count int64 values over all ranks. */
+    ctxpar_status (*allreduce_i64)(struct ctxpar_comm *comm, int64_t *buf, size_t count,
+                                   ctxpar_reduce_op op);
+    /* Blocking barrier. */
+    ctxpar_status (*barrier)(struct ctxpar_comm *comm);
+
+    /* (optional) Drives progress and reports whether req is complete, without retiring it.
+     * default: reports not complete (the algorithm then relies on wait). */
+    ctxpar_status (*test)(struct ctxpar_comm *comm, ctxpar_request *req, int *done_out);
+    /* (optional) Tells peers this rank has failed, so that they return CTXPAR_ERR_REMOTE
+     * promptly rather than after the timeout. default: nothing (peers time out). */
+    void (*abort)(struct ctxpar_comm *comm);
+};
+
+/* The base object. rank/size are set by the constructor; the rest belongs to the dispatch. */
+struct ctxpar_comm {
+    const struct ctxpar_comm_ops *ops;
+    void *impl;
+    int rank;
+    int size;
+    double timeout_s;    /* for blocking waits; default 60 */
+    uint64_t bytes_sent; /* counted by the dispatch wrappers */
+};
+
+/* Checks the table and wraps it. On failure the caller still owns impl. */
+ctxpar_status ctxpar_comm_create(const struct ctxpar_comm_ops *ops, void *impl, int rank,
+                                 int size, ctxpar_comm **comm_out);
+
+/* Dispatch wrappers: the only way algorithms reach a comm. */
+ctxpar_status ctxpar_comm_sendrecv(ctxpar_comm *comm, const void *sendbuf, size_t send_bytes,
+                                   int dst, void *recvbuf, size_t recv_bytes, int src,
+                                   ctxpar_stream *stream, ctxpar_request **req_out);
+ctxpar_status ctxpar_comm_allgather(ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t bytes, ctxpar_stream *stream,
+                                    ctxpar_request **req_out);
+ctxpar_status ctxpar_comm_reduce_scatter(ctxpar_comm *comm, const float *sendbuf,
+                                         float *recvbuf, size_t count, ctxpar_stream *stream,
+                                         ctxpar_request **req_out);
+ctxpar_status ctxpar_comm_alltoall(ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
+                                   size_t bytes, ctxpar_stream *stream, ctxpar_request **req_out);
+ctxpar_status ctxpar_comm_wait(ctxpar_comm *comm, ctxpar_request *req, ctxpar_stream *stream);
+void ctxpar_comm_cancel(ctxpar_comm *comm, ctxpar_request *req);
+ctxpar_status ctxpar_comm_test(ctxpar_comm *comm, ctxpar_request *req, int *done_out);
+ctxpar_status ctxpar_comm_allreduce_i64(ctxpar_comm *comm, int64_t *buf, size_t count,
+                                        ctxpar_reduce_op op);
+ctxpar_status ctxpar_comm_barrier(ctxpar_comm *comm);
+void ctxpar_comm_abort(ctxpar_comm *comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CTXPAR_BACKEND_H */

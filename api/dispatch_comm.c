@@ -1,0 +1,139 @@
+// The comm dispatch: the only code that calls through a comm ops table. It checks tables once at
+// creation, owns the fallbacks for optional ops and counts the bytes each rank sends.
+#include <stdlib.h>
+
+#include "ctxpar_backend.h"
+
+#define COMM_OPS struct ctxpar_comm_ops
+#define HAS(comm, member) CTXPAR_OPS_HAS((comm)->ops, COMM_OPS, member)
+
+#define REQUIRED_COMM_OPS(X)                                                                      \
+    X(destroy)                                                                                    \
+    X(sendrecv)                                                                                   \
+    X(allgather)                                                                                  \
+    X(reduce_scatter)                                                                             \
+    X(alltoall)                                                                                   \
+    X(wait)                                                                                       \
+    X(cancel)                                                                                     \
+    X(allreduce_i64)                                                                              \
+    X(barrier)
+
+#define DEFAULT_TIMEOUT_S 60.0
+
+ctxpar_status ctxpar_comm_create(const COMM_OPS *ops, void *impl, int rank, int size,
+                                 ctxpar_comm **comm_out) {
+    if (!ops || !comm_out)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ops (%p) and comm_out (%p) must be set",
+                            (const void *)ops, (void *)comm_out);
+    if (ops->version < 1 || ops->version > CTXPAR_COMM_OPS_VERSION)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "comm ops version %u is not supported (this library knows 1..%u)",
+                            ops->version, CTXPAR_COMM_OPS_VERSION);
+    const char *name = ops->name ? ops->name : "(unnamed)";
+#define CHECK_REQUIRED(member)                                                                    \
+    if (!CTXPAR_OPS_HAS(ops, COMM_OPS, member))                                                   \
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "comm '%s' lacks the required op '%s'", name,   \
+                            #member);
+    REQUIRED_COMM_OPS(CHECK_REQUIRED)
+#undef CHECK_REQUIRED
+    if (size < 1 || rank < 0 || rank >= size)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "comm '%s': rank %d is not in [0, %d)", name,
+                            rank, size);
+    ctxpar_comm *comm = calloc(1, sizeof *comm);
+    if (!comm)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate a comm object");
+    comm->ops = ops;
+    comm->impl = impl;
+    comm->rank = rank;
+    comm->size = size;
+    comm->timeout_s = DEFAULT_TIMEOUT_S;
+    *comm_out = comm;
+    return CTXPAR_OK;
+}
+
+void ctxpar_comm_destroy(ctxpar_comm *comm) {
+    if (!comm)
+        return;
+    comm->ops->destroy(comm);
+    free(comm);
+}
+
+int ctxpar_comm_rank(const ctxpar_comm *comm) { return comm ? comm->rank : -1; }
+int ctxpar_comm_size(const ctxpar_comm *comm) { return comm ? comm->size : 0; }
+
+ctxpar_status ctxpar_comm_set_timeout(ctxpar_comm *comm, double seconds) {
+    if (!comm)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "comm is NULL");
+    if (!(seconds > 0))
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "timeout (%g s) must be > 0", seconds);
+    comm->timeout_s = seconds;
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_comm_sendrecv(ctxpar_comm *comm, const void *sendbuf, size_t send_bytes,
+                                   int dst, void *recvbuf, size_t recv_bytes, int src,
+                                   ctxpar_stream *stream, ctxpar_request **req_out) {
+    CTXPAR_CHECK(comm->ops->sendrecv(comm, sendbuf, send_bytes, dst, recvbuf, recv_bytes, src,
+                                     stream, req_out));
+    if (dst >= 0)
+        comm->bytes_sent += send_bytes;
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_comm_allgather(ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t bytes, ctxpar_stream *stream,
+                                    ctxpar_request **req_out) {
+    CTXPAR_CHECK(comm->ops->allgather(comm, sendbuf, recvbuf, bytes, stream, req_out));
+    comm->bytes_sent += bytes * (size_t)(comm->size - 1); // what a ring/direct exchange sends
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_comm_reduce_scatter(ctxpar_comm *comm, const float *sendbuf,
+                                         float *recvbuf, size_t count, ctxpar_stream *stream,
+                                         ctxpar_request **req_out) {
+    CTXPAR_CHECK(comm->ops->reduce_scatter(comm, sendbuf, recvbuf, count, stream, req_out));
+    comm->bytes_sent += count * sizeof(float) * (size_t)(comm->size - 1);
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_comm_alltoall(ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
+                                   size_t bytes, ctxpar_stream *stream, ctxpar_request **req_out) {
+    CTXPAR_CHECK(comm->ops->alltoall(comm, sendbuf, recvbuf, bytes, stream, req_out));
+    comm->bytes_sent += bytes * (size_t)(comm->size - 1);
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_comm_wait(ctxpar_comm *comm, ctxpar_request *req, ctxpar_stream *stream) {
+    if (!req)
+        return CTXPAR_OK;
+    return comm->ops->wait(comm, req, stream);
+}
+
+void ctxpar_comm_cancel(ctxpar_comm *comm, ctxpar_request *req) {
+    if (req)
+        comm->ops->cancel(comm, req);
+}
+
+ctxpar_status ctxpar_comm_test(ctxpar_comm *comm, ctxpar_request *req, int *done_out) {
+    if (!req) {
+        *done_out = 1;
+        return CTXPAR_OK;
+    }
+    if (!HAS(comm, test)) {
+        *done_out = 0;
+        return CTXPAR_OK;
+    }
+    return comm->ops->test(comm, req, done_out);
+}
+
+ctxpar_status ctxpar_comm_allreduce_i64(ctxpar_comm *comm, int64_t *buf, size_t count,
+                                        ctxpar_reduce_op op) {
+    return comm->ops->allreduce_i64(comm, buf, count, op);
+}
+
+ctxpar_status ctxpar_comm_barrier(ctxpar_comm *comm) { return comm->ops->barrier(comm); }
+
+void ctxpar_comm_abort(ctxpar_comm *comm) {
+    if (HAS(comm, abort))
+        comm->ops->abort(comm);
+}

@@ -1,0 +1,161 @@
+// Validation of every argument of the attention entry points. Messages name the argument and the
+// values, so that a user can fix the call from the message alone.
+#include <math.h>
+#include <stdlib.h>
+
+#include "validate.h"
+
+#define BAD(...) CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, __VA_ARGS__)
+
+ctxpar_status ctxpar_validate_tensor(const char *name, const ctxpar_tensor *t) {
+    if (!t)
+        return BAD("%s is NULL", name);
+    if (!t->data)
+        return BAD("%s.data is NULL", name);
+    if (ctxpar_dtype_size(t->dtype) == 0)
+        return BAD("%s.dtype (%d) is not a ctxpar_dtype", name, (int)t->dtype);
+    for (int d = 0; d < 4; d++)
+        if (t->shape[d] <= 0)
+            return BAD("%s.shape[%d] (%lld) must be > 0", name, d, (long long)t->shape[d]);
+    if (t->stride[3] != 1)
+        return BAD("%s.stride[3] (%lld) must be 1: head_dim must be contiguous", name,
+                   (long long)t->stride[3]);
+    // Sort the dimensions of extent > 1 by stride; each must step over the whole extent of the
+    // ones inside it, or two indices would address the same element.
+    int order[4], n = 0;
+    for (int d = 0; d < 4; d++) {
+        if (t->shape[d] == 1)
+            continue;
+        if (t->stride[d] <= 0)
+            return BAD("%s.stride[%d] (%lld) must be > 0", name, d, (long long)t->stride[d]);
+        int i = n++;
+        while (i > 0 && t->stride[order[i - 1]] > t->stride[d]) {
+            order[i] = order[i - 1];
+            i--;
+        }
+        order[i] = d;
+    }
+    for (int i = 1; i < n; i++) {
+        int in = order[i - 1], out = order[i];
+        if (t->stride[out] < t->stride[in] * t->shape[in])
+            return BAD("%s.stride[%d] (%lld) overlaps dimension %d (stride %lld x shape %lld)",
+                       name, out, (long long)t->stride[out], in, (long long)t->stride[in],
+                       (long long)t->shape[in]);
+    }
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_validate_same(const char *name, const ctxpar_tensor *t, const char *like_name,
+                                   const ctxpar_tensor *like) {
+    CTXPAR_CHECK(ctxpar_validate_tensor(name, t));
+    if (t->dtype != like->dtype)
+        return BAD("%s.dtype (%s) != %s.dtype (%s)", name, ctxpar_dtype_name(t->dtype), like_name,
+                   ctxpar_dtype_name(like->dtype));
+    for (int d = 0; d < 4; d++)
+        if (t->shape[d] != like->shape[d])
+            return BAD("%s.shape[%d] (%lld) != %s.shape[%d] (%lld)", name, d,
+                       (long long)t->shape[d], like_name, d, (long long)like->shape[d]);
+    return CTXPAR_OK;
+}
+
+static ctxpar_status validate_cu_seqlens(const ctxpar_attn_params *p, int64_t seq_global) {
+    if (!p->cu_seqlens) {
+        if (p->num_docs != 0)
+            return BAD("params.num_docs (%lld) is set but params.cu_seqlens is NULL",
+                       (long long)p->num_docs);
+        return CTXPAR_OK;
+    }
+    if (p->num_docs < 1)
+        return BAD("params.num_docs (%lld) must be >= 1 with params.cu_seqlens",
+                   (long long)p->num_docs);
+    if (p->cu_seqlens[0] != 0)
+        return BAD("params.cu_seqlens[0] (%d) must be 0", p->cu_seqlens[0]);
+    for (int64_t i = 1; i <= p->num_docs; i++)
+        if (p->cu_seqlens[i] <= p->cu_seqlens[i - 1])
+            return BAD("params.cu_seqlens is not increasing: [%lld] = %d <= [%lld] = %d",
+                       (long long)i, p->cu_seqlens[i], (long long)(i - 1), p->cu_seqlens[i - 1]);
+    if (p->cu_seqlens[p->num_docs] != seq_global)
+        return BAD("params.cu_seqlens[%lld] (%d) must equal the global sequence length (%lld)",
+                   (long long)p->num_docs, p->cu_seqlens[p->num_docs], (long long)seq_global);
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_global) {
+    if (!p)
+        return BAD("params is NULL");
+    if (p->struct_size < offsetof(ctxpar_attn_params, seq_len_global) + sizeof(int64_t))
+        return BAD("params->struct_size (%zu) is too small: initialise params with "
+                   "CTXPAR_ATTN_PARAMS_INIT",
+                   p->struct_size);
+    if ((unsigned)p->algo > CTXPAR_ALGO_ALLTOALL)
+        return BAD("params.algo (%d) is not a ctxpar_algo", (int)p->algo);
+    if ((unsigned)p->layout > CTXPAR_LAYOUT_STRIPED)
+        return BAD("params.layout (%d) is not a ctxpar_layout", (int)p->layout);
+    if ((unsigned)p->mask > CTXPAR_MASK_CAUSAL)
+        return BAD("params.mask (%d) is not a ctxpar_mask", (int)p->mask);
+    if (p->window_left < 0)
+        return BAD("params.window_left (%lld) must be >= 0 (0 = no window)",
+                   (long long)p->window_left);
+    if (!isfinite(p->softmax_scale))
+        return BAD("params.softmax_scale (%g) must be finite (0 = 1/sqrt(head_dim))",
+                   (double)p->softmax_scale);
+    if (p->seq_len_global < 0)
+        return BAD("params.seq_len_global (%lld) must be >= 0", (long long)p->seq_len_global);
+    return validate_cu_seqlens(p, seq_global);
+}
+
+ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_comm *comm,
+                                      const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                      const ctxpar_tensor *v, ctxpar_problem *pb_out) {
+    CTXPAR_CHECK(ctxpar_validate_tensor("q", q));
+    CTXPAR_CHECK(ctxpar_validate_tensor("k", k));
+    CTXPAR_CHECK(ctxpar_validate_same("v", v, "k", k));
+    if (k->dtype != q->dtype)
+        return BAD("k.dtype (%s) != q.dtype (%s)", ctxpar_dtype_name(k->dtype),
+                   ctxpar_dtype_name(q->dtype));
+    const char *dim_name[4] = {"batch", "seq", "heads", "head_dim"};
+    for (int d = 0; d < 4; d++)
+        if (d != 2 && k->shape[d] != q->shape[d])
+            return BAD("k.shape[%d] (%lld) != q.shape[%d] (%lld): %s must match", d,
+                       (long long)k->shape[d], d, (long long)q->shape[d], dim_name[d]);
+    if (q->shape[2] % k->shape[2] != 0)
+        return BAD("q heads (%lld) must be a multiple of k heads (%lld)", (long long)q->shape[2],
+                   (long long)k->shape[2]);
+    int P = comm->size;
+    int64_t seq_global = q->shape[1] * P;
+    if (p && p->seq_len_global != 0 && p->seq_len_global != seq_global)
+        return BAD("params.seq_len_global (%lld) != local seq (%lld) x ranks (%d)",
+                   (long long)p->seq_len_global, (long long)q->shape[1], P);
+    CTXPAR_CHECK(ctxpar_validate_params(p, seq_global));
+    CTXPAR_CHECK(ctxpar_layout_check(p->layout, seq_global, P));
+    ctxpar_problem pb = {0};
+    pb.rank = comm->rank;
+    pb.nranks = P;
+    pb.layout = p->layout;
+    pb.mask.causal = p->mask == CTXPAR_MASK_CAUSAL;
+    pb.mask.window_left = p->window_left;
+    pb.mask.cu_seqlens = p->cu_seqlens;
+    pb.mask.num_docs = p->num_docs;
+    pb.scale = p->softmax_scale != 0.0f ? p->softmax_scale : 1.0f / sqrtf((float)q->shape[3]);
+    pb.dtype = q->dtype;
+    pb.batch = q->shape[0];
+    pb.seq_local = q->shape[1];
+    pb.seq_global = seq_global;
+    pb.heads_q = q->shape[2];
+    pb.heads_kv = k->shape[2];
+    pb.head_dim = q->shape[3];
+    *pb_out = pb;
+    return CTXPAR_OK;
+}
+
+ctxpar_algo ctxpar_resolve_algo(ctxpar_algo requested, const ctxpar_problem *pb) {
+    if (requested != CTXPAR_ALGO_AUTO)
+        return requested;
+    // Both move (P-1)/P of K/V into every rank. All-gather holds the whole K/V at once; take it
+    // when that is no more than the local Q and out it sits beside (few K/V heads, as in GQA),
+    // for its bitwise reproducibility and its single large transfer. Otherwise the ring, whose
+    // memory stays O(S/P).
+    if (pb->heads_kv * (int64_t)pb->nranks <= pb->heads_q)
+        return CTXPAR_ALGO_ALLGATHER;
+    return CTXPAR_ALGO_RING;
+}

@@ -1,0 +1,27 @@
+// Argument validation for the front door: every public attention argument is checked here, and
+// the resolved shape of the call (ctxpar_problem) comes out.
+#ifndef CTXPAR_VALIDATE_H
+#define CTXPAR_VALIDATE_H
+
+#include "algorithms.h"
+
+// One tensor argument: not NULL, data set, known dtype, positive shape, innermost stride 1,
+// strides that do not make elements overlap.
+ctxpar_status ctxpar_validate_tensor(const char *name, const ctxpar_tensor *t);
+
+// The params struct on its own (enums, window, scale); seq_global for cu_seqlens.
+ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_global);
+
+// q, k, v (and out) against each other and the params; fills the problem on success.
+ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_comm *comm,
+                                      const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                      const ctxpar_tensor *v, ctxpar_problem *pb_out);
+
+// `t` (named) has the same dtype and shape as `like` (named).
+ctxpar_status ctxpar_validate_same(const char *name, const ctxpar_tensor *t, const char *like_name,
+                                   const ctxpar_tensor *like);
+
+// The algorithm AUTO resolves to (documented in docs/algorithms.md).
+ctxpar_algo ctxpar_resolve_algo(ctxpar_algo requested, const ctxpar_problem *pb);
+
+#endif // CTXPAR_VALIDATE_H

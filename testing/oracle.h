@@ -1,0 +1,47 @@
+/*
+ * oracle.h - full attention in float64: the independent reference every test compares against.
+ *
+ * Plain loops, no tiling, no shared code with any backend. Inputs are densely packed doubles.
+ *   q    [B, Sq, Hq,  D]      k, v [B, Sk, Hkv, D]      (Hq % Hkv == 0; head h uses h/(Hq/Hkv))
+ *   q_pos[Sq], k_pos[Sk]      global positions of the rows (the mask is a function of them)
+ *   out  [B, Sq, Hq, D]       lse [B, Hq, Sq]  (natural log; -inf and out = 0 for a row with no
+ *                             visible key)
+ *
+ * q_pos / k_pos NULL mean positions 0..S-1; mask NULL means no mask. The mask predicate is written
+ * in oracle.c, not taken from the library. On a bad argument or a failed allocation the outputs
+ * are filled with NaN (so every comparison against them fails) and ctxpar_last_error() says why.
+ * Rows are spread over OpenMP threads; every output element is computed by one thread, so the
+ * results are identical for any thread count. Pass the scale the library resolves (a float).
+ */
+#ifndef CTXPAR_TESTING_ORACLE_H
+#define CTXPAR_TESTING_ORACLE_H
+
+#include <stdint.h>
+
+#include "ctxpar_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ctxpar_oracle_shape {
+    int64_t batch, seq_q, seq_k, heads_q, heads_kv, head_dim;
+} ctxpar_oracle_shape;
+
+/* Forward: out and lse (lse may be NULL). scale multiplies QK^T. */
+void ctxpar_oracle_fwd(const ctxpar_oracle_shape *shape, const double *q, const double *k,
+                       const double *v, const int64_t *q_pos, const int64_t *k_pos,
+                       const ctxpar_mask_desc *mask, double scale, double *out, double *lse);
+
+/* Backward given dout [B, Sq, Hq, D]: dq [B, Sq, Hq, D], dk and dv [B, Sk, Hkv, D] (overwritten).
+ * Recomputes the forward internally. */
+void ctxpar_oracle_bwd(const ctxpar_oracle_shape *shape, const double *q, const double *k,
+                       const double *v, const int64_t *q_pos, const int64_t *k_pos,
+                       const ctxpar_mask_desc *mask, double scale, const double *dout,
+                       double *dq, double *dk, double *dv);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CTXPAR_TESTING_ORACLE_H */

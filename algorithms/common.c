@@ -1,0 +1,91 @@
+// Services the algorithms share: tracing and work accounting.
+#include "algorithms.h"
+
+void ctxpar_run_trace(const ctxpar_run *run, ctxpar_event_kind kind, const char *name, int step,
+                      int peer, double t_begin, double t_end, uint64_t bytes) {
+    if (!run->trace)
+        return;
+    ctxpar_trace_event ev = {kind, name, step, peer, t_begin, t_end, bytes};
+    run->trace(run->trace_user, &ev);
+}
+
+// Visible (q, k) pairs of one span pair: exact for FULL, half for PARTIAL (the triangle of a
+// causal diagonal block), 0 for SKIP. Only a statistic: the kernels apply the real mask.
+static double span_pair_pairs(ctxpar_block_class c, const ctxpar_span *q, const ctxpar_span *k) {
+    double n = (double)q->len * (double)k->len;
+    return c == CTXPAR_BLOCK_FULL ? n : c == CTXPAR_BLOCK_PARTIAL ? 0.5 * n : 0.0;
+}
+
+int ctxpar_block_account(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_spans q_pos,
+                         ctxpar_spans k_pos) {
+    int live = 0;
+    for (int i = 0; i < q_pos.count; i++) {
+        for (int j = 0; j < k_pos.count; j++) {
+            ctxpar_spans qs = {&q_pos.span[i], 1}, ks = {&k_pos.span[j], 1};
+            int64_t qmin, qmax, kmin, kmax;
+            ctxpar_spans_range(qs, &qmin, &qmax);
+            ctxpar_spans_range(ks, &kmin, &kmax);
+            ctxpar_block_class c = ctxpar_mask_classify(&pb->mask, qmin, qmax, kmin, kmax);
+            if (run->work) {
+                if (c == CTXPAR_BLOCK_SKIP) {
+                    run->work->blocks_skipped++;
+                } else {
+                    run->work->blocks_computed++;
+                    run->work->flops += 4.0 * (double)pb->head_dim * (double)pb->batch *
+                                        (double)pb->heads_q *
+                                        span_pair_pairs(c, &q_pos.span[i], &k_pos.span[j]);
+                }
+            }
+            live |= c != CTXPAR_BLOCK_SKIP;
+        }
+    }
+    return live;
+}
+
+size_t ctxpar_packed_kv_bytes(ctxpar_dtype dtype, const ctxpar_problem *pb, int64_t seq) {
+    return 2 * (size_t)(pb->batch * seq * pb->heads_kv * pb->head_dim) * ctxpar_dtype_size(dtype);
+}
+
+ctxpar_tensor ctxpar_packed_kv(void *buf, ctxpar_dtype dtype, const ctxpar_problem *pb, int64_t seq,
+                               int which) {
+    size_t half = ctxpar_packed_kv_bytes(dtype, pb, seq) / 2;
+    return ctxpar_tensor_bshd((char *)buf + (size_t)which * half, dtype, pb->batch, seq,
+                              pb->heads_kv, pb->head_dim);
+}
+
+ctxpar_status ctxpar_pack_kv(const ctxpar_run *run, const ctxpar_problem *pb,
+                             const ctxpar_tensor *k, const ctxpar_tensor *v, void *buf) {
+    ctxpar_tensor kp = ctxpar_packed_kv(buf, pb->dtype, pb, pb->seq_local, 0);
+    ctxpar_tensor vp = ctxpar_packed_kv(buf, pb->dtype, pb, pb->seq_local, 1);
+    CTXPAR_CHECK(ctxpar_dev_cast(run->dev, k, &kp, run->stream));
+    return ctxpar_dev_cast(run->dev, v, &vp, run->stream);
+}
+
+ctxpar_status ctxpar_store_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
+                               const float *out_acc, const float *lse_acc, ctxpar_tensor *out,
+                               float *lse) {
+    ctxpar_tensor acc = ctxpar_tensor_bshd((void *)out_acc, CTXPAR_DTYPE_F32, pb->batch,
+                                           pb->seq_local, pb->heads_q, pb->head_dim);
+    CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &acc, out, run->stream));
+    if (!lse)
+        return CTXPAR_OK;
+    size_t bytes = (size_t)(pb->batch * pb->heads_q * pb->seq_local) * sizeof(float);
+    return ctxpar_dev_copy(run->dev, lse, lse_acc, bytes, CTXPAR_COPY_D2D, run->stream);
+}
+
+ctxpar_status ctxpar_buffers_alloc(ctxpar_buffers *b, size_t bytes, void **ptr_out) {
+    if (b->count == CTXPAR_MAX_BUFFERS)
+        return CTXPAR_ERROR(CTXPAR_ERR_INTERNAL, "more than %d buffers", CTXPAR_MAX_BUFFERS);
+    CTXPAR_CHECK(ctxpar_dev_alloc(b->dev, bytes, CTXPAR_MEM_DEVICE, &b->ptr[b->count]));
+    b->bytes[b->count] = bytes;
+    *ptr_out = b->ptr[b->count++];
+    return CTXPAR_OK;
+}
+
+void ctxpar_buffers_free(ctxpar_buffers *b) {
+    // Work still queued on a stream may read these buffers: let it finish first.
+    (void)ctxpar_dev_stream_sync(b->dev, b->stream);
+    for (int i = b->count - 1; i >= 0; i--)
+        ctxpar_dev_free(b->dev, b->ptr[i], b->bytes[i], CTXPAR_MEM_DEVICE);
+    b->count = 0;
+}

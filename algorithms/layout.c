@@ -1,0 +1,48 @@
+// Layouts: which global positions each rank holds, as spans.
+#include "algorithms.h"
+
+ctxpar_status ctxpar_layout_check(ctxpar_layout layout, int64_t seq_global, int nranks) {
+    int64_t unit = layout == CTXPAR_LAYOUT_ZIGZAG ? 2 * (int64_t)nranks : nranks;
+    if (seq_global <= 0 || seq_global % unit != 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "sequence length %lld does not divide by %lld (%s layout, %d ranks)",
+                            (long long)seq_global, (long long)unit, ctxpar_layout_name(layout),
+                            nranks);
+    return CTXPAR_OK;
+}
+
+void ctxpar_layout_spans(ctxpar_layout layout, int64_t seq_global, int rank, int nranks,
+                         ctxpar_shard_spans *spans_out) {
+    ctxpar_shard_spans s = {{{0, 0, 1}, {0, 0, 1}}, 1};
+    int64_t local = seq_global / nranks;
+    switch (layout) {
+    case CTXPAR_LAYOUT_CONTIGUOUS:
+        s.span[0] = (ctxpar_span){rank * local, local, 1};
+        break;
+    case CTXPAR_LAYOUT_ZIGZAG: {
+        // 2P chunks; rank r holds chunk r and chunk 2P-1-r, so causal work is equal.
+        int64_t chunk = seq_global / (2 * (int64_t)nranks);
+        s.span[0] = (ctxpar_span){rank * chunk, chunk, 1};
+        s.span[1] = (ctxpar_span){(2 * (int64_t)nranks - 1 - rank) * chunk, chunk, 1};
+        s.count = 2;
+        break;
+    }
+    case CTXPAR_LAYOUT_STRIPED:
+        s.span[0] = (ctxpar_span){rank, local, nranks};
+        break;
+    }
+    *spans_out = s;
+}
+
+ctxpar_tensor ctxpar_tensor_rows(const ctxpar_tensor *t, int64_t first, int64_t len) {
+    ctxpar_tensor r = *t;
+    r.data = (char *)t->data + (size_t)(first * t->stride[1]) * ctxpar_dtype_size(t->dtype);
+    r.shape[1] = len;
+    return r;
+}
+
+ctxpar_tensor ctxpar_tensor_span(const ctxpar_tensor *global, const ctxpar_span *span) {
+    ctxpar_tensor r = ctxpar_tensor_rows(global, span->start, span->len);
+    r.stride[1] = global->stride[1] * span->stride;
+    return r;
+}

@@ -1,0 +1,206 @@
+// The per-call plan of a block pair: argument checks, global positions and documents of every
+// row, the position range of every tile, and the helpers the forward and backward share.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cpu/cpu_internal.h"
+
+static int dtype_known(ctxpar_dtype dtype) {
+    return dtype == CTXPAR_DTYPE_F32 || dtype == CTXPAR_DTYPE_F16 || dtype == CTXPAR_DTYPE_BF16;
+}
+
+ctxpar_status ctxpar_cpu_check_tensor(const ctxpar_tensor *t, const char *op, const char *name) {
+    if (!t)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s is NULL", op, name);
+    if (!dtype_known(t->dtype))
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "%s: %s.dtype (%d) is not supported by the cpu device (f32, f16, bf16)",
+                            op, name, (int)t->dtype);
+    int64_t n = 1;
+    for (int i = 0; i < 4; i++) {
+        if (t->shape[i] < 0)
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s.shape[%d] (%lld) is negative", op,
+                                name, i, (long long)t->shape[i]);
+        n *= t->shape[i];
+    }
+    if (t->shape[3] > 1 && t->stride[3] != 1)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s.stride[3] (%lld) must be 1", op, name,
+                            (long long)t->stride[3]);
+    if (n > 0 && !t->data)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s.data is NULL for %lld elements", op,
+                            name, (long long)n);
+    return CTXPAR_OK;
+}
+
+static ctxpar_status check_spans(ctxpar_spans s, int64_t rows, const char *op, const char *name) {
+    if (s.count < 0 || (s.count > 0 && !s.span))
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s has count %d and span %p", op, name,
+                            s.count, (const void *)s.span);
+    for (int i = 0; i < s.count; i++)
+        if (s.span[i].len < 0)
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s.span[%d].len (%lld) is negative",
+                                op, name, i, (long long)s.span[i].len);
+    int64_t total = ctxpar_spans_total(s);
+    if (total != rows)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "%s: %s holds %lld positions but the tensor has %lld rows", op, name,
+                            (long long)total, (long long)rows);
+    return CTXPAR_OK;
+}
+
+static ctxpar_status check_block(const ctxpar_attn_block *blk, const char *op) {
+    if (!blk)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: blk is NULL", op);
+    const ctxpar_tensor *q = &blk->q, *k = &blk->k, *v = &blk->v;
+    CTXPAR_CHECK(ctxpar_cpu_check_tensor(q, op, "q"));
+    CTXPAR_CHECK(ctxpar_cpu_check_tensor(k, op, "k"));
+    CTXPAR_CHECK(ctxpar_cpu_check_tensor(v, op, "v"));
+    if (k->dtype != q->dtype || v->dtype != q->dtype)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: dtypes differ: q %s, k %s, v %s", op,
+                            ctxpar_dtype_name(q->dtype), ctxpar_dtype_name(k->dtype),
+                            ctxpar_dtype_name(v->dtype));
+    for (int i = 0; i < 4; i++)
+        if (v->shape[i] != k->shape[i])
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: v.shape[%d] (%lld) != k.shape[%d] (%lld)",
+                                op, i, (long long)v->shape[i], i, (long long)k->shape[i]);
+    if (k->shape[0] != q->shape[0] || k->shape[3] != q->shape[3])
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "%s: k is [%lld, _, _, %lld] but q is [%lld, _, _, %lld] (batch, "
+                            "head_dim)",
+                            op, (long long)k->shape[0], (long long)k->shape[3],
+                            (long long)q->shape[0], (long long)q->shape[3]);
+    if (q->shape[3] < 1)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: head_dim (%lld) must be >= 1", op,
+                            (long long)q->shape[3]);
+    if (k->shape[2] < 1 || q->shape[2] % k->shape[2] != 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "%s: q heads (%lld) must be a multiple of k/v heads (%lld)", op,
+                            (long long)q->shape[2], (long long)k->shape[2]);
+    if (!isfinite(blk->scale) || blk->scale == 0.0f)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: scale (%g) must be finite and non-zero",
+                            op, (double)blk->scale);
+    if (blk->mask.window_left < 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: mask.window_left (%lld) is negative", op,
+                            (long long)blk->mask.window_left);
+    if (blk->mask.cu_seqlens && blk->mask.num_docs < 1)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "%s: mask.cu_seqlens is set but mask.num_docs is %lld", op,
+                            (long long)blk->mask.num_docs);
+    CTXPAR_CHECK(check_spans(blk->q_pos, q->shape[1], op, "q_pos"));
+    return check_spans(blk->k_pos, k->shape[1], op, "k_pos");
+}
+
+static void expand_positions(ctxpar_spans s, int64_t *pos) {
+    int64_t n = 0;
+    for (int i = 0; i < s.count; i++)
+        for (int64_t j = 0; j < s.span[i].len; j++)
+            pos[n++] = s.span[i].start + j * s.span[i].stride;
+}
+
+// Per tile of `tile` rows: the smallest and largest position in it.
+static void tile_ranges(const int64_t *pos, int64_t rows, int64_t tile, int64_t *range) {
+    for (int64_t t = 0; t * tile < rows; t++) {
+        int64_t lo = INT64_MAX, hi = INT64_MIN;
+        for (int64_t i = t * tile; i < rows && i < (t + 1) * tile; i++) {
+            lo = pos[i] < lo ? pos[i] : lo;
+            hi = pos[i] > hi ? pos[i] : hi;
+        }
+        range[2 * t] = lo;
+        range[2 * t + 1] = hi;
+    }
+}
+
+ctxpar_status ctxpar_cpu_plan_init(const ctxpar_attn_block *blk, const char *op,
+                                   ctxpar_cpu_plan *plan) {
+    CTXPAR_CHECK(check_block(blk, op));
+    ctxpar_cpu_plan p;
+    memset(&p, 0, sizeof p);
+    p.blk = blk;
+    p.batch = blk->q.shape[0];
+    p.seq_q = blk->q.shape[1];
+    p.seq_k = blk->k.shape[1];
+    p.heads_q = blk->q.shape[2];
+    p.heads_kv = blk->k.shape[2];
+    p.dim = blk->q.shape[3];
+    p.group = p.heads_q / p.heads_kv;
+    p.q_tiles = (p.seq_q + CTXPAR_CPU_TILE_Q - 1) / CTXPAR_CPU_TILE_Q;
+    p.k_tiles = (p.seq_k + CTXPAR_CPU_TILE_K - 1) / CTXPAR_CPU_TILE_K;
+    // One allocation: positions, documents, tile ranges of both sides (+1: never malloc(0)).
+    size_t n = (size_t)(2 * p.seq_q + 2 * p.seq_k + 2 * p.q_tiles + 2 * p.k_tiles + 1);
+    int64_t *mem = malloc(n * sizeof *mem);
+    if (!mem)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "%s: cannot allocate the %zu-byte plan", op,
+                            n * sizeof *mem);
+    p.q_pos = mem;
+    p.k_pos = p.q_pos + p.seq_q;
+    p.q_doc = p.k_pos + p.seq_k;
+    p.k_doc = p.q_doc + p.seq_q;
+    p.q_range = p.k_doc + p.seq_k;
+    p.k_range = p.q_range + 2 * p.q_tiles;
+    expand_positions(blk->q_pos, p.q_pos);
+    expand_positions(blk->k_pos, p.k_pos);
+    for (int64_t i = 0; i < p.seq_q; i++)
+        p.q_doc[i] = ctxpar_mask_doc_of(&blk->mask, p.q_pos[i]);
+    for (int64_t i = 0; i < p.seq_k; i++)
+        p.k_doc[i] = ctxpar_mask_doc_of(&blk->mask, p.k_pos[i]);
+    tile_ranges(p.q_pos, p.seq_q, CTXPAR_CPU_TILE_Q, p.q_range);
+    tile_ranges(p.k_pos, p.seq_k, CTXPAR_CPU_TILE_K, p.k_range);
+    p.whole = CTXPAR_BLOCK_SKIP;
+    if (p.seq_q > 0 && p.seq_k > 0) {
+        int64_t qmin, qmax, kmin, kmax;
+        ctxpar_spans_range(blk->q_pos, &qmin, &qmax);
+        ctxpar_spans_range(blk->k_pos, &kmin, &kmax);
+        p.whole = ctxpar_mask_classify(&blk->mask, qmin, qmax, kmin, kmax);
+    }
+    *plan = p;
+    return CTXPAR_OK;
+}
+
+void ctxpar_cpu_plan_release(ctxpar_cpu_plan *plan) {
+    free(plan->q_pos);
+    plan->q_pos = NULL;
+}
+
+ctxpar_block_class ctxpar_cpu_plan_classify(const ctxpar_cpu_plan *plan, int64_t qt, int64_t kt) {
+    if (plan->whole != CTXPAR_BLOCK_PARTIAL) // the whole block's class holds for every tile
+        return plan->whole;
+    const int64_t *q = plan->q_range + 2 * qt, *k = plan->k_range + 2 * kt;
+    return ctxpar_mask_classify(&plan->blk->mask, q[0], q[1], k[0], k[1]);
+}
+
+void ctxpar_cpu_plan_mask(const ctxpar_cpu_plan *plan, float *s, int64_t lds, int64_t q0,
+                          int64_t k0, int64_t rows, int64_t lanes, int keys_in_rows) {
+    const ctxpar_mask_desc *m = &plan->blk->mask;
+    for (int64_t n = 0; n < rows; n++)
+        for (int64_t l = 0; l < lanes; l++) {
+            int64_t qi = q0 + (keys_in_rows ? l : n), ki = k0 + (keys_in_rows ? n : l);
+            if (!ctxpar_mask_visible(m, plan->q_pos[qi], plan->k_pos[ki], plan->q_doc[qi],
+                                     plan->k_doc[ki]))
+                s[n * lds + l] = -INFINITY;
+        }
+}
+
+const void *ctxpar_cpu_row(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t h) {
+    int64_t off = b * t->stride[0] + s * t->stride[1] + h * t->stride[2];
+    return (const char *)t->data + off * (int64_t)ctxpar_dtype_size(t->dtype);
+}
+
+void ctxpar_cpu_rows_f32(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, int64_t b,
+                         int64_t s0, int64_t n, int64_t h, float *scratch, const float **rows) {
+    const int64_t dim = t->shape[3];
+    for (int64_t i = 0; i < n; i++) {
+        const void *src = ctxpar_cpu_row(t, b, s0 + i, h);
+        if (t->dtype == CTXPAR_DTYPE_F32) {
+            rows[i] = (const float *)src;
+        } else {
+            kern->to_f32(scratch + i * dim, src, t->dtype, dim);
+            rows[i] = scratch + i * dim;
+        }
+    }
+}
+
+void *ctxpar_cpu_aligned_alloc(size_t bytes) {
+    size_t rounded = (bytes + 63) / 64 * 64;
+    return aligned_alloc(64, rounded ? rounded : 64);
+}

@@ -1,0 +1,103 @@
+/*
+ * cpu_internal.h - what the files of the CPU device share: the device state, the ops each file
+ * implements, and the per-call plan of a (Q block, K/V block) pair.
+ */
+#ifndef CTXPAR_CPU_INTERNAL_H
+#define CTXPAR_CPU_INTERNAL_H
+
+#include <stdint.h>
+
+#include "backends/cpu/cpu_kernels.h"
+#include "ctxpar_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Tile sizes of the attention kernels. The forward visits key tiles [j*CPU_TILE_K, ...) of the
+ * K/V block in increasing j; a query row's bits depend on this tiling, so it is fixed. */
+#define CTXPAR_CPU_TILE_Q 64
+#define CTXPAR_CPU_TILE_K 64
+
+/* The device's impl. */
+typedef struct ctxpar_cpu_device {
+    int num_threads; /* 0 = OpenMP default */
+    const ctxpar_cpu_kernels *kern;
+} ctxpar_cpu_device;
+
+/* Threads of a parallel region of this device (the size workspaces are made for). */
+int ctxpar_cpu_threads(const ctxpar_cpu_device *cpu);
+
+/* Everything an attention kernel needs to know about one block pair, checked and expanded:
+ * global positions and document ids of every row, and the position range of every tile. */
+typedef struct ctxpar_cpu_plan {
+    const ctxpar_attn_block *blk;
+    int64_t batch, seq_q, seq_k, heads_q, heads_kv, dim, group; /* group = heads_q / heads_kv */
+    int64_t *q_pos, *k_pos;       /* [seq_q], [seq_k] */
+    int64_t *q_doc, *k_doc;       /* document of each row (0 without documents) */
+    int64_t *q_range, *k_range;   /* (min, max) position of each tile: [2 * tiles] */
+    int64_t q_tiles, k_tiles;     /* tiles of CTXPAR_CPU_TILE_Q / CTXPAR_CPU_TILE_K rows */
+    ctxpar_block_class whole;     /* class of the whole block pair */
+} ctxpar_cpu_plan;
+
+/* Checks blk (what the dispatch cannot know: dtypes, shapes, strides, spans) and fills plan.
+ * `op` names the calling op in error messages. Release with ctxpar_cpu_plan_release. */
+ctxpar_status ctxpar_cpu_plan_init(const ctxpar_attn_block *blk, const char *op,
+                                   ctxpar_cpu_plan *plan);
+void ctxpar_cpu_plan_release(ctxpar_cpu_plan *plan);
+
+/* Class of query tile qt against key tile kt. */
+ctxpar_block_class ctxpar_cpu_plan_classify(const ctxpar_cpu_plan *plan, int64_t qt, int64_t kt);
+
+/* Sets s[n*lds + l] = -inf for every pair the mask hides, n < rows, l < lanes. With keys_in_rows
+ * the rows are keys k0 + n and the lanes queries q0 + l, otherwise the other way round. */
+void ctxpar_cpu_plan_mask(const ctxpar_cpu_plan *plan, float *s, int64_t lds, int64_t q0,
+                          int64_t k0, int64_t rows, int64_t lanes, int keys_in_rows);
+
+/* Pointers to n F32 rows t[b, s0 + i, h, :]: into t itself when it is F32, else into `scratch`
+ * ([n, D] floats) after conversion. */
+void ctxpar_cpu_rows_f32(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, int64_t b,
+                         int64_t s0, int64_t n, int64_t h, float *scratch, const float **rows);
+
+/* Address of element (b, s, h, 0) of a host tensor. */
+const void *ctxpar_cpu_row(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t h);
+
+/* Checks a tensor argument of an op: known dtype, innermost stride 1, data set when not empty. */
+ctxpar_status ctxpar_cpu_check_tensor(const ctxpar_tensor *t, const char *op, const char *name);
+
+/* Merges one row (out_b, lse_b) into (out, *lse), D values; see attn_merge. */
+void ctxpar_cpu_merge_row(float *out, float *lse, const float *out_b, float lse_b, int64_t dim);
+
+/* 64-byte aligned allocation of `bytes` (rounded up); free with free(). NULL on failure. */
+void *ctxpar_cpu_aligned_alloc(size_t bytes);
+
+/* Name of the kernel table a CPU device uses ("avx512", ...): for tests and benchmarks. */
+const char *ctxpar_cpu_kernels_name(const ctxpar_device *dev);
+
+/* The ops, one file each. */
+ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_block *blk,
+                                        float *out_acc, float *lse_acc, int merge,
+                                        ctxpar_stream *stream);
+ctxpar_status ctxpar_cpu_attn_merge(ctxpar_device *dev, float *out_acc, float *lse_acc,
+                                    const float *out_b, const float *lse_b, int64_t batch,
+                                    int64_t seq, int64_t heads, int64_t head_dim,
+                                    ctxpar_stream *stream);
+ctxpar_status ctxpar_cpu_attn_bwd_prep(ctxpar_device *dev, const ctxpar_tensor *out,
+                                       const ctxpar_tensor *dout, float *delta,
+                                       ctxpar_stream *stream);
+ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_block *blk,
+                                        const ctxpar_tensor *dout, const float *lse,
+                                        const float *delta, float *dq_acc, float *dk_acc,
+                                        float *dv_acc, ctxpar_stream *stream);
+ctxpar_status ctxpar_cpu_cast(ctxpar_device *dev, const ctxpar_tensor *src, ctxpar_tensor *dst,
+                              ctxpar_stream *stream);
+ctxpar_status ctxpar_cpu_add(ctxpar_device *dev, float *dst, const float *src, size_t n,
+                             ctxpar_stream *stream);
+ctxpar_status ctxpar_cpu_fill(ctxpar_device *dev, float *dst, float value, size_t n,
+                              ctxpar_stream *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CTXPAR_CPU_INTERNAL_H */

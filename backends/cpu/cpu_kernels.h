@@ -1,0 +1,69 @@
+/*
+ * cpu_kernels.h - the inner loops of the CPU attention kernels, one table per instruction set.
+ *
+ * Every kernel works on F32 tiles in which the *lanes* (the contiguous, vectorised index l) are
+ * independent: lane l's result is a function of lane l's inputs only, computed with the same
+ * operations in the same order whatever the lane's position, the tile's width or the other
+ * lanes. This is what lets the attention drivers promise that a query row's bits depend only on
+ * that row (see cpu_attn_fwd.c). Sums over the reduced index (d or m below) run in increasing
+ * order, one fused multiply-add at a time (a multiply and an add in the generic table).
+ *
+ * L (the number of lanes) is always a multiple of `lane_block`; rows are given as pointer arrays
+ * so that tensors with any row stride are read in place.
+ */
+#ifndef CTXPAR_CPU_KERNELS_H
+#define CTXPAR_CPU_KERNELS_H
+
+#include <stdint.h>
+
+#include "ctxpar.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ctxpar_cpu_kernels {
+    const char *name; /* "generic", "avx2", "avx512" */
+    int lane_block;   /* L is a multiple of this */
+
+    /* C[n*ldc + l] = sum_{d<D} at[d*lda + l] * b[n][d]        for n < N, l < L */
+    void (*scores)(float *c, int64_t ldc, const float *at, int64_t lda, const float *const *b,
+                   int64_t n, int64_t lanes, int64_t d);
+
+    /* ct[d*ldc + l] = (alpha ? alpha[l] : 1) * ct[d*ldc + l] + sum_{m<M} a[m*lda + l] * b[m][d]
+     * for d < D, l < L (alpha == NULL: no rescaling, the sum is added to ct as it is). */
+    void (*accum)(float *ct, int64_t ldc, const float *alpha, const float *a, int64_t lda,
+                  const float *const *b, int64_t m, int64_t lanes, int64_t d);
+
+    /* One online-softmax step in base 2 over a tile s [N, L] (lds) of scores already scaled by
+     * log2(e): per lane, m' = max(m, max_n s), alpha = 2^(m - m'), s = 2^(s - m') in place,
+     * l = alpha * l + sum_n s (in increasing n). m starts at -FLT_MAX (not -inf), so a lane
+     * whose scores are all -inf keeps m, gets alpha = 1 and adds exact zeros. */
+    void (*softmax_step)(float *s, int64_t lds, int64_t n, int64_t lanes, float *m, float *l,
+                         float *alpha);
+
+    /* s[n*lds + l] = 2^(s[n*lds + l] - sub), sub = sub_lane[l] if sub_lane else sub_row[n]. */
+    void (*exp2_sub)(float *s, int64_t lds, int64_t n, int64_t lanes, const float *sub_lane,
+                     const float *sub_row);
+
+    /* dp[n*lds + l] = p[n*lds + l] * (dp[n*lds + l] - delta), delta = delta_lane[l] if
+     * delta_lane else delta_row[n]. */
+    void (*dsoftmax)(float *dp, const float *p, int64_t lds, int64_t n, int64_t lanes,
+                     const float *delta_lane, const float *delta_row);
+
+    /* dst[i] = src[i] as F32 (exact for every storage dtype), i < n. */
+    void (*to_f32)(float *dst, const void *src, ctxpar_dtype dtype, int64_t n);
+} ctxpar_cpu_kernels;
+
+extern const ctxpar_cpu_kernels ctxpar_cpu_kernels_generic;
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CTXPAR_CPU_HAVE_X86_KERNELS 1
+extern const ctxpar_cpu_kernels ctxpar_cpu_kernels_avx2;
+extern const ctxpar_cpu_kernels ctxpar_cpu_kernels_avx512;
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CTXPAR_CPU_KERNELS_H */

@@ -1,0 +1,188 @@
+/*
+ * cpu_kernels_impl.h - the kernels of cpu_kernels.h written once over a small vector vocabulary.
+ *
+ * Included by cpu_kernels_generic.c, cpu_kernels_avx2.c and cpu_kernels_avx512.c, which first
+ * define (for their instruction set):
+ *   vf, vi           float and int32 GCC vector types of VL lanes (+ - * and casts work on them)
+ *   VL, MR, NR       lanes per vector; register tile = MR vectors of lanes x NR broadcast values
+ *   v_load v_store v_set1 v_fma v_max v_min
+ *                    v_max(a, b) / v_min(a, b) return b when either is NaN, so NaN propagates
+ *   v_f16_to_f32     (optional) VL half floats -> VL floats, exact
+ *   KERNELS_TABLE    the name of the table to define, KERNELS_LABEL its printable name
+ * Nothing here may depend on where a lane sits: see the contract in cpu_kernels.h.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "backends/cpu/cpu_kernels.h"
+#include "ctxpar_half.h"
+
+#define CPU_INLINE static inline __attribute__((always_inline))
+
+// 2^x for a vector, about 1 ulp. Arguments below -127 give exactly 0 (no subnormals: the
+// softmax never needs weights that small), so -inf gives 0; 2^0 is exactly 1, which makes a
+// skipped tile and a fully masked one give the same bits. The polynomial approximates 2^f on
+// [-1/2, 1/2] (interpolation at Chebyshev nodes with the constant term pinned to 1).
+CPU_INLINE vf v_exp2(vf x) {
+    const float round_magic = 0x1.8p23f; // adding it rounds to an integer in the low bits
+    x = v_max(v_set1(-127.0f), x);
+    x = v_min(v_set1(127.0f), x);
+    vf t = x + v_set1(round_magic);
+    vf n = t - v_set1(round_magic);
+    vf f = x - n;
+    vf p = v_set1(0x1.44138ap-13f);
+    p = v_fma(p, f, v_set1(0x1.5f0890p-10f));
+    p = v_fma(p, f, v_set1(0x1.3b2a54p-7f));
+    p = v_fma(p, f, v_set1(0x1.c6af6cp-5f));
+    p = v_fma(p, f, v_set1(0x1.ebfbe0p-3f));
+    p = v_fma(p, f, v_set1(0x1.62e430p-1f));
+    p = v_fma(p, f, v_set1(1.0f));
+    // The low bits of t hold n (two's complement); (n + 127) << 23 is 2^n, and 0 for n = -127.
+    vi e = ((vi)t + 127) << 23;
+    return p * (vf)e;
+}
+
+// One MR*VL x NR tile of scores: nb (<= NR) valid rows of b.
+CPU_INLINE void scores_tile(float *c, int64_t ldc, const float *at, int64_t lda,
+                            const float *const *b, int nb, int64_t dim) {
+    vf acc[MR][NR];
+    const float *bp[NR];
+    for (int j = 0; j < NR; j++) {
+        bp[j] = b[j < nb ? j : nb - 1]; // past the end: recompute the last row, never stored
+        for (int r = 0; r < MR; r++)
+            acc[r][j] = v_set1(0.0f);
+    }
+    for (int64_t d = 0; d < dim; d++) {
+        vf a[MR];
+        for (int r = 0; r < MR; r++)
+            a[r] = v_load(at + d * lda + r * VL);
+        for (int j = 0; j < NR; j++) {
+            vf bb = v_set1(bp[j][d]);
+            for (int r = 0; r < MR; r++)
+                acc[r][j] = v_fma(a[r], bb, acc[r][j]);
+        }
+    }
+    for (int j = 0; j < nb; j++)
+        for (int r = 0; r < MR; r++)
+            v_store(c + j * ldc + r * VL, acc[r][j]);
+}
+
+static void scores(float *c, int64_t ldc, const float *at, int64_t lda, const float *const *b,
+                   int64_t n, int64_t lanes, int64_t dim) {
+    for (int64_t l0 = 0; l0 < lanes; l0 += MR * VL) {
+        int64_t n0 = 0;
+        for (; n0 + NR <= n; n0 += NR)
+            scores_tile(c + n0 * ldc + l0, ldc, at + l0, lda, b + n0, NR, dim);
+        if (n0 < n)
+            scores_tile(c + n0 * ldc + l0, ldc, at + l0, lda, b + n0, (int)(n - n0), dim);
+    }
+}
+
+// One MR*VL x NR tile of accum: columns d0 .. d0+nd-1 (nd <= NR). `full` (a constant at each
+// call) lets the compiler address b[m][d0 + j] with fixed offsets.
+CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const float *a,
+                           int64_t lda, const float *const *b, int64_t m, int64_t d0, int nd,
+                           int full) {
+    vf acc[MR][NR];
+    int64_t off[NR];
+    for (int j = 0; j < NR; j++) {
+        off[j] = d0 + (j < nd ? j : nd - 1);
+        for (int r = 0; r < MR; r++) {
+            acc[r][j] = j < nd ? v_load(ct + (d0 + j) * ldc + r * VL) : v_set1(0.0f);
+            if (alpha)
+                acc[r][j] = acc[r][j] * v_load(alpha + r * VL);
+        }
+    }
+    for (int64_t i = 0; i < m; i++) {
+        const float *bm = b[i];
+        vf av[MR];
+        for (int r = 0; r < MR; r++)
+            av[r] = v_load(a + i * lda + r * VL);
+        for (int j = 0; j < NR; j++) {
+            vf bb = v_set1(full ? bm[d0 + j] : bm[off[j]]);
+            for (int r = 0; r < MR; r++)
+                acc[r][j] = v_fma(av[r], bb, acc[r][j]);
+        }
+    }
+    for (int j = 0; j < nd; j++)
+        for (int r = 0; r < MR; r++)
+            v_store(ct + (d0 + j) * ldc + r * VL, acc[r][j]);
+}
+
+static void accum(float *ct, int64_t ldc, const float *alpha, const float *a, int64_t lda,
+                  const float *const *b, int64_t m, int64_t lanes, int64_t dim) {
+    for (int64_t l0 = 0; l0 < lanes; l0 += MR * VL) {
+        const float *al = alpha ? alpha + l0 : NULL;
+        int64_t d0 = 0;
+        for (; d0 + NR <= dim; d0 += NR)
+            accum_tile(ct + l0, ldc, al, a + l0, lda, b, m, d0, NR, 1);
+        if (d0 < dim)
+            accum_tile(ct + l0, ldc, al, a + l0, lda, b, m, d0, (int)(dim - d0), 0);
+    }
+}
+
+static void softmax_step(float *s, int64_t lds, int64_t n, int64_t lanes, float *m, float *l,
+                         float *alpha) {
+    for (int64_t l0 = 0; l0 < lanes; l0 += VL) {
+        vf mt = v_set1(-INFINITY);
+        for (int64_t i = 0; i < n; i++)
+            mt = v_max(mt, v_load(s + i * lds + l0));
+        vf mo = v_load(m + l0);
+        vf mn = v_max(mo, mt); // mo >= -FLT_MAX: finite, so s - mn is never inf - inf
+        vf al = v_exp2(mo - mn);
+        vf sum = v_load(l + l0) * al;
+        for (int64_t i = 0; i < n; i++) {
+            vf p = v_exp2(v_load(s + i * lds + l0) - mn);
+            v_store(s + i * lds + l0, p);
+            sum = sum + p;
+        }
+        v_store(m + l0, mn);
+        v_store(l + l0, sum);
+        v_store(alpha + l0, al);
+    }
+}
+
+static void exp2_sub(float *s, int64_t lds, int64_t n, int64_t lanes, const float *sub_lane,
+                     const float *sub_row) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t l0 = 0; l0 < lanes; l0 += VL) {
+            vf sub = sub_lane ? v_load(sub_lane + l0) : v_set1(sub_row[i]);
+            v_store(s + i * lds + l0, v_exp2(v_load(s + i * lds + l0) - sub));
+        }
+}
+
+static void dsoftmax(float *dp, const float *p, int64_t lds, int64_t n, int64_t lanes,
+                     const float *delta_lane, const float *delta_row) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t l0 = 0; l0 < lanes; l0 += VL) {
+            vf dl = delta_lane ? v_load(delta_lane + l0) : v_set1(delta_row[i]);
+            vf x = v_load(dp + i * lds + l0) - dl;
+            v_store(dp + i * lds + l0, v_load(p + i * lds + l0) * x);
+        }
+}
+
+static void to_f32(float *dst, const void *src, ctxpar_dtype dtype, int64_t n) {
+    const uint16_t *h = (const uint16_t *)src;
+    int64_t i = 0;
+    switch (dtype) {
+    case CTXPAR_DTYPE_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    case CTXPAR_DTYPE_BF16:
+        for (; i < n; i++)
+            dst[i] = ctxpar_bf16_to_f32(h[i]);
+        return;
+    case CTXPAR_DTYPE_F16:
+#ifdef v_f16_to_f32
+        for (; i + VL <= n; i += VL)
+            v_store(dst + i, v_f16_to_f32(h + i));
+#endif
+        for (; i < n; i++)
+            dst[i] = ctxpar_f16_to_f32(h[i]);
+        return;
+    }
+}
+
+const ctxpar_cpu_kernels KERNELS_TABLE = {
+    KERNELS_LABEL, MR * VL, scores, accum, softmax_step, exp2_sub, dsoftmax, to_f32,
+};

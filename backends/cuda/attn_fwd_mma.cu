@@ -1,0 +1,280 @@
+// Block attention forward on tensor cores (mma.sync m16n8k16, sm_80+), F16/BF16 inputs, F32
+// accumulation, flash-attention style online softmax.
+#include <math.h>
+
+#include "cuda_kernels.h"
+#include "dtype.cuh"
+#include "merge.cuh"
+#include "mma.cuh"
+#include "tile.cuh"
+
+namespace ctxpar_cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kBlockQ = 16 * kWarps; // each warp owns 16 query rows
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Copies rows [row0, row0 + ROWS) of a [*, D] 16-bit matrix (row stride in elements) into
+// shared memory with row stride LD, columns DP; rows past `total` and columns past D are zero,
+// so they add nothing to a product. D % 8 == 0.
+template <int ROWS, int DP, int LD>
+__device__ __forceinline__ void load_rows(uint16_t *dst, const uint16_t *src, int64_t row_stride,
+                                          int64_t row0, int64_t total, int D, bool vec16) {
+    constexpr int kChunks = DP / 8; // 8 elements = 16 bytes
+    for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += kThreads) {
+        int r = idx / kChunks, c = idx % kChunks;
+        int64_t row = row0 + r;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (row < total && c * 8 < D) {
+            const uint16_t *p = src + row * row_stride + c * 8;
+            if (vec16) {
+                val = *reinterpret_cast<const uint4 *>(p);
+            } else {
+                val.x = join_pair(p[0], p[1]);
+                val.y = join_pair(p[2], p[3]);
+                val.z = join_pair(p[4], p[5]);
+                val.w = join_pair(p[6], p[7]);
+            }
+        }
+        *reinterpret_cast<uint4 *>(dst + r * LD + c * 8) = val;
+    }
+}
+
+/*
+ * One thread block: kBlockQ query rows of one (batch, query head) against all Sk keys, in key
+ * tiles of BK visited in increasing order.
+ *   q     [B, Sq, Hq, D]   k, v [B, Sk, Hkv, D]   (T = __half or __nv_bfloat16, D % 8 == 0,
+ *                                                  D <= DP)
+ *   out_acc [B, Sq, Hq, D] F32, lse_acc [B, Hq, Sq] F32: overwritten or merged (merge)
+ * grid = (ceil(Sq / kBlockQ), Hq, B), block = kThreads. Warp w owns rows 16w..16w+15 of the
+ * tile; Q fragments stay in registers, K and V tiles pass through shared memory (row stride
+ * DP + 8 halves: 16-byte aligned rows whose fragment loads hit distinct banks).
+ */
+template <typename T, int DP, int BK>
+__global__ void __launch_bounds__(kThreads)
+    attn_fwd_mma_kernel(const ctxpar_cuda_attn_args a, float *out_acc, float *lse_acc,
+                        int merge) {
+    constexpr int LD = DP + 8;
+    constexpr int kKvElems = 2 * BK * LD;
+    constexpr int kQElems = kBlockQ * LD;
+    constexpr int kSmemElems = kKvElems > kQElems ? kKvElems : kQElems;
+    __shared__ __align__(16) uint16_t smem[kSmemElems];
+    __shared__ tile_rows<kBlockQ> qrows;
+    __shared__ tile_rows<BK> krows;
+
+    const int D = (int)a.head_dim;
+    const int64_t Sq = a.seq_q, Sk = a.seq_k;
+    const int64_t q0 = (int64_t)blockIdx.x * kBlockQ;
+    const int64_t h = blockIdx.y, b = blockIdx.z;
+    const int64_t hk = h / (a.heads_q / a.heads_kv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const bool full = a.block_full != 0;
+
+    const uint16_t *qg = (const uint16_t *)a.q.data + b * a.q.stride[0] + h * a.q.stride[2];
+    const uint16_t *kg = (const uint16_t *)a.k.data + b * a.k.stride[0] + hk * a.k.stride[2];
+    const uint16_t *vg = (const uint16_t *)a.v.data + b * a.v.stride[0] + hk * a.v.stride[2];
+    const bool vec16 = a.aligned16 != 0;
+
+    if (!full)
+        fill_tile_rows(qrows, a.q_pos, a.mask, q0, Sq);
+
+    // Q tile -> registers (A fragments), staged through shared memory.
+    load_rows<kBlockQ, DP, LD>(smem, qg, a.q.stride[1], q0, Sq, D, vec16);
+    __syncthreads();
+    uint32_t qa[DP / 16][4];
+    {
+        const uint16_t *r0 = smem + (warp * 16 + g) * LD + 2 * t;
+#pragma unroll
+        for (int kc = 0; kc < DP / 16; kc++) {
+            qa[kc][0] = ld_pair(r0 + kc * 16);
+            qa[kc][1] = ld_pair(r0 + 8 * LD + kc * 16);
+            qa[kc][2] = ld_pair(r0 + kc * 16 + 8);
+            qa[kc][3] = ld_pair(r0 + 8 * LD + kc * 16 + 8);
+        }
+    }
+
+    uint16_t *sk = smem;
+    uint16_t *sv = smem + BK * LD;
+    const float scale_log2 = a.scale * kLog2e; // scores in log2 units: exp2 is one instruction
+    float m_run[2] = {-INFINITY, -INFINITY};   // rows g and g + 8 of this warp
+    float l_run[2] = {0.0f, 0.0f};             // this thread's part of the row sums
+    float o[DP / 8][4];
+#pragma unroll
+    for (int j = 0; j < DP / 8; j++)
+        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    const int rl0 = warp * 16 + g, rl1 = rl0 + 8; // local rows of this thread
+
+    for (int64_t k0 = 0; k0 < Sk; k0 += BK) {
+        int cls = CTXPAR_BLOCK_FULL;
+        if (!full) {
+            fill_tile_rows(krows, a.k_pos, a.mask, k0, Sk); // also the barrier for sk/sv reuse
+            cls = tile_class(a.mask, qrows, krows);
+            if (cls == CTXPAR_BLOCK_SKIP)
+                continue;
+        } else {
+            __syncthreads(); // every warp is done with the previous tile (and with Q staging)
+        }
+        load_rows<BK, DP, LD>(sk, kg, a.k.stride[1], k0, Sk, D, vec16);
+        load_rows<BK, DP, LD>(sv, vg, a.v.stride[1], k0, Sk, D, vec16);
+        __syncthreads();
+
+        // S = Q K^T for this warp's 16 rows and the BK keys.
+        float s[BK / 8][4];
+#pragma unroll
+        for (int n = 0; n < BK / 8; n++)
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < DP / 16; kc++) {
+            if (kc * 16 < D) {
+#pragma unroll
+                for (int n = 0; n < BK / 8; n++) {
+                    const uint16_t *kr = sk + (n * 8 + g) * LD + kc * 16 + 2 * t;
+                    uint32_t bf[2] = {ld_pair(kr), ld_pair(kr + 8)};
+                    mma_16816<T>(s[n], qa[kc], bf);
+                }
+            }
+        }
+
+        // Scale, mask, and the new running maximum of each row.
+        const bool tail = k0 + BK > Sk;
+        float mx[2] = {m_run[0], m_run[1]};
+#pragma unroll
+        for (int n = 0; n < BK / 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int rl = e < 2 ? rl0 : rl1;
+                int col = n * 8 + 2 * t + (e & 1);
+                float x = s[n][e] * scale_log2;
+                if (cls == CTXPAR_BLOCK_PARTIAL || tail) {
+                    bool vis = k0 + col < Sk;
+                    if (vis && cls == CTXPAR_BLOCK_PARTIAL)
+                        vis = visible(a.mask, qrows.pos[rl], krows.pos[col], qrows.doc[rl],
+                                      krows.doc[col]);
+                    if (!vis)
+                        x = -INFINITY;
+                }
+                s[n][e] = x;
+                mx[e / 2] = fmaxf(mx[e / 2], x);
+            }
+        }
+        float alpha[2], base[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            base[r] = mx[r] == -INFINITY ? 0.0f : mx[r]; // a row with nothing visible yet
+            alpha[r] = exp2f(m_run[r] - base[r]);
+            m_run[r] = mx[r];
+        }
+
+        // P = exp2(S - max), row sums, and P as A fragments (16-bit) for P V.
+        uint32_t pa[BK / 16][4];
+        float psum[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int n = 0; n < BK / 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[n][e] = exp2f(s[n][e] - base[e / 2]);
+                psum[e / 2] += s[n][e];
+            }
+        }
+#pragma unroll
+        for (int kc = 0; kc < BK / 16; kc++) {
+            pa[kc][0] = pack2<T>(s[2 * kc][0], s[2 * kc][1]);
+            pa[kc][1] = pack2<T>(s[2 * kc][2], s[2 * kc][3]);
+            pa[kc][2] = pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+            pa[kc][3] = pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            l_run[r] = l_run[r] * alpha[r] + psum[r];
+
+        // O = alpha O + P V.
+#pragma unroll
+        for (int j = 0; j < DP / 8; j++) {
+            o[j][0] *= alpha[0];
+            o[j][1] *= alpha[0];
+            o[j][2] *= alpha[1];
+            o[j][3] *= alpha[1];
+            if (j * 8 < D) {
+#pragma unroll
+                for (int kc = 0; kc < BK / 16; kc++) {
+                    const uint16_t *vr = sv + (kc * 16 + 2 * t) * LD + j * 8 + g;
+                    uint32_t bf[2] = {join_pair(vr[0], vr[LD]), join_pair(vr[8 * LD], vr[9 * LD])};
+                    mma_16816<T>(o[j], pa[kc], bf);
+                }
+            }
+        }
+    }
+
+    // Epilogue: finish the row sums across the quad, normalise, write or merge.
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+        l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t row = q0 + (r == 0 ? rl0 : rl1);
+        const bool valid = row < Sq;
+        const bool empty = !(l_run[r] > 0.0f);
+        const float lse_b = empty ? -INFINITY : (m_run[r] + log2f(l_run[r])) * kLn2;
+        const float inv = empty ? 0.0f : 1.0f / l_run[r];
+        float *lse_p = lse_acc + (b * a.heads_q + h) * Sq + row;
+        float *out_p = out_acc + ((b * Sq + row) * a.heads_q + h) * (int64_t)D;
+        merge_weights w = {0.0f, 1.0f, lse_b};
+        if (valid && merge)
+            w = merge_weights_of(*lse_p, lse_b);
+        __syncwarp(); // the quad has read lse_acc before lane t == 0 writes it
+        if (!valid)
+            continue;
+#pragma unroll
+        for (int j = 0; j < DP / 8; j++) {
+            int d = j * 8 + 2 * t;
+            if (d < D) {
+                float b0 = o[j][2 * r] * inv, b1 = o[j][2 * r + 1] * inv;
+                out_p[d] = merge ? merge_value(w, out_p[d], b0) : b0;
+                out_p[d + 1] = merge ? merge_value(w, out_p[d + 1], b1) : b1;
+            }
+        }
+        if (t == 0)
+            *lse_p = w.lse;
+    }
+}
+
+template <typename T, int DP, int BK>
+cudaError_t launch_dp(const ctxpar_cuda_attn_args &a, float *out, float *lse, int merge,
+                      cudaStream_t stream) {
+    dim3 grid((unsigned)((a.seq_q + kBlockQ - 1) / kBlockQ), (unsigned)a.heads_q,
+              (unsigned)a.batch);
+    attn_fwd_mma_kernel<T, DP, BK><<<grid, kThreads, 0, stream>>>(a, out, lse, merge);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_typed(const ctxpar_cuda_attn_args &a, float *out, float *lse, int merge,
+                         cudaStream_t stream) {
+    if (a.head_dim <= 64)
+        return launch_dp<T, 64, 64>(a, out, lse, merge, stream);
+    if (a.head_dim <= 128)
+        return launch_dp<T, 128, 64>(a, out, lse, merge, stream);
+    return launch_dp<T, 256, 32>(a, out, lse, merge, stream);
+}
+
+} // namespace
+} // namespace ctxpar_cuda
+
+extern "C" cudaError_t ctxpar_cuda_launch_attn_fwd_mma(const ctxpar_cuda_attn_args *a,
+                                                       float *out_acc, float *lse_acc, int merge,
+                                                       cudaStream_t stream) {
+    using namespace ctxpar_cuda;
+    if (a->dtype == CTXPAR_DTYPE_F16)
+        return launch_typed<__half>(*a, out_acc, lse_acc, merge, stream);
+    if (a->dtype == CTXPAR_DTYPE_BF16)
+        return launch_typed<__nv_bfloat16>(*a, out_acc, lse_acc, merge, stream);
+    return cudaErrorInvalidValue;
+}

@@ -1,0 +1,220 @@
+// Checking attention arguments and building the kernels' argument structs.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_args.h"
+
+// Grid dimensions y and z of the attention kernels carry heads and batch.
+#define GRID_YZ_MAX 65535
+
+ctxpar_status ctxpar_cuda_check_tensor(const char *op, const char *name, const ctxpar_tensor *t) {
+    if (!t)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s is NULL", op, name);
+    if (ctxpar_dtype_size(t->dtype) == 0) // as the CPU device reports it
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "%s: %s.dtype (%d) is not a ctxpar_dtype",
+                            op, name, (int)t->dtype);
+    for (int i = 0; i < 4; i++) {
+        if (t->shape[i] < (i == 1 ? 0 : 1))
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s.shape[%d] (%lld) must be %s", op,
+                                name, i, (long long)t->shape[i], i == 1 ? ">= 0" : ">= 1");
+        if (t->stride[i] < 0)
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s.stride[%d] (%lld) is negative", op,
+                                name, i, (long long)t->stride[i]);
+    }
+    if (t->stride[3] != 1)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s.stride[3] (%lld) must be 1", op, name,
+                            (long long)t->stride[3]);
+    if (!t->data && t->shape[1] > 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s.data is NULL", op, name);
+    return CTXPAR_OK;
+}
+
+ctxpar_cuda_view ctxpar_cuda_view_of(const ctxpar_tensor *t) {
+    ctxpar_cuda_view v = {t->data, {t->stride[0], t->stride[1], t->stride[2]}};
+    return v;
+}
+
+static ctxpar_status check_spans(const char *op, const char *name, ctxpar_spans s, int64_t rows) {
+    if (s.count < 0 || (s.count > 0 && !s.span))
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s has count %d and span %p", op, name,
+                            s.count, (const void *)s.span);
+    for (int i = 0; i < s.count; i++)
+        if (s.span[i].len < 0)
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s.span[%d].len (%lld) is negative",
+                                op, name, i, (long long)s.span[i].len);
+    int64_t total = ctxpar_spans_total(s);
+    if (total != rows)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s holds %lld positions for %lld rows",
+                            op, name, (long long)total, (long long)rows);
+    return CTXPAR_OK;
+}
+
+static ctxpar_status check_block(const char *op, const ctxpar_attn_block *blk) {
+    if (!blk)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: blk is NULL", op);
+    CTXPAR_CHECK(ctxpar_cuda_check_tensor(op, "blk->q", &blk->q));
+    CTXPAR_CHECK(ctxpar_cuda_check_tensor(op, "blk->k", &blk->k));
+    CTXPAR_CHECK(ctxpar_cuda_check_tensor(op, "blk->v", &blk->v));
+    const ctxpar_tensor *q = &blk->q, *k = &blk->k, *v = &blk->v;
+    if (k->dtype != q->dtype || v->dtype != q->dtype)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: dtypes of q (%s), k (%s), v (%s) differ",
+                            op, ctxpar_dtype_name(q->dtype), ctxpar_dtype_name(k->dtype),
+                            ctxpar_dtype_name(v->dtype));
+    for (int i = 0; i < 4; i++)
+        if (v->shape[i] != k->shape[i])
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: v.shape[%d] (%lld) != k.shape[%d] "
+                                "(%lld)", op, i, (long long)v->shape[i], i,
+                                (long long)k->shape[i]);
+    if (k->shape[0] != q->shape[0] || k->shape[3] != q->shape[3])
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: k is [%lld, _, _, %lld] but q is [%lld, "
+                            "_, _, %lld]", op, (long long)k->shape[0], (long long)k->shape[3],
+                            (long long)q->shape[0], (long long)q->shape[3]);
+    if (q->shape[2] % k->shape[2] != 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: q heads (%lld) are not a multiple of k "
+                            "heads (%lld)", op, (long long)q->shape[2], (long long)k->shape[2]);
+    if (q->shape[3] > CTXPAR_CUDA_MAX_HEAD_DIM)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "%s: head_dim %lld is above the CUDA "
+                            "backend's limit of %d", op, (long long)q->shape[3],
+                            CTXPAR_CUDA_MAX_HEAD_DIM);
+    if (q->shape[0] > GRID_YZ_MAX || q->shape[2] > GRID_YZ_MAX)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "%s: batch (%lld) and heads (%lld) must be "
+                            "<= %d", op, (long long)q->shape[0], (long long)q->shape[2],
+                            GRID_YZ_MAX);
+    CTXPAR_CHECK(check_spans(op, "blk->q_pos", blk->q_pos, q->shape[1]));
+    CTXPAR_CHECK(check_spans(op, "blk->k_pos", blk->k_pos, k->shape[1]));
+    const ctxpar_mask_desc *m = &blk->mask;
+    if (m->window_left < 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: mask.window_left (%lld) is negative", op,
+                            (long long)m->window_left);
+    if (m->cu_seqlens && (m->num_docs < 1 || m->num_docs > INT32_MAX))
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: mask.num_docs (%lld) is out of range "
+                            "with cu_seqlens set", op, (long long)m->num_docs);
+    if (!(isfinite(blk->scale) && blk->scale != 0.0f))
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: scale (%g) must be finite and non-zero",
+                            op, (double)blk->scale);
+    return CTXPAR_OK;
+}
+
+static int aligned16(const ctxpar_tensor *t) {
+    return (uintptr_t)t->data % 16 == 0 && t->stride[0] % 8 == 0 && t->stride[1] % 8 == 0 &&
+           t->stride[2] % 8 == 0;
+}
+
+// One diagonal block of a causal mask that cuDNN's own causal mask reproduces: both sides one
+// stride-1 span starting at the same position, no window, at most one document.
+static int is_causal_aligned(const ctxpar_attn_block *blk) {
+    const ctxpar_mask_desc *m = &blk->mask;
+    if (!m->causal || m->window_left > 0 || (m->cu_seqlens && m->num_docs > 1))
+        return 0;
+    if (blk->q_pos.count != 1 || blk->k_pos.count != 1)
+        return 0;
+    const ctxpar_span *a = &blk->q_pos.span[0], *b = &blk->k_pos.span[0];
+    return (a->stride == 1 || a->len == 1) && (b->stride == 1 || b->len == 1) &&
+           a->start == b->start && a->len == b->len;
+}
+
+// Lists that do not fit the kernel arguments go to one scratch buffer: q spans, k spans, then
+// the document boundaries. The host source is packed here and the stream synchronised after
+// the copy, so nothing depends on when the driver reads pageable memory; it costs one sync per
+// call and only with more than CTXPAR_CUDA_INLINE_SPANS spans or CTXPAR_CUDA_INLINE_BOUNDS - 1
+// documents.
+static ctxpar_status upload_lists(struct ctxpar_device *dev, const ctxpar_attn_block *blk,
+                                  cudaStream_t stream, ctxpar_cuda_block *b) {
+    const int up_q = blk->q_pos.count > CTXPAR_CUDA_INLINE_SPANS;
+    const int up_k = blk->k_pos.count > CTXPAR_CUDA_INLINE_SPANS;
+    const int64_t nb = blk->mask.cu_seqlens ? blk->mask.num_docs + 1 : 0;
+    const int up_cu = nb > CTXPAR_CUDA_INLINE_BOUNDS;
+    size_t q_bytes = up_q ? (size_t)blk->q_pos.count * sizeof(ctxpar_span) : 0;
+    size_t k_bytes = up_k ? (size_t)blk->k_pos.count * sizeof(ctxpar_span) : 0;
+    size_t cu_bytes = up_cu ? (size_t)nb * sizeof(int32_t) : 0;
+    size_t total = q_bytes + k_bytes + cu_bytes;
+    if (total == 0)
+        return CTXPAR_OK;
+    unsigned char *host = malloc(total);
+    if (!host)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot stage %zu bytes of spans", total);
+    if (q_bytes)
+        memcpy(host, blk->q_pos.span, q_bytes);
+    if (k_bytes)
+        memcpy(host + q_bytes, blk->k_pos.span, k_bytes);
+    if (cu_bytes)
+        memcpy(host + q_bytes + k_bytes, blk->mask.cu_seqlens, cu_bytes);
+    unsigned char *d = NULL;
+    ctxpar_status st = ctxpar_cuda_scratch_alloc(dev, total, stream, (void **)&d);
+    if (st == CTXPAR_OK) {
+        cudaError_t e = cudaMemcpyAsync(d, host, total, cudaMemcpyHostToDevice, stream);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(stream);
+        if (e != cudaSuccess) {
+            ctxpar_cuda_scratch_free(dev, d, stream);
+            st = ctxpar_cuda_fail(e, __FILE__, __LINE__, "uploading spans");
+        }
+    }
+    free(host);
+    CTXPAR_CHECK(st);
+    b->upload = d;
+    if (up_q)
+        b->args.q_pos.list = (const ctxpar_span *)d;
+    if (up_k)
+        b->args.k_pos.list = (const ctxpar_span *)(d + q_bytes);
+    if (up_cu)
+        b->args.mask.cu_list = (const int32_t *)(d + q_bytes + k_bytes);
+    return CTXPAR_OK;
+}
+
+static void inline_spans(ctxpar_cuda_positions *p, ctxpar_spans s) {
+    p->count = s.count;
+    p->list = NULL;
+    for (int i = 0; i < s.count && i < CTXPAR_CUDA_INLINE_SPANS; i++)
+        p->inline_span[i] = s.span[i];
+}
+
+ctxpar_status ctxpar_cuda_block_prepare(struct ctxpar_device *dev, const char *op,
+                                        const ctxpar_attn_block *blk, cudaStream_t stream,
+                                        ctxpar_cuda_block *out) {
+    CTXPAR_CHECK(check_block(op, blk));
+    ctxpar_cuda_block b;
+    memset(&b, 0, sizeof b);
+    ctxpar_cuda_attn_args *a = &b.args;
+    a->dtype = blk->q.dtype;
+    a->batch = blk->q.shape[0];
+    a->seq_q = blk->q.shape[1];
+    a->seq_k = blk->k.shape[1];
+    a->heads_q = blk->q.shape[2];
+    a->heads_kv = blk->k.shape[2];
+    a->head_dim = blk->q.shape[3];
+    a->q = ctxpar_cuda_view_of(&blk->q);
+    a->k = ctxpar_cuda_view_of(&blk->k);
+    a->v = ctxpar_cuda_view_of(&blk->v);
+    inline_spans(&a->q_pos, blk->q_pos);
+    inline_spans(&a->k_pos, blk->k_pos);
+    a->mask.causal = blk->mask.causal != 0;
+    a->mask.window_left = blk->mask.window_left;
+    a->mask.num_docs = blk->mask.cu_seqlens ? blk->mask.num_docs : 0;
+    for (int64_t i = 0; i < a->mask.num_docs + 1 && i < CTXPAR_CUDA_INLINE_BOUNDS; i++)
+        a->mask.cu_inline[i] = a->mask.num_docs ? blk->mask.cu_seqlens[i] : 0;
+    a->scale = blk->scale;
+    a->aligned16 = aligned16(&blk->q) && aligned16(&blk->k) && aligned16(&blk->v);
+
+    if (a->seq_q == 0 || a->seq_k == 0) {
+        b.cls = CTXPAR_BLOCK_SKIP;
+    } else {
+        int64_t qmin, qmax, kmin, kmax;
+        ctxpar_spans_range(blk->q_pos, &qmin, &qmax);
+        ctxpar_spans_range(blk->k_pos, &kmin, &kmax);
+        b.cls = ctxpar_mask_classify(&blk->mask, qmin, qmax, kmin, kmax);
+    }
+    a->block_full = b.cls == CTXPAR_BLOCK_FULL;
+    b.causal_aligned = b.cls == CTXPAR_BLOCK_PARTIAL && is_causal_aligned(blk);
+    if (b.cls != CTXPAR_BLOCK_SKIP && !a->block_full)
+        CTXPAR_CHECK(upload_lists(dev, blk, stream, &b));
+    *out = b;
+    return CTXPAR_OK;
+}
+
+void ctxpar_cuda_block_release(struct ctxpar_device *dev, ctxpar_cuda_block *b,
+                               cudaStream_t stream) {
+    ctxpar_cuda_scratch_free(dev, b->upload, stream);
+    b->upload = NULL;
+}

@@ -1,0 +1,211 @@
+// The CUDA device: construction, the ops table, queries, and the helpers every op uses.
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_cudnn.h"
+#include "cuda_internal.h"
+
+ctxpar_status ctxpar_cuda_fail(cudaError_t err, const char *file, int line, const char *what) {
+    ctxpar_status st = err == cudaErrorMemoryAllocation ? CTXPAR_ERR_OUT_OF_MEMORY
+                                                        : CTXPAR_ERR_DEVICE;
+    return ctxpar_set_error(st, file, line, "%s failed: %s (%s)", what, cudaGetErrorString(err),
+                            cudaGetErrorName(err));
+}
+
+ctxpar_status ctxpar_cuda_enter(struct ctxpar_device *dev) {
+    CTXPAR_CUDA_CHECK(cudaSetDevice(ctxpar_cuda_impl_of(dev)->ordinal));
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_cuda_scratch_alloc(struct ctxpar_device *dev, size_t bytes,
+                                        cudaStream_t stream, void **ptr_out) {
+    void *p = NULL;
+    CTXPAR_CUDA_CHECK(cudaMallocFromPoolAsync(&p, bytes ? bytes : 1,
+                                              ctxpar_cuda_impl_of(dev)->pool, stream));
+    *ptr_out = p;
+    return CTXPAR_OK;
+}
+
+void ctxpar_cuda_scratch_free(struct ctxpar_device *dev, void *ptr, cudaStream_t stream) {
+    (void)dev;
+    if (ptr)
+        (void)cudaFreeAsync(ptr, stream); // an error here resurfaces at the next sync
+}
+
+static void impl_release(ctxpar_cuda_impl *impl) {
+    if (!impl)
+        return;
+    (void)cudaSetDevice(impl->ordinal);
+    (void)cudaDeviceSynchronize(); // nothing of ours may still run when its memory goes
+    ctxpar_cudnn_destroy(impl->cudnn);
+    if (impl->checksum_dev)
+        (void)cudaFree(impl->checksum_dev);
+    if (impl->checksum_host)
+        (void)cudaFreeHost(impl->checksum_host);
+    if (impl->util_stream)
+        (void)cudaStreamDestroy(impl->util_stream);
+    if (impl->pool)
+        (void)cudaMemPoolDestroy(impl->pool);
+    free(impl);
+}
+
+static void cuda_destroy(struct ctxpar_device *dev) { impl_release(ctxpar_cuda_impl_of(dev)); }
+
+// The GPU exists, is new enough for the kernels (sm_80: bf16 mma.sync), and its limits.
+static ctxpar_status probe_gpu(ctxpar_cuda_impl *impl) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess)
+        return CTXPAR_ERROR(CTXPAR_ERR_DEVICE, "no usable CUDA device: %s (%s)",
+                            cudaGetErrorString(e), cudaGetErrorName(e));
+    if (impl->ordinal < 0 || impl->ordinal >= count)
+        return CTXPAR_ERROR(CTXPAR_ERR_DEVICE,
+                            "options->device_ordinal (%d) is not a CUDA device (found %d)",
+                            impl->ordinal, count);
+    CTXPAR_CUDA_CHECK(cudaSetDevice(impl->ordinal));
+    CTXPAR_CUDA_CHECK(
+        cudaDeviceGetAttribute(&impl->cc_major, cudaDevAttrComputeCapabilityMajor, impl->ordinal));
+    CTXPAR_CUDA_CHECK(
+        cudaDeviceGetAttribute(&impl->cc_minor, cudaDevAttrComputeCapabilityMinor, impl->ordinal));
+    if (impl->cc_major < 8)
+        return CTXPAR_ERROR(CTXPAR_ERR_DEVICE,
+                            "CUDA device %d has compute capability %d.%d; ctxpar needs 8.0 or newer",
+                            impl->ordinal, impl->cc_major, impl->cc_minor);
+    int optin = 0;
+    CTXPAR_CUDA_CHECK(
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, impl->ordinal));
+    impl->smem_optin = (size_t)optin;
+    return CTXPAR_OK;
+}
+
+// A private pool that keeps freed scratch for reuse instead of returning it to the driver.
+static ctxpar_status make_pool(ctxpar_cuda_impl *impl) {
+    struct cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = impl->ordinal;
+    CTXPAR_CUDA_CHECK(cudaMemPoolCreate(&impl->pool, &props));
+    uint64_t keep = UINT64_MAX;
+    CTXPAR_CUDA_CHECK(cudaMemPoolSetAttribute(impl->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    return CTXPAR_OK;
+}
+
+static ctxpar_status make_buffers(ctxpar_cuda_impl *impl) {
+    CTXPAR_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->util_stream, cudaStreamNonBlocking));
+    CTXPAR_CUDA_CHECK(cudaMalloc((void **)&impl->checksum_dev, sizeof(uint64_t)));
+    CTXPAR_CUDA_CHECK(cudaMallocHost((void **)&impl->checksum_host, sizeof(uint64_t)));
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_device_create_cuda(const ctxpar_cuda_options *options,
+                                        ctxpar_device **device_out) {
+    ctxpar_cuda_options opt = CTXPAR_CUDA_OPTIONS_INIT;
+    if (!device_out)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "device_out is NULL");
+    if (options) {
+        if (options->struct_size < offsetof(ctxpar_cuda_options, use_cudnn) + sizeof(int))
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                                "options->struct_size (%zu) is too small: use "
+                                "CTXPAR_CUDA_OPTIONS_INIT",
+                                options->struct_size);
+        opt.device_ordinal = options->device_ordinal;
+        opt.use_cudnn = options->use_cudnn;
+    }
+    if (opt.use_cudnn != CTXPAR_CUDA_CUDNN_AUTO && opt.use_cudnn != CTXPAR_CUDA_CUDNN_ON &&
+        opt.use_cudnn != CTXPAR_CUDA_CUDNN_OFF)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "options->use_cudnn (%d) is not a "
+                            "ctxpar_cuda_cudnn value", (int)opt.use_cudnn);
+
+    ctxpar_cuda_impl *impl = calloc(1, sizeof *impl);
+    if (!impl)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the CUDA device state");
+    impl->ordinal = opt.device_ordinal;
+    ctxpar_status st = probe_gpu(impl);
+    if (st != CTXPAR_OK) {
+        free(impl); // nothing was created on the GPU yet
+        return st;
+    }
+    ctxpar_device *dev = NULL;
+    CTXPAR_CHECK_GOTO(make_pool(impl), st, fail);
+    CTXPAR_CHECK_GOTO(make_buffers(impl), st, fail);
+    if (opt.use_cudnn != CTXPAR_CUDA_CUDNN_OFF) {
+        st = ctxpar_cudnn_create(impl->ordinal, &impl->cudnn);
+        if (st != CTXPAR_OK && opt.use_cudnn == CTXPAR_CUDA_CUDNN_ON)
+            goto fail; // the error names why cuDNN is unavailable
+        if (st != CTXPAR_OK)
+            ctxpar_clear_error(); // AUTO: run without it
+        st = CTXPAR_OK;
+    }
+    CTXPAR_CHECK_GOTO(ctxpar_device_create(&ctxpar_cuda_device_ops, impl, 0, &dev), st, fail);
+    *device_out = dev;
+    return CTXPAR_OK;
+fail:
+    impl_release(impl);
+    return st;
+}
+
+static ctxpar_status own_impl(const ctxpar_device *device, const char *what,
+                              ctxpar_cuda_impl **impl_out) {
+    if (!device || device->ops != &ctxpar_cuda_device_ops)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: device (%p) is not a CUDA device", what,
+                            (const void *)device);
+    *impl_out = (ctxpar_cuda_impl *)device->impl;
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_cuda_device_ordinal(const ctxpar_device *device, int *ordinal_out) {
+    ctxpar_cuda_impl *impl = NULL;
+    CTXPAR_CHECK(own_impl(device, "ctxpar_cuda_device_ordinal", &impl));
+    if (!ordinal_out)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ordinal_out is NULL");
+    *ordinal_out = impl->ordinal;
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_cuda_device_uses_cudnn(const ctxpar_device *device, int *uses_out) {
+    ctxpar_cuda_impl *impl = NULL;
+    CTXPAR_CHECK(own_impl(device, "ctxpar_cuda_device_uses_cudnn", &impl));
+    if (!uses_out)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "uses_out is NULL");
+    *uses_out = impl->cudnn != NULL;
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_cuda_device_fwd_counts(const ctxpar_device *device, uint64_t *cudnn_out,
+                                            uint64_t *native_out) {
+    ctxpar_cuda_impl *impl = NULL;
+    CTXPAR_CHECK(own_impl(device, "ctxpar_cuda_device_fwd_counts", &impl));
+    if (!cudnn_out || !native_out)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "cudnn_out (%p) and native_out (%p) must be "
+                            "set", (void *)cudnn_out, (void *)native_out);
+    *cudnn_out = impl->fwd_cudnn;
+    *native_out = impl->fwd_native;
+    return CTXPAR_OK;
+}
+
+const struct ctxpar_device_ops ctxpar_cuda_device_ops = {
+    .version = CTXPAR_DEVICE_OPS_VERSION,
+    .struct_size = sizeof(struct ctxpar_device_ops),
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .alloc = ctxpar_cuda_alloc,
+    .free = ctxpar_cuda_free,
+    .copy = ctxpar_cuda_copy,
+    .memset = ctxpar_cuda_memset,
+    .stream_create = ctxpar_cuda_stream_create,
+    .stream_destroy = ctxpar_cuda_stream_destroy,
+    .stream_sync = ctxpar_cuda_stream_sync,
+    .event_create = ctxpar_cuda_event_create,
+    .event_destroy = ctxpar_cuda_event_destroy,
+    .event_record = ctxpar_cuda_event_record,
+    .stream_wait_event = ctxpar_cuda_stream_wait_event,
+    .attn_block_fwd = ctxpar_cuda_attn_block_fwd,
+    .attn_merge = ctxpar_cuda_attn_merge,
+    .attn_bwd_prep = ctxpar_cuda_attn_bwd_prep,
+    .attn_block_bwd = ctxpar_cuda_attn_block_bwd,
+    .cast = ctxpar_cuda_cast,
+    .add = ctxpar_cuda_add,
+    .fill = ctxpar_cuda_fill,
+    .checksum = ctxpar_cuda_checksum,
+};

@@ -1,0 +1,97 @@
+// State of a CUDA device and the helpers the host files of backends/cuda share.
+#ifndef CTXPAR_CUDA_INTERNAL_H
+#define CTXPAR_CUDA_INTERNAL_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "ctxpar_backend.h"
+#include "ctxpar_cuda.h"
+#include "cuda_stream.h"
+
+typedef struct ctxpar_cudnn ctxpar_cudnn; // cuda_cudnn.h
+
+typedef struct ctxpar_cuda_impl {
+    int ordinal;
+    int cc_major, cc_minor;
+    size_t smem_optin;          // largest dynamic shared memory a block may opt in to
+    cudaMemPool_t pool;         // stream-ordered scratch (uploads, cuDNN outputs and workspace)
+    cudaStream_t util_stream;   // device-owned: allocations outside any caller stream
+    uint64_t *checksum_dev;     // one word of device memory for the checksum kernel
+    uint64_t *checksum_host;    // pinned
+    ctxpar_cudnn *cudnn;        // NULL when cuDNN is off or unavailable
+    uint64_t fwd_cudnn, fwd_native;
+} ctxpar_cuda_impl;
+
+// The ops table of the backend (cuda_device.c), to recognise our own devices.
+extern const struct ctxpar_device_ops ctxpar_cuda_device_ops;
+
+static inline ctxpar_cuda_impl *ctxpar_cuda_impl_of(struct ctxpar_device *dev) {
+    return (ctxpar_cuda_impl *)dev->impl;
+}
+
+// Records a failed CUDA call as CTXPAR_ERR_DEVICE (CTXPAR_ERR_OUT_OF_MEMORY for an allocation
+// failure) naming the call and the CUDA error, and returns that status.
+ctxpar_status ctxpar_cuda_fail(cudaError_t err, const char *file, int line, const char *what);
+
+#define CTXPAR_CUDA_CHECK(call)                                                                   \
+    do {                                                                                          \
+        cudaError_t ctxpar_cuda_e_ = (call);                                                      \
+        if (ctxpar_cuda_e_ != cudaSuccess)                                                        \
+            return ctxpar_cuda_fail(ctxpar_cuda_e_, __FILE__, __LINE__, #call);                   \
+    } while (0)
+
+// Makes the device current on the calling thread (every op starts with it: ranks may be threads
+// of one process, each with its own GPU).
+ctxpar_status ctxpar_cuda_enter(struct ctxpar_device *dev);
+
+// Stream-ordered scratch from the device pool: usable by work enqueued on `stream` after the
+// call; ctxpar_cuda_scratch_free enqueues the release after the work already on `stream`.
+ctxpar_status ctxpar_cuda_scratch_alloc(struct ctxpar_device *dev, size_t bytes,
+                                        cudaStream_t stream, void **ptr_out);
+void ctxpar_cuda_scratch_free(struct ctxpar_device *dev, void *ptr, cudaStream_t stream);
+
+// Ops implemented in the other files, gathered into the table by cuda_device.c.
+ctxpar_status ctxpar_cuda_alloc(struct ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
+                                void **ptr_out);
+void ctxpar_cuda_free(struct ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind);
+ctxpar_status ctxpar_cuda_copy(struct ctxpar_device *dev, void *dst, const void *src,
+                               size_t bytes, ctxpar_copy_kind kind, ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_memset(struct ctxpar_device *dev, void *dst, int value, size_t bytes,
+                                 ctxpar_stream *stream);
+
+ctxpar_status ctxpar_cuda_stream_create(struct ctxpar_device *dev, ctxpar_stream **stream_out);
+void ctxpar_cuda_stream_destroy(struct ctxpar_device *dev, ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_stream_sync(struct ctxpar_device *dev, ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_event_create(struct ctxpar_device *dev, ctxpar_event **event_out);
+void ctxpar_cuda_event_destroy(struct ctxpar_device *dev, ctxpar_event *event);
+ctxpar_status ctxpar_cuda_event_record(struct ctxpar_device *dev, ctxpar_event *event,
+                                       ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_stream_wait_event(struct ctxpar_device *dev, ctxpar_stream *stream,
+                                            ctxpar_event *event);
+
+ctxpar_status ctxpar_cuda_attn_block_fwd(struct ctxpar_device *dev, const ctxpar_attn_block *blk,
+                                         float *out_acc, float *lse_acc, int merge,
+                                         ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_attn_merge(struct ctxpar_device *dev, float *out_acc, float *lse_acc,
+                                     const float *out_b, const float *lse_b, int64_t batch,
+                                     int64_t seq, int64_t heads, int64_t head_dim,
+                                     ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_attn_bwd_prep(struct ctxpar_device *dev, const ctxpar_tensor *out,
+                                        const ctxpar_tensor *dout, float *delta,
+                                        ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_attn_block_bwd(struct ctxpar_device *dev, const ctxpar_attn_block *blk,
+                                         const ctxpar_tensor *dout, const float *lse,
+                                         const float *delta, float *dq_acc, float *dk_acc,
+                                         float *dv_acc, ctxpar_stream *stream);
+
+ctxpar_status ctxpar_cuda_cast(struct ctxpar_device *dev, const ctxpar_tensor *src,
+                               ctxpar_tensor *dst, ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_add(struct ctxpar_device *dev, float *dst, const float *src, size_t n,
+                              ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_fill(struct ctxpar_device *dev, float *dst, float value, size_t n,
+                               ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_checksum(struct ctxpar_device *dev, const void *data, size_t bytes,
+                                   ctxpar_stream *stream, uint64_t *sum_out);
+
+#endif // CTXPAR_CUDA_INTERNAL_H

@@ -1,0 +1,61 @@
+// Per-tile bookkeeping shared by the attention kernels: the global positions and documents of
+// a tile's rows in shared memory, their range, and the tile pair's mask class.
+#ifndef CTXPAR_CUDA_TILE_CUH
+#define CTXPAR_CUDA_TILE_CUH
+
+#include <stdint.h>
+
+#include "mask.cuh"
+
+namespace ctxpar_cuda {
+
+// Positions of N consecutive local rows [row0, row0 + N) of a block; rows >= total are padding.
+template <int N> struct tile_rows {
+    int64_t pos[N];
+    int64_t doc[N];
+    int64_t lo, hi; // smallest and largest position of the valid rows
+};
+
+// Fills t for rows row0.. of a block with `total` rows. Called by every thread of the block;
+// starts and ends with a barrier, so t may still be in use when it is called.
+template <int N>
+__device__ void fill_tile_rows(tile_rows<N> &t, const ctxpar_cuda_positions &p,
+                               const ctxpar_cuda_mask &m, int64_t row0, int64_t total) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < N; i += blockDim.x) {
+        int64_t row = row0 + i;
+        int64_t pos = row < total ? position_of(p, row) : 0;
+        t.pos[i] = pos;
+        t.doc[i] = row < total ? doc_of(m, pos) : -1;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        int64_t lo = INT64_MAX, hi = INT64_MIN;
+        for (int i = threadIdx.x; i < N; i += 32) {
+            if (row0 + i < total) {
+                lo = min(lo, t.pos[i]);
+                hi = max(hi, t.pos[i]);
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            lo = min(lo, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)lo, o));
+            hi = max(hi, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)hi, o));
+        }
+        if (threadIdx.x == 0) {
+            t.lo = lo;
+            t.hi = hi;
+        }
+    }
+    __syncthreads();
+}
+
+// Class of a (query tile, key tile) pair; every thread computes the same value.
+template <int NQ, int NK>
+__device__ __forceinline__ int tile_class(const ctxpar_cuda_mask &m, const tile_rows<NQ> &q,
+                                          const tile_rows<NK> &k) {
+    return classify(m, q.lo, q.hi, k.lo, k.hi);
+}
+
+} // namespace ctxpar_cuda
+
+#endif // CTXPAR_CUDA_TILE_CUH

@@ -1,0 +1,1252 @@
+// cuda_ops_test: every op of the CUDA device against the float64 oracle (testing/oracle.h) and
+// against the CPU device (backends/cpu, an independent implementation run on the same inputs),
+// plus the properties the algorithms rely on: fully masked rows, merge algebra, determinism,
+// a row's bits independent of the other rows, streams and events, error reporting.
+//
+// Without a GPU every test is skipped, visibly ("skipped: no CUDA device"), except the one that
+// checks the constructor's error for that case.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#ifdef CTXPAR_TEST_NO_CUDA
+
+namespace {
+TEST(CudaOps, NotBuilt) {
+    std::printf("cuda_ops_test: skipped: no CUDA device (built without the CUDA toolkit)\n");
+    GTEST_SKIP() << "skipped: no CUDA device (built without the CUDA toolkit)";
+}
+} // namespace
+
+#else
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "ctxpar_backend.h"
+#include "ctxpar_cpu.h"
+#include "ctxpar_cuda.h"
+#include "ctxpar_half.h"
+#include "testing/data.h"
+#include "testing/metrics.h"
+#include "testing/oracle.h"
+
+namespace {
+
+// ---------------------------------------------------------------- tolerances
+// Relative errors max |got - ref| / max |ref| (metrics.h), against the float64 oracle; the CUDA
+// results are held to the same bound against the CPU device, which is itself within 1e-5 of the
+// oracle (cpu_ops_test).
+//  - F32 math throughout (the SIMT kernels: F32 inputs, 16-bit inputs with head_dim % 8 != 0,
+//    the whole backward, lse everywhere): the CPU device's bound, 1e-5. F32 rounding of the
+//    scores, the exp2 argument and the O(Sk) running sums stays near 1e-6.
+constexpr double kTolF32 = 1e-5;
+//  - Tensor-core forward (F16/BF16, head_dim % 8 == 0): P is rounded to the input type before
+//    P V, as in FlashAttention, so each term of an output carries a relative error up to the
+//    unit roundoff u (BF16 2^-9, F16 2^-11). The errors are independent, so an output's error is
+//    about u times its own size, and the maximum over ~10^5 outputs stays within 8u. A wrong
+//    mask element, tile or head costs 1e-1 or more.
+constexpr double kTolMmaBf16 = 8.0 / 512.0;
+constexpr double kTolMmaF16 = 8.0 / 2048.0;
+//  - cuDNN: the same P rounding, and O stored in the input type before it is merged into the F32
+//    accumulator: one more rounding of u/2, so 10u. Its statistics use cuDNN's exp and log: 1e-4.
+constexpr double kTolCudnnBf16 = 10.0 / 512.0;
+constexpr double kTolCudnnF16 = 10.0 / 2048.0;
+constexpr double kTolCudnnLse = 1e-4;
+//  - delta and merges: a handful of F32 roundings per element.
+constexpr double kTolSmall = 1e-6;
+
+// Bound for the forward output of a block on the native kernels.
+double OutTol(ctxpar_dtype dt, int64_t head_dim) {
+    if (dt == CTXPAR_DTYPE_F32 || head_dim % 8 != 0)
+        return kTolF32;
+    return dt == CTXPAR_DTYPE_BF16 ? kTolMmaBf16 : kTolMmaF16;
+}
+
+// ---------------------------------------------------------------- the GPU, or why not
+
+const std::string &NoGpuReason() {
+    static const std::string reason = [] {
+        int n = 0;
+        cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess)
+            return std::string(cudaGetErrorString(e));
+        return n > 0 ? std::string() : std::string("no device found");
+    }();
+    return reason;
+}
+
+#define SKIP_WITHOUT_GPU()                                                                        \
+    do {                                                                                          \
+        if (!NoGpuReason().empty())                                                               \
+            GTEST_SKIP() << "skipped: no CUDA device (" << NoGpuReason() << ")";                  \
+    } while (0)
+
+class Banner : public ::testing::Environment {
+  public:
+    void SetUp() override {
+        if (!NoGpuReason().empty())
+            std::printf("cuda_ops_test: skipped: no CUDA device (%s)\n", NoGpuReason().c_str());
+    }
+};
+[[maybe_unused]] ::testing::Environment *const kBanner =
+    ::testing::AddGlobalTestEnvironment(new Banner);
+
+class Gpu : public ::testing::Test {
+  protected:
+    void SetUp() override { SKIP_WITHOUT_GPU(); }
+};
+template <class P> class GpuP : public ::testing::TestWithParam<P> {
+  protected:
+    void SetUp() override { SKIP_WITHOUT_GPU(); }
+};
+
+// ---------------------------------------------------------------- devices and memory
+
+struct Device {
+    ctxpar_device *dev = nullptr;
+    ctxpar_status st = CTXPAR_OK;
+    bool gpu;
+    explicit Device(bool on_gpu, ctxpar_cuda_cudnn cudnn = CTXPAR_CUDA_CUDNN_OFF) : gpu(on_gpu) {
+        if (gpu) {
+            ctxpar_cuda_options opt = CTXPAR_CUDA_OPTIONS_INIT;
+            opt.use_cudnn = cudnn;
+            st = ctxpar_device_create_cuda(&opt, &dev);
+        } else {
+            st = ctxpar_device_create_cpu(nullptr, &dev);
+        }
+    }
+    ~Device() { ctxpar_device_destroy(dev); }
+    Device(const Device &) = delete;
+    Device &operator=(const Device &) = delete;
+};
+
+// Memory of one device as a test sees it: host copies go in, results come back. On the CPU the
+// "device" memory is host memory; on the GPU every buffer is allocated and copied through the
+// device's own ops (so they are tested as well).
+class Space {
+  public:
+    explicit Space(Device *d) : d_(d) {}
+    ~Space() {
+        for (auto &b : bufs_)
+            ctxpar_dev_free(d_->dev, b.first, b.second, CTXPAR_MEM_DEVICE);
+    }
+    Space(const Space &) = delete;
+    Space &operator=(const Space &) = delete;
+
+    void *Put(const void *host, size_t bytes) {
+        void *p = nullptr;
+        EXPECT_EQ(ctxpar_dev_alloc(d_->dev, bytes, CTXPAR_MEM_DEVICE, &p), CTXPAR_OK)
+            << ctxpar_last_error();
+        bufs_.push_back({p, bytes});
+        if (host && bytes) {
+            EXPECT_EQ(ctxpar_dev_copy(d_->dev, p, host, bytes,
+                                      d_->gpu ? CTXPAR_COPY_H2D : CTXPAR_COPY_H2H, nullptr),
+                      CTXPAR_OK)
+                << ctxpar_last_error();
+        }
+        return p;
+    }
+    template <class T> T *Put(const std::vector<T> &v) {
+        return (T *)Put(v.data(), v.size() * sizeof(T));
+    }
+    void Get(void *host, const void *p, size_t bytes) {
+        ASSERT_EQ(ctxpar_dev_copy(d_->dev, host, p, bytes,
+                                  d_->gpu ? CTXPAR_COPY_D2H : CTXPAR_COPY_H2H, nullptr),
+                  CTXPAR_OK)
+            << ctxpar_last_error();
+        ASSERT_EQ(ctxpar_dev_stream_sync(d_->dev, nullptr), CTXPAR_OK) << ctxpar_last_error();
+    }
+    template <class T> std::vector<T> Get(const T *p, size_t n) {
+        std::vector<T> v(n);
+        Get(v.data(), p, n * sizeof(T));
+        return v;
+    }
+    ctxpar_device *dev() const { return d_->dev; }
+
+  private:
+    Device *d_;
+    std::vector<std::pair<void *, size_t>> bufs_;
+};
+
+size_t DtypeSize(ctxpar_dtype dt) { return dt == CTXPAR_DTYPE_F32 ? 4 : 2; }
+
+// A host tensor owning its memory; pad adds elements to the row (seq) stride.
+struct HostTensor {
+    std::vector<unsigned char> mem;
+    ctxpar_tensor t;
+    HostTensor(ctxpar_dtype dt, int64_t b, int64_t s, int64_t h, int64_t d, int64_t pad = 0) {
+        int64_t row = h * d + pad;
+        mem.assign((size_t)(b * s * row + 1) * DtypeSize(dt), 0);
+        t.data = mem.data();
+        t.dtype = dt;
+        t.shape[0] = b, t.shape[1] = s, t.shape[2] = h, t.shape[3] = d;
+        t.stride[0] = s * row, t.stride[1] = row, t.stride[2] = d, t.stride[3] = 1;
+    }
+    int64_t numel() const { return t.shape[0] * t.shape[1] * t.shape[2] * t.shape[3]; }
+    std::vector<double> f64() const {
+        std::vector<double> x((size_t)numel());
+        ctxpar_test_to_f64(&t, x.data());
+        return x;
+    }
+    // The same tensor in `space` (same strides).
+    ctxpar_tensor On(Space *space) const {
+        ctxpar_tensor d = t;
+        d.data = space->Put(mem.data(), mem.size());
+        return d;
+    }
+};
+
+// ---------------------------------------------------------------- problems
+
+std::vector<int64_t> Positions(const std::vector<ctxpar_span> &spans) {
+    std::vector<int64_t> pos;
+    for (const ctxpar_span &s : spans)
+        for (int64_t i = 0; i < s.len; i++)
+            pos.push_back(s.start + i * s.stride);
+    return pos;
+}
+
+struct PosCase {
+    const char *name;
+    std::vector<ctxpar_span> q, k;
+};
+
+// Query and key rows of a block in a global sequence of 512.
+std::vector<PosCase> PosCases() {
+    return {
+        {"same", {{0, 150, 1}}, {{0, 150, 1}}},
+        {"q_after_k", {{300, 100, 1}}, {{100, 130, 1}}},
+        {"q_before_k", {{0, 90, 1}}, {{200, 120, 1}}},
+        {"overlap", {{50, 140, 1}}, {{100, 150, 1}}},
+        {"striped", {{3, 100, 4}}, {{1, 110, 4}}},
+        {"zigzag", {{0, 64, 1}, {192, 64, 1}}, {{64, 64, 1}, {128, 64, 1}}},
+    };
+}
+
+const std::vector<int32_t> kDocs = {0, 37, 100, 230, 300, 512};
+
+struct MaskCase {
+    const char *name;
+    int causal;
+    int64_t window;
+    bool docs;
+};
+
+std::vector<MaskCase> MaskCases() {
+    return {
+        {"none", 0, 0, false}, {"causal", 1, 0, false}, {"causal_window", 1, 48, false},
+        {"window", 0, 48, false}, {"docs", 0, 0, true}, {"docs_causal", 1, 0, true},
+    };
+}
+
+struct Problem {
+    int64_t B = 2, Hq = 4, Hkv = 2, D = 64, seq_global = 512, pad = 0;
+    ctxpar_dtype dtype = CTXPAR_DTYPE_F32;
+    std::vector<ctxpar_span> qs, ks;
+    int causal = 0;
+    int64_t window = 0;
+    std::vector<int32_t> cu;
+    float scale = 0.0f;
+    uint64_t seed = 7;
+    std::unique_ptr<HostTensor> q, k, v, dout;
+    std::vector<int64_t> qpos, kpos;
+
+    int64_t Sq() const { return (int64_t)Positions(qs).size(); }
+    int64_t Sk() const { return (int64_t)Positions(ks).size(); }
+    float Scale() const { return scale != 0.0f ? scale : 1.0f / std::sqrt((float)D); }
+    size_t OutSize() const { return (size_t)(B * Sq() * Hq * D); }
+    size_t LseSize() const { return (size_t)(B * Hq * Sq()); }
+    size_t KvSize() const { return (size_t)(B * Sk() * Hkv * D); }
+
+    void Make() {
+        qpos = Positions(qs);
+        kpos = Positions(ks);
+        q.reset(new HostTensor(dtype, B, Sq(), Hq, D, pad));
+        k.reset(new HostTensor(dtype, B, Sk(), Hkv, D, pad));
+        v.reset(new HostTensor(dtype, B, Sk(), Hkv, D, pad));
+        dout.reset(new HostTensor(dtype, B, Sq(), Hq, D, pad));
+        ctxpar_test_fill(&q->t, seed, 1, seq_global, qpos.data());
+        ctxpar_test_fill(&k->t, seed, 2, seq_global, kpos.data());
+        ctxpar_test_fill(&v->t, seed, 3, seq_global, kpos.data());
+        ctxpar_test_fill(&dout->t, seed, 4, seq_global, qpos.data());
+    }
+
+    ctxpar_mask_desc Mask() const {
+        ctxpar_mask_desc m = {causal, window, nullptr, 0};
+        if (!cu.empty()) {
+            m.cu_seqlens = cu.data();
+            m.num_docs = (int64_t)cu.size() - 1;
+        }
+        return m;
+    }
+
+    // The block with q, k, v copied into `space`.
+    ctxpar_attn_block Block(Space *space) const {
+        ctxpar_attn_block blk;
+        blk.q = q->On(space);
+        blk.k = k->On(space);
+        blk.v = v->On(space);
+        blk.q_pos = {qs.data(), (int)qs.size()};
+        blk.k_pos = {ks.data(), (int)ks.size()};
+        blk.mask = Mask();
+        blk.scale = Scale();
+        return blk;
+    }
+
+    ctxpar_oracle_shape Shape() const { return {B, Sq(), Sk(), Hq, Hkv, D}; }
+
+    void OracleFwd(std::vector<double> *out, std::vector<double> *lse) const {
+        out->assign(OutSize(), 0.0);
+        lse->assign(LseSize(), 0.0);
+        ctxpar_oracle_shape sh = Shape();
+        ctxpar_mask_desc m = Mask();
+        std::vector<double> qd = q->f64(), kd = k->f64(), vd = v->f64();
+        ctxpar_oracle_fwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
+                          (double)Scale(), out->data(), lse->data());
+    }
+
+    void OracleBwd(std::vector<double> *dq, std::vector<double> *dk,
+                   std::vector<double> *dv) const {
+        dq->assign(OutSize(), 0.0);
+        dk->assign(KvSize(), 0.0);
+        dv->assign(KvSize(), 0.0);
+        ctxpar_oracle_shape sh = Shape();
+        ctxpar_mask_desc m = Mask();
+        std::vector<double> qd = q->f64(), kd = k->f64(), vd = v->f64(), dod = dout->f64();
+        ctxpar_oracle_bwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
+                          (double)Scale(), dod.data(), dq->data(), dk->data(), dv->data());
+    }
+};
+
+void SetMask(Problem *p, const MaskCase &m) {
+    p->causal = m.causal;
+    p->window = m.window;
+    if (m.docs)
+        p->cu = kDocs;
+}
+
+// ---------------------------------------------------------------- running ops
+
+struct FwdResult {
+    std::vector<float> out, lse;
+};
+
+// The block forward on `d` into accumulators starting as `init` (merge = 1) or NaN (merge = 0).
+FwdResult RunFwd(Device *d, const Problem &p, int merge = 0, const FwdResult *init = nullptr) {
+    FwdResult r;
+    EXPECT_EQ(d->st, CTXPAR_OK) << ctxpar_last_error();
+    if (d->st != CTXPAR_OK)
+        return r;
+    Space sp(d);
+    ctxpar_attn_block blk = p.Block(&sp);
+    std::vector<float> o0 = init ? init->out : std::vector<float>(p.OutSize(), NAN);
+    std::vector<float> l0 = init ? init->lse : std::vector<float>(p.LseSize(), NAN);
+    float *out = sp.Put(o0), *lse = sp.Put(l0);
+    EXPECT_EQ(ctxpar_dev_attn_block_fwd(d->dev, &blk, out, lse, merge, nullptr), CTXPAR_OK)
+        << ctxpar_last_error();
+    r.out = sp.Get(out, p.OutSize());
+    r.lse = sp.Get(lse, p.LseSize());
+    return r;
+}
+
+FwdResult RunFwd(bool gpu, const Problem &p) {
+    Device d(gpu);
+    return RunFwd(&d, p);
+}
+
+struct BwdResult {
+    std::vector<float> delta, dq, dk, dv;
+};
+
+// bwd_prep and the block backward on `d`, from the oracle's out and lse (rounded to F32) so
+// that only the backward's own error is measured; accumulators start at acc0 (or 0).
+BwdResult RunBwd(Device *d, const Problem &p, const std::vector<double> &ref_out,
+                 const std::vector<double> &ref_lse, float acc0 = 0.0f, bool want_dq = true,
+                 bool want_dk = true, bool want_dv = true) {
+    BwdResult r;
+    EXPECT_EQ(d->st, CTXPAR_OK) << ctxpar_last_error();
+    if (d->st != CTXPAR_OK)
+        return r;
+    Space sp(d);
+    std::vector<float> out_h(ref_out.begin(), ref_out.end()), lse_h(ref_lse.begin(), ref_lse.end());
+    ctxpar_tensor out = ctxpar_tensor_bshd(sp.Put(out_h), CTXPAR_DTYPE_F32, p.B, p.Sq(), p.Hq,
+                                           p.D);
+    ctxpar_tensor dout = p.dout->On(&sp);
+    float *lse = sp.Put(lse_h);
+    float *delta = sp.Put(std::vector<float>(p.LseSize(), NAN));
+    float *dq = sp.Put(std::vector<float>(p.OutSize(), acc0));
+    float *dk = sp.Put(std::vector<float>(p.KvSize(), acc0));
+    float *dv = sp.Put(std::vector<float>(p.KvSize(), acc0));
+    EXPECT_EQ(ctxpar_dev_attn_bwd_prep(d->dev, &out, &dout, delta, nullptr), CTXPAR_OK)
+        << ctxpar_last_error();
+    ctxpar_attn_block blk = p.Block(&sp);
+    EXPECT_EQ(ctxpar_dev_attn_block_bwd(d->dev, &blk, &dout, lse, delta, want_dq ? dq : nullptr,
+                                        want_dk ? dk : nullptr, want_dv ? dv : nullptr, nullptr),
+              CTXPAR_OK)
+        << ctxpar_last_error();
+    r.delta = sp.Get(delta, p.LseSize());
+    r.dq = sp.Get(dq, p.OutSize());
+    r.dk = sp.Get(dk, p.KvSize());
+    r.dv = sp.Get(dv, p.KvSize());
+    return r;
+}
+
+// ---------------------------------------------------------------- checks
+
+std::vector<double> F64(const std::vector<float> &x) { return std::vector<double>(x.begin(), x.end()); }
+
+void ExpectClose(const std::vector<float> &got, const std::vector<double> &ref, double tol,
+                 const std::string &what) {
+    ASSERT_EQ(got.size(), ref.size()) << what;
+    ctxpar_error_stats e = ctxpar_compare_f32(got.data(), ref.data(), got.size());
+    EXPECT_EQ(e.nonfinite, 0) << what << ": worst element " << e.worst;
+    EXPECT_LE(e.rel, tol) << what << ": worst element " << e.worst << " got "
+                          << (e.worst >= 0 ? got[(size_t)e.worst] : 0.0) << " want "
+                          << (e.worst >= 0 ? ref[(size_t)e.worst] : 0.0);
+}
+
+size_t BitDiff(const std::vector<float> &a, const std::vector<float> &b) {
+    if (a.size() != b.size())
+        return SIZE_MAX;
+    return ctxpar_bitwise_diff(a.data(), b.data(), a.size(), sizeof(float), nullptr);
+}
+
+// Rows the oracle finds fully masked have out exactly 0 and lse -inf; no NaN anywhere.
+void ExpectEmptyRows(const Problem &p, const FwdResult &r, const std::vector<double> &ref_lse) {
+    ASSERT_EQ(r.lse.size(), p.LseSize());
+    for (int64_t b = 0; b < p.B; b++)
+        for (int64_t h = 0; h < p.Hq; h++)
+            for (int64_t s = 0; s < p.Sq(); s++) {
+                size_t li = (size_t)((b * p.Hq + h) * p.Sq() + s);
+                ASSERT_FALSE(std::isnan(r.lse[li]));
+                if (ref_lse[li] != -INFINITY)
+                    continue;
+                ASSERT_EQ(r.lse[li], -INFINITY) << "row b" << b << " h" << h << " s" << s;
+                for (int64_t d = 0; d < p.D; d++)
+                    ASSERT_EQ(r.out[(size_t)(((b * p.Sq() + s) * p.Hq + h) * p.D + d)], 0.0f);
+            }
+    for (float x : r.out)
+        ASSERT_FALSE(std::isnan(x));
+}
+
+// The forward on the GPU against the oracle and the CPU device.
+void CheckFwd(const Problem &p, double out_tol, double lse_tol = kTolF32) {
+    std::vector<double> ref_out, ref_lse;
+    p.OracleFwd(&ref_out, &ref_lse);
+    FwdResult gpu = RunFwd(true, p), cpu = RunFwd(false, p);
+    ExpectClose(gpu.out, ref_out, out_tol, "out vs oracle");
+    ExpectClose(gpu.lse, ref_lse, lse_tol, "lse vs oracle");
+    ExpectClose(gpu.out, F64(cpu.out), out_tol, "out vs cpu");
+    ExpectClose(gpu.lse, F64(cpu.lse), lse_tol, "lse vs cpu");
+    ExpectEmptyRows(p, gpu, ref_lse);
+}
+
+void CheckBwd(const Problem &p) {
+    std::vector<double> ref_out, ref_lse, dq, dk, dv;
+    p.OracleFwd(&ref_out, &ref_lse);
+    p.OracleBwd(&dq, &dk, &dv);
+    Device g(true), c(false);
+    BwdResult gpu = RunBwd(&g, p, ref_out, ref_lse), cpu = RunBwd(&c, p, ref_out, ref_lse);
+    ExpectClose(gpu.dq, dq, kTolF32, "dq vs oracle");
+    ExpectClose(gpu.dk, dk, kTolF32, "dk vs oracle");
+    ExpectClose(gpu.dv, dv, kTolF32, "dv vs oracle");
+    ExpectClose(gpu.delta, F64(cpu.delta), kTolSmall, "delta vs cpu");
+    ExpectClose(gpu.dq, F64(cpu.dq), kTolF32, "dq vs cpu");
+    ExpectClose(gpu.dk, F64(cpu.dk), kTolF32, "dk vs cpu");
+    ExpectClose(gpu.dv, F64(cpu.dv), kTolF32, "dv vs cpu");
+}
+
+const char *Name(ctxpar_dtype dt) { return ctxpar_dtype_name(dt); }
+
+// ---------------------------------------------------------------- construction
+
+// Without a GPU the constructor fails with a device error that says why; with one, an ordinal
+// past the last GPU does. Runs on every machine.
+TEST(Construct, ClearErrorWithoutAUsableGpu) {
+    ctxpar_device *dev = nullptr;
+    ctxpar_cuda_options opt = CTXPAR_CUDA_OPTIONS_INIT;
+    if (NoGpuReason().empty())
+        opt.device_ordinal = 1 << 20;
+    ctxpar_clear_error();
+    EXPECT_EQ(ctxpar_device_create_cuda(&opt, &dev), CTXPAR_ERR_DEVICE);
+    EXPECT_EQ(dev, nullptr);
+    std::string msg = ctxpar_last_error();
+    EXPECT_NE(msg.find("CUDA"), std::string::npos) << msg;
+    if (!NoGpuReason().empty())
+        std::printf("cuda_ops_test: the constructor reports: %s\n", msg.c_str());
+}
+
+TEST(Construct, BadOptions) {
+    ctxpar_device *dev = nullptr;
+    ctxpar_cuda_options opt = CTXPAR_CUDA_OPTIONS_INIT;
+    opt.struct_size = 0;
+    EXPECT_EQ(ctxpar_device_create_cuda(&opt, &dev), CTXPAR_ERR_INVALID_ARG);
+    opt = CTXPAR_CUDA_OPTIONS_INIT;
+    opt.use_cudnn = (ctxpar_cuda_cudnn)7;
+    EXPECT_EQ(ctxpar_device_create_cuda(&opt, &dev), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(ctxpar_device_create_cuda(nullptr, nullptr), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(dev, nullptr);
+    ctxpar_device_destroy(nullptr);
+    // The queries refuse a device that is not a CUDA one.
+    Device cpu(false);
+    ASSERT_EQ(cpu.st, CTXPAR_OK);
+    int x = 0;
+    EXPECT_EQ(ctxpar_cuda_device_ordinal(cpu.dev, &x), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(ctxpar_cuda_device_uses_cudnn(cpu.dev, &x), CTXPAR_ERR_INVALID_ARG);
+}
+
+TEST_F(Gpu, QueriesAndCudnnChoice) {
+    Device off(true, CTXPAR_CUDA_CUDNN_OFF);
+    ASSERT_EQ(off.st, CTXPAR_OK) << ctxpar_last_error();
+    int uses = -1, ordinal = -1;
+    ASSERT_EQ(ctxpar_cuda_device_uses_cudnn(off.dev, &uses), CTXPAR_OK);
+    EXPECT_EQ(uses, 0);
+    ASSERT_EQ(ctxpar_cuda_device_ordinal(off.dev, &ordinal), CTXPAR_OK);
+    EXPECT_EQ(ordinal, 0);
+    EXPECT_EQ(ctxpar_dev_has_streams(off.dev), 1);
+    Device on(true, CTXPAR_CUDA_CUDNN_ON);
+    ASSERT_EQ(on.st, CTXPAR_OK) << "cuDNN is part of this build: " << ctxpar_last_error();
+    ASSERT_EQ(ctxpar_cuda_device_uses_cudnn(on.dev, &uses), CTXPAR_OK);
+    EXPECT_EQ(uses, 1);
+}
+
+// ---------------------------------------------------------------- forward
+
+struct FwdParam {
+    MaskCase mask;
+    PosCase pos;
+    ctxpar_dtype dtype;
+    int64_t hkv;
+};
+
+class FwdOracle : public GpuP<FwdParam> {};
+
+TEST_P(FwdOracle, MatchesOracleAndCpu) {
+    const FwdParam &prm = GetParam();
+    Problem p;
+    p.dtype = prm.dtype;
+    p.Hkv = prm.hkv;
+    p.qs = prm.pos.q;
+    p.ks = prm.pos.k;
+    SetMask(&p, prm.mask);
+    p.pad = prm.hkv == 2 ? 8 : 0; // some cases on non-dense tensors
+    p.Make();
+    CheckFwd(p, OutTol(p.dtype, p.D));
+}
+
+std::vector<FwdParam> FwdParams() {
+    std::vector<FwdParam> v;
+    for (const MaskCase &m : MaskCases())
+        for (const PosCase &pc : PosCases())
+            for (ctxpar_dtype dt : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16, CTXPAR_DTYPE_F16})
+                for (int64_t hkv : {4, 2, 1})
+                    v.push_back({m, pc, dt, hkv});
+    return v;
+}
+
+std::string FwdName(const ::testing::TestParamInfo<FwdParam> &info) {
+    const FwdParam &p = info.param;
+    return std::string(p.mask.name) + "_" + p.pos.name + "_" + Name(p.dtype) + "_gqa" +
+           std::to_string(4 / p.hkv);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, FwdOracle, ::testing::ValuesIn(FwdParams()), FwdName);
+
+// Head dims of every kernel bucket and path (multiples of 8 on tensor cores, others on the SIMT
+// kernel), odd lengths so that every tile dimension has a tail; unaligned rows (pad 4) too.
+struct DimParam {
+    int64_t d;
+    ctxpar_dtype dtype;
+};
+
+class FwdHeadDim : public GpuP<DimParam> {};
+
+TEST_P(FwdHeadDim, MatchesOracleAndCpu) {
+    Problem p;
+    p.B = 1;
+    p.D = GetParam().d;
+    p.dtype = GetParam().dtype;
+    p.qs = {{10, 67, 1}};
+    p.ks = {{0, 77, 1}};
+    p.causal = 1;
+    p.pad = p.D == 40 ? 4 : 0;
+    p.Make();
+    CheckFwd(p, OutTol(p.dtype, p.D));
+}
+
+std::vector<DimParam> DimParams() {
+    std::vector<DimParam> v;
+    for (int64_t d : {1, 8, 16, 24, 32, 40, 64, 72, 100, 128, 136, 200, 256})
+        for (ctxpar_dtype dt : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16, CTXPAR_DTYPE_F16})
+            v.push_back({d, dt});
+    return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Dims, FwdHeadDim, ::testing::ValuesIn(DimParams()),
+                         [](const ::testing::TestParamInfo<DimParam> &i) {
+                             return std::string(Name(i.param.dtype)) + "_d" +
+                                    std::to_string(i.param.d);
+                         });
+
+TEST_F(Gpu, FwdScaleAndLongSequences) {
+    for (ctxpar_dtype dt : {CTXPAR_DTYPE_BF16, CTXPAR_DTYPE_F32}) {
+        Problem p;
+        p.B = 1;
+        p.Hq = 4;
+        p.Hkv = 1;
+        p.D = 128;
+        p.dtype = dt;
+        p.seq_global = 1500;
+        p.qs = {{0, 1500, 1}};
+        p.ks = {{0, 1500, 1}};
+        p.causal = 1;
+        p.scale = 0.07f;
+        p.Make();
+        CheckFwd(p, OutTol(dt, p.D));
+    }
+}
+
+// More spans and documents than travel in the kernel arguments: the uploaded lists.
+TEST_F(Gpu, FwdLongSpanAndDocumentLists) {
+    Problem p;
+    p.dtype = CTXPAR_DTYPE_BF16;
+    p.seq_global = 600;
+    for (int i = 0; i < 12; i++) // 12 query spans, 10 key spans
+        p.qs.push_back({(int64_t)i * 50, 20, 1});
+    for (int i = 0; i < 10; i++)
+        p.ks.push_back({(int64_t)i * 60 + 5, 30, 1});
+    p.causal = 1;
+    for (int32_t b = 0; b <= 600; b += 15) // 40 documents
+        p.cu.push_back(b);
+    p.Make();
+    CheckFwd(p, OutTol(p.dtype, p.D));
+    p.cu = {0, 600};
+    p.window = 100;
+    CheckFwd(p, OutTol(p.dtype, p.D));
+}
+
+// Rows with no visible key (mixed with rows that have some), and a block masked as a whole.
+TEST_F(Gpu, FwdFullyMaskedRows) {
+    for (ctxpar_dtype dt : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16})
+        for (int whole = 0; whole < 2; whole++) {
+            Problem p;
+            p.dtype = dt;
+            p.qs = whole ? std::vector<ctxpar_span>{{0, 90, 1}}
+                         : std::vector<ctxpar_span>{{20, 100, 1}};
+            p.ks = {{95, 120, 1}};
+            p.causal = 1;
+            p.window = whole ? 0 : 30;
+            p.cu = kDocs;
+            p.Make();
+            CheckFwd(p, OutTol(dt, p.D));
+        }
+}
+
+TEST_F(Gpu, FwdEmptyKeyBlock) {
+    Problem p;
+    p.qs = {{0, 30, 1}};
+    p.ks = {};
+    p.Make();
+    FwdResult r = RunFwd(true, p);
+    for (float x : r.lse)
+        ASSERT_EQ(x, -INFINITY);
+    for (float x : r.out)
+        ASSERT_EQ(x, 0.0f);
+}
+
+// ---------------------------------------------------------------- merge
+
+// p against keys [k0, k0 + n) of its K/V.
+Problem Part(const Problem &p, int64_t k0, int64_t n) {
+    Problem part;
+    part.B = p.B, part.Hq = p.Hq, part.Hkv = p.Hkv, part.D = p.D, part.dtype = p.dtype;
+    part.seq_global = p.seq_global, part.causal = p.causal, part.window = p.window;
+    part.cu = p.cu, part.seed = p.seed, part.qs = p.qs;
+    part.ks = {{p.kpos[(size_t)k0], n, 1}};
+    part.Make();
+    return part;
+}
+
+class Merge : public GpuP<ctxpar_dtype> {};
+
+// Two halves of K/V merged by the forward (merge = 1) and by attn_merge equal the whole; an
+// empty partial (0, -inf) merges as the identity, bit for bit; a block masked as a whole leaves
+// the accumulators alone.
+TEST_P(Merge, HalvesEqualWholeAndEmptyIsIdentity) {
+    Problem p;
+    p.dtype = GetParam();
+    p.qs = {{60, 130, 1}};
+    p.ks = {{0, 200, 1}};
+    p.causal = 1;
+    p.cu = kDocs;
+    p.Make();
+    std::vector<double> ref_out, ref_lse;
+    p.OracleFwd(&ref_out, &ref_lse);
+    const double tol = OutTol(p.dtype, p.D);
+    Device d(true);
+    ASSERT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
+    Problem a = Part(p, 0, 77), b = Part(p, 77, 123);
+    FwdResult ra = RunFwd(&d, a);
+    FwdResult merged = RunFwd(&d, b, 1, &ra);
+    ExpectClose(merged.out, ref_out, tol, "fwd merge out");
+    ExpectClose(merged.lse, ref_lse, kTolF32, "fwd merge lse");
+
+    FwdResult rb = RunFwd(&d, b);
+    Space sp(&d);
+    float *o = sp.Put(ra.out), *l = sp.Put(ra.lse), *ob = sp.Put(rb.out), *lb = sp.Put(rb.lse);
+    ASSERT_EQ(ctxpar_dev_attn_merge(d.dev, o, l, ob, lb, p.B, p.Sq(), p.Hq, p.D, nullptr),
+              CTXPAR_OK)
+        << ctxpar_last_error();
+    std::vector<float> mo = sp.Get(o, p.OutSize()), ml = sp.Get(l, p.LseSize());
+    ExpectClose(mo, ref_out, tol, "attn_merge out");
+    ExpectClose(ml, ref_lse, kTolF32, "attn_merge lse");
+    ExpectClose(mo, F64(merged.out), kTolSmall, "attn_merge vs fwd merge");
+
+    // CPU device's attn_merge on the same partials.
+    Device c(false);
+    std::vector<float> co = ra.out, cl = ra.lse;
+    ASSERT_EQ(ctxpar_dev_attn_merge(c.dev, co.data(), cl.data(), rb.out.data(), rb.lse.data(),
+                                    p.B, p.Sq(), p.Hq, p.D, nullptr),
+              CTXPAR_OK);
+    ExpectClose(mo, F64(co), kTolSmall, "attn_merge vs cpu");
+    ExpectClose(ml, F64(cl), kTolSmall, "attn_merge lse vs cpu");
+
+    std::vector<float> zero(p.OutSize(), 0.0f), ninf(p.LseSize(), -INFINITY);
+    float *z = sp.Put(zero), *zl = sp.Put(ninf), *x = sp.Put(ra.out), *xl = sp.Put(ra.lse);
+    ASSERT_EQ(ctxpar_dev_attn_merge(d.dev, x, xl, z, zl, p.B, p.Sq(), p.Hq, p.D, nullptr),
+              CTXPAR_OK);
+    EXPECT_EQ(BitDiff(sp.Get(x, p.OutSize()), ra.out), 0u);
+    EXPECT_EQ(BitDiff(sp.Get(xl, p.LseSize()), ra.lse), 0u);
+    float *y = sp.Put(zero), *yl = sp.Put(ninf), *s = sp.Put(ra.out), *sl = sp.Put(ra.lse);
+    ASSERT_EQ(ctxpar_dev_attn_merge(d.dev, y, yl, s, sl, p.B, p.Sq(), p.Hq, p.D, nullptr),
+              CTXPAR_OK);
+    EXPECT_EQ(BitDiff(sp.Get(y, p.OutSize()), ra.out), 0u);
+    EXPECT_EQ(BitDiff(sp.Get(yl, p.LseSize()), ra.lse), 0u);
+
+    Problem m = Part(p, 0, 50);
+    m.qs = {{0, 40, 1}}; // every key after every query: masked as a whole
+    m.ks = {{100, 60, 1}};
+    m.cu.clear();
+    m.Make();
+    FwdResult keep;
+    keep.out.assign(m.OutSize(), 1.0f);
+    keep.lse.assign(m.LseSize(), 0.5f);
+    FwdResult after = RunFwd(&d, m, 1, &keep);
+    EXPECT_EQ(BitDiff(after.out, keep.out), 0u);
+    EXPECT_EQ(BitDiff(after.lse, keep.lse), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Merge,
+                         ::testing::Values(CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16, CTXPAR_DTYPE_F16),
+                         [](const ::testing::TestParamInfo<ctxpar_dtype> &i) {
+                             return std::string(Name(i.param));
+                         });
+
+// ---------------------------------------------------------------- cuDNN
+
+struct CudnnParam {
+    ctxpar_dtype dtype;
+    int64_t d, hkv;
+    bool causal;
+};
+
+class Cudnn : public GpuP<CudnnParam> {};
+
+// Blocks cuDNN takes (no mask, or a causal diagonal block) run on it when it is ON, overwrite
+// and merge like the native kernels, and blocks it cannot take still run natively.
+TEST_P(Cudnn, RunsWhereItAppliesAndMatchesOracle) {
+    const CudnnParam &prm = GetParam();
+    Device d(true, CTXPAR_CUDA_CUDNN_ON);
+    ASSERT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
+    Problem p;
+    p.dtype = prm.dtype;
+    p.D = prm.d;
+    p.Hkv = prm.hkv;
+    p.seq_global = 600;
+    p.qs = {{0, 333, 1}};
+    p.ks = {{0, 333, 1}};
+    p.causal = prm.causal;
+    p.Make();
+    std::vector<double> ref_out, ref_lse;
+    p.OracleFwd(&ref_out, &ref_lse);
+    const double tol = prm.dtype == CTXPAR_DTYPE_BF16 ? kTolCudnnBf16 : kTolCudnnF16;
+    uint64_t n_cudnn = 0, n_native = 0;
+    FwdResult r = RunFwd(&d, p);
+    ASSERT_EQ(ctxpar_cuda_device_fwd_counts(d.dev, &n_cudnn, &n_native), CTXPAR_OK);
+    EXPECT_EQ(n_cudnn, 1u) << "cuDNN did not take the block: it has no plan for this shape";
+    ExpectClose(r.out, ref_out, tol, "cudnn out");
+    ExpectClose(r.lse, ref_lse, kTolCudnnLse, "cudnn lse");
+
+    // merge = 1: a second key block (after the first) merged onto the first.
+    Problem whole;
+    whole.dtype = p.dtype, whole.D = p.D, whole.Hkv = p.Hkv, whole.seq_global = 600;
+    whole.qs = {{333, 200, 1}};
+    whole.ks = {{0, 533, 1}};
+    whole.causal = p.causal;
+    whole.Make();
+    std::vector<double> wout, wlse;
+    whole.OracleFwd(&wout, &wlse);
+    Problem first = Part(whole, 0, 333), diag = Part(whole, 333, 200);
+    FwdResult acc = RunFwd(&d, first); // a full block (keys before every query): cuDNN
+    FwdResult both = RunFwd(&d, diag, 1, &acc); // the diagonal block
+    ExpectClose(both.out, wout, tol, "cudnn merged out");
+    ExpectClose(both.lse, wlse, kTolCudnnLse, "cudnn merged lse");
+    ASSERT_EQ(ctxpar_cuda_device_fwd_counts(d.dev, &n_cudnn, &n_native), CTXPAR_OK);
+    EXPECT_EQ(n_cudnn, 3u);
+
+    // A striped block is not one cuDNN can mask: the native kernel runs it.
+    Problem striped;
+    striped.dtype = p.dtype, striped.D = p.D, striped.Hkv = p.Hkv;
+    striped.qs = {{1, 100, 4}};
+    striped.ks = {{0, 100, 4}};
+    striped.causal = 1;
+    striped.Make();
+    std::vector<double> sout, slse;
+    striped.OracleFwd(&sout, &slse);
+    FwdResult rs = RunFwd(&d, striped);
+    ExpectClose(rs.out, sout, OutTol(p.dtype, p.D), "striped out");
+    ASSERT_EQ(ctxpar_cuda_device_fwd_counts(d.dev, &n_cudnn, &n_native), CTXPAR_OK);
+    EXPECT_EQ(n_cudnn, 3u);
+    EXPECT_EQ(n_native, 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Cudnn,
+                         ::testing::Values(CudnnParam{CTXPAR_DTYPE_BF16, 64, 4, false},
+                                           CudnnParam{CTXPAR_DTYPE_BF16, 128, 1, true},
+                                           CudnnParam{CTXPAR_DTYPE_F16, 128, 2, false},
+                                           CudnnParam{CTXPAR_DTYPE_F16, 64, 4, true}),
+                         [](const ::testing::TestParamInfo<CudnnParam> &i) {
+                             return std::string(Name(i.param.dtype)) + "_d" +
+                                    std::to_string(i.param.d) + "_gqa" +
+                                    std::to_string(4 / i.param.hkv) +
+                                    (i.param.causal ? "_causal" : "_full");
+                         });
+
+// ---------------------------------------------------------------- backward
+
+class BwdOracle : public GpuP<FwdParam> {};
+
+TEST_P(BwdOracle, MatchesOracleAndCpu) {
+    const FwdParam &prm = GetParam();
+    Problem p;
+    p.dtype = prm.dtype;
+    p.Hkv = prm.hkv;
+    p.qs = prm.pos.q;
+    p.ks = prm.pos.k;
+    SetMask(&p, prm.mask);
+    p.pad = prm.hkv == 1 ? 3 : 0;
+    p.D = 40;
+    p.Make();
+    CheckBwd(p);
+}
+
+std::vector<FwdParam> BwdParams() {
+    std::vector<FwdParam> v;
+    int i = 0;
+    const int64_t hkv[3] = {4, 2, 1};
+    for (const MaskCase &m : MaskCases())
+        for (const PosCase &pc : PosCases())
+            for (ctxpar_dtype dt : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16, CTXPAR_DTYPE_F16})
+                v.push_back({m, pc, dt, hkv[i++ % 3]});
+    return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, BwdOracle, ::testing::ValuesIn(BwdParams()), FwdName);
+
+class BwdHeadDim : public GpuP<DimParam> {};
+
+TEST_P(BwdHeadDim, MatchesOracleAndCpu) {
+    Problem p;
+    p.B = 1;
+    p.Hkv = 1;
+    p.D = GetParam().d;
+    p.dtype = GetParam().dtype;
+    p.qs = {{10, 67, 1}};
+    p.ks = {{0, 77, 1}};
+    p.causal = 1;
+    p.Make();
+    CheckBwd(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dims, BwdHeadDim, ::testing::ValuesIn(DimParams()),
+                         [](const ::testing::TestParamInfo<DimParam> &i) {
+                             return std::string(Name(i.param.dtype)) + "_d" +
+                                    std::to_string(i.param.d);
+                         });
+
+// Accumulators are added to, and a NULL one is simply not computed.
+TEST_F(Gpu, BwdAccumulatesAndSkipsNullOutputs) {
+    Problem p;
+    p.qs = {{0, 100, 1}};
+    p.ks = {{0, 100, 1}};
+    p.causal = 1;
+    p.Make();
+    std::vector<double> ref_out, ref_lse;
+    p.OracleFwd(&ref_out, &ref_lse);
+    Device d(true);
+    BwdResult all = RunBwd(&d, p, ref_out, ref_lse);
+    BwdResult plus = RunBwd(&d, p, ref_out, ref_lse, 0.25f, true, true, false);
+    for (size_t i = 0; i < all.dq.size(); i++)
+        ASSERT_EQ(plus.dq[i], all.dq[i] + 0.25f) << i;
+    for (size_t i = 0; i < all.dk.size(); i++)
+        ASSERT_EQ(plus.dk[i], all.dk[i] + 0.25f) << i;
+    for (float x : plus.dv)
+        ASSERT_EQ(x, 0.25f);
+    BwdResult only_dv = RunBwd(&d, p, ref_out, ref_lse, 0.0f, false, false, true);
+    EXPECT_EQ(BitDiff(only_dv.dv, all.dv), 0u);
+    for (float x : only_dv.dq)
+        ASSERT_EQ(x, 0.0f);
+}
+
+TEST_F(Gpu, BwdPrepMatchesFloat64AndCpu) {
+    for (ctxpar_dtype dt_out : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16, CTXPAR_DTYPE_F16})
+        for (ctxpar_dtype dt_dout : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16}) {
+            const int64_t B = 2, S = 33, H = 3, D = 300;
+            HostTensor out(dt_out, B, S, H, D, 7), dout(dt_dout, B, S, H, D);
+            ctxpar_test_fill(&out.t, 11, 1, S, nullptr);
+            ctxpar_test_fill(&dout.t, 11, 2, S, nullptr);
+            std::vector<double> o = out.f64(), g = dout.f64(), ref((size_t)(B * H * S), 0.0);
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t s = 0; s < S; s++)
+                    for (int64_t h = 0; h < H; h++)
+                        for (int64_t d = 0; d < D; d++) {
+                            size_t i = (size_t)(((b * S + s) * H + h) * D + d);
+                            ref[(size_t)((b * H + h) * S + s)] += o[i] * g[i];
+                        }
+            std::vector<float> got[2];
+            for (int gpu = 0; gpu < 2; gpu++) {
+                Device d(gpu != 0);
+                Space sp(&d);
+                ctxpar_tensor to = out.On(&sp), tg = dout.On(&sp);
+                float *delta = sp.Put(std::vector<float>(ref.size(), NAN));
+                ASSERT_EQ(ctxpar_dev_attn_bwd_prep(d.dev, &to, &tg, delta, nullptr), CTXPAR_OK)
+                    << ctxpar_last_error();
+                got[gpu] = sp.Get(delta, ref.size());
+            }
+            ExpectClose(got[1], ref, kTolSmall, "delta vs float64");
+            ExpectClose(got[1], F64(got[0]), kTolSmall, "delta vs cpu");
+        }
+}
+
+// ---------------------------------------------------------------- bitwise properties
+
+// Identical bits run to run, on a second device, for forward, merge and backward.
+TEST_F(Gpu, Determinism) {
+    for (ctxpar_dtype dt : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16}) {
+        Problem p;
+        p.dtype = dt;
+        p.D = 72;
+        p.qs = {{0, 300, 1}};
+        p.ks = {{0, 300, 1}};
+        p.causal = 1;
+        p.cu = kDocs;
+        p.Make();
+        std::vector<double> ref_out, ref_lse;
+        p.OracleFwd(&ref_out, &ref_lse);
+        Device d1(true), d2(true);
+        FwdResult a = RunFwd(&d1, p), b = RunFwd(&d2, p), c = RunFwd(&d1, p);
+        EXPECT_EQ(BitDiff(a.out, b.out), 0u);
+        EXPECT_EQ(BitDiff(a.lse, b.lse), 0u);
+        EXPECT_EQ(BitDiff(a.out, c.out), 0u);
+        BwdResult x = RunBwd(&d1, p, ref_out, ref_lse), y = RunBwd(&d2, p, ref_out, ref_lse);
+        EXPECT_EQ(BitDiff(x.dq, y.dq), 0u);
+        EXPECT_EQ(BitDiff(x.dk, y.dk), 0u);
+        EXPECT_EQ(BitDiff(x.dv, y.dv), 0u);
+        EXPECT_EQ(BitDiff(x.delta, y.delta), 0u);
+    }
+}
+
+// A query row's bits depend only on that row (with cuDNN off): the all-gather algorithm computes
+// subsets of rows against the whole K/V and must match one rank computing them all.
+TEST_F(Gpu, RowIndependence) {
+    struct Case {
+        ctxpar_dtype dt;
+        int64_t d, hkv;
+        MaskCase mask;
+    };
+    const std::vector<MaskCase> masks = MaskCases();
+    const Case cases[] = {{CTXPAR_DTYPE_F32, 48, 2, masks[5]},
+                          {CTXPAR_DTYPE_BF16, 64, 1, masks[5]},
+                          {CTXPAR_DTYPE_F16, 128, 4, masks[2]},
+                          {CTXPAR_DTYPE_BF16, 64, 2, masks[0]}};
+    for (const Case &cs : cases) {
+        Problem full;
+        full.dtype = cs.dt;
+        full.Hkv = cs.hkv;
+        full.D = cs.d;
+        full.qs = {{0, 400, 1}};
+        full.ks = {{0, 400, 1}};
+        SetMask(&full, cs.mask);
+        full.Make();
+        FwdResult whole = RunFwd(true, full);
+        const std::vector<std::vector<ctxpar_span>> subsets = {
+            {{1, 100, 4}}, {{37, 150, 1}}, {{0, 50, 1}, {350, 50, 1}}, {{399, 1, 1}}};
+        for (const auto &qs : subsets) {
+            Problem sub;
+            sub.dtype = cs.dt;
+            sub.Hkv = cs.hkv;
+            sub.D = cs.d;
+            sub.qs = qs;
+            sub.ks = full.ks;
+            SetMask(&sub, cs.mask);
+            sub.pad = 8;
+            sub.Make();
+            FwdResult r = RunFwd(true, sub);
+            size_t bad = 0;
+            for (int64_t b = 0; b < sub.B; b++)
+                for (int64_t h = 0; h < sub.Hq; h++)
+                    for (int64_t s = 0; s < sub.Sq(); s++) {
+                        int64_t g = sub.qpos[(size_t)s];
+                        bad += std::memcmp(
+                                   &r.out[(size_t)(((b * sub.Sq() + s) * sub.Hq + h) * sub.D)],
+                                   &whole.out[(size_t)(((b * 400 + g) * sub.Hq + h) * sub.D)],
+                                   (size_t)sub.D * sizeof(float)) != 0;
+                        bad += std::memcmp(&r.lse[(size_t)((b * sub.Hq + h) * sub.Sq() + s)],
+                                           &whole.lse[(size_t)((b * sub.Hq + h) * 400 + g)],
+                                           sizeof(float)) != 0;
+                    }
+            EXPECT_EQ(bad, 0u) << Name(cs.dt) << " d" << cs.d << " " << cs.mask.name
+                               << ": subset starting at " << qs[0].start;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- elementwise
+
+std::vector<float> CastValues(size_t n) {
+    std::vector<float> x(n);
+    const float special[] = {0.0f,     -0.0f,     1.0f / 3.0f, 65504.0f, 65520.0f,
+                             1e-8f,    6.0e-5f,   -2.5e-6f,    3.0e38f,  INFINITY,
+                             -INFINITY, NAN,      1.00390625f, 1.0009765625f, 1e-40f};
+    for (size_t i = 0; i < n; i++)
+        x[i] = i < sizeof special / sizeof special[0]
+                   ? special[i]
+                   : (float)(ctxpar_test_value(3, 9, i) * std::ldexp(1.0, (int)(i % 40) - 20));
+    return x;
+}
+
+// Every dtype pair, strided on both sides: the GPU's bits equal the CPU device's bits (both must
+// equal the ctxpar_half.h conversions, which cpu_ops_test checks), NaN payloads included.
+TEST_F(Gpu, CastEveryPairBitwiseAsCpu) {
+    const int64_t B = 2, S = 9, H = 3, D = 300;
+    const ctxpar_dtype all[3] = {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_F16, CTXPAR_DTYPE_BF16};
+    std::vector<float> vals = CastValues((size_t)(B * S * H * D));
+    for (ctxpar_dtype from : all)
+        for (ctxpar_dtype to : all) {
+            HostTensor src(from, B, S, H, D, 3);
+            size_t i = 0;
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t s = 0; s < S; s++)
+                    for (int64_t h = 0; h < H; h++)
+                        for (int64_t e = 0; e < D; e++, i++) {
+                            int64_t off = b * src.t.stride[0] + s * src.t.stride[1] +
+                                          h * src.t.stride[2] + e;
+                            if (from == CTXPAR_DTYPE_F32)
+                                ((float *)src.t.data)[off] = vals[i];
+                            else
+                                ((uint16_t *)src.t.data)[off] =
+                                    from == CTXPAR_DTYPE_F16 ? ctxpar_f32_to_f16(vals[i])
+                                                             : ctxpar_f32_to_bf16(vals[i]);
+                        }
+            std::vector<unsigned char> got[2];
+            for (int gpu = 0; gpu < 2; gpu++) {
+                Device d(gpu != 0);
+                Space sp(&d);
+                HostTensor dst(to, B, S, H, D, 11);
+                ctxpar_tensor ts = src.On(&sp), td = dst.On(&sp);
+                ASSERT_EQ(ctxpar_dev_cast(d.dev, &ts, &td, nullptr), CTXPAR_OK)
+                    << ctxpar_last_error();
+                got[gpu].resize(dst.mem.size());
+                sp.Get(got[gpu].data(), td.data, dst.mem.size());
+            }
+            EXPECT_EQ(got[0], got[1]) << Name(from) << " -> " << Name(to);
+        }
+}
+
+TEST_F(Gpu, AddFillMemsetCopy) {
+    Device d(true);
+    ASSERT_EQ(d.st, CTXPAR_OK);
+    for (size_t n : {(size_t)1, (size_t)1000, (size_t)100003}) {
+        Space sp(&d);
+        std::vector<float> a(n), b(n);
+        for (size_t i = 0; i < n; i++) {
+            a[i] = (float)i;
+            b[i] = 0.5f * (float)(n - i);
+        }
+        float *da = sp.Put(a), *db = sp.Put(b);
+        ASSERT_EQ(ctxpar_dev_add(d.dev, da, db, n, nullptr), CTXPAR_OK);
+        std::vector<float> r = sp.Get(da, n);
+        for (size_t i = 0; i < n; i++)
+            ASSERT_EQ(r[i], (float)i + 0.5f * (float)(n - i)) << i;
+        ASSERT_EQ(ctxpar_dev_fill(d.dev, da, -INFINITY, n, nullptr), CTXPAR_OK);
+        r = sp.Get(da, n);
+        for (size_t i = 0; i < n; i++)
+            ASSERT_EQ(r[i], -INFINITY) << i;
+        ASSERT_EQ(ctxpar_dev_memset(d.dev, da, 0, n * sizeof(float), nullptr), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_dev_copy(d.dev, db, da, n * sizeof(float), CTXPAR_COPY_D2D, nullptr),
+                  CTXPAR_OK);
+        r = sp.Get(db, n);
+        for (size_t i = 0; i < n; i++)
+            ASSERT_EQ(r[i], 0.0f) << i;
+    }
+    void *h = nullptr;
+    ASSERT_EQ(ctxpar_dev_alloc(d.dev, 4096, CTXPAR_MEM_HOST, &h), CTXPAR_OK);
+    std::memset(h, 7, 4096);
+    void *h2 = nullptr;
+    ASSERT_EQ(ctxpar_dev_alloc(d.dev, 4096, CTXPAR_MEM_HOST, &h2), CTXPAR_OK);
+    ASSERT_EQ(ctxpar_dev_copy(d.dev, h2, h, 4096, CTXPAR_COPY_H2H, nullptr), CTXPAR_OK);
+    ASSERT_EQ(ctxpar_dev_stream_sync(d.dev, nullptr), CTXPAR_OK);
+    EXPECT_EQ(std::memcmp(h, h2, 4096), 0);
+    ctxpar_dev_free(d.dev, h, 4096, CTXPAR_MEM_HOST);
+    ctxpar_dev_free(d.dev, h2, 4096, CTXPAR_MEM_HOST);
+}
+
+// Same bytes, same sum; one changed byte, two swapped words or a different length change it.
+TEST_F(Gpu, ChecksumIsDeterministicAndSensitive) {
+    Device d(true);
+    ASSERT_EQ(d.st, CTXPAR_OK);
+    std::vector<unsigned char> bytes(100007);
+    for (size_t i = 0; i < bytes.size(); i++)
+        bytes[i] = (unsigned char)(ctxpar_test_value(5, 1, i) * 127.0 + 128.0);
+    Space sp(&d);
+    auto sum = [&](const std::vector<unsigned char> &b, size_t offset, size_t n) {
+        unsigned char *p = (unsigned char *)sp.Put(b.data(), b.size());
+        uint64_t s = 0;
+        EXPECT_EQ(ctxpar_dev_checksum(d.dev, p + offset, n, nullptr, &s), CTXPAR_OK)
+            << ctxpar_last_error();
+        return s;
+    };
+    const uint64_t base = sum(bytes, 0, bytes.size());
+    EXPECT_EQ(sum(bytes, 0, bytes.size()), base);
+    std::vector<unsigned char> flipped = bytes;
+    flipped[54321] ^= 1;
+    EXPECT_NE(sum(flipped, 0, bytes.size()), base);
+    std::vector<unsigned char> swapped = bytes;
+    std::swap_ranges(swapped.begin(), swapped.begin() + 8, swapped.begin() + 800);
+    EXPECT_NE(sum(swapped, 0, bytes.size()), base);
+    EXPECT_NE(sum(bytes, 0, bytes.size() - 1), base);
+    // Misaligned starts give the checksum of the bytes, whatever their address.
+    std::vector<unsigned char> shifted(bytes.size() + 3);
+    std::memcpy(shifted.data() + 3, bytes.data(), bytes.size());
+    EXPECT_EQ(sum(shifted, 3, bytes.size()), base);
+    EXPECT_EQ(sum(bytes, 0, 0), sum(flipped, 0, 0));
+}
+
+// ---------------------------------------------------------------- streams and events
+
+// Work on two streams ordered only by an event comes out right; a wrapped cudaStream_t works
+// like a ctxpar stream.
+TEST_F(Gpu, StreamsAndEventsOrderWork) {
+    Device d(true);
+    ASSERT_EQ(d.st, CTXPAR_OK);
+    const size_t n = 1 << 24; // large enough that the fill is still running when add is issued
+    Space sp(&d);
+    float *a = static_cast<float *>(sp.Put(nullptr, n * sizeof(float)));
+    float *b = static_cast<float *>(sp.Put(nullptr, n * sizeof(float)));
+    ctxpar_stream *s1 = nullptr, *s2 = nullptr, *wrapped = nullptr;
+    ctxpar_event *ev = nullptr;
+    ASSERT_EQ(ctxpar_dev_stream_create(d.dev, &s1), CTXPAR_OK);
+    ASSERT_EQ(ctxpar_dev_stream_create(d.dev, &s2), CTXPAR_OK);
+    ASSERT_EQ(ctxpar_dev_event_create(d.dev, &ev), CTXPAR_OK);
+    for (int round = 0; round < 3; round++) {
+        ASSERT_EQ(ctxpar_dev_fill(d.dev, b, 1.0f, n, s2), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_dev_fill(d.dev, a, (float)round, n, s1), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_dev_event_record(d.dev, ev, s1), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_dev_stream_wait_event(d.dev, s2, ev), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_dev_add(d.dev, b, a, n, s2), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_dev_stream_sync(d.dev, s2), CTXPAR_OK);
+        std::vector<float> r = sp.Get(b, n);
+        size_t bad = 0;
+        for (float x : r)
+            bad += x != 1.0f + (float)round;
+        EXPECT_EQ(bad, 0u) << "round " << round;
+    }
+    cudaStream_t raw = nullptr;
+    ASSERT_EQ(cudaStreamCreate(&raw), cudaSuccess);
+    ASSERT_EQ(ctxpar_cuda_stream_wrap(d.dev, raw, &wrapped), CTXPAR_OK);
+    ASSERT_EQ(ctxpar_dev_fill(d.dev, a, 3.0f, n, wrapped), CTXPAR_OK);
+    ASSERT_EQ(cudaStreamSynchronize(raw), cudaSuccess);
+    EXPECT_EQ(sp.Get(a, 1)[0], 3.0f);
+    ctxpar_cuda_stream_release(wrapped);
+    EXPECT_EQ(cudaStreamDestroy(raw), cudaSuccess);
+    ctxpar_dev_event_destroy(d.dev, ev);
+    ctxpar_dev_stream_destroy(d.dev, s1);
+    ctxpar_dev_stream_destroy(d.dev, s2);
+}
+
+// ---------------------------------------------------------------- errors
+
+TEST_F(Gpu, BadArgumentsAreReportedAndOutputsUntouched) {
+    Device d(true);
+    ASSERT_EQ(d.st, CTXPAR_OK);
+    Problem p;
+    p.qs = {{0, 20, 1}};
+    p.ks = {{0, 20, 1}};
+    p.Make();
+    Space sp(&d);
+    float *out = sp.Put(std::vector<float>(p.OutSize(), 42.0f));
+    float *lse = sp.Put(std::vector<float>(p.LseSize(), 42.0f));
+    const ctxpar_attn_block good = p.Block(&sp);
+    auto fwd = [&](const ctxpar_attn_block &blk, int merge = 0) {
+        ctxpar_clear_error();
+        return ctxpar_dev_attn_block_fwd(d.dev, &blk, out, lse, merge, nullptr);
+    };
+    ctxpar_attn_block blk = good;
+    blk.q.dtype = blk.k.dtype = blk.v.dtype = (ctxpar_dtype)3;
+    EXPECT_EQ(fwd(blk), CTXPAR_ERR_NOT_SUPPORTED);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("dtype"), std::string::npos);
+    blk = good;
+    blk.k.dtype = blk.v.dtype = CTXPAR_DTYPE_BF16;
+    EXPECT_EQ(fwd(blk), CTXPAR_ERR_INVALID_ARG);
+    blk = good;
+    blk.q.shape[2] = 3;
+    EXPECT_EQ(fwd(blk), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("multiple"), std::string::npos);
+    blk = good;
+    blk.q.shape[3] = blk.k.shape[3] = blk.v.shape[3] = 0;
+    EXPECT_EQ(fwd(blk), CTXPAR_ERR_INVALID_ARG);
+    blk = good;
+    blk.q.shape[3] = blk.k.shape[3] = blk.v.shape[3] = 300;
+    EXPECT_EQ(fwd(blk), CTXPAR_ERR_NOT_SUPPORTED);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("256"), std::string::npos);
+    blk = good;
+    ctxpar_span short_span = {0, 19, 1};
+    blk.k_pos = {&short_span, 1};
+    EXPECT_EQ(fwd(blk), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("k_pos"), std::string::npos);
+    blk = good;
+    blk.q.stride[3] = 2;
+    EXPECT_EQ(fwd(blk), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(fwd(good, 2), CTXPAR_ERR_INVALID_ARG);
+    blk = good;
+    blk.scale = 0.0f;
+    EXPECT_EQ(fwd(blk), CTXPAR_ERR_INVALID_ARG);
+    for (float x : sp.Get(out, p.OutSize()))
+        ASSERT_EQ(x, 42.0f);
+    for (float x : sp.Get(lse, p.LseSize()))
+        ASSERT_EQ(x, 42.0f);
+
+    ctxpar_tensor dout = p.dout->On(&sp);
+    ctxpar_tensor bad_dout = dout;
+    bad_dout.dtype = CTXPAR_DTYPE_F16;
+    EXPECT_EQ(ctxpar_dev_attn_block_bwd(d.dev, &good, &bad_dout, lse, lse, out, nullptr, nullptr,
+                                        nullptr),
+              CTXPAR_ERR_INVALID_ARG);
+    HostTensor small(CTXPAR_DTYPE_F32, 1, 1, 1, 3), other(CTXPAR_DTYPE_F32, 1, 1, 1, 4);
+    ctxpar_tensor ts = small.On(&sp), to = other.On(&sp);
+    EXPECT_EQ(ctxpar_dev_cast(d.dev, &ts, &to, nullptr), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(ctxpar_dev_attn_bwd_prep(d.dev, &ts, &to, out, nullptr), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(ctxpar_dev_attn_merge(d.dev, nullptr, lse, out, lse, 1, 1, 1, 1, nullptr),
+              CTXPAR_ERR_INVALID_ARG);
+}
+
+} // namespace
+
+#endif // CTXPAR_TEST_NO_CUDA

@@ -1,0 +1,45 @@
+// The `ctxpar` command-line tool: check (and, as they land, audit and bench).
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "commands.h"
+
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} command;
+
+static const command commands[] = {
+    {"check", ctxpar_cmd_check,
+     "run context-parallel attention on random inputs; compare with fp64 and P = 1"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: ctxpar <command> [options]   (ctxpar <command> --help for its options)\n\n"
+               "commands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n  --version  print the version\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return CTXPAR_EXIT_USAGE;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return CTXPAR_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("ctxpar %s\n", ctxpar_version());
+        return CTXPAR_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].run(argc - 2, argv + 2);
+    fprintf(stderr, "ctxpar: unknown command '%s' (see ctxpar --help)\n", argv[1]);
+    return CTXPAR_EXIT_USAGE;
+}

@@ -1,0 +1,166 @@
+// End to end: context-parallel attention forward and backward through the public API, with P
+// in-process ranks, against the fp64 oracle of the whole sequence and against P = 1.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <tuple>
+
+#include "runner.h"
+#include "tolerance.h"
+
+namespace {
+
+struct Case {
+    int ranks;
+    ctxpar_algo algo;
+    ctxpar_layout layout;
+    ctxpar_mask mask;
+    ctxpar_dtype dtype;
+    int64_t head_dim;
+};
+
+std::string CaseName(const testing::TestParamInfo<Case> &info) {
+    const Case &c = info.param;
+    return std::string(ctxpar_algo_name(c.algo)) + "_P" + std::to_string(c.ranks) + "_" +
+           ctxpar_layout_name(c.layout) + "_" + ctxpar_mask_name(c.mask) + "_" +
+           ctxpar_dtype_name(c.dtype) + "_D" + std::to_string(c.head_dim);
+}
+
+ctxpar_run_config Config(const Case &c) {
+    ctxpar_run_config cfg;
+    ctxpar_run_config_default(&cfg);
+    cfg.ranks = c.ranks;
+    cfg.batch = 2;
+    cfg.heads = 3;
+    cfg.kv_heads = 3;
+    cfg.head_dim = c.head_dim;
+    // 144 = 2^4 * 3^2: divides by 2P for every P tested, and is not a power of two.
+    cfg.seq = 144;
+    cfg.dtype = c.dtype;
+    cfg.params.algo = c.algo;
+    cfg.params.layout = c.layout;
+    cfg.params.mask = c.mask;
+    cfg.backward = 1;
+    cfg.threads = 1;
+    cfg.seed = 1000 + c.ranks;
+    return cfg;
+}
+
+class EndToEnd : public testing::TestWithParam<Case> {};
+
+TEST_P(EndToEnd, MatchesOracleAndSingleRank) {
+    const Case &c = GetParam();
+    ctxpar_run_config cfg = Config(c);
+    ctxpar_run_result r;
+    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+        const char *name = ctxpar_run_tensor_name(static_cast<ctxpar_run_tensor>(i));
+        ASSERT_TRUE(r.has[i]) << name;
+        EXPECT_LE(r.error[i], ctxpar_tolerance(c.dtype, name)) << name;
+        EXPECT_TRUE(ctxpar_error_ratio_ok(r.error[i], r.error_1[i]))
+            << name << ": error " << r.error[i] << " at P=" << c.ranks << " vs " << r.error_1[i]
+            << " at P=1";
+    }
+    if (c.algo == CTXPAR_ALGO_ALLGATHER) { // the design's promise: same bits as one rank
+        EXPECT_TRUE(r.bitwise_single[CTXPAR_T_OUT]);
+        EXPECT_TRUE(r.bitwise_single[CTXPAR_T_LSE]);
+    }
+    if (c.ranks == 1) { // P = 1 against itself: a run must be reproducible bit for bit
+        for (int i = 0; i < CTXPAR_RUN_TENSORS; i++)
+            EXPECT_TRUE(r.bitwise_single[i]) << ctxpar_run_tensor_name((ctxpar_run_tensor)i);
+    }
+    EXPECT_TRUE(r.ok);
+    ctxpar_run_result_free(&r);
+}
+
+std::vector<Case> AllCases() {
+    std::vector<Case> cases;
+    const int ranks[] = {1, 2, 3, 4, 8};
+    const ctxpar_algo algos[] = {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER};
+    const ctxpar_layout layouts[] = {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG,
+                                     CTXPAR_LAYOUT_STRIPED};
+    const ctxpar_mask masks[] = {CTXPAR_MASK_NONE, CTXPAR_MASK_CAUSAL};
+    const ctxpar_dtype dtypes[] = {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16};
+    const int64_t dims[] = {32, 64, 128};
+    int n = 0;
+    for (int p : ranks)
+        for (ctxpar_algo a : algos)
+            for (ctxpar_layout l : layouts)
+                for (ctxpar_mask m : masks)
+                    for (ctxpar_dtype d : dtypes)
+                        cases.push_back({p, a, l, m, d, dims[n++ % 3]}); // every dim, rotating
+    return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, EndToEnd, testing::ValuesIn(AllCases()), CaseName);
+
+// The numbers the foundation issue asks for, at a realistic size: seq 4096, 4 heads, dim 64.
+TEST(EndToEndLarge, RingCausalZigzagF32AtSeq4096) {
+    ctxpar_run_config cfg;
+    ctxpar_run_config_default(&cfg); // 4 ranks, causal, zigzag, ring, seq 4096, 4 heads, dim 64
+    cfg.backward = 1;
+    ctxpar_run_result r;
+    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+        EXPECT_LE(r.error[i], 1e-5) << ctxpar_run_tensor_name((ctxpar_run_tensor)i);
+        EXPECT_LE(r.error[i], 2.0 * std::max(r.error_1[i], CTXPAR_TOL_RATIO_FLOOR));
+    }
+    EXPECT_TRUE(r.ok);
+    ctxpar_run_result_free(&r);
+}
+
+// Per-rank memory of the ring scales as 1/P: at P = 4 it is at most a quarter of P = 1 plus the
+// second (in-flight) K/V and dK/dV buffers the ring needs, which are of shard size.
+TEST(EndToEndMemory, RingPeakScalesAsOneOverP) {
+    ctxpar_run_config cfg;
+    ctxpar_run_config_default(&cfg);
+    cfg.seq = 2048;
+    cfg.backward = 1;
+    cfg.threads = 1;
+    ctxpar_run_result r;
+    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+    const double shard_rows = static_cast<double>(cfg.batch * (cfg.seq / 4) * cfg.kv_heads *
+                                                  cfg.head_dim);
+    const double kv_buffer = 2 * shard_rows * 4;  // packed K and V, f32
+    const double dkv_buffer = 2 * shard_rows * 4; // packed dK and dV, f32 accumulators
+    const double bound = r.single_rank_peak_bytes / 4.0 + kv_buffer + 2 * dkv_buffer + 64;
+    EXPECT_GT(r.peak_bytes_per_rank, 0u);
+    EXPECT_LE(static_cast<double>(r.peak_bytes_per_rank), bound)
+        << "P=4 peak " << r.peak_bytes_per_rank << " vs P=1 peak " << r.single_rank_peak_bytes;
+    ctxpar_run_result_free(&r);
+}
+
+// The CPU backend is deterministic: the same bits with 1 and 2 OpenMP threads per rank.
+TEST(EndToEndDeterminism, SameBitsForAnyThreadCount) {
+    for (ctxpar_algo algo : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER}) {
+        ctxpar_run_config cfg;
+        ctxpar_run_config_default(&cfg);
+        cfg.seq = 512;
+        cfg.ranks = 2;
+        cfg.backward = 1;
+        cfg.params.algo = algo;
+        cfg.compare_oracle = 0;
+        cfg.compare_single = 0;
+        ctxpar_run_result a, b;
+        cfg.threads = 1;
+        ASSERT_EQ(ctxpar_run(&cfg, &a), CTXPAR_OK);
+        ASSERT_EQ(a.status, CTXPAR_OK) << a.message;
+        cfg.threads = 2;
+        ASSERT_EQ(ctxpar_run(&cfg, &b), CTXPAR_OK);
+        ASSERT_EQ(b.status, CTXPAR_OK) << b.message;
+        for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+            size_t n = i == CTXPAR_T_LSE ? cfg.batch * cfg.heads * cfg.seq
+                                         : cfg.batch * cfg.seq * cfg.heads * cfg.head_dim;
+            EXPECT_EQ(0, memcmp(a.outputs.t[i], b.outputs.t[i], n * 4))
+                << ctxpar_algo_name(algo) << " " << ctxpar_run_tensor_name((ctxpar_run_tensor)i);
+        }
+        ctxpar_run_result_free(&a);
+        ctxpar_run_result_free(&b);
+    }
+}
+
+} // namespace

@@ -1,0 +1,364 @@
+// The runner: in-process ranks as threads, global outputs, and the comparison with the oracle.
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ctxpar_backend.h"
+#include "ctxpar_cpu.h"
+#include "ctxpar_local.h"
+#include "data.h"
+#include "metrics.h"
+#include "oracle.h"
+#include "runner_internal.h"
+#include "tolerance.h"
+
+
+const char *ctxpar_run_tensor_name(ctxpar_run_tensor t) {
+    static const char *const names[CTXPAR_RUN_TENSORS] = {"out", "lse", "dq", "dk", "dv"};
+    return (unsigned)t < CTXPAR_RUN_TENSORS ? names[t] : "?";
+}
+
+void ctxpar_run_config_default(ctxpar_run_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
+    p.algo = CTXPAR_ALGO_RING;
+    p.layout = CTXPAR_LAYOUT_ZIGZAG;
+    p.mask = CTXPAR_MASK_CAUSAL;
+    cfg->params = p;
+    cfg->ranks = 4;
+    cfg->batch = 1;
+    cfg->seq = 4096;
+    cfg->heads = 4;
+    cfg->kv_heads = 4;
+    cfg->head_dim = 64;
+    cfg->dtype = CTXPAR_DTYPE_F32;
+    cfg->seed = 42;
+    cfg->compare_single = 1;
+    cfg->compare_oracle = 1;
+}
+
+int ctxpar_run_threads_per_rank(const ctxpar_run_config *cfg, int ranks) {
+    if (cfg->threads > 0)
+        return cfg->threads;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int t = cores > 0 ? (int)(cores / ranks) : 1;
+    return t > 0 ? t : 1;
+}
+
+// Element counts of the five global tensors.
+static size_t global_count(const ctxpar_run_config *cfg, int i) {
+    int64_t heads = (i == CTXPAR_T_DK || i == CTXPAR_T_DV) ? cfg->kv_heads : cfg->heads;
+    if (i == CTXPAR_T_LSE)
+        return (size_t)(cfg->batch * cfg->heads * cfg->seq);
+    return (size_t)(cfg->batch * cfg->seq * heads * cfg->head_dim);
+}
+
+static int has_tensor(const ctxpar_run_config *cfg, int i) {
+    return i <= CTXPAR_T_LSE || cfg->backward;
+}
+
+ctxpar_status ctxpar_run_outputs_alloc(const ctxpar_run_config *cfg, ctxpar_run_outputs *out) {
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+        if (!has_tensor(cfg, i))
+            continue;
+        size_t es = i == CTXPAR_T_LSE ? sizeof(float) : ctxpar_dtype_size(cfg->dtype);
+        out->t[i] = calloc(global_count(cfg, i), es);
+        if (!out->t[i]) {
+            ctxpar_run_outputs_free(out);
+            return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the global %s",
+                                ctxpar_run_tensor_name((ctxpar_run_tensor)i));
+        }
+    }
+    return CTXPAR_OK;
+}
+
+void ctxpar_run_outputs_free(ctxpar_run_outputs *out) {
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+        free(out->t[i]);
+        out->t[i] = NULL;
+    }
+}
+
+static ctxpar_tensor global_view(const ctxpar_run_config *cfg, void *data, int i) {
+    int64_t heads = (i == CTXPAR_T_DK || i == CTXPAR_T_DV) ? cfg->kv_heads : cfg->heads;
+    return ctxpar_tensor_bshd(data, cfg->dtype, cfg->batch, cfg->seq, heads, cfg->head_dim);
+}
+
+ctxpar_status ctxpar_run_outputs_place(const ctxpar_run_config *cfg, int rank, int nranks,
+                                       const ctxpar_rank_outputs *local,
+                                       ctxpar_run_outputs *global) {
+    int64_t seq = cfg->seq / nranks;
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+        if (!has_tensor(cfg, i) || !local->t[i])
+            continue;
+        if (i == CTXPAR_T_LSE) { // [B, H, S]: place by positions
+            int64_t *pos = malloc((size_t)seq * sizeof *pos);
+            if (!pos)
+                return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
+            ctxpar_status st = ctxpar_positions(cfg->params.layout, cfg->seq, rank, nranks, pos);
+            const float *src = local->t[i];
+            float *dst = global->t[i];
+            for (int64_t bh = 0; st == CTXPAR_OK && bh < cfg->batch * cfg->heads; bh++)
+                for (int64_t s = 0; s < seq; s++)
+                    dst[bh * cfg->seq + pos[s]] = src[bh * seq + s];
+            free(pos);
+            CTXPAR_CHECK(st);
+            continue;
+        }
+        ctxpar_tensor g = global_view(cfg, global->t[i], i);
+        ctxpar_tensor l = ctxpar_tensor_bshd(local->t[i], cfg->dtype, cfg->batch, seq, g.shape[2],
+                               cfg->head_dim);
+        CTXPAR_CHECK(ctxpar_unshard(cfg->params.layout, rank, nranks, &l, &g));
+    }
+    return CTXPAR_OK;
+}
+
+typedef struct thread_job {
+    const ctxpar_run_config *cfg;
+    ctxpar_local_group *group;
+    int rank, ranks;
+    ctxpar_rank_report *report;
+} thread_job;
+
+static void *thread_main(void *arg) {
+    thread_job *job = arg;
+    ctxpar_rank_report *r = job->report;
+    ctxpar_device *dev = NULL;
+    ctxpar_comm *comm = NULL;
+    ctxpar_cpu_options co = CTXPAR_CPU_OPTIONS_INIT;
+    co.num_threads = ctxpar_run_threads_per_rank(job->cfg, job->ranks);
+    ctxpar_status st = ctxpar_device_create_cpu(&co, &dev);
+    if (st == CTXPAR_OK)
+        st = ctxpar_comm_create_local(job->group, job->rank, NULL, &comm);
+    if (st == CTXPAR_OK) {
+        ctxpar_run_rank(job->cfg, dev, comm, r);
+    } else {
+        r->status = st;
+        snprintf(r->message, sizeof r->message, "rank %d: %s", job->rank, ctxpar_last_error());
+    }
+    ctxpar_comm_destroy(comm);
+    ctxpar_device_destroy(dev);
+    return NULL;
+}
+
+ctxpar_status ctxpar_run_threads(const ctxpar_run_config *cfg, int ranks,
+                                 ctxpar_run_outputs *global, ctxpar_rank_report *reports) {
+    ctxpar_local_group *group = NULL;
+    CTXPAR_CHECK(ctxpar_local_group_create(ranks, &group));
+    pthread_t *threads = calloc((size_t)ranks, sizeof *threads);
+    thread_job *jobs = calloc((size_t)ranks, sizeof *jobs);
+    ctxpar_status st = CTXPAR_OK;
+    if (!threads || !jobs) {
+        st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %d threads", ranks);
+        goto done;
+    }
+    int started = 0;
+    for (; started < ranks; started++) {
+        jobs[started] = (thread_job){cfg, group, started, ranks, &reports[started]};
+        if (pthread_create(&threads[started], NULL, thread_main, &jobs[started]) != 0) {
+            st = CTXPAR_ERROR(CTXPAR_ERR_INTERNAL, "cannot start rank thread %d", started);
+            break;
+        }
+    }
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    for (int i = 0; st == CTXPAR_OK && i < ranks; i++)
+        if (reports[i].status == CTXPAR_OK)
+            st = ctxpar_run_outputs_place(cfg, i, ranks, &reports[i].out, global);
+done:
+    free(threads);
+    free(jobs);
+    ctxpar_local_group_destroy(group);
+    return st;
+}
+
+// The oracle on the global inputs, each rounded through the run's dtype first.
+typedef struct oracle_result {
+    double *t[CTXPAR_RUN_TENSORS];
+} oracle_result;
+
+static void oracle_free(oracle_result *o) {
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++)
+        free(o->t[i]);
+}
+
+static ctxpar_status run_oracle(const ctxpar_run_config *cfg, oracle_result *o) {
+    memset(o, 0, sizeof *o);
+    size_t nq = global_count(cfg, CTXPAR_T_OUT), nk = global_count(cfg, CTXPAR_T_DK);
+    double *q = malloc(nq * sizeof *q), *k = malloc(nk * sizeof *k), *v = malloc(nk * sizeof *v);
+    double *dout = cfg->backward ? malloc(nq * sizeof *dout) : NULL;
+    int64_t *pos = malloc((size_t)cfg->seq * sizeof *pos);
+    ctxpar_status st = CTXPAR_OK;
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++)
+        if (has_tensor(cfg, i))
+            o->t[i] = malloc(global_count(cfg, i) * sizeof(double));
+    int ok = q && k && v && pos && (!cfg->backward || dout);
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++)
+        ok = ok && (!has_tensor(cfg, i) || o->t[i]);
+    if (!ok) {
+        st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the oracle's tensors");
+        goto done;
+    }
+    ctxpar_test_fill_global_f64(q, cfg->dtype, cfg->seed, CTXPAR_RUN_ID_Q, cfg->batch, cfg->seq, cfg->heads,
+                                cfg->head_dim);
+    ctxpar_test_fill_global_f64(k, cfg->dtype, cfg->seed, CTXPAR_RUN_ID_K, cfg->batch, cfg->seq,
+                                cfg->kv_heads, cfg->head_dim);
+    ctxpar_test_fill_global_f64(v, cfg->dtype, cfg->seed, CTXPAR_RUN_ID_V, cfg->batch, cfg->seq,
+                                cfg->kv_heads, cfg->head_dim);
+    for (int64_t i = 0; i < cfg->seq; i++)
+        pos[i] = i;
+    ctxpar_oracle_shape shape = {cfg->batch, cfg->seq,      cfg->seq,
+                                 cfg->heads, cfg->kv_heads, cfg->head_dim};
+    ctxpar_mask_desc mask = {cfg->params.mask == CTXPAR_MASK_CAUSAL, cfg->params.window_left,
+                             cfg->params.cu_seqlens, cfg->params.num_docs};
+    double scale = cfg->params.softmax_scale != 0.0f ? (double)cfg->params.softmax_scale
+                                                     : 1.0 / sqrt((double)cfg->head_dim);
+    // The library resolves the default scale in float; use the same value.
+    if (cfg->params.softmax_scale == 0.0f)
+        scale = (double)(1.0f / sqrtf((float)cfg->head_dim));
+    ctxpar_oracle_fwd(&shape, q, k, v, pos, pos, &mask, scale, o->t[CTXPAR_T_OUT],
+                      o->t[CTXPAR_T_LSE]);
+    if (cfg->backward) {
+        ctxpar_test_fill_global_f64(dout, cfg->dtype, cfg->seed, CTXPAR_RUN_ID_DOUT, cfg->batch, cfg->seq,
+                                    cfg->heads, cfg->head_dim);
+        ctxpar_oracle_bwd(&shape, q, k, v, pos, pos, &mask, scale, dout, o->t[CTXPAR_T_DQ],
+                          o->t[CTXPAR_T_DK], o->t[CTXPAR_T_DV]);
+    }
+done:
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(pos);
+    if (st != CTXPAR_OK)
+        oracle_free(o);
+    return st;
+}
+
+static double tensor_error(const ctxpar_run_config *cfg, const ctxpar_run_outputs *outs, int i,
+                           const double *ref) {
+    if (i == CTXPAR_T_LSE)
+        return ctxpar_compare_f32(outs->t[i], ref, global_count(cfg, i)).rel;
+    ctxpar_tensor t = global_view(cfg, outs->t[i], i);
+    return ctxpar_compare_tensor(&t, ref).rel;
+}
+
+static int bitwise_equal(const ctxpar_run_config *cfg, const ctxpar_run_outputs *a,
+                         const ctxpar_run_outputs *b, int i) {
+    size_t es = i == CTXPAR_T_LSE ? sizeof(float) : ctxpar_dtype_size(cfg->dtype);
+    return ctxpar_bitwise_diff(a->t[i], b->t[i], global_count(cfg, i), es, NULL) == 0;
+}
+
+ctxpar_status ctxpar_run_evaluate(const ctxpar_run_config *cfg, const ctxpar_run_outputs *single,
+                                  ctxpar_run_result *res) {
+    oracle_result o = {{0}};
+    if (cfg->compare_oracle)
+        CTXPAR_CHECK(run_oracle(cfg, &o));
+    res->ok = res->status == CTXPAR_OK;
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+        res->has[i] = has_tensor(cfg, i);
+        res->error[i] = res->error_1[i] = res->ratio[i] = NAN;
+        res->tolerance[i] = ctxpar_tolerance(cfg->dtype, ctxpar_run_tensor_name(i));
+        res->within_tol[i] = res->ratio_ok[i] = 1;
+        if (!res->has[i])
+            continue;
+        if (single)
+            res->bitwise_single[i] = bitwise_equal(cfg, &res->outputs, single, i);
+        if (!cfg->compare_oracle)
+            continue;
+        res->error[i] = tensor_error(cfg, &res->outputs, i, o.t[i]);
+        res->within_tol[i] = res->error[i] <= res->tolerance[i];
+        if (single) {
+            res->error_1[i] = tensor_error(cfg, single, i, o.t[i]);
+            res->ratio[i] = res->error_1[i] > 0 ? res->error[i] / res->error_1[i]
+                                                : (res->error[i] > 0 ? INFINITY : 1.0);
+            res->ratio_ok[i] = ctxpar_error_ratio_ok(res->error[i], res->error_1[i]);
+        }
+        res->ok = res->ok && res->within_tol[i] && res->ratio_ok[i];
+    }
+    oracle_free(&o);
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_run_check_config(const ctxpar_run_config *cfg) {
+    if (cfg->ranks < 1 || cfg->ranks > 1024)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ranks (%d) must be in [1, 1024]", cfg->ranks);
+    if (cfg->batch < 1 || cfg->seq < 1 || cfg->heads < 1 || cfg->kv_heads < 1 ||
+        cfg->head_dim < 1)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "batch, seq, heads, kv-heads and dim must "
+                                                    "be >= 1");
+    if (cfg->seq % cfg->ranks != 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "seq (%lld) does not divide by ranks (%d)",
+                            (long long)cfg->seq, cfg->ranks);
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_run_collect(const ctxpar_run_config *cfg, int ranks, ctxpar_run_outputs *g,
+                                 ctxpar_run_result *res, double *time_out, size_t *peak_out) {
+    ctxpar_rank_report *reports = calloc((size_t)ranks, sizeof *reports);
+    if (!reports)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate rank reports");
+    ctxpar_status st = ctxpar_run_outputs_alloc(cfg, g);
+    if (st == CTXPAR_OK)
+        st = ctxpar_run_threads(cfg, ranks, g, reports);
+    *time_out = 0;
+    *peak_out = 0;
+    for (int i = 0; st == CTXPAR_OK && i < ranks; i++) {
+        ctxpar_rank_report *r = &reports[i];
+        if (r->status != CTXPAR_OK && res->status == CTXPAR_OK) {
+            res->status = r->status;
+            snprintf(res->message, sizeof res->message, "%s", r->message);
+        }
+        if (r->time_s > *time_out)
+            *time_out = r->time_s;
+        if (r->stats.peak_bytes > *peak_out)
+            *peak_out = r->stats.peak_bytes;
+        if (ranks == cfg->ranks && i < 64)
+            res->rank[i] = r->stats;
+        if (i == 0)
+            res->algo = r->algo;
+    }
+    for (int i = 0; i < ranks; i++)
+        ctxpar_rank_outputs_free(&reports[i].out);
+    free(reports);
+    return st;
+}
+
+ctxpar_status ctxpar_run_finish(const ctxpar_run_config *cfg, ctxpar_run_result *res) {
+    ctxpar_run_outputs single = {{0}};
+    ctxpar_status st = CTXPAR_OK;
+    if (res->status == CTXPAR_OK && cfg->compare_single) {
+        ctxpar_run_result r1;
+        memset(&r1, 0, sizeof r1);
+        ctxpar_run_config c1 = *cfg;
+        c1.ranks = 1;
+        c1.trace = NULL;
+        st = ctxpar_run_collect(&c1, 1, &single, &r1, &res->time_single_s, &res->single_rank_peak_bytes);
+        if (st == CTXPAR_OK && r1.status != CTXPAR_OK) {
+            res->status = r1.status;
+            snprintf(res->message, sizeof res->message, "single rank: %.500s", r1.message);
+        }
+    }
+    if (st == CTXPAR_OK && res->status == CTXPAR_OK)
+        st = ctxpar_run_evaluate(cfg, cfg->compare_single ? &single : NULL, res);
+    ctxpar_run_outputs_free(&single);
+    return st;
+}
+
+ctxpar_status ctxpar_run(const ctxpar_run_config *cfg, ctxpar_run_result *res) {
+    memset(res, 0, sizeof *res);
+    CTXPAR_CHECK(ctxpar_run_check_config(cfg));
+    ctxpar_status st = ctxpar_run_collect(cfg, cfg->ranks, &res->outputs, res, &res->time_s,
+                                          &res->peak_bytes_per_rank);
+    if (st == CTXPAR_OK)
+        st = ctxpar_run_finish(cfg, res);
+    if (st != CTXPAR_OK) // the caller frees only results it was given
+        ctxpar_run_outputs_free(&res->outputs);
+    return st;
+}
+
+void ctxpar_run_result_free(ctxpar_run_result *res) { ctxpar_run_outputs_free(&res->outputs); }

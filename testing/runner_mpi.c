@@ -1,0 +1,131 @@
+// The runner under MPI: each process is one rank; rank 0 gathers the results in global order,
+// runs P = 1 on its own, and compares with the oracle.
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctxpar_backend.h"
+#include "ctxpar_cpu.h"
+#include "ctxpar_mpi.h"
+#include "runner_internal.h"
+#include "runner_mpi.h"
+
+int ctxpar_run_mpi_launched(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i]))
+            return 1;
+    return 0;
+}
+
+// Rank 0 receives every rank's local copy of tensor i and places it.
+static ctxpar_status gather_tensor(const ctxpar_run_config *cfg, int rank, int P, int i,
+                                   const ctxpar_rank_report *mine, ctxpar_run_outputs *global) {
+    size_t bytes = mine->out.bytes[i];
+    if (!mine->out.t[i])
+        return CTXPAR_OK;
+    if (bytes > (size_t)1 << 30)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "a local %s of %zu bytes is too large to "
+                                                      "gather for checking",
+                            ctxpar_run_tensor_name((ctxpar_run_tensor)i), bytes);
+    if (rank != 0) {
+        MPI_Send(mine->out.t[i], (int)bytes, MPI_BYTE, 0, 100 + i, MPI_COMM_WORLD);
+        return CTXPAR_OK;
+    }
+    ctxpar_rank_outputs one = {{0}, {0}};
+    one.t[i] = malloc(bytes ? bytes : 1);
+    if (!one.t[i])
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes", bytes);
+    ctxpar_status st = CTXPAR_OK;
+    for (int r = 0; st == CTXPAR_OK && r < P; r++) {
+        if (r == 0)
+            memcpy(one.t[i], mine->out.t[i], bytes);
+        else
+            MPI_Recv(one.t[i], (int)bytes, MPI_BYTE, r, 100 + i, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+        st = ctxpar_run_outputs_place(cfg, r, P, &one, global);
+    }
+    free(one.t[i]);
+    return st;
+}
+
+static void run_this_rank(const ctxpar_run_config *cfg, ctxpar_rank_report *rep) {
+    ctxpar_device *dev = NULL;
+    ctxpar_comm *comm = NULL;
+    ctxpar_cpu_options co = CTXPAR_CPU_OPTIONS_INIT;
+    co.num_threads = ctxpar_run_threads_per_rank(cfg, cfg->ranks);
+    ctxpar_status st = ctxpar_device_create_cpu(&co, &dev);
+    if (st == CTXPAR_OK)
+        st = ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm);
+    if (st == CTXPAR_OK) {
+        ctxpar_run_rank(cfg, dev, comm, rep);
+    } else {
+        rep->status = st;
+        snprintf(rep->message, sizeof rep->message, "%s", ctxpar_last_error());
+    }
+    ctxpar_comm_destroy(comm);
+    ctxpar_device_destroy(dev);
+}
+
+ctxpar_status ctxpar_run_mpi(const ctxpar_run_config *cfg, ctxpar_run_result *res) {
+    memset(res, 0, sizeof *res);
+    int rank = 0, P = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &P);
+    if (cfg->ranks != P)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "--ranks (%d) != number of MPI processes (%d)",
+                            cfg->ranks, P);
+    CTXPAR_CHECK(ctxpar_run_check_config(cfg));
+    ctxpar_rank_report *rep = calloc(1, sizeof *rep);
+    if (!rep)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate a rank report");
+    run_this_rank(cfg, rep);
+
+    // Which rank failed first, and its message, for everybody.
+    int failed = rep->status != CTXPAR_OK ? rank : P, first_failed = P;
+    MPI_Allreduce(&failed, &first_failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    ctxpar_status st = CTXPAR_OK;
+    if (first_failed < P) {
+        int code = rep->status;
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", rep->message);
+        MPI_Bcast(&code, 1, MPI_INT, first_failed, MPI_COMM_WORLD);
+        MPI_Bcast(msg, sizeof msg, MPI_CHAR, first_failed, MPI_COMM_WORLD);
+        res->status = (ctxpar_status)code;
+        snprintf(res->message, sizeof res->message, "%s", msg);
+        goto done;
+    }
+    MPI_Reduce(&rep->time_s, &res->time_s, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    unsigned long long peak = rep->stats.peak_bytes, max_peak = 0;
+    MPI_Reduce(&peak, &max_peak, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, 0, MPI_COMM_WORLD);
+    res->peak_bytes_per_rank = (size_t)max_peak;
+    ctxpar_run_rank_stats all[64];
+    int nstats = P < 64 ? P : 64;
+    if (rank < nstats && rank != 0)
+        MPI_Send(&rep->stats, sizeof rep->stats, MPI_BYTE, 0, 99, MPI_COMM_WORLD);
+    if (rank == 0) {
+        all[0] = rep->stats;
+        for (int r = 1; r < nstats; r++)
+            MPI_Recv(&all[r], sizeof all[r], MPI_BYTE, r, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        memcpy(res->rank, all, (size_t)nstats * sizeof all[0]);
+        res->algo = rep->algo;
+        st = ctxpar_run_outputs_alloc(cfg, &res->outputs);
+    }
+    for (int i = 0; i < CTXPAR_RUN_TENSORS && st == CTXPAR_OK; i++)
+        st = gather_tensor(cfg, rank, P, i, rep, &res->outputs);
+    if (rank == 0 && st == CTXPAR_OK)
+        st = ctxpar_run_finish(cfg, res);
+done:;
+    // Everybody leaves with rank 0's verdict.
+    int verdict[3] = {st, res->status, res->ok};
+    MPI_Bcast(verdict, 3, MPI_INT, 0, MPI_COMM_WORLD);
+    res->ok = verdict[2];
+    if (rank != 0) {
+        res->status = (ctxpar_status)verdict[1];
+        st = (ctxpar_status)verdict[0];
+    }
+    ctxpar_rank_outputs_free(&rep->out);
+    free(rep);
+    return st;
+}

@@ -1,0 +1,25 @@
+/*
+ * runner_mpi.h - the runner with this process as one rank of MPI_COMM_WORLD (under mpirun).
+ */
+#ifndef CTXPAR_TESTING_RUNNER_MPI_H
+#define CTXPAR_TESTING_RUNNER_MPI_H
+
+#include "runner.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Whether this process was started by an MPI launcher (mpirun/srun environment variables). */
+int ctxpar_run_mpi_launched(void);
+
+/* Every rank calls it (MPI initialised); cfg->ranks must equal the world size. Rank 0 gathers
+ * the outputs and evaluates them: its result is complete. Other ranks get status, message and
+ * ok (broadcast from rank 0), so that every process can exit with the same code. */
+ctxpar_status ctxpar_run_mpi(const ctxpar_run_config *cfg, ctxpar_run_result *result);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CTXPAR_TESTING_RUNNER_MPI_H */

@@ -1,0 +1,493 @@
+// The public API's contracts: every bad argument gives the right status and a message naming it,
+// and leaves the caller's outputs untouched; ranks that disagree all fail; ops tables are
+// checked; the layout helpers are exact inverses.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ctxpar.h"
+#include "ctxpar_backend.h"
+#include "ctxpar_cpu.h"
+#include "ctxpar_local.h"
+
+namespace {
+
+constexpr float kSentinel = 12345.0f;
+
+// A CPU device, a comm of `ranks` in-process ranks for rank 0 (only usable alone when ranks = 1),
+// a context, and valid tensors for a small problem.
+struct Fixture {
+    ctxpar_device *dev = nullptr;
+    ctxpar_local_group *group = nullptr;
+    ctxpar_comm *comm = nullptr;
+    ctxpar_context *ctx = nullptr;
+    int64_t B = 1, S = 16, H = 2, D = 8;
+    std::vector<float> q, k, v, out, dout, dq, dk, dv, lse;
+    ctxpar_tensor tq, tk, tv, tout, tdout, tdq, tdk, tdv;
+    ctxpar_attn_params params = CTXPAR_ATTN_PARAMS_INIT;
+    // What the calls pass; a case may point any of them elsewhere (NULL).
+    ctxpar_context *use_ctx = nullptr;
+    const ctxpar_attn_params *pp = &params;
+    ctxpar_tensor *pq = &tq, *pk = &tk, *pv = &tv, *pout = &tout, *pdout = &tdout, *pdq = &tdq,
+                  *pdk = &tdk, *pdv = &tdv;
+    float *plse = nullptr;
+    int32_t cu[4] = {0, 4, 10, 16};
+
+    Fixture() {
+        EXPECT_EQ(ctxpar_device_create_cpu(nullptr, &dev), CTXPAR_OK);
+        EXPECT_EQ(ctxpar_local_group_create(1, &group), CTXPAR_OK);
+        EXPECT_EQ(ctxpar_comm_create_local(group, 0, nullptr, &comm), CTXPAR_OK);
+        EXPECT_EQ(ctxpar_context_create(dev, comm, nullptr, &ctx), CTXPAR_OK);
+        size_t n = B * S * H * D;
+        for (auto *vec : {&q, &k, &v, &dout})
+            vec->assign(n, 0.25f);
+        for (auto *vec : {&out, &dq, &dk, &dv})
+            vec->assign(n, kSentinel);
+        lse.assign(B * H * S, kSentinel);
+        tq = Make(q);
+        tk = Make(k);
+        tv = Make(v);
+        tout = Make(out);
+        tdout = Make(dout);
+        tdq = Make(dq);
+        tdk = Make(dk);
+        tdv = Make(dv);
+        params.algo = CTXPAR_ALGO_RING;
+        use_ctx = ctx;
+        plse = lse.data();
+    }
+    ~Fixture() {
+        ctxpar_context_destroy(ctx);
+        ctxpar_comm_destroy(comm);
+        ctxpar_local_group_destroy(group);
+        ctxpar_device_destroy(dev);
+    }
+    ctxpar_tensor Make(std::vector<float> &buf) {
+        return ctxpar_tensor_bshd(buf.data(), CTXPAR_DTYPE_F32, B, S, H, D);
+    }
+    ctxpar_status Fwd() { return ctxpar_attn_fwd(use_ctx, pp, pq, pk, pv, pout, plse, nullptr); }
+    ctxpar_status Bwd() {
+        return ctxpar_attn_bwd(use_ctx, pp, pq, pk, pv, pout, plse, pdout, pdq, pdk, pdv, nullptr);
+    }
+    // Sets dimension d of q, k, v and every output to n (strides stay dense for the new shape).
+    void Reshape(int d, int64_t n) {
+        for (ctxpar_tensor *t : {&tq, &tk, &tv, &tout, &tdout, &tdq, &tdk, &tdv}) {
+            t->shape[d] = n;
+            *t = ctxpar_tensor_bshd(t->data, t->dtype, t->shape[0], t->shape[1], t->shape[2],
+                                    t->shape[3]);
+        }
+    }
+    bool OutputsUntouched() const {
+        for (const auto *vec : {&out, &dq, &dk, &dv, &lse})
+            for (float x : *vec)
+                if (x != kSentinel)
+                    return false;
+        return true;
+    }
+};
+
+struct BadCase {
+    const char *name;
+    std::function<void(Fixture &)> spoil;
+    ctxpar_status want;
+    const char *message_names; // the message must contain this
+};
+
+std::string BadName(const testing::TestParamInfo<BadCase> &info) { return info.param.name; }
+
+class BadArgument : public testing::TestWithParam<BadCase> {};
+
+TEST_P(BadArgument, ForwardAndBackwardRejectItAndWriteNothing) {
+    const BadCase &c = GetParam();
+    for (int backward = 0; backward < 2; backward++) {
+        Fixture f;
+        c.spoil(f);
+        ctxpar_status st = backward ? f.Bwd() : f.Fwd();
+        EXPECT_EQ(st, c.want) << (backward ? "bwd: " : "fwd: ") << ctxpar_last_error();
+        EXPECT_NE(std::string(ctxpar_last_error()).find(c.message_names), std::string::npos)
+            << "message: " << ctxpar_last_error();
+        EXPECT_TRUE(f.OutputsUntouched());
+    }
+}
+
+const BadCase kBadCases[] = {
+    {"null_ctx", [](Fixture &f) { f.use_ctx = nullptr; }, CTXPAR_ERR_INVALID_ARG, "ctx is NULL"},
+    {"null_params", [](Fixture &f) { f.pp = nullptr; }, CTXPAR_ERR_INVALID_ARG, "params is NULL"},
+    {"null_q", [](Fixture &f) { f.pq = nullptr; }, CTXPAR_ERR_INVALID_ARG, "q is NULL"},
+    {"null_k", [](Fixture &f) { f.pk = nullptr; }, CTXPAR_ERR_INVALID_ARG, "k is NULL"},
+    {"null_v", [](Fixture &f) { f.pv = nullptr; }, CTXPAR_ERR_INVALID_ARG, "v is NULL"},
+    {"null_out", [](Fixture &f) { f.pout = nullptr; }, CTXPAR_ERR_INVALID_ARG, "out is NULL"},
+    {"null_q_data", [](Fixture &f) { f.tq.data = nullptr; }, CTXPAR_ERR_INVALID_ARG, "q.data"},
+    {"zero_batch", [](Fixture &f) { f.tq.shape[0] = 0; }, CTXPAR_ERR_INVALID_ARG, "q.shape[0]"},
+    {"negative_seq", [](Fixture &f) { f.tk.shape[1] = -4; }, CTXPAR_ERR_INVALID_ARG,
+     "k.shape[1]"},
+    {"head_dim_not_contiguous", [](Fixture &f) { f.tv.stride[3] = 2; }, CTXPAR_ERR_INVALID_ARG,
+     "v.stride[3]"},
+    {"overlapping_strides", [](Fixture &f) { f.tq.stride[1] = f.D; }, CTXPAR_ERR_INVALID_ARG,
+     "overlaps"},
+    {"negative_stride", [](Fixture &f) { f.tout.stride[2] = -8; }, CTXPAR_ERR_INVALID_ARG,
+     "out.stride[2]"},
+    {"mismatched_head_dim",
+     [](Fixture &f) {
+         for (ctxpar_tensor *t : {&f.tk, &f.tv})
+             *t = ctxpar_tensor_bshd(t->data, t->dtype, f.B, f.S, f.H, 4);
+     },
+     CTXPAR_ERR_INVALID_ARG, "head_dim"},
+    {"v_shape_differs_from_k", [](Fixture &f) { f.tv.shape[2] = 1; }, CTXPAR_ERR_INVALID_ARG,
+     "v.shape[2]"},
+    {"heads_not_multiple_of_kv_heads",
+     [](Fixture &f) {
+         for (ctxpar_tensor *t : {&f.tk, &f.tv})
+             *t = ctxpar_tensor_bshd(t->data, t->dtype, f.B, f.S, 3, f.D);
+     },
+     CTXPAR_ERR_INVALID_ARG, "multiple"},
+    {"batch_mismatch", [](Fixture &f) { f.tk.shape[0] = 2; f.tv.shape[0] = 2; },
+     CTXPAR_ERR_INVALID_ARG, "batch"},
+    {"unknown_dtype", [](Fixture &f) { f.tq.dtype = static_cast<ctxpar_dtype>(7); },
+     CTXPAR_ERR_INVALID_ARG, "q.dtype"},
+    {"dtype_mismatch_q_k", [](Fixture &f) { f.tq.dtype = CTXPAR_DTYPE_BF16; },
+     CTXPAR_ERR_INVALID_ARG, "dtype"},
+    {"dtype_mismatch_out", [](Fixture &f) { f.tout.dtype = CTXPAR_DTYPE_F16; },
+     CTXPAR_ERR_INVALID_ARG, "out.dtype"},
+    {"out_shape_mismatch", [](Fixture &f) { f.tout.shape[1] = 8; }, CTXPAR_ERR_INVALID_ARG,
+     "out.shape[1]"},
+    {"seq_not_divisible_for_zigzag",
+     [](Fixture &f) {
+         f.Reshape(1, 15);
+         f.params.layout = CTXPAR_LAYOUT_ZIGZAG;
+     },
+     CTXPAR_ERR_INVALID_ARG, "does not divide by 2"},
+    {"struct_size_too_small", [](Fixture &f) { f.params.struct_size = 8; },
+     CTXPAR_ERR_INVALID_ARG, "struct_size"},
+    {"unknown_algo", [](Fixture &f) { f.params.algo = static_cast<ctxpar_algo>(9); },
+     CTXPAR_ERR_INVALID_ARG, "params.algo"},
+    {"unknown_layout", [](Fixture &f) { f.params.layout = static_cast<ctxpar_layout>(-1); },
+     CTXPAR_ERR_INVALID_ARG, "params.layout"},
+    {"unknown_mask", [](Fixture &f) { f.params.mask = static_cast<ctxpar_mask>(5); },
+     CTXPAR_ERR_INVALID_ARG, "params.mask"},
+    {"negative_window", [](Fixture &f) { f.params.window_left = -1; }, CTXPAR_ERR_INVALID_ARG,
+     "window_left"},
+    {"nan_scale", [](Fixture &f) { f.params.softmax_scale = NAN; }, CTXPAR_ERR_INVALID_ARG,
+     "softmax_scale"},
+    {"wrong_seq_len_global", [](Fixture &f) { f.params.seq_len_global = 17; },
+     CTXPAR_ERR_INVALID_ARG, "seq_len_global"},
+    {"cu_seqlens_not_increasing",
+     [](Fixture &f) {
+         f.cu[2] = 3;
+         f.params.cu_seqlens = f.cu;
+         f.params.num_docs = 3;
+     },
+     CTXPAR_ERR_INVALID_ARG, "cu_seqlens"},
+    {"cu_seqlens_wrong_end",
+     [](Fixture &f) {
+         f.cu[3] = 15;
+         f.params.cu_seqlens = f.cu;
+         f.params.num_docs = 3;
+     },
+     CTXPAR_ERR_INVALID_ARG, "cu_seqlens[3]"},
+    {"num_docs_without_cu_seqlens", [](Fixture &f) { f.params.num_docs = 2; },
+     CTXPAR_ERR_INVALID_ARG, "num_docs"},
+    {"alltoall_not_implemented", [](Fixture &f) { f.params.algo = CTXPAR_ALGO_ALLTOALL; },
+     CTXPAR_ERR_NOT_SUPPORTED, "alltoall"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Api, BadArgument, testing::ValuesIn(kBadCases), BadName);
+
+// Backward-only arguments.
+TEST(BadBackwardArgument, EachIsNamedAndNothingIsWritten) {
+    const std::pair<const char *, std::function<void(Fixture &)>> cases[] = {
+        {"lse is NULL", [](Fixture &f) { f.plse = nullptr; }},
+        {"dout is NULL", [](Fixture &f) { f.pdout = nullptr; }},
+        {"dq is NULL", [](Fixture &f) { f.pdq = nullptr; }},
+        {"dk.shape[2]", [](Fixture &f) { f.tdk.shape[2] = 1; }},
+        {"dv.dtype", [](Fixture &f) { f.tdv.dtype = CTXPAR_DTYPE_BF16; }},
+        {"dout.shape[3]", [](Fixture &f) { f.tdout.shape[3] = 4; }},
+    };
+    for (const auto &c : cases) {
+        Fixture f;
+        c.second(f);
+        EXPECT_EQ(f.Bwd(), CTXPAR_ERR_INVALID_ARG) << c.first;
+        EXPECT_NE(std::string(ctxpar_last_error()).find(c.first), std::string::npos)
+            << "want '" << c.first << "' in: " << ctxpar_last_error();
+        EXPECT_TRUE(f.OutputsUntouched()) << c.first;
+    }
+}
+
+TEST(Status, EveryStatusHasAName) {
+    for (int s = 0; s >= -9; s--)
+        EXPECT_EQ(std::string(ctxpar_status_string(static_cast<ctxpar_status>(s))).rfind(
+                      "CTXPAR_", 0),
+                  0u);
+    EXPECT_STREQ(ctxpar_status_string(CTXPAR_ERR_REMOTE), "CTXPAR_ERR_REMOTE");
+    EXPECT_STREQ(ctxpar_status_string(static_cast<ctxpar_status>(-99)), "CTXPAR_ERR_UNKNOWN");
+}
+
+TEST(Lifecycle, DestroyNullIsANoOpAndCreateChecksArguments) {
+    ctxpar_context_destroy(nullptr);
+    ctxpar_comm_destroy(nullptr);
+    ctxpar_device_destroy(nullptr);
+    ctxpar_local_group_destroy(nullptr);
+    ctxpar_context *ctx = reinterpret_cast<ctxpar_context *>(0x1);
+    EXPECT_EQ(ctxpar_context_create(nullptr, nullptr, nullptr, &ctx), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(ctx, reinterpret_cast<ctxpar_context *>(0x1)) << "output written on error";
+    EXPECT_NE(std::string(ctxpar_last_error()).find("device"), std::string::npos);
+}
+
+// Ranks called with different settings all fail, naming the difference, instead of hanging.
+TEST(Agreement, RanksThatDisagreeAllReturnInvalidUsage) {
+    struct Spoil {
+        const char *names;
+        std::function<void(Fixture &)> f;
+    };
+    const Spoil spoils[] = {
+        {"global sequence length", [](Fixture &f) { f.Reshape(1, 8); }},
+        {"mask", [](Fixture &f) { f.params.mask = CTXPAR_MASK_CAUSAL; }},
+        {"layout", [](Fixture &f) { f.params.layout = CTXPAR_LAYOUT_STRIPED; }},
+        {"window_left", [](Fixture &f) { f.params.window_left = 3; }},
+        {"softmax_scale", [](Fixture &f) { f.params.softmax_scale = 0.5f; }},
+        {"algorithm", [](Fixture &f) { f.params.algo = CTXPAR_ALGO_ALLGATHER; }},
+    };
+    for (const Spoil &sp : spoils) {
+        ctxpar_local_group *group = nullptr;
+        ASSERT_EQ(ctxpar_local_group_create(2, &group), CTXPAR_OK);
+        ctxpar_status st[2];
+        std::string msg[2];
+        bool untouched[2];
+        auto rank_main = [&](int r) {
+            Fixture f;
+            ctxpar_context_destroy(f.ctx);
+            ctxpar_comm_destroy(f.comm);
+            f.ctx = nullptr;
+            f.comm = nullptr;
+            ASSERT_EQ(ctxpar_comm_create_local(group, r, nullptr, &f.comm), CTXPAR_OK);
+            ASSERT_EQ(ctxpar_comm_set_timeout(f.comm, 20.0), CTXPAR_OK);
+            ASSERT_EQ(ctxpar_context_create(f.dev, f.comm, nullptr, &f.ctx), CTXPAR_OK);
+            f.use_ctx = f.ctx;
+            if (r == 1)
+                sp.f(f);
+            st[r] = f.Fwd();
+            msg[r] = ctxpar_last_error();
+            untouched[r] = f.OutputsUntouched();
+        };
+        std::thread t0(rank_main, 0), t1(rank_main, 1);
+        t0.join();
+        t1.join();
+        for (int r = 0; r < 2; r++) {
+            EXPECT_EQ(st[r], CTXPAR_ERR_INVALID_USAGE) << sp.names << ", rank " << r << ": "
+                                                       << msg[r];
+            EXPECT_NE(msg[r].find(sp.names), std::string::npos) << msg[r];
+            EXPECT_TRUE(untouched[r]) << sp.names;
+        }
+        ctxpar_local_group_destroy(group);
+    }
+}
+
+// A rank whose own arguments are bad reports them; its peers learn at once that it failed.
+TEST(Agreement, APeersBadArgumentFailsEveryRankPromptly) {
+    ctxpar_local_group *group = nullptr;
+    ASSERT_EQ(ctxpar_local_group_create(2, &group), CTXPAR_OK);
+    ctxpar_status st[2];
+    std::string msg[2];
+    auto rank_main = [&](int r) {
+        Fixture f;
+        ctxpar_context_destroy(f.ctx);
+        ctxpar_comm_destroy(f.comm);
+        f.ctx = nullptr;
+        f.comm = nullptr;
+        ASSERT_EQ(ctxpar_comm_create_local(group, r, nullptr, &f.comm), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_context_create(f.dev, f.comm, nullptr, &f.ctx), CTXPAR_OK);
+        f.use_ctx = f.ctx;
+        if (r == 1)
+            f.tq.data = nullptr;
+        st[r] = f.Fwd();
+        msg[r] = ctxpar_last_error();
+    };
+    std::thread t0(rank_main, 0), t1(rank_main, 1);
+    t0.join();
+    t1.join();
+    EXPECT_EQ(st[1], CTXPAR_ERR_INVALID_ARG) << msg[1];
+    EXPECT_NE(msg[1].find("q.data"), std::string::npos) << msg[1];
+    EXPECT_EQ(st[0], CTXPAR_ERR_INVALID_USAGE) << msg[0];
+    EXPECT_NE(msg[0].find("rejected its arguments"), std::string::npos) << msg[0];
+    ctxpar_local_group_destroy(group);
+}
+
+// ---------------------------------------------------------------- ops tables
+
+ctxpar_status AllocStub(ctxpar_device *, size_t, ctxpar_mem_kind, void **) { return CTXPAR_OK; }
+void DestroyStub(ctxpar_device *) {}
+
+struct ctxpar_device_ops FullDeviceTable() {
+    struct ctxpar_device_ops ops;
+    std::memset(&ops, 0, sizeof ops);
+    ops.version = CTXPAR_DEVICE_OPS_VERSION;
+    ops.struct_size = sizeof ops;
+    ops.name = "stub";
+    // Only presence is checked at creation; none of these is called.
+    void *any = reinterpret_cast<void *>(&AllocStub);
+    ops.destroy = DestroyStub;
+    ops.alloc = AllocStub;
+    std::memcpy(&ops.free, &any, sizeof any);
+    std::memcpy(&ops.copy, &any, sizeof any);
+    std::memcpy(&ops.memset, &any, sizeof any);
+    std::memcpy(&ops.attn_block_fwd, &any, sizeof any);
+    std::memcpy(&ops.attn_merge, &any, sizeof any);
+    std::memcpy(&ops.attn_bwd_prep, &any, sizeof any);
+    std::memcpy(&ops.attn_block_bwd, &any, sizeof any);
+    std::memcpy(&ops.cast, &any, sizeof any);
+    std::memcpy(&ops.add, &any, sizeof any);
+    std::memcpy(&ops.fill, &any, sizeof any);
+    return ops;
+}
+
+TEST(DeviceTable, AcceptsACompleteTableAndNamesEachMissingOp) {
+    struct ctxpar_device_ops ops = FullDeviceTable();
+    ctxpar_device *dev = nullptr;
+    ASSERT_EQ(ctxpar_device_create(&ops, nullptr, 1, &dev), CTXPAR_OK) << ctxpar_last_error();
+    ctxpar_device_destroy(dev);
+    const std::pair<const char *, size_t> required[] = {
+        {"alloc", offsetof(ctxpar_device_ops, alloc)},
+        {"free", offsetof(ctxpar_device_ops, free)},
+        {"copy", offsetof(ctxpar_device_ops, copy)},
+        {"memset", offsetof(ctxpar_device_ops, memset)},
+        {"attn_block_fwd", offsetof(ctxpar_device_ops, attn_block_fwd)},
+        {"attn_merge", offsetof(ctxpar_device_ops, attn_merge)},
+        {"attn_bwd_prep", offsetof(ctxpar_device_ops, attn_bwd_prep)},
+        {"attn_block_bwd", offsetof(ctxpar_device_ops, attn_block_bwd)},
+        {"cast", offsetof(ctxpar_device_ops, cast)},
+        {"add", offsetof(ctxpar_device_ops, add)},
+        {"fill", offsetof(ctxpar_device_ops, fill)},
+    };
+    for (const auto &r : required) {
+        struct ctxpar_device_ops bad = FullDeviceTable();
+        std::memset(reinterpret_cast<char *>(&bad) + r.second, 0, sizeof(void *));
+        dev = reinterpret_cast<ctxpar_device *>(0x1);
+        EXPECT_EQ(ctxpar_device_create(&bad, nullptr, 1, &dev), CTXPAR_ERR_INVALID_ARG) << r.first;
+        EXPECT_NE(std::string(ctxpar_last_error()).find(std::string("'") + r.first + "'"),
+                  std::string::npos)
+            << ctxpar_last_error();
+        EXPECT_EQ(dev, reinterpret_cast<ctxpar_device *>(0x1));
+    }
+    struct ctxpar_device_ops future = FullDeviceTable();
+    future.version = CTXPAR_DEVICE_OPS_VERSION + 1;
+    EXPECT_EQ(ctxpar_device_create(&future, nullptr, 1, &dev), CTXPAR_ERR_NOT_SUPPORTED);
+    struct ctxpar_device_ops half_streams = FullDeviceTable();
+    void *any = reinterpret_cast<void *>(&AllocStub);
+    std::memcpy(&half_streams.stream_create, &any, sizeof any);
+    EXPECT_EQ(ctxpar_device_create(&half_streams, nullptr, 1, &dev), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("all or none"), std::string::npos);
+    // A table from an older build (smaller struct_size) lacks the ops past its end.
+    struct ctxpar_device_ops old = FullDeviceTable();
+    old.struct_size = offsetof(ctxpar_device_ops, cast);
+    EXPECT_EQ(ctxpar_device_create(&old, nullptr, 1, &dev), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("'cast'"), std::string::npos);
+}
+
+TEST(CommTable, NamesEachMissingOp) {
+    const char *names[] = {"sendrecv", "allgather", "reduce_scatter", "alltoall",
+                           "wait",     "cancel",    "allreduce_i64",  "barrier"};
+    const size_t offsets[] = {offsetof(ctxpar_comm_ops, sendrecv),
+                              offsetof(ctxpar_comm_ops, allgather),
+                              offsetof(ctxpar_comm_ops, reduce_scatter),
+                              offsetof(ctxpar_comm_ops, alltoall),
+                              offsetof(ctxpar_comm_ops, wait),
+                              offsetof(ctxpar_comm_ops, cancel),
+                              offsetof(ctxpar_comm_ops, allreduce_i64),
+                              offsetof(ctxpar_comm_ops, barrier)};
+    auto full = [] {
+        struct ctxpar_comm_ops ops;
+        std::memset(&ops, 0, sizeof ops);
+        ops.version = CTXPAR_COMM_OPS_VERSION;
+        ops.struct_size = sizeof ops;
+        ops.name = "stub";
+        void *any = reinterpret_cast<void *>(&AllocStub);
+        // Fill every pointer from destroy to barrier.
+        for (size_t off = offsetof(ctxpar_comm_ops, destroy);
+             off <= offsetof(ctxpar_comm_ops, barrier); off += sizeof(void *))
+            std::memcpy(reinterpret_cast<char *>(&ops) + off, &any, sizeof any);
+        return ops;
+    };
+    ctxpar_comm *comm = nullptr;
+    struct ctxpar_comm_ops ok = full();
+    ASSERT_EQ(ctxpar_comm_create(&ok, nullptr, 0, 1, &comm), CTXPAR_OK);
+    std::free(comm); // destroy would call the stub with the wrong signature
+    EXPECT_EQ(ctxpar_comm_create(&ok, nullptr, 2, 2, &comm), CTXPAR_ERR_INVALID_ARG);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        struct ctxpar_comm_ops bad = full();
+        std::memset(reinterpret_cast<char *>(&bad) + offsets[i], 0, sizeof(void *));
+        EXPECT_EQ(ctxpar_comm_create(&bad, nullptr, 0, 1, &comm), CTXPAR_ERR_INVALID_ARG);
+        EXPECT_NE(std::string(ctxpar_last_error()).find(std::string("'") + names[i] + "'"),
+                  std::string::npos)
+            << ctxpar_last_error();
+    }
+}
+
+// ---------------------------------------------------------------- layouts
+
+TEST(Layout, PositionsPartitionTheSequence) {
+    for (ctxpar_layout layout :
+         {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED}) {
+        for (int P : {1, 2, 3, 4, 8}) {
+            const int64_t S = 48;
+            std::vector<int> seen(S, 0);
+            std::vector<int64_t> pos(S / P);
+            for (int r = 0; r < P; r++) {
+                ASSERT_EQ(ctxpar_positions(layout, S, r, P, pos.data()), CTXPAR_OK);
+                for (int64_t p : pos) {
+                    ASSERT_GE(p, 0);
+                    ASSERT_LT(p, S);
+                    seen[p]++;
+                }
+            }
+            for (int64_t t = 0; t < S; t++)
+                EXPECT_EQ(seen[t], 1) << ctxpar_layout_name(layout) << " P=" << P << " t=" << t;
+        }
+    }
+}
+
+TEST(Layout, ZigzagAndStripedHoldTheDocumentedTokens) {
+    std::vector<int64_t> pos(4);
+    ASSERT_EQ(ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 8, 0, 2, pos.data()), CTXPAR_OK);
+    EXPECT_EQ(pos, (std::vector<int64_t>{0, 1, 6, 7}));
+    ASSERT_EQ(ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 8, 1, 2, pos.data()), CTXPAR_OK);
+    EXPECT_EQ(pos, (std::vector<int64_t>{2, 3, 4, 5}));
+    ASSERT_EQ(ctxpar_positions(CTXPAR_LAYOUT_STRIPED, 8, 1, 2, pos.data()), CTXPAR_OK);
+    EXPECT_EQ(pos, (std::vector<int64_t>{1, 3, 5, 7}));
+    EXPECT_EQ(ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 6, 0, 2, pos.data()),
+              CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(ctxpar_positions(CTXPAR_LAYOUT_CONTIGUOUS, 8, 2, 2, pos.data()),
+              CTXPAR_ERR_INVALID_ARG);
+}
+
+TEST(Layout, ShardThenUnshardIsTheIdentity) {
+    const int64_t B = 2, S = 24, H = 3, D = 4;
+    std::vector<float> global(B * S * H * D), back(B * S * H * D, -1.0f);
+    for (size_t i = 0; i < global.size(); i++)
+        global[i] = static_cast<float>(i);
+    ctxpar_tensor g = ctxpar_tensor_bshd(global.data(), CTXPAR_DTYPE_F32, B, S, H, D);
+    ctxpar_tensor gb = ctxpar_tensor_bshd(back.data(), CTXPAR_DTYPE_F32, B, S, H, D);
+    for (ctxpar_layout layout :
+         {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED}) {
+        const int P = 3;
+        std::fill(back.begin(), back.end(), -1.0f);
+        for (int r = 0; r < P; r++) {
+            std::vector<float> local(B * (S / P) * H * D);
+            ctxpar_tensor l = ctxpar_tensor_bshd(local.data(), CTXPAR_DTYPE_F32, B, S / P, H, D);
+            ASSERT_EQ(ctxpar_shard(layout, r, P, &g, &l), CTXPAR_OK) << ctxpar_last_error();
+            // Row s of the shard is global row positions[s].
+            std::vector<int64_t> pos(S / P);
+            ASSERT_EQ(ctxpar_positions(layout, S, r, P, pos.data()), CTXPAR_OK);
+            for (int64_t s = 0; s < S / P; s++)
+                EXPECT_EQ(local[(s * H) * D], global[(pos[s] * H) * D]);
+            ASSERT_EQ(ctxpar_unshard(layout, r, P, &l, &gb), CTXPAR_OK);
+        }
+        EXPECT_EQ(back, global) << ctxpar_layout_name(layout);
+    }
+}
+
+} // namespace

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -362,6 +363,11 @@ std::string FwdName(const ::testing::TestParamInfo<FwdParam> &info) {
            std::to_string(4 / p.hkv);
 }
 
+// gtest would otherwise print the parameter's raw bytes, padding included.
+void PrintTo(const FwdParam &p, std::ostream *os) {
+    *os << p.mask.name << "/" << p.pos.name << "/" << DtypeName(p.dtype) << "/hkv" << p.hkv;
+}
+
 INSTANTIATE_TEST_SUITE_P(All, FwdOracle, ::testing::ValuesIn(FwdParams()), FwdName);
 
 // Head dims from 1 to past 256, odd sequence lengths (tails in every tiled dimension).
@@ -615,6 +621,10 @@ std::string BwdName(const ::testing::TestParamInfo<BwdParam> &info) {
     const BwdParam &p = info.param;
     return std::string(p.mask.name) + "_" + p.pos.name + "_" + DtypeName(p.dtype) + "_gqa" +
            std::to_string(4 / p.hkv);
+}
+
+void PrintTo(const BwdParam &p, std::ostream *os) {
+    *os << p.mask.name << "/" << p.pos.name << "/" << DtypeName(p.dtype) << "/hkv" << p.hkv;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, BwdOracle, ::testing::ValuesIn(BwdParams()), BwdName);

@@ -9,10 +9,10 @@
  *   dq += scale dS K,   dk += scale dS^T Q,   dv += P^T dO
  *
  * Two passes, each a sum with one owner per output and a fixed order, no atomics:
- *  - dq: items (batch, query head, query tile); query rows are the lanes (as in the forward);
- *    key tiles in increasing order.
- *  - dk, dv: items (batch, K/V head, key tile); key rows are the lanes; for each query head of
- *    the GQA group in order, query tiles in increasing order.
+ *  - dq: items (batch, query head, group of query tiles); query rows are the lanes (as in the
+ *    forward); key tiles in increasing order, each loaded once for the group.
+ *  - dk, dv: items (batch, K/V head, group of key tiles); key rows are the lanes; for each query
+ *    head of the GQA group in order, query tiles in increasing order, each loaded once.
  * P is recomputed in both passes (base 2: Q or K is pre-scaled by scale*log2(e)).
  */
 #include <math.h>
@@ -35,36 +35,47 @@ typedef struct bwd_args {
     float *dq, *dk, *dv;
 } bwd_args;
 
-// Per-thread workspace of either pass: 3 transposed tiles of D x 64, 2 score tiles, 2 row
-// buffers of 64 x D, 2 vectors of 64.
+// Per-thread workspace of either pass. An item covers up to CTXPAR_CPU_GROUP tiles of its own
+// side (query tiles for dq, key tiles for dk/dv), each with up to 4 transposed [D, 64] tiles and
+// two [64] vectors; every tile of the other side is loaded once for the whole group.
 typedef struct bwd_ws {
-    float *t0, *t1, *t2, *t3; // [D, 64]
-    float *s, *dp;            // [64, 64]
-    float *buf0, *buf1;       // [64, D]
-    float *vec0, *vec1;       // [64]
+    float *t[CTXPAR_CPU_GROUP][4];            // [D, 64]
+    float *vec[CTXPAR_CPU_GROUP][2];          // [64]
+    float *s, *dp;                            // [64, 64]
+    float *buf0, *buf1;                       // [64, D]
+    float *row;                               // [D]
 } bwd_ws;
 
 static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 
-static size_t bwd_ws_floats(int64_t dim) {
-    size_t tile = round16((size_t)dim * 64);
-    return 6 * tile + 2 * round16(64 * 64) + 2 * round16(64);
+// Lays the workspace out from base; with base NULL it only measures (*floats_out).
+static bwd_ws bwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
+    const size_t d = (size_t)dim;
+    size_t off = 0;
+    bwd_ws w;
+#define TAKE(ptr, n) ((ptr) = base ? base + off : NULL, off += round16(n))
+    for (int g = 0; g < CTXPAR_CPU_GROUP; g++) {
+        for (int i = 0; i < 4; i++)
+            TAKE(w.t[g][i], d * 64);
+        TAKE(w.vec[g][0], 64);
+        TAKE(w.vec[g][1], 64);
+    }
+    TAKE(w.s, 64 * 64);
+    TAKE(w.dp, 64 * 64);
+    TAKE(w.buf0, 64 * d);
+    TAKE(w.buf1, 64 * d);
+    TAKE(w.row, d);
+#undef TAKE
+    *floats_out = off;
+    return w;
 }
 
-static bwd_ws bwd_ws_at(float *base, int64_t dim) {
-    size_t tile = round16((size_t)dim * 64);
-    bwd_ws w;
-    w.t0 = base;
-    w.t1 = w.t0 + tile;
-    w.t2 = w.t1 + tile;
-    w.t3 = w.t2 + tile;
-    w.s = w.t3 + tile;
-    w.dp = w.s + round16(64 * 64);
-    w.buf0 = w.dp + round16(64 * 64);
-    w.buf1 = w.buf0 + tile;
-    w.vec0 = w.buf1 + tile;
-    w.vec1 = w.vec0 + round16(64);
-    return w;
+static int64_t tile_rows(int64_t seq, int64_t t, int64_t tile) {
+    return seq - t * tile < tile ? seq - t * tile : tile;
+}
+
+static int64_t lanes_for(const ctxpar_cpu_kernels *kern, int64_t rows) {
+    return (rows + kern->lane_block - 1) / kern->lane_block * kern->lane_block;
 }
 
 // dst[d*lanes + r] = rows r of t (b, s0 + r, h) times mul, r < n; 0 for n <= r < lanes.
@@ -82,94 +93,131 @@ static void pack_t(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, int64
 // lse in base 2 for exp2(s - lse2); an empty row (lse = -inf) gets +inf so that P = 0.
 static float lse_base2(float lse) { return lse == -INFINITY ? INFINITY : (float)(lse * LOG2E); }
 
-static void dq_item(const bwd_args *a, const bwd_ws *w, int64_t b, int64_t h, int64_t qt) {
+// dq for query tiles qt0 .. qt0+ng-1 of (b, h); query rows are the lanes.
+static void dq_item(const bwd_args *a, const bwd_ws *w, int64_t b, int64_t h, int64_t qt0,
+                    int ng) {
     const ctxpar_cpu_plan *p = a->p;
     const ctxpar_cpu_kernels *kern = a->kern;
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim, hk = h / p->group;
-    const int64_t i0 = qt * TQ, nq = p->seq_q - i0 < TQ ? p->seq_q - i0 : TQ;
-    const int64_t lanes = (nq + kern->lane_block - 1) / kern->lane_block * kern->lane_block;
-    float *qt_s = w->t0, *dot = w->t1, *dqt = w->t2, *lse2 = w->vec0, *dl = w->vec1;
     const float *krows[TK], *vrows[TK];
-
-    pack_t(kern, &blk->q, b, i0, nq, h, lanes, (float)(blk->scale * LOG2E), w->t3, qt_s);
-    pack_t(kern, a->dout, b, i0, nq, h, lanes, 1.0f, w->t3, dot);
-    for (int64_t r = 0; r < lanes; r++) {
-        int64_t li = (b * p->heads_q + h) * p->seq_q + i0 + r;
-        lse2[r] = r < nq ? lse_base2(a->lse[li]) : INFINITY;
-        dl[r] = r < nq ? a->delta[li] : 0.0f;
+    ctxpar_block_class cls[CTXPAR_CPU_GROUP];
+    for (int g = 0; g < ng; g++) { // t[g] = scaled Q^T, dO^T, dQ^T; vec[g] = lse2, delta
+        const int64_t i0 = (qt0 + g) * TQ, nq = tile_rows(p->seq_q, qt0 + g, TQ);
+        const int64_t lanes = lanes_for(kern, nq);
+        pack_t(kern, &blk->q, b, i0, nq, h, lanes, (float)(blk->scale * LOG2E), w->row,
+               w->t[g][0]);
+        pack_t(kern, a->dout, b, i0, nq, h, lanes, 1.0f, w->row, w->t[g][1]);
+        memset(w->t[g][2], 0, (size_t)(dim * lanes) * sizeof(float));
+        for (int64_t r = 0; r < lanes; r++) {
+            int64_t li = (b * p->heads_q + h) * p->seq_q + i0 + r;
+            w->vec[g][0][r] = r < nq ? lse_base2(a->lse[li]) : INFINITY;
+            w->vec[g][1][r] = r < nq ? a->delta[li] : 0.0f;
+        }
     }
-    memset(dqt, 0, (size_t)(dim * lanes) * sizeof *dqt);
     for (int64_t kt = 0; kt < p->k_tiles; kt++) {
-        ctxpar_block_class cls = ctxpar_cpu_plan_classify(p, qt, kt);
-        if (cls == CTXPAR_BLOCK_SKIP)
+        int any = 0;
+        for (int g = 0; g < ng; g++) {
+            cls[g] = ctxpar_cpu_plan_classify(p, qt0 + g, kt);
+            any |= cls[g] != CTXPAR_BLOCK_SKIP;
+        }
+        if (!any)
             continue;
-        const int64_t j0 = kt * TK, nk = p->seq_k - j0 < TK ? p->seq_k - j0 : TK;
-        ctxpar_cpu_rows_f32(kern, &blk->k, b, j0, nk, hk, w->buf0, krows);
-        ctxpar_cpu_rows_f32(kern, &blk->v, b, j0, nk, hk, w->buf1, vrows);
-        kern->scores(w->s, lanes, qt_s, lanes, krows, nk, lanes, dim);
-        if (cls == CTXPAR_BLOCK_PARTIAL)
-            ctxpar_cpu_plan_mask(p, w->s, lanes, i0, j0, nk, nq, 1);
-        kern->exp2_sub(w->s, lanes, nk, lanes, lse2, NULL);
-        kern->scores(w->dp, lanes, dot, lanes, vrows, nk, lanes, dim);
-        kern->dsoftmax(w->dp, w->s, lanes, nk, lanes, dl, NULL);
-        kern->accum(dqt, lanes, NULL, w->dp, lanes, krows, nk, lanes, dim);
+        const int64_t j0 = kt * TK, nk = tile_rows(p->seq_k, kt, TK);
+        ctxpar_cpu_load_rows(kern, &blk->k, b, j0, nk, hk, w->buf0, krows);
+        ctxpar_cpu_load_rows(kern, &blk->v, b, j0, nk, hk, w->buf1, vrows);
+        for (int g = 0; g < ng; g++) {
+            if (cls[g] == CTXPAR_BLOCK_SKIP)
+                continue;
+            const int64_t i0 = (qt0 + g) * TQ, nq = tile_rows(p->seq_q, qt0 + g, TQ);
+            const int64_t lanes = lanes_for(kern, nq);
+            kern->scores(w->s, lanes, w->t[g][0], lanes, krows, nk, lanes, dim);
+            if (cls[g] == CTXPAR_BLOCK_PARTIAL)
+                ctxpar_cpu_plan_mask(p, w->s, lanes, i0, j0, nk, nq, 1);
+            kern->exp2_sub(w->s, lanes, nk, lanes, w->vec[g][0], NULL);
+            kern->scores(w->dp, lanes, w->t[g][1], lanes, vrows, nk, lanes, dim);
+            kern->dsoftmax(w->dp, w->s, lanes, nk, lanes, w->vec[g][1], NULL);
+            kern->accum(w->t[g][2], lanes, NULL, w->dp, lanes, krows, nk, lanes, dim);
+        }
     }
-    for (int64_t r = 0; r < nq; r++) {
-        float *dq = a->dq + ((b * p->seq_q + i0 + r) * p->heads_q + h) * dim;
-        for (int64_t d = 0; d < dim; d++)
-            dq[d] += blk->scale * dqt[d * lanes + r];
+    for (int g = 0; g < ng; g++) {
+        const int64_t i0 = (qt0 + g) * TQ, nq = tile_rows(p->seq_q, qt0 + g, TQ);
+        const int64_t lanes = lanes_for(kern, nq);
+        for (int64_t r = 0; r < nq; r++) {
+            float *dq = a->dq + ((b * p->seq_q + i0 + r) * p->heads_q + h) * dim;
+            for (int64_t d = 0; d < dim; d++)
+                dq[d] += blk->scale * w->t[g][2][d * lanes + r];
+        }
     }
 }
 
-static void dkv_item(const bwd_args *a, const bwd_ws *w, int64_t b, int64_t hk, int64_t kt) {
+// dk, dv for key tiles kt0 .. kt0+ng-1 of (b, hk); key rows are the lanes. The query heads of the
+// GQA group, then the query tiles, are visited in increasing order.
+static void dkv_item(const bwd_args *a, const bwd_ws *w, int64_t b, int64_t hk, int64_t kt0,
+                     int ng) {
     const ctxpar_cpu_plan *p = a->p;
     const ctxpar_cpu_kernels *kern = a->kern;
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim;
-    const int64_t j0 = kt * TK, nk = p->seq_k - j0 < TK ? p->seq_k - j0 : TK;
-    const int64_t lanes = (nk + kern->lane_block - 1) / kern->lane_block * kern->lane_block;
-    float *kt_s = w->t0, *vt = w->t1, *dkt = w->t2, *dvt = w->t3;
-    float *lse2 = w->vec0, *dl = w->vec1;
     const float *qrows[TQ], *orows[TQ];
-
-    pack_t(kern, &blk->k, b, j0, nk, hk, lanes, (float)(blk->scale * LOG2E), w->buf0, kt_s);
-    pack_t(kern, &blk->v, b, j0, nk, hk, lanes, 1.0f, w->buf0, vt);
-    memset(dkt, 0, (size_t)(dim * lanes) * sizeof *dkt);
-    memset(dvt, 0, (size_t)(dim * lanes) * sizeof *dvt);
+    float *lse2 = w->vec[0][0], *dl = w->vec[0][1];
+    ctxpar_block_class cls[CTXPAR_CPU_GROUP];
+    for (int g = 0; g < ng; g++) { // t[g] = scaled K^T, V^T, dK^T, dV^T
+        const int64_t j0 = (kt0 + g) * TK, nk = tile_rows(p->seq_k, kt0 + g, TK);
+        const int64_t lanes = lanes_for(kern, nk);
+        pack_t(kern, &blk->k, b, j0, nk, hk, lanes, (float)(blk->scale * LOG2E), w->row,
+               w->t[g][0]);
+        pack_t(kern, &blk->v, b, j0, nk, hk, lanes, 1.0f, w->row, w->t[g][1]);
+        memset(w->t[g][2], 0, (size_t)(dim * lanes) * sizeof(float));
+        memset(w->t[g][3], 0, (size_t)(dim * lanes) * sizeof(float));
+    }
     for (int64_t h = hk * p->group; h < (hk + 1) * p->group; h++) {
         for (int64_t qt = 0; qt < p->q_tiles; qt++) {
-            ctxpar_block_class cls = ctxpar_cpu_plan_classify(p, qt, kt);
-            if (cls == CTXPAR_BLOCK_SKIP)
+            int any = 0;
+            for (int g = 0; g < ng; g++) {
+                cls[g] = ctxpar_cpu_plan_classify(p, qt, kt0 + g);
+                any |= cls[g] != CTXPAR_BLOCK_SKIP;
+            }
+            if (!any)
                 continue;
-            const int64_t i0 = qt * TQ, nq = p->seq_q - i0 < TQ ? p->seq_q - i0 : TQ;
-            ctxpar_cpu_rows_f32(kern, &blk->q, b, i0, nq, h, w->buf0, qrows);
-            ctxpar_cpu_rows_f32(kern, a->dout, b, i0, nq, h, w->buf1, orows);
+            const int64_t i0 = qt * TQ, nq = tile_rows(p->seq_q, qt, TQ);
+            ctxpar_cpu_load_rows(kern, &blk->q, b, i0, nq, h, w->buf0, qrows);
+            ctxpar_cpu_load_rows(kern, a->dout, b, i0, nq, h, w->buf1, orows);
             for (int64_t r = 0; r < nq; r++) {
                 int64_t li = (b * p->heads_q + h) * p->seq_q + i0 + r;
                 lse2[r] = lse_base2(a->lse[li]);
                 dl[r] = a->delta[li];
             }
-            kern->scores(w->s, lanes, kt_s, lanes, qrows, nq, lanes, dim);
-            if (cls == CTXPAR_BLOCK_PARTIAL)
-                ctxpar_cpu_plan_mask(p, w->s, lanes, i0, j0, nq, nk, 0);
-            kern->exp2_sub(w->s, lanes, nq, lanes, NULL, lse2);
-            if (a->dv)
-                kern->accum(dvt, lanes, NULL, w->s, lanes, orows, nq, lanes, dim);
-            if (a->dk) {
-                kern->scores(w->dp, lanes, vt, lanes, orows, nq, lanes, dim);
-                kern->dsoftmax(w->dp, w->s, lanes, nq, lanes, NULL, dl);
-                kern->accum(dkt, lanes, NULL, w->dp, lanes, qrows, nq, lanes, dim);
+            for (int g = 0; g < ng; g++) {
+                if (cls[g] == CTXPAR_BLOCK_SKIP)
+                    continue;
+                const int64_t j0 = (kt0 + g) * TK, nk = tile_rows(p->seq_k, kt0 + g, TK);
+                const int64_t lanes = lanes_for(kern, nk);
+                kern->scores(w->s, lanes, w->t[g][0], lanes, qrows, nq, lanes, dim);
+                if (cls[g] == CTXPAR_BLOCK_PARTIAL)
+                    ctxpar_cpu_plan_mask(p, w->s, lanes, i0, j0, nq, nk, 0);
+                kern->exp2_sub(w->s, lanes, nq, lanes, NULL, lse2);
+                if (a->dv)
+                    kern->accum(w->t[g][3], lanes, NULL, w->s, lanes, orows, nq, lanes, dim);
+                if (a->dk) {
+                    kern->scores(w->dp, lanes, w->t[g][1], lanes, orows, nq, lanes, dim);
+                    kern->dsoftmax(w->dp, w->s, lanes, nq, lanes, NULL, dl);
+                    kern->accum(w->t[g][2], lanes, NULL, w->dp, lanes, qrows, nq, lanes, dim);
+                }
             }
         }
     }
-    for (int64_t r = 0; r < nk; r++) {
-        int64_t off = ((b * p->seq_k + j0 + r) * p->heads_kv + hk) * dim;
-        for (int64_t d = 0; d < dim; d++) {
-            if (a->dk)
-                a->dk[off + d] += blk->scale * dkt[d * lanes + r];
-            if (a->dv)
-                a->dv[off + d] += dvt[d * lanes + r];
+    for (int g = 0; g < ng; g++) {
+        const int64_t j0 = (kt0 + g) * TK, nk = tile_rows(p->seq_k, kt0 + g, TK);
+        const int64_t lanes = lanes_for(kern, nk);
+        for (int64_t r = 0; r < nk; r++) {
+            int64_t off = ((b * p->seq_k + j0 + r) * p->heads_kv + hk) * dim;
+            for (int64_t d = 0; d < dim; d++) {
+                if (a->dk)
+                    a->dk[off + d] += blk->scale * w->t[g][2][d * lanes + r];
+                if (a->dv)
+                    a->dv[off + d] += w->t[g][3][d * lanes + r];
+            }
         }
     }
 }
@@ -202,13 +250,16 @@ ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
     ctxpar_cpu_plan p;
     CTXPAR_CHECK(ctxpar_cpu_plan_init(blk, "attn_block_bwd", &p));
     ctxpar_status st = check_bwd(&p, dout, lse, delta);
-    const int64_t dq_items = dq_acc ? p.batch * p.heads_q * p.q_tiles : 0;
-    const int64_t dkv_items = dk_acc || dv_acc ? p.batch * p.heads_kv * p.k_tiles : 0;
+    const int64_t q_groups = (p.q_tiles + CTXPAR_CPU_GROUP - 1) / CTXPAR_CPU_GROUP;
+    const int64_t k_groups = (p.k_tiles + CTXPAR_CPU_GROUP - 1) / CTXPAR_CPU_GROUP;
+    const int64_t dq_items = dq_acc ? p.batch * p.heads_q * q_groups : 0;
+    const int64_t dkv_items = dk_acc || dv_acc ? p.batch * p.heads_kv * k_groups : 0;
     if (st != CTXPAR_OK || p.whole == CTXPAR_BLOCK_SKIP || p.seq_q == 0 || p.seq_k == 0 ||
         dq_items + dkv_items == 0)
         goto done; // nothing visible: every gradient contribution is zero
     const int nt = ctxpar_cpu_threads(cpu);
-    const size_t per_thread = bwd_ws_floats(p.dim);
+    size_t per_thread;
+    (void)bwd_ws_at(NULL, p.dim, &per_thread); // only measures
     float *ws = ctxpar_cpu_aligned_alloc((size_t)nt * per_thread * sizeof(float));
     if (!ws) {
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY,
@@ -219,16 +270,21 @@ ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
     const bwd_args a = {&p, cpu->kern, dout, lse, delta, dq_acc, dk_acc, dv_acc};
 #pragma omp parallel num_threads(nt)
     {
-        bwd_ws w = bwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, p.dim);
+        size_t unused;
+        bwd_ws w = bwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, p.dim, &unused);
 #pragma omp for schedule(static, 1)
         for (int64_t it = 0; it < dq_items; it++) {
-            int64_t qt = it % p.q_tiles, h = (it / p.q_tiles) % p.heads_q;
-            dq_item(&a, &w, it / (p.q_tiles * p.heads_q), h, qt);
+            int64_t grp = it % q_groups, h = (it / q_groups) % p.heads_q;
+            int64_t qt0 = grp * CTXPAR_CPU_GROUP;
+            int ng = p.q_tiles - qt0 < CTXPAR_CPU_GROUP ? (int)(p.q_tiles - qt0) : CTXPAR_CPU_GROUP;
+            dq_item(&a, &w, it / (q_groups * p.heads_q), h, qt0, ng);
         }
 #pragma omp for schedule(static, 1)
         for (int64_t it = 0; it < dkv_items; it++) {
-            int64_t kt = it % p.k_tiles, hk = (it / p.k_tiles) % p.heads_kv;
-            dkv_item(&a, &w, it / (p.k_tiles * p.heads_kv), hk, kt);
+            int64_t grp = it % k_groups, hk = (it / k_groups) % p.heads_kv;
+            int64_t kt0 = grp * CTXPAR_CPU_GROUP;
+            int ng = p.k_tiles - kt0 < CTXPAR_CPU_GROUP ? (int)(p.k_tiles - kt0) : CTXPAR_CPU_GROUP;
+            dkv_item(&a, &w, it / (k_groups * p.heads_kv), hk, kt0, ng);
         }
     }
     free(ws);

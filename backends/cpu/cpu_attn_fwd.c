@@ -29,55 +29,87 @@
 #define TQ CTXPAR_CPU_TILE_Q
 #define TK CTXPAR_CPU_TILE_K
 
-// Per-thread workspace, in floats, each part a multiple of 16 (64 bytes).
+// Per-thread workspace, in floats, each part a multiple of 16 (64 bytes). An item covers up to
+// CTXPAR_CPU_GROUP query tiles, so that each K/V tile is loaded once for all of them.
 typedef struct fwd_ws {
-    float *qt;  // [D, lanes]  Q^T, scaled
-    float *ot;  // [D, lanes]  unnormalised O^T
-    float *s;   // [TK, lanes] scores, then probabilities
-    float *m, *l, *alpha; // [lanes] running max, sum, rescale factor
-    float *kbuf, *vbuf;   // [TK, D] K and V rows as F32 (16-bit dtypes)
-    float *row;           // [D]   one converted q row / one output row
+    float *qt[CTXPAR_CPU_GROUP];      // [D, lanes]  Q^T, scaled
+    float *ot[CTXPAR_CPU_GROUP];      // [D, lanes]  unnormalised O^T
+    float *m[CTXPAR_CPU_GROUP];       // [lanes]     running max (base 2)
+    float *l[CTXPAR_CPU_GROUP];       // [lanes]     running sum
+    float *alpha;                     // [lanes]     rescale factor of the current step
+    float *s;                         // [TK, lanes] scores, then probabilities
+    float *kbuf, *vbuf;               // [TK, D]     the K and V tile as dense F32
+    float *row;                       // [D]         one converted q row / one output row
 } fwd_ws;
 
 static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 
-static size_t fwd_ws_floats(int64_t dim) {
-    size_t d = (size_t)dim;
-    return 2 * round16(d * TQ) + round16((size_t)TK * TQ) + 3 * round16(TQ) +
-           2 * round16((size_t)TK * d) + round16(d);
-}
-
-static fwd_ws fwd_ws_at(float *base, int64_t dim) {
-    size_t d = (size_t)dim;
+// Lays the workspace out from base; with base NULL it only measures (*floats_out).
+static fwd_ws fwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
+    const size_t d = (size_t)dim;
+    size_t off = 0;
     fwd_ws w;
-    w.qt = base;
-    w.ot = w.qt + round16(d * TQ);
-    w.s = w.ot + round16(d * TQ);
-    w.m = w.s + round16((size_t)TK * TQ);
-    w.l = w.m + round16(TQ);
-    w.alpha = w.l + round16(TQ);
-    w.kbuf = w.alpha + round16(TQ);
-    w.vbuf = w.kbuf + round16((size_t)TK * d);
-    w.row = w.vbuf + round16((size_t)TK * d);
+#define TAKE(ptr, n) ((ptr) = base ? base + off : NULL, off += round16(n))
+    for (int g = 0; g < CTXPAR_CPU_GROUP; g++) {
+        TAKE(w.qt[g], d * TQ);
+        TAKE(w.ot[g], d * TQ);
+        TAKE(w.m[g], TQ);
+        TAKE(w.l[g], TQ);
+    }
+    TAKE(w.alpha, TQ);
+    TAKE(w.s, (size_t)TK * TQ);
+    TAKE(w.kbuf, (size_t)TK * d);
+    TAKE(w.vbuf, (size_t)TK * d);
+    TAKE(w.row, d);
+#undef TAKE
+    *floats_out = off;
     return w;
 }
 
-// Writes (or merges) the finished rows of one work item.
-static void fwd_store(const ctxpar_cpu_plan *p, const fwd_ws *w, int64_t b, int64_t h, int64_t i0,
-                      int64_t nq, int64_t lanes, float *out_acc, float *lse_acc, int merge) {
-    const int64_t dim = p->dim;
+static int64_t tile_rows(int64_t seq, int64_t t, int64_t tile) {
+    return seq - t * tile < tile ? seq - t * tile : tile;
+}
+
+static int64_t lanes_for(const ctxpar_cpu_kernels *kern, int64_t rows) {
+    return (rows + kern->lane_block - 1) / kern->lane_block * kern->lane_block;
+}
+
+// Packs query tile qt (scaled Q^T, padding lanes 0) and resets its running state.
+static void fwd_begin(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, const fwd_ws *w,
+                      int g, int64_t b, int64_t h, int64_t qt) {
+    const ctxpar_attn_block *blk = p->blk;
+    const int64_t dim = p->dim, i0 = qt * TQ, nq = tile_rows(p->seq_q, qt, TQ);
+    const int64_t lanes = lanes_for(kern, nq);
+    const float c = (float)(blk->scale * LOG2E);
+    for (int64_t r = 0; r < lanes; r++) {
+        if (r < nq)
+            kern->to_f32(w->row, ctxpar_cpu_row(&blk->q, b, i0 + r, h), blk->q.dtype, dim);
+        for (int64_t d = 0; d < dim; d++)
+            w->qt[g][d * lanes + r] = r < nq ? w->row[d] * c : 0.0f;
+        w->m[g][r] = -FLT_MAX;
+        w->l[g][r] = 0.0f;
+    }
+    memset(w->ot[g], 0, (size_t)(dim * lanes) * sizeof(float));
+}
+
+// Writes (or merges) the finished rows of query tile qt.
+static void fwd_end(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, const fwd_ws *w,
+                    int g, int64_t b, int64_t h, int64_t qt, float *out_acc, float *lse_acc,
+                    int merge) {
+    const int64_t dim = p->dim, i0 = qt * TQ, nq = tile_rows(p->seq_q, qt, TQ);
+    const int64_t lanes = lanes_for(kern, nq);
     for (int64_t r = 0; r < nq; r++) {
         int64_t i = i0 + r;
         float *out = out_acc + ((b * p->seq_q + i) * p->heads_q + h) * dim;
         float *lse = lse_acc + (b * p->heads_q + h) * p->seq_q + i;
         float *dst = merge ? w->row : out;
-        float sum = w->l[r], lse_b = -INFINITY;
+        float sum = w->l[g][r], lse_b = -INFINITY;
         if (sum == 0.0f) { // no visible key
             memset(dst, 0, (size_t)dim * sizeof *dst);
         } else {
             for (int64_t d = 0; d < dim; d++)
-                dst[d] = w->ot[d * lanes + r] / sum;
-            lse_b = (float)(((double)w->m[r] + log2((double)sum)) * LN2);
+                dst[d] = w->ot[g][d * lanes + r] / sum;
+            lse_b = (float)(((double)w->m[g][r] + log2((double)sum)) * LN2);
         }
         if (merge)
             ctxpar_cpu_merge_row(out, lse, dst, lse_b, dim);
@@ -86,39 +118,41 @@ static void fwd_store(const ctxpar_cpu_plan *p, const fwd_ws *w, int64_t b, int6
     }
 }
 
+// One work item: query tiles qt0 .. qt0+ng-1 of (b, h) against every key tile in order.
 static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, const fwd_ws *w,
-                     int64_t b, int64_t h, int64_t qt, float *out_acc, float *lse_acc, int merge) {
+                     int64_t b, int64_t h, int64_t qt0, int ng, float *out_acc, float *lse_acc,
+                     int merge) {
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim, hk = h / p->group;
-    const int64_t i0 = qt * TQ, nq = p->seq_q - i0 < TQ ? p->seq_q - i0 : TQ;
-    const int64_t lanes = (nq + kern->lane_block - 1) / kern->lane_block * kern->lane_block;
-    const float c = (float)(blk->scale * LOG2E);
     const float *krows[TK], *vrows[TK];
-
-    for (int64_t r = 0; r < lanes; r++) {
-        if (r < nq)
-            kern->to_f32(w->row, ctxpar_cpu_row(&blk->q, b, i0 + r, h), blk->q.dtype, dim);
-        for (int64_t d = 0; d < dim; d++)
-            w->qt[d * lanes + r] = r < nq ? w->row[d] * c : 0.0f;
-        w->m[r] = -FLT_MAX;
-        w->l[r] = 0.0f;
-    }
-    memset(w->ot, 0, (size_t)(dim * lanes) * sizeof *w->ot);
-
+    ctxpar_block_class cls[CTXPAR_CPU_GROUP];
+    for (int g = 0; g < ng; g++)
+        fwd_begin(p, kern, w, g, b, h, qt0 + g);
     for (int64_t kt = 0; kt < p->k_tiles; kt++) {
-        ctxpar_block_class cls = ctxpar_cpu_plan_classify(p, qt, kt);
-        if (cls == CTXPAR_BLOCK_SKIP)
+        int any = 0;
+        for (int g = 0; g < ng; g++) {
+            cls[g] = ctxpar_cpu_plan_classify(p, qt0 + g, kt);
+            any |= cls[g] != CTXPAR_BLOCK_SKIP;
+        }
+        if (!any)
             continue;
-        const int64_t j0 = kt * TK, nk = p->seq_k - j0 < TK ? p->seq_k - j0 : TK;
-        ctxpar_cpu_rows_f32(kern, &blk->k, b, j0, nk, hk, w->kbuf, krows);
-        ctxpar_cpu_rows_f32(kern, &blk->v, b, j0, nk, hk, w->vbuf, vrows);
-        kern->scores(w->s, lanes, w->qt, lanes, krows, nk, lanes, dim);
-        if (cls == CTXPAR_BLOCK_PARTIAL)
-            ctxpar_cpu_plan_mask(p, w->s, lanes, i0, j0, nk, nq, 1);
-        kern->softmax_step(w->s, lanes, nk, lanes, w->m, w->l, w->alpha);
-        kern->accum(w->ot, lanes, w->alpha, w->s, lanes, vrows, nk, lanes, dim);
+        const int64_t j0 = kt * TK, nk = tile_rows(p->seq_k, kt, TK);
+        ctxpar_cpu_load_rows(kern, &blk->k, b, j0, nk, hk, w->kbuf, krows);
+        ctxpar_cpu_load_rows(kern, &blk->v, b, j0, nk, hk, w->vbuf, vrows);
+        for (int g = 0; g < ng; g++) {
+            if (cls[g] == CTXPAR_BLOCK_SKIP)
+                continue;
+            const int64_t i0 = (qt0 + g) * TQ, nq = tile_rows(p->seq_q, qt0 + g, TQ);
+            const int64_t lanes = lanes_for(kern, nq);
+            kern->scores(w->s, lanes, w->qt[g], lanes, krows, nk, lanes, dim);
+            if (cls[g] == CTXPAR_BLOCK_PARTIAL)
+                ctxpar_cpu_plan_mask(p, w->s, lanes, i0, j0, nk, nq, 1);
+            kern->softmax_step(w->s, lanes, nk, lanes, w->m[g], w->l[g], w->alpha);
+            kern->accum(w->ot[g], lanes, w->alpha, w->s, lanes, vrows, nk, lanes, dim);
+        }
     }
-    fwd_store(p, w, b, h, i0, nq, lanes, out_acc, lse_acc, merge);
+    for (int g = 0; g < ng; g++)
+        fwd_end(p, kern, w, g, b, h, qt0 + g, out_acc, lse_acc, merge);
 }
 
 // The whole block pair is masked: every row is empty (out 0, lse -inf), which merges to nothing.
@@ -144,7 +178,8 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
                           merge);
         goto done;
     }
-    const int64_t items = p.batch * p.heads_q * p.q_tiles;
+    const int64_t groups = (p.q_tiles + CTXPAR_CPU_GROUP - 1) / CTXPAR_CPU_GROUP;
+    const int64_t items = p.batch * p.heads_q * groups;
     if (items > 0 && (!out_acc || !lse_acc)) {
         st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "attn_block_fwd: out_acc (%p) or lse_acc (%p) "
                           "is NULL", (void *)out_acc, (void *)lse_acc);
@@ -157,7 +192,8 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
         goto done;
     }
     const int nt = ctxpar_cpu_threads(cpu);
-    const size_t per_thread = fwd_ws_floats(p.dim);
+    size_t per_thread;
+    (void)fwd_ws_at(NULL, p.dim, &per_thread); // only measures
     float *ws = ctxpar_cpu_aligned_alloc((size_t)nt * per_thread * sizeof(float));
     if (!ws) {
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY,
@@ -168,13 +204,15 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
     const ctxpar_cpu_kernels *kern = cpu->kern;
 #pragma omp parallel num_threads(nt)
     {
-        fwd_ws w = fwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, p.dim);
-        // Round-robin items: causal tiles differ in cost, neighbours in the order cost alike.
+        size_t unused;
+        fwd_ws w = fwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, p.dim, &unused);
+        // Round-robin items: causal items differ in cost, neighbours in the order cost alike.
 #pragma omp for schedule(static, 1)
         for (int64_t it = 0; it < items; it++) {
-            int64_t qt = it % p.q_tiles, h = (it / p.q_tiles) % p.heads_q;
-            int64_t b = it / (p.q_tiles * p.heads_q);
-            fwd_item(&p, kern, &w, b, h, qt, out_acc, lse_acc, merge);
+            int64_t grp = it % groups, h = (it / groups) % p.heads_q, b = it / (groups * p.heads_q);
+            int64_t qt0 = grp * CTXPAR_CPU_GROUP;
+            int ng = p.q_tiles - qt0 < CTXPAR_CPU_GROUP ? (int)(p.q_tiles - qt0) : CTXPAR_CPU_GROUP;
+            fwd_item(&p, kern, &w, b, h, qt0, ng, out_acc, lse_acc, merge);
         }
     }
     free(ws);

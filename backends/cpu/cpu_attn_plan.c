@@ -186,17 +186,12 @@ const void *ctxpar_cpu_row(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t
     return (const char *)t->data + off * (int64_t)ctxpar_dtype_size(t->dtype);
 }
 
-void ctxpar_cpu_rows_f32(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, int64_t b,
-                         int64_t s0, int64_t n, int64_t h, float *scratch, const float **rows) {
+void ctxpar_cpu_load_rows(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, int64_t b,
+                          int64_t s0, int64_t n, int64_t h, float *dst, const float **rows) {
     const int64_t dim = t->shape[3];
     for (int64_t i = 0; i < n; i++) {
-        const void *src = ctxpar_cpu_row(t, b, s0 + i, h);
-        if (t->dtype == CTXPAR_DTYPE_F32) {
-            rows[i] = (const float *)src;
-        } else {
-            kern->to_f32(scratch + i * dim, src, t->dtype, dim);
-            rows[i] = scratch + i * dim;
-        }
+        kern->to_f32(dst + i * dim, ctxpar_cpu_row(t, b, s0 + i, h), t->dtype, dim);
+        rows[i] = dst + i * dim;
     }
 }
 

@@ -18,6 +18,9 @@ extern "C" {
  * K/V block in increasing j; a query row's bits depend on this tiling, so it is fixed. */
 #define CTXPAR_CPU_TILE_Q 64
 #define CTXPAR_CPU_TILE_K 64
+/* Tiles per work item on the side that is not looped over (query tiles in the forward): each
+ * tile of the other side is loaded once for the whole group. */
+#define CTXPAR_CPU_GROUP 4
 
 /* The device's impl. */
 typedef struct ctxpar_cpu_device {
@@ -54,10 +57,10 @@ ctxpar_block_class ctxpar_cpu_plan_classify(const ctxpar_cpu_plan *plan, int64_t
 void ctxpar_cpu_plan_mask(const ctxpar_cpu_plan *plan, float *s, int64_t lds, int64_t q0,
                           int64_t k0, int64_t rows, int64_t lanes, int keys_in_rows);
 
-/* Pointers to n F32 rows t[b, s0 + i, h, :]: into t itself when it is F32, else into `scratch`
- * ([n, D] floats) after conversion. */
-void ctxpar_cpu_rows_f32(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, int64_t b,
-                         int64_t s0, int64_t n, int64_t h, float *scratch, const float **rows);
+/* Loads n rows t[b, s0 + i, h, :] as F32 into the dense tile `dst` ([n, D]) and points rows[i]
+ * at them: a dense tile in L1/L2 instead of rows scattered by the tensor's strides. */
+void ctxpar_cpu_load_rows(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, int64_t b,
+                          int64_t s0, int64_t n, int64_t h, float *dst, const float **rows);
 
 /* Address of element (b, s, h, 0) of a host tensor. */
 const void *ctxpar_cpu_row(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t h);

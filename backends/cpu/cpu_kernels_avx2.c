@@ -7,7 +7,7 @@
 #pragma GCC target("avx2,fma,f16c")
 
 typedef __m256 vf;
-typedef int32_t vi __attribute__((vector_size(32)));
+typedef uint32_t vi __attribute__((vector_size(32)));
 #define VL 8
 #define MR 2
 #define NR 6

@@ -7,7 +7,7 @@
 #pragma GCC target("avx512f,avx2,fma,f16c")
 
 typedef __m512 vf;
-typedef int32_t vi __attribute__((vector_size(64)));
+typedef uint32_t vi __attribute__((vector_size(64)));
 #define VL 16
 #define MR 2
 #define NR 8

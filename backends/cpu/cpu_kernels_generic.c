@@ -4,7 +4,8 @@
 #include <string.h>
 
 typedef float vf __attribute__((vector_size(16)));
-typedef int32_t vi __attribute__((vector_size(16)));
+typedef uint32_t vi __attribute__((vector_size(16)));
+typedef int32_t vmask __attribute__((vector_size(16))); // what comparisons return
 #define VL 4
 #define MR 2
 #define NR 4
@@ -17,7 +18,9 @@ static inline vf v_load(const float *p) {
 static inline void v_store(float *p, vf v) { memcpy(p, &v, sizeof v); }
 static inline vf v_set1(float x) { return (vf){x, x, x, x}; }
 static inline vf v_fma(vf a, vf b, vf c) { return a * b + c; }
-static inline vf v_select(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
+static inline vf v_select(vmask m, vf a, vf b) {
+    return (vf)((m & (vmask)a) | (~m & (vmask)b));
+}
 static inline vf v_max(vf a, vf b) { return v_select(a > b, a, b); }
 static inline vf v_min(vf a, vf b) { return v_select(a < b, a, b); }
 

@@ -3,7 +3,7 @@
  *
  * Included by cpu_kernels_generic.c, cpu_kernels_avx2.c and cpu_kernels_avx512.c, which first
  * define (for their instruction set):
- *   vf, vi           float and int32 GCC vector types of VL lanes (+ - * and casts work on them)
+ *   vf, vi           float and uint32 GCC vector types of VL lanes (+ - * and casts work on them)
  *   VL, MR, NR       lanes per vector; register tile = MR vectors of lanes x NR broadcast values
  *   v_load v_store v_set1 v_fma v_max v_min
  *                    v_max(a, b) / v_min(a, b) return b when either is NaN, so NaN propagates
@@ -38,7 +38,7 @@ CPU_INLINE vf v_exp2(vf x) {
     p = v_fma(p, f, v_set1(0x1.62e430p-1f));
     p = v_fma(p, f, v_set1(1.0f));
     // The low bits of t hold n (two's complement); (n + 127) << 23 is 2^n, and 0 for n = -127.
-    vi e = ((vi)t + 127) << 23;
+    vi e = ((vi)t + 127u) << 23;
     return p * (vf)e;
 }
 

@@ -14,7 +14,8 @@ ctxpar_status ctxpar_xfer_post(const ctxpar_run *run, ctxpar_xfer *x, const char
                                void *sendbuf, int dst, void *recvbuf, int src, size_t bytes) {
     size_t wire = bytes;
     if (run->verify_transfers) {
-        CTXPAR_CHECK(write_trailer(run, sendbuf, bytes));
+        if (dst >= 0)
+            CTXPAR_CHECK(write_trailer(run, sendbuf, bytes));
         wire += CTXPAR_XFER_TRAILER;
     }
     x->name = name;

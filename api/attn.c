@@ -30,6 +30,15 @@ static ctxpar_status agree(ctxpar_context *ctx, ctxpar_call_kind kind,
     return local;
 }
 
+// After the ranks agreed, a failure on one rank leaves its peers waiting for transfers that will
+// not come. Aborting the comm tells them at once (CTXPAR_ERR_REMOTE) instead of after the
+// timeout; the comm cannot be used afterwards, as with NCCL's ncclCommAbort.
+static ctxpar_status abort_on_failure(ctxpar_context *ctx, ctxpar_status st) {
+    if (st != CTXPAR_OK)
+        ctxpar_comm_abort(ctx->comm);
+    return st;
+}
+
 static ctxpar_status validate_fwd(const ctxpar_context *ctx, const ctxpar_attn_params *params,
                                   const ctxpar_tensor *q, const ctxpar_tensor *k,
                                   const ctxpar_tensor *v, const ctxpar_tensor *out,
@@ -56,8 +65,8 @@ ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_FWD, params, &pb, algo, st));
     ctxpar_run run = make_run(ctx, stream);
     if (algo == CTXPAR_ALGO_ALLGATHER)
-        return ctxpar_allgather_fwd(&run, &pb, q, k, v, out, lse);
-    return ctxpar_ring_fwd(&run, &pb, q, k, v, out, lse);
+        return abort_on_failure(ctx, ctxpar_allgather_fwd(&run, &pb, q, k, v, out, lse));
+    return abort_on_failure(ctx, ctxpar_ring_fwd(&run, &pb, q, k, v, out, lse));
 }
 
 static ctxpar_status validate_bwd(const ctxpar_context *ctx, const ctxpar_attn_params *params,
@@ -90,8 +99,10 @@ ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_BWD, params, &pb, algo, st));
     ctxpar_run run = make_run(ctx, stream);
     if (algo == CTXPAR_ALGO_ALLGATHER)
-        return ctxpar_allgather_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
-    return ctxpar_ring_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
+        return abort_on_failure(
+            ctx, ctxpar_allgather_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv));
+    return abort_on_failure(ctx,
+                            ctxpar_ring_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv));
 }
 
 ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx, const ctxpar_attn_params *params,

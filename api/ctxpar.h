@@ -175,6 +175,11 @@ void ctxpar_context_destroy(ctxpar_context *ctx);
  *
  * q, k, v, out share one dtype. stream may be NULL (the device's default order); the call
  * returns when the work is enqueued on stream (the CPU backend: when it is complete).
+ *
+ * Errors: INVALID_ARG / NOT_SUPPORTED for this rank's own arguments; INVALID_USAGE when ranks
+ * disagree (every rank gets it); these leave the comm usable. A failure after the ranks agreed
+ * (COMM, REMOTE, TIMEOUT, DEVICE, OUT_OF_MEMORY) aborts the comm so that peers fail promptly
+ * with REMOTE: destroy the context and comm, and make new ones to continue.
  */
 ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *params,
                               const ctxpar_tensor *q, const ctxpar_tensor *k,

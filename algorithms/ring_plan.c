@@ -1,0 +1,58 @@
+// The ring's transfer plan under a mask: how far each K/V block must travel.
+#include <stdlib.h>
+
+#include "ring_plan.h"
+
+int ctxpar_shards_interact(const ctxpar_problem *pb, int q_rank, int k_rank) {
+    ctxpar_shard_spans qs, ks;
+    ctxpar_layout_spans(pb->layout, pb->seq_global, q_rank, pb->nranks, &qs);
+    ctxpar_layout_spans(pb->layout, pb->seq_global, k_rank, pb->nranks, &ks);
+    for (int i = 0; i < qs.count; i++)
+        for (int j = 0; j < ks.count; j++) {
+            int64_t qmin, qmax, kmin, kmax;
+            ctxpar_spans_range((ctxpar_spans){&qs.span[i], 1}, &qmin, &qmax);
+            ctxpar_spans_range((ctxpar_spans){&ks.span[j], 1}, &kmin, &kmax);
+            if (ctxpar_mask_classify(&pb->mask, qmin, qmax, kmin, kmax) != CTXPAR_BLOCK_SKIP)
+                return 1;
+        }
+    return 0;
+}
+
+ctxpar_status ctxpar_ring_plan_make(const ctxpar_problem *pb, ctxpar_ring_plan *plan) {
+    const int P = pb->nranks;
+    plan->nranks = P;
+    plan->last = malloc((size_t)P * sizeof *plan->last);
+    if (!plan->last)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate a ring plan for %d ranks",
+                            P);
+    for (int j = 0; j < P; j++) {
+        plan->last[j] = j;
+        for (int t = P - 1; t > 0; t--)
+            if (ctxpar_shards_interact(pb, (j + t) % P, j)) {
+                plan->last[j] = (j + t) % P;
+                break;
+            }
+    }
+    return CTXPAR_OK;
+}
+
+void ctxpar_ring_plan_free(ctxpar_ring_plan *plan) {
+    free(plan->last);
+    plan->last = NULL;
+}
+
+int ctxpar_ring_kv_hop(const ctxpar_ring_plan *plan, int from, int step) {
+    const int P = plan->nranks;
+    if (step >= P - 1)
+        return 0;
+    int j = ((from - step) % P + P) % P;
+    // The receiver, step + 1 hops from the owner, is still on the block's path.
+    return step + 1 <= ctxpar_ring_dist(j, plan->last[j], P);
+}
+
+int ctxpar_ring_holds(const ctxpar_ring_plan *plan, int r, int step) {
+    if (step == 0)
+        return 1;
+    const int P = plan->nranks;
+    return ctxpar_ring_kv_hop(plan, (r + P - 1) % P, step - 1);
+}

@@ -1,0 +1,45 @@
+/*
+ * ring_plan.h - which ring transfers a masked problem needs.
+ *
+ * Block j (the K/V shard of rank j) travels j -> j+1 -> ... around the ring, but only as far as
+ * the last rank on that path whose queries see any of it (`last[j]`): with a causal contiguous
+ * layout no block wraps around, and with a sliding window narrower than a shard each block goes
+ * one hop. In backward, block j's dK/dV partial sum follows it and then goes straight home from
+ * last[j] to j. Every rank derives the same plan from the shared params, so both sides of each
+ * transfer agree on whether it happens.
+ */
+#ifndef CTXPAR_RING_PLAN_H
+#define CTXPAR_RING_PLAN_H
+
+#include "algorithms.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ctxpar_ring_plan {
+    int nranks;
+    int *last; /* [P]: the last rank along block j's path that needs it (j itself if none) */
+} ctxpar_ring_plan;
+
+/* Builds the plan (host memory; O(P^2) mask classifications). */
+ctxpar_status ctxpar_ring_plan_make(const ctxpar_problem *pb, ctxpar_ring_plan *plan_out);
+void ctxpar_ring_plan_free(ctxpar_ring_plan *plan);
+
+/* Whether any query of rank q_rank may see any key of rank k_rank's shard. */
+int ctxpar_shards_interact(const ctxpar_problem *pb, int q_rank, int k_rank);
+
+/* Steps from rank a forward to rank b around the ring. */
+static inline int ctxpar_ring_dist(int a, int b, int P) { return ((b - a) % P + P) % P; }
+
+/* Whether rank `from`, at step s, passes the block it holds (block from - s) on to from + 1. */
+int ctxpar_ring_kv_hop(const ctxpar_ring_plan *plan, int from, int step);
+
+/* Whether rank r holds a block at step s (always at step 0; later only if it arrived). */
+int ctxpar_ring_holds(const ctxpar_ring_plan *plan, int r, int step);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CTXPAR_RING_PLAN_H */

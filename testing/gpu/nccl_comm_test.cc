@@ -1,0 +1,379 @@
+// nccl_comm_test: the NCCL comm with one rank per visible GPU (ranks are threads of this
+// process, communicators from ncclCommInitAll). Every operation's result is checked against
+// values each rank can compute itself; reduce_scatter must sum in rank order, bit for bit. The
+// timeout test needs two GPUs. Without a GPU every test is skipped, visibly.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#if defined(CTXPAR_TEST_NO_CUDA) || defined(CTXPAR_TEST_NO_NCCL)
+
+namespace {
+TEST(NcclComm, NotBuilt) {
+    std::printf("nccl_comm_test: skipped: no CUDA device (built without CUDA/NCCL)\n");
+    GTEST_SKIP() << "skipped: no CUDA device (built without CUDA/NCCL)";
+}
+} // namespace
+
+#else
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "ctxpar_backend.h"
+#include "ctxpar_cpu.h"
+#include "ctxpar_cuda.h"
+#include "ctxpar_nccl.h"
+
+namespace {
+
+int GpuCount() {
+    static const int n = [] {
+        int c = 0;
+        return cudaGetDeviceCount(&c) == cudaSuccess ? c : 0;
+    }();
+    return n;
+}
+
+class Banner : public ::testing::Environment {
+  public:
+    void SetUp() override {
+        // Threads of one process each launching their own collectives: NCCL's GROUP launch
+        // mode would make a missing rank block the host, not time out. PARALLEL is the default;
+        // set it so that an environment cannot change it.
+        setenv("NCCL_LAUNCH_MODE", "PARALLEL", 1);
+        if (GpuCount() == 0)
+            std::printf("nccl_comm_test: skipped: no CUDA device\n");
+        else
+            std::printf("nccl_comm_test: %d ranks (one per GPU)\n", GpuCount());
+    }
+};
+[[maybe_unused]] ::testing::Environment *const kBanner =
+    ::testing::AddGlobalTestEnvironment(new Banner);
+
+// One rank: its GPU's device and its comm.
+struct Rank {
+    int rank = 0, size = 0;
+    ctxpar_device *dev = nullptr;
+    ctxpar_comm *comm = nullptr;
+    ncclComm_t nccl = nullptr;
+};
+
+// Runs body on every rank, each on its own thread, with fresh communicators.
+class NcclComm : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        if (GpuCount() == 0)
+            GTEST_SKIP() << "skipped: no CUDA device";
+    }
+
+    void RunRanks(const std::function<void(Rank &)> &body, const ctxpar_nccl_options *opt =
+                                                               nullptr) {
+        const int n = GpuCount();
+        std::vector<ncclComm_t> nccl((size_t)n);
+        ASSERT_EQ(ncclCommInitAll(nccl.data(), n, nullptr), ncclSuccess);
+        std::vector<Rank> ranks((size_t)n);
+        std::vector<std::thread> threads;
+        for (int r = 0; r < n; r++) {
+            threads.emplace_back([&, r] {
+                Rank &k = ranks[(size_t)r];
+                k.rank = r;
+                k.size = n;
+                k.nccl = nccl[(size_t)r];
+                ctxpar_cuda_options o = CTXPAR_CUDA_OPTIONS_INIT;
+                o.device_ordinal = r;
+                o.use_cudnn = CTXPAR_CUDA_CUDNN_OFF;
+                ASSERT_EQ(ctxpar_device_create_cuda(&o, &k.dev), CTXPAR_OK) << ctxpar_last_error();
+                ASSERT_EQ(ctxpar_comm_create_nccl(k.nccl, k.dev, opt, &k.comm), CTXPAR_OK)
+                    << ctxpar_last_error();
+                EXPECT_EQ(ctxpar_comm_rank(k.comm), r);
+                EXPECT_EQ(ctxpar_comm_size(k.comm), n);
+                body(k);
+            });
+        }
+        for (std::thread &t : threads)
+            t.join();
+        for (Rank &k : ranks) {
+            int aborted = 0;
+            if (k.comm) {
+                EXPECT_EQ(ctxpar_nccl_comm_aborted(k.comm, &aborted), CTXPAR_OK);
+            }
+            ctxpar_comm_destroy(k.comm);
+            ctxpar_device_destroy(k.dev);
+            if (!aborted)
+                ncclCommDestroy(k.nccl);
+        }
+    }
+};
+
+// Device buffer of n floats on rank k's GPU.
+struct Buf {
+    ctxpar_device *dev;
+    float *p = nullptr;
+    size_t n;
+    Buf(ctxpar_device *d, size_t count) : dev(d), n(count) {
+        void *v = nullptr;
+        EXPECT_EQ(ctxpar_dev_alloc(dev, n * sizeof(float), CTXPAR_MEM_DEVICE, &v), CTXPAR_OK);
+        p = (float *)v;
+    }
+    ~Buf() { ctxpar_dev_free(dev, p, n * sizeof(float), CTXPAR_MEM_DEVICE); }
+    void Set(const std::vector<float> &h) {
+        ASSERT_EQ(ctxpar_dev_copy(dev, p, h.data(), n * sizeof(float), CTXPAR_COPY_H2D, nullptr),
+                  CTXPAR_OK);
+    }
+    std::vector<float> Get() {
+        std::vector<float> h(n);
+        EXPECT_EQ(ctxpar_dev_copy(dev, h.data(), p, n * sizeof(float), CTXPAR_COPY_D2H, nullptr),
+                  CTXPAR_OK);
+        EXPECT_EQ(ctxpar_dev_stream_sync(dev, nullptr), CTXPAR_OK);
+        return h;
+    }
+};
+
+// Value i of rank r's data: distinct per rank and index, exact in F32.
+float Val(int r, size_t i) { return (float)(r * 100000 + (int)(i % 50000)) * 0.5f; }
+
+std::vector<float> Data(int r, size_t n) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; i++)
+        v[i] = Val(r, i);
+    return v;
+}
+
+TEST_F(NcclComm, SendrecvRingAndHalves) {
+    RunRanks([](Rank &k) {
+        const size_t n = 123457;
+        const int next = (k.rank + 1) % k.size, prev = (k.rank + k.size - 1) % k.size;
+        Buf send(k.dev, n), recv(k.dev, n);
+        send.Set(Data(k.rank, n));
+        ctxpar_request *req = nullptr;
+        ASSERT_EQ(ctxpar_comm_sendrecv(k.comm, send.p, n * 4, next, recv.p, n * 4, prev, nullptr,
+                                       &req),
+                  CTXPAR_OK)
+            << ctxpar_last_error();
+        ASSERT_EQ(ctxpar_comm_wait(k.comm, req, nullptr), CTXPAR_OK) << ctxpar_last_error();
+        EXPECT_EQ(recv.Get(), Data(prev, n));
+        // Both halves skipped: a request that completes at once.
+        ASSERT_EQ(ctxpar_comm_sendrecv(k.comm, nullptr, 0, -1, nullptr, 0, -1, nullptr, &req),
+                  CTXPAR_OK);
+        int done = 0;
+        for (int i = 0; i < 100000 && !done; i++)
+            ASSERT_EQ(ctxpar_comm_test(k.comm, req, &done), CTXPAR_OK);
+        EXPECT_EQ(done, 1);
+        ASSERT_EQ(ctxpar_comm_wait(k.comm, req, nullptr), CTXPAR_OK);
+        // A peer out of range is refused before anything is enqueued.
+        EXPECT_EQ(ctxpar_comm_sendrecv(k.comm, send.p, 4, k.size, recv.p, 4, prev, nullptr, &req),
+                  CTXPAR_ERR_INVALID_ARG);
+    });
+}
+
+// wait orders the caller's stream after the transfer: work enqueued on that stream right after
+// wait sees the received data.
+TEST_F(NcclComm, WaitOrdersTheCallersStream) {
+    RunRanks([](Rank &k) {
+        const size_t n = 1 << 22;
+        const int next = (k.rank + 1) % k.size, prev = (k.rank + k.size - 1) % k.size;
+        ctxpar_stream *s = nullptr;
+        ASSERT_EQ(ctxpar_dev_stream_create(k.dev, &s), CTXPAR_OK);
+        Buf send(k.dev, n), recv(k.dev, n), acc(k.dev, n);
+        for (int round = 0; round < 3; round++) {
+            ASSERT_EQ(ctxpar_dev_fill(k.dev, send.p, (float)(k.rank + 10 * round), n, s),
+                      CTXPAR_OK);
+            ASSERT_EQ(ctxpar_dev_fill(k.dev, acc.p, 1.0f, n, s), CTXPAR_OK);
+            ctxpar_request *req = nullptr;
+            ASSERT_EQ(ctxpar_comm_sendrecv(k.comm, send.p, n * 4, next, recv.p, n * 4, prev, s,
+                                           &req),
+                      CTXPAR_OK);
+            ASSERT_EQ(ctxpar_comm_wait(k.comm, req, s), CTXPAR_OK);
+            ASSERT_EQ(ctxpar_dev_add(k.dev, acc.p, recv.p, n, s), CTXPAR_OK);
+            ASSERT_EQ(ctxpar_dev_stream_sync(k.dev, s), CTXPAR_OK);
+            std::vector<float> got = acc.Get();
+            size_t bad = 0;
+            for (float x : got)
+                bad += x != 1.0f + (float)(prev + 10 * round);
+            EXPECT_EQ(bad, 0u) << "round " << round;
+        }
+        ctxpar_dev_stream_destroy(k.dev, s);
+    });
+}
+
+TEST_F(NcclComm, AllgatherAndAlltoall) {
+    RunRanks([](Rank &k) {
+        const size_t n = 10001, P = (size_t)k.size;
+        Buf send(k.dev, n * P), recv(k.dev, n * P);
+        send.Set(Data(k.rank, n * P));
+        ctxpar_request *req = nullptr;
+        ASSERT_EQ(ctxpar_comm_allgather(k.comm, send.p, recv.p, n * 4, nullptr, &req), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_comm_wait(k.comm, req, nullptr), CTXPAR_OK);
+        std::vector<float> got = recv.Get();
+        for (size_t r = 0; r < P; r++)
+            for (size_t i = 0; i < n; i++)
+                ASSERT_EQ(got[r * n + i], Val((int)r, i)) << "block " << r << " elem " << i;
+        ASSERT_EQ(ctxpar_comm_alltoall(k.comm, send.p, recv.p, n * 4, nullptr, &req), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_comm_wait(k.comm, req, nullptr), CTXPAR_OK);
+        got = recv.Get();
+        // block r of mine came from rank r's block `k.rank`
+        for (size_t r = 0; r < P; r++)
+            for (size_t i = 0; i < n; i++)
+                ASSERT_EQ(got[r * n + i], Val((int)r, (size_t)k.rank * n + i))
+                    << "block " << r << " elem " << i;
+    });
+}
+
+// Contributions chosen so that the sum depends on its order in F32: rank 0 adds a large value
+// that later ranks' small ones are absorbed by or not, depending on the order.
+float Contribution(int r, size_t i) {
+    if (r == 0)
+        return (i % 2) ? 1.0e8f : -1.0e8f;
+    return (float)((int)(i % 7) - 3) * 0.375f + (float)r * 1.0e7f;
+}
+
+TEST_F(NcclComm, ReduceScatterSumsInRankOrder) {
+    RunRanks([](Rank &k) {
+        const size_t n = 4099, P = (size_t)k.size;
+        Buf send(k.dev, n * P), recv(k.dev, n);
+        std::vector<float> mine(n * P);
+        for (size_t j = 0; j < P; j++)
+            for (size_t i = 0; i < n; i++)
+                mine[j * n + i] = Contribution(k.rank, j * n + i);
+        send.Set(mine);
+        ctxpar_request *req = nullptr;
+        ASSERT_EQ(ctxpar_comm_reduce_scatter(k.comm, send.p, recv.p, n, nullptr, &req),
+                  CTXPAR_OK)
+            << ctxpar_last_error();
+        ASSERT_EQ(ctxpar_comm_wait(k.comm, req, nullptr), CTXPAR_OK);
+        std::vector<float> got = recv.Get();
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            const size_t idx = (size_t)k.rank * n + i;
+            float want = Contribution(0, idx);
+            for (int r = 1; r < k.size; r++)
+                want += Contribution(r, idx);
+            bad += std::memcmp(&got[i], &want, sizeof want) != 0;
+        }
+        EXPECT_EQ(bad, 0u);
+    });
+}
+
+TEST_F(NcclComm, ReduceScatterFastOptionIsClose) {
+    ctxpar_nccl_options opt = CTXPAR_NCCL_OPTIONS_INIT;
+    opt.rank_order_reduce = 0;
+    RunRanks(
+        [](Rank &k) {
+            const size_t n = 5000, P = (size_t)k.size;
+            Buf send(k.dev, n * P), recv(k.dev, n);
+            send.Set(Data(k.rank, n * P));
+            ctxpar_request *req = nullptr;
+            ASSERT_EQ(ctxpar_comm_reduce_scatter(k.comm, send.p, recv.p, n, nullptr, &req),
+                      CTXPAR_OK);
+            ASSERT_EQ(ctxpar_comm_wait(k.comm, req, nullptr), CTXPAR_OK);
+            std::vector<float> got = recv.Get();
+            for (size_t i = 0; i < n; i++) {
+                double want = 0;
+                for (int r = 0; r < k.size; r++)
+                    want += Val(r, (size_t)k.rank * n + i);
+                ASSERT_NEAR(got[i], want, 1e-6 * std::fabs(want) + 1e-6) << i;
+            }
+        },
+        &opt);
+}
+
+TEST_F(NcclComm, AllreduceAndBarrier) {
+    RunRanks([](Rank &k) {
+        int64_t v[3] = {k.rank + 1, -k.rank, 1000 + k.rank};
+        ASSERT_EQ(ctxpar_comm_allreduce_i64(k.comm, v, 3, CTXPAR_REDUCE_SUM), CTXPAR_OK)
+            << ctxpar_last_error();
+        const int64_t P = k.size;
+        EXPECT_EQ(v[0], P * (P + 1) / 2);
+        EXPECT_EQ(v[1], -P * (P - 1) / 2);
+        int64_t mx[40], mn[40];
+        for (int i = 0; i < 40; i++) // more values than the comm's initial buffer holds
+            mx[i] = mn[i] = (int64_t)k.rank * 3 + i;
+        ASSERT_EQ(ctxpar_comm_allreduce_i64(k.comm, mx, 40, CTXPAR_REDUCE_MAX), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_comm_allreduce_i64(k.comm, mn, 40, CTXPAR_REDUCE_MIN), CTXPAR_OK);
+        for (int i = 0; i < 40; i++) {
+            EXPECT_EQ(mx[i], (P - 1) * 3 + i);
+            EXPECT_EQ(mn[i], i);
+        }
+        for (int i = 0; i < 5; i++)
+            ASSERT_EQ(ctxpar_comm_barrier(k.comm), CTXPAR_OK) << ctxpar_last_error();
+        EXPECT_EQ(ctxpar_comm_allreduce_i64(k.comm, v, 1, (ctxpar_reduce_op)9),
+                  CTXPAR_ERR_INVALID_ARG);
+    });
+}
+
+// A request abandoned with cancel is freed and leaves the comm usable.
+TEST_F(NcclComm, CancelLeavesTheCommUsable) {
+    RunRanks([](Rank &k) {
+        const size_t n = 1000;
+        const int next = (k.rank + 1) % k.size, prev = (k.rank + k.size - 1) % k.size;
+        Buf send(k.dev, n), recv(k.dev, n);
+        send.Set(Data(k.rank, n));
+        ctxpar_request *req = nullptr;
+        ASSERT_EQ(ctxpar_comm_sendrecv(k.comm, send.p, n * 4, next, recv.p, n * 4, prev, nullptr,
+                                       &req),
+                  CTXPAR_OK);
+        ctxpar_comm_cancel(k.comm, req);
+        ASSERT_EQ(ctxpar_comm_barrier(k.comm), CTXPAR_OK) << ctxpar_last_error();
+        EXPECT_EQ(recv.Get(), Data(prev, n));
+    });
+}
+
+// A rank that never arrives: the other ranks' barrier returns TIMEOUT after the timeout and
+// the communicator is aborted (reported by ctxpar_nccl_comm_aborted).
+TEST_F(NcclComm, MissingPeerTimesOut) {
+    if (GpuCount() < 2)
+        GTEST_SKIP() << "skipped: needs 2 GPUs (found " << GpuCount() << ")";
+    RunRanks([](Rank &k) {
+        if (k.rank == 1)
+            return; // never arrives
+        ASSERT_EQ(ctxpar_comm_set_timeout(k.comm, 2.0), CTXPAR_OK);
+        double t0 = ctxpar_now();
+        EXPECT_EQ(ctxpar_comm_barrier(k.comm), CTXPAR_ERR_TIMEOUT);
+        double dt = ctxpar_now() - t0;
+        EXPECT_GE(dt, 2.0);
+        EXPECT_LT(dt, 30.0);
+        int aborted = 0;
+        ASSERT_EQ(ctxpar_nccl_comm_aborted(k.comm, &aborted), CTXPAR_OK);
+        EXPECT_EQ(aborted, 1);
+        ctxpar_request *req = nullptr;
+        float x = 0;
+        EXPECT_EQ(ctxpar_comm_sendrecv(k.comm, &x, 4, 0, &x, 4, 0, nullptr, &req),
+                  CTXPAR_ERR_COMM);
+    });
+}
+
+TEST_F(NcclComm, ConstructorRefusesBadArguments) {
+    ncclComm_t nccl = nullptr;
+    int dev0 = 0;
+    ASSERT_EQ(ncclCommInitAll(&nccl, 1, &dev0), ncclSuccess);
+    ctxpar_comm *comm = nullptr;
+    ctxpar_device *cpu = nullptr;
+    ASSERT_EQ(ctxpar_device_create_cpu(nullptr, &cpu), CTXPAR_OK);
+    EXPECT_EQ(ctxpar_comm_create_nccl(nccl, cpu, nullptr, &comm), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(ctxpar_comm_create_nccl(nullptr, cpu, nullptr, &comm), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(comm, nullptr);
+    ctxpar_device_destroy(cpu);
+    if (GpuCount() >= 2) {
+        ctxpar_cuda_options o = CTXPAR_CUDA_OPTIONS_INIT;
+        o.device_ordinal = 1;
+        ctxpar_device *gpu1 = nullptr;
+        ASSERT_EQ(ctxpar_device_create_cuda(&o, &gpu1), CTXPAR_OK);
+        EXPECT_EQ(ctxpar_comm_create_nccl(nccl, gpu1, nullptr, &comm), CTXPAR_ERR_INVALID_ARG);
+        EXPECT_NE(std::string(ctxpar_last_error()).find("GPU"), std::string::npos);
+        ctxpar_device_destroy(gpu1);
+    }
+    ncclCommDestroy(nccl);
+}
+
+} // namespace
+
+#endif

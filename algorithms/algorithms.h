@@ -67,6 +67,12 @@ void ctxpar_run_trace(const ctxpar_run *run, ctxpar_event_kind kind, const char 
 int ctxpar_block_account(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_spans q_pos,
                          ctxpar_spans k_pos);
 
+/* Copies rank j's local rows (`local`: [B, S/P, H, D] in its shard order) to their global
+ * positions in `global` ([B, S, H, D]), or back (to_global = 0). Any dtypes (cast). */
+ctxpar_status ctxpar_move_shard_rows(const ctxpar_run *run, const ctxpar_problem *pb, int j,
+                                     const ctxpar_tensor *local, const ctxpar_tensor *global,
+                                     int to_global);
+
 /* K and V of `seq` rows packed back to back in one buffer: [2][B, seq, Hkv, D] of `dtype`;
  * which = 0 for K, 1 for V. */
 ctxpar_tensor ctxpar_packed_kv(void *buf, ctxpar_dtype dtype, const ctxpar_problem *pb, int64_t seq,
@@ -110,6 +116,17 @@ ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_problem *
                                    const ctxpar_tensor *v, const ctxpar_tensor *out,
                                    const float *lse, const ctxpar_tensor *dout, ctxpar_tensor *dq,
                                    ctxpar_tensor *dk, ctxpar_tensor *dv);
+
+/* INVALID_ARG unless the heads divide as all-to-all needs: Hq by P, and Hkv by P or P by Hkv. */
+ctxpar_status ctxpar_alltoall_check(const ctxpar_problem *pb);
+ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
+                                  const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                  const ctxpar_tensor *v, ctxpar_tensor *out, float *lse);
+ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
+                                  const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                  const ctxpar_tensor *v, const ctxpar_tensor *out,
+                                  const float *lse, const ctxpar_tensor *dout, ctxpar_tensor *dq,
+                                  ctxpar_tensor *dk, ctxpar_tensor *dv);
 
 #ifdef __cplusplus
 }

@@ -23,19 +23,11 @@ static ctxpar_status gather_kv(const ctxpar_run *run, const ctxpar_problem *pb, 
         gathered = local;
     }
     for (int j = 0; j < P; j++) {
-        ctxpar_shard_spans sp;
-        ctxpar_layout_spans(pb->layout, pb->seq_global, j, P, &sp);
         for (int which = 0; which < 2; which++) {
             ctxpar_tensor src = ctxpar_packed_kv((char *)gathered + (size_t)j * block, pb->dtype,
                                                  pb, pb->seq_local, which);
             ctxpar_tensor dst = ctxpar_packed_kv(kv_global, pb->dtype, pb, pb->seq_global, which);
-            int64_t first = 0;
-            for (int i = 0; i < sp.count; i++) {
-                ctxpar_tensor s = ctxpar_tensor_rows(&src, first, sp.span[i].len);
-                ctxpar_tensor d = ctxpar_tensor_span(&dst, &sp.span[i]);
-                CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &s, &d, run->stream));
-                first += sp.span[i].len;
-            }
+            CTXPAR_CHECK(ctxpar_move_shard_rows(run, pb, j, &src, &dst, 1));
         }
     }
     return CTXPAR_OK;
@@ -105,20 +97,12 @@ static ctxpar_status scatter_order(const ctxpar_run *run, const ctxpar_problem *
                                    void *dkv_global, void *dkv_blocks) {
     const size_t block = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);
     for (int j = 0; j < pb->nranks; j++) {
-        ctxpar_shard_spans sp;
-        ctxpar_layout_spans(pb->layout, pb->seq_global, j, pb->nranks, &sp);
         for (int which = 0; which < 2; which++) {
-            ctxpar_tensor src =
+            ctxpar_tensor global =
                 ctxpar_packed_kv(dkv_global, CTXPAR_DTYPE_F32, pb, pb->seq_global, which);
-            ctxpar_tensor dst = ctxpar_packed_kv((char *)dkv_blocks + (size_t)j * block,
-                                                 CTXPAR_DTYPE_F32, pb, pb->seq_local, which);
-            int64_t first = 0;
-            for (int i = 0; i < sp.count; i++) {
-                ctxpar_tensor s = ctxpar_tensor_span(&src, &sp.span[i]);
-                ctxpar_tensor d = ctxpar_tensor_rows(&dst, first, sp.span[i].len);
-                CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &s, &d, run->stream));
-                first += sp.span[i].len;
-            }
+            ctxpar_tensor local = ctxpar_packed_kv((char *)dkv_blocks + (size_t)j * block,
+                                                   CTXPAR_DTYPE_F32, pb, pb->seq_local, which);
+            CTXPAR_CHECK(ctxpar_move_shard_rows(run, pb, j, &local, &global, 0));
         }
     }
     return CTXPAR_OK;

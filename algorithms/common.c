@@ -89,3 +89,19 @@ void ctxpar_buffers_free(ctxpar_buffers *b) {
         ctxpar_dev_free(b->dev, b->ptr[i], b->bytes[i], CTXPAR_MEM_DEVICE);
     b->count = 0;
 }
+
+ctxpar_status ctxpar_move_shard_rows(const ctxpar_run *run, const ctxpar_problem *pb, int j,
+                                     const ctxpar_tensor *local, const ctxpar_tensor *global,
+                                     int to_global) {
+    ctxpar_shard_spans sp;
+    ctxpar_layout_spans(pb->layout, pb->seq_global, j, pb->nranks, &sp);
+    int64_t first = 0;
+    for (int i = 0; i < sp.count; i++) {
+        ctxpar_tensor l = ctxpar_tensor_rows(local, first, sp.span[i].len);
+        ctxpar_tensor g = ctxpar_tensor_span(global, &sp.span[i]);
+        CTXPAR_CHECK(to_global ? ctxpar_dev_cast(run->dev, &l, &g, run->stream)
+                               : ctxpar_dev_cast(run->dev, &g, &l, run->stream));
+        first += sp.span[i].len;
+    }
+    return CTXPAR_OK;
+}

@@ -47,8 +47,7 @@ static ctxpar_status validate_fwd(const ctxpar_context *ctx, const ctxpar_attn_p
     CTXPAR_CHECK(ctxpar_validate_same("out", out, "q", q));
     *algo = ctxpar_resolve_algo(params->algo, pb);
     if (*algo == CTXPAR_ALGO_ALLTOALL)
-        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
-                            "params.algo = alltoall is not implemented yet; use ring or allgather");
+        return ctxpar_alltoall_check(pb);
     return CTXPAR_OK;
 }
 
@@ -66,6 +65,8 @@ ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     ctxpar_run run = make_run(ctx, stream);
     if (algo == CTXPAR_ALGO_ALLGATHER)
         return abort_on_failure(ctx, ctxpar_allgather_fwd(&run, &pb, q, k, v, out, lse));
+    if (algo == CTXPAR_ALGO_ALLTOALL)
+        return abort_on_failure(ctx, ctxpar_alltoall_fwd(&run, &pb, q, k, v, out, lse));
     return abort_on_failure(ctx, ctxpar_ring_fwd(&run, &pb, q, k, v, out, lse));
 }
 
@@ -101,6 +102,9 @@ ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     if (algo == CTXPAR_ALGO_ALLGATHER)
         return abort_on_failure(
             ctx, ctxpar_allgather_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv));
+    if (algo == CTXPAR_ALGO_ALLTOALL)
+        return abort_on_failure(
+            ctx, ctxpar_alltoall_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv));
     return abort_on_failure(ctx,
                             ctxpar_ring_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv));
 }

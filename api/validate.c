@@ -151,11 +151,20 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
 ctxpar_algo ctxpar_resolve_algo(ctxpar_algo requested, const ctxpar_problem *pb) {
     if (requested != CTXPAR_ALGO_AUTO)
         return requested;
-    // Both move (P-1)/P of K/V into every rank. All-gather holds the whole K/V at once; take it
-    // when that is no more than the local Q and out it sits beside (few K/V heads, as in GQA),
-    // for its bitwise reproducibility and its single large transfer. Otherwise the ring, whose
-    // memory stays O(S/P).
-    if (pb->heads_kv * (int64_t)pb->nranks <= pb->heads_q)
+    const int64_t P = pb->nranks, hq = pb->heads_q, hkv = pb->heads_kv;
+    // Per rank and direction, ring and all-gather move (P-1)/P of all K/V (2 Hkv S D values);
+    // all-to-all moves (P-1)/P of the local Q, K, V and out (2 (Hq + Hkv) S/P D) but cannot hide
+    // it behind compute as the ring does. Take all-to-all when the heads divide and it moves less
+    // than half the ring's bytes.
+    if (ctxpar_alltoall_check(pb) == CTXPAR_OK && 2 * (hq + hkv) < P * hkv) {
+        ctxpar_clear_error();
+        return CTXPAR_ALGO_ALLTOALL;
+    }
+    ctxpar_clear_error();
+    // All-gather holds the whole K/V at once; take it when that is no more than the local Q and
+    // out it sits beside (few K/V heads, as in GQA), for its bitwise reproducibility and its
+    // single large transfer. Otherwise the ring, whose memory stays O(S/P).
+    if (hkv * P <= hq)
         return CTXPAR_ALGO_ALLGATHER;
     return CTXPAR_ALGO_RING;
 }

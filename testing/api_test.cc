@@ -192,8 +192,6 @@ const BadCase kBadCases[] = {
      CTXPAR_ERR_INVALID_ARG, "cu_seqlens[3]"},
     {"num_docs_without_cu_seqlens", [](Fixture &f) { f.params.num_docs = 2; },
      CTXPAR_ERR_INVALID_ARG, "num_docs"},
-    {"alltoall_not_implemented", [](Fixture &f) { f.params.algo = CTXPAR_ALGO_ALLTOALL; },
-     CTXPAR_ERR_NOT_SUPPORTED, "alltoall"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Api, BadArgument, testing::ValuesIn(kBadCases), BadName);

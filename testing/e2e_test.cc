@@ -11,20 +11,30 @@
 
 namespace {
 
+// Mask variants: the mask enum plus a sliding window or packed documents.
+enum MaskKind { kNone, kCausal, kCausalWindow, kDocsCausal };
+const char *const kMaskName[] = {"none", "causal", "causal_window", "docs_causal"};
+
+// Documents of arbitrary lengths (17, 33, 1, 93 tokens) over seq 144: no length is a multiple of
+// 2P, and one document is a single token.
+const int32_t kDocs[] = {0, 17, 50, 51, 144};
+
 struct Case {
     int ranks;
     ctxpar_algo algo;
     ctxpar_layout layout;
-    ctxpar_mask mask;
+    MaskKind mask;
     ctxpar_dtype dtype;
     int64_t head_dim;
+    int64_t kv_heads; // of 4 query heads: 4 (MHA), 2 (GQA), 1 (MQA)
 };
 
 std::string CaseName(const testing::TestParamInfo<Case> &info) {
     const Case &c = info.param;
     return std::string(ctxpar_algo_name(c.algo)) + "_P" + std::to_string(c.ranks) + "_" +
-           ctxpar_layout_name(c.layout) + "_" + ctxpar_mask_name(c.mask) + "_" +
-           ctxpar_dtype_name(c.dtype) + "_D" + std::to_string(c.head_dim);
+           ctxpar_layout_name(c.layout) + "_" + kMaskName[c.mask] + "_" +
+           ctxpar_dtype_name(c.dtype) + "_D" + std::to_string(c.head_dim) + "_KV" +
+           std::to_string(c.kv_heads);
 }
 
 ctxpar_run_config Config(const Case &c) {
@@ -32,15 +42,21 @@ ctxpar_run_config Config(const Case &c) {
     ctxpar_run_config_default(&cfg);
     cfg.ranks = c.ranks;
     cfg.batch = 2;
-    cfg.heads = 3;
-    cfg.kv_heads = 3;
+    cfg.heads = 4;
+    cfg.kv_heads = c.kv_heads;
     cfg.head_dim = c.head_dim;
     // 144 = 2^4 * 3^2: divides by 2P for every P tested, and is not a power of two.
     cfg.seq = 144;
     cfg.dtype = c.dtype;
     cfg.params.algo = c.algo;
     cfg.params.layout = c.layout;
-    cfg.params.mask = c.mask;
+    cfg.params.mask = c.mask == kNone ? CTXPAR_MASK_NONE : CTXPAR_MASK_CAUSAL;
+    if (c.mask == kCausalWindow)
+        cfg.params.window_left = 40;
+    if (c.mask == kDocsCausal) {
+        cfg.params.cu_seqlens = kDocs;
+        cfg.params.num_docs = 4;
+    }
     cfg.backward = 1;
     cfg.threads = 1;
     cfg.seed = 1000 + c.ranks;
@@ -78,19 +94,26 @@ TEST_P(EndToEnd, MatchesOracleAndSingleRank) {
 std::vector<Case> AllCases() {
     std::vector<Case> cases;
     const int ranks[] = {1, 2, 3, 4, 8};
-    const ctxpar_algo algos[] = {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER};
+    const ctxpar_algo algos[] = {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL};
     const ctxpar_layout layouts[] = {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG,
                                      CTXPAR_LAYOUT_STRIPED};
-    const ctxpar_mask masks[] = {CTXPAR_MASK_NONE, CTXPAR_MASK_CAUSAL};
-    const ctxpar_dtype dtypes[] = {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16};
+    const MaskKind masks[] = {kNone, kCausal, kCausalWindow, kDocsCausal};
+    const ctxpar_dtype dtypes[] = {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16, CTXPAR_DTYPE_F16};
     const int64_t dims[] = {32, 64, 128};
+    const int64_t kv_heads[] = {4, 2, 1};
     int n = 0;
     for (int p : ranks)
         for (ctxpar_algo a : algos)
-            for (ctxpar_layout l : layouts)
-                for (ctxpar_mask m : masks)
-                    for (ctxpar_dtype d : dtypes)
-                        cases.push_back({p, a, l, m, d, dims[n++ % 3]}); // every dim, rotating
+            for (ctxpar_layout l : layouts) {
+                if (a == CTXPAR_ALGO_ALLTOALL && 4 % p != 0)
+                    continue; // 4 query heads do not divide by 3 or 8 ranks (tested below)
+                for (MaskKind m : masks)
+                    for (ctxpar_dtype d : dtypes) {
+                        // Every head_dim and every GQA ratio, rotating (coprime periods).
+                        cases.push_back({p, a, l, m, d, dims[n % 3], kv_heads[(n / 3) % 3]});
+                        n++;
+                    }
+            }
     return cases;
 }
 
@@ -113,7 +136,8 @@ TEST(EndToEndLarge, RingCausalZigzagF32AtSeq4096) {
 }
 
 // Per-rank memory of the ring scales as 1/P: at P = 4 it is at most a quarter of P = 1 plus the
-// second (in-flight) K/V and dK/dV buffers the ring needs, which are of shard size.
+// ring's in-flight buffers, each of shard size: the second K/V buffer, and in backward the
+// dK/dV partial sums (two in flight, one arriving, one coming home).
 TEST(EndToEndMemory, RingPeakScalesAsOneOverP) {
     ctxpar_run_config cfg;
     ctxpar_run_config_default(&cfg);
@@ -127,7 +151,7 @@ TEST(EndToEndMemory, RingPeakScalesAsOneOverP) {
                                                   cfg.head_dim);
     const double kv_buffer = 2 * shard_rows * 4;  // packed K and V, f32
     const double dkv_buffer = 2 * shard_rows * 4; // packed dK and dV, f32 accumulators
-    const double bound = r.single_rank_peak_bytes / 4.0 + kv_buffer + 2 * dkv_buffer + 64;
+    const double bound = r.single_rank_peak_bytes / 4.0 + kv_buffer + 4 * dkv_buffer + 64;
     EXPECT_GT(r.peak_bytes_per_rank, 0u);
     EXPECT_LE(static_cast<double>(r.peak_bytes_per_rank), bound)
         << "P=4 peak " << r.peak_bytes_per_rank << " vs P=1 peak " << r.single_rank_peak_bytes;
@@ -161,6 +185,92 @@ TEST(EndToEndDeterminism, SameBitsForAnyThreadCount) {
         ctxpar_run_result_free(&a);
         ctxpar_run_result_free(&b);
     }
+}
+
+// All-to-all re-shards heads: heads that do not divide by the ranks are refused, naming them.
+TEST(EndToEndAllToAll, HeadsThatDoNotDivideAreRejected) {
+    ctxpar_run_config cfg;
+    ctxpar_run_config_default(&cfg);
+    cfg.ranks = 3;
+    cfg.seq = 96;
+    cfg.heads = 4;
+    cfg.kv_heads = 4;
+    cfg.params.algo = CTXPAR_ALGO_ALLTOALL;
+    ctxpar_run_result r;
+    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    EXPECT_EQ(r.status, CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(r.message).find("query heads (4) to divide by the ranks (3)"),
+              std::string::npos)
+        << r.message;
+    EXPECT_FALSE(r.ok);
+    ctxpar_run_result_free(&r);
+    cfg.ranks = 4;
+    cfg.kv_heads = 4;
+    cfg.heads = 12;
+    cfg.kv_heads = 3; // 3 does not divide 4, nor 4 by 3
+    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    EXPECT_EQ(r.status, CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(r.message).find("k/v heads (3)"), std::string::npos) << r.message;
+    ctxpar_run_result_free(&r);
+}
+
+// A sliding window narrower than a shard: each rank needs only its left neighbour's block, so
+// the ring sends one block per rank and nothing at the other steps (counted bytes).
+TEST(EndToEndWindow, DeadRingStepsSendNothing) {
+    ctxpar_run_config cfg;
+    ctxpar_run_config_default(&cfg);
+    cfg.ranks = 4;
+    cfg.seq = 1024;
+    cfg.params.layout = CTXPAR_LAYOUT_CONTIGUOUS;
+    cfg.params.mask = CTXPAR_MASK_CAUSAL;
+    cfg.params.window_left = 64; // < 256 tokens per rank
+    cfg.threads = 1;
+    cfg.compare_single = 0;
+    ctxpar_run_result r;
+    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+    const uint64_t block = 2ull * cfg.batch * (cfg.seq / 4) * cfg.kv_heads * cfg.head_dim * 4;
+    for (int rank = 0; rank < 3; rank++) // to the right neighbour, at step 0 only
+        EXPECT_EQ(r.rank[rank].bytes_sent, block) << "rank " << rank;
+    EXPECT_EQ(r.rank[3].bytes_sent, 0u) << "rank 3: nobody needs its keys";
+    for (int rank = 0; rank < 4; rank++) // its own block and, but for rank 0, the left one
+        EXPECT_EQ(r.rank[rank].work.blocks_computed, rank == 0 ? 1u : 2u) << "rank " << rank;
+    EXPECT_LE(r.error[CTXPAR_T_OUT], ctxpar_tolerance(CTXPAR_DTYPE_F32, "out"));
+    ctxpar_run_result_free(&r);
+
+    // Backward: dK/dV partial sums go to the right with the block and come straight home.
+    cfg.backward = 1;
+    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+    for (int rank = 0; rank < 4; rank++) {
+        uint64_t fwd = rank < 3 ? block : 0;
+        uint64_t bwd = (rank < 3 ? 2 * block : 0) + (rank > 0 ? block : 0); // kv+dkv, dkv home
+        EXPECT_EQ(r.rank[rank].bytes_sent, fwd + bwd) << "rank " << rank;
+    }
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++)
+        EXPECT_LE(r.error[i], 1e-5) << ctxpar_run_tensor_name((ctxpar_run_tensor)i);
+    ctxpar_run_result_free(&r);
+}
+
+// A causal contiguous ring never wraps a block around: block j is needed only by ranks >= j.
+TEST(EndToEndWindow, CausalContiguousBlocksStopAtTheLastRank) {
+    ctxpar_run_config cfg;
+    ctxpar_run_config_default(&cfg);
+    cfg.ranks = 4;
+    cfg.seq = 512;
+    cfg.params.layout = CTXPAR_LAYOUT_CONTIGUOUS;
+    cfg.threads = 1;
+    cfg.compare_single = 0;
+    ctxpar_run_result r;
+    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+    const uint64_t block = 2ull * cfg.batch * (cfg.seq / 4) * cfg.kv_heads * cfg.head_dim * 4;
+    // Rank r forwards blocks r, r-1, ..., 0 (those with a user beyond r): r + 1 hops, but rank 3
+    // is the last user of everything.
+    for (int rank = 0; rank < 4; rank++)
+        EXPECT_EQ(r.rank[rank].bytes_sent, rank < 3 ? (rank + 1) * block : 0) << "rank " << rank;
+    EXPECT_LE(r.error[CTXPAR_T_OUT], 1e-5);
+    ctxpar_run_result_free(&r);
 }
 
 } // namespace

@@ -1,0 +1,336 @@
+// All-to-all (Ulysses) attention. One all-to-all turns sequence shards into head shards: rank j
+// receives every rank's tokens for its Hq/P query heads (and the K/V heads they use), puts them
+// in global order and runs full-sequence attention on those heads; a second all-to-all brings
+// each rank its own tokens for all heads. With fewer K/V heads than ranks, the K/V head a rank
+// needs is sent to it (replicated); in backward the dK/dV partials of the ranks sharing a K/V head
+// are summed in rank order at the token owner.
+#include "algorithms.h"
+
+// How heads are divided: hq query heads per rank, hk K/V heads per rank.
+typedef struct heads_plan {
+    int64_t hq, hk, group; // group: query heads per K/V head
+    int replicate;         // Hkv < P: each rank gets one K/V head that others share
+} heads_plan;
+
+static heads_plan plan_heads(const ctxpar_problem *pb) {
+    heads_plan h;
+    h.hq = pb->heads_q / pb->nranks;
+    h.group = pb->heads_q / pb->heads_kv;
+    h.replicate = pb->heads_kv % pb->nranks != 0;
+    h.hk = h.replicate ? 1 : pb->heads_kv / pb->nranks;
+    return h;
+}
+
+// The i-th K/V head rank j works on.
+static int64_t kv_head(const heads_plan *h, int j, int64_t i) {
+    return h->replicate ? (j * h->hq) / h->group : j * h->hk + i;
+}
+
+ctxpar_status ctxpar_alltoall_check(const ctxpar_problem *pb) {
+    const int P = pb->nranks;
+    if (pb->heads_q % P != 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "alltoall needs the query heads (%lld) to divide by the ranks (%d)",
+                            (long long)pb->heads_q, P);
+    if (pb->heads_kv % P != 0 && P % pb->heads_kv != 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "alltoall needs the k/v heads (%lld) to divide by the ranks (%d), or "
+                            "the ranks by the k/v heads",
+                            (long long)pb->heads_kv, P);
+    return CTXPAR_OK;
+}
+
+// One part of a per-rank block: a dense [B, seq, heads, dim] tensor.
+typedef struct seg {
+    ctxpar_dtype dtype;
+    int64_t heads, dim;
+} seg;
+
+static size_t seg_bytes(const ctxpar_problem *pb, const seg *s, int64_t seq) {
+    return (size_t)(pb->batch * seq * s->heads * s->dim) * ctxpar_dtype_size(s->dtype);
+}
+
+static size_t block_bytes(const ctxpar_problem *pb, const seg *segs, int n, int64_t seq) {
+    size_t b = 0;
+    for (int i = 0; i < n; i++)
+        b += seg_bytes(pb, &segs[i], seq);
+    return b;
+}
+
+static ctxpar_tensor seg_view(void *block, const ctxpar_problem *pb, const seg *segs, int idx,
+                              int64_t seq) {
+    size_t off = 0;
+    for (int i = 0; i < idx; i++)
+        off += seg_bytes(pb, &segs[i], seq);
+    return ctxpar_tensor_bshd((char *)block + off, segs[idx].dtype, pb->batch, seq,
+                              segs[idx].heads, segs[idx].dim);
+}
+
+// Heads [h0, h0 + n) of a tensor.
+static ctxpar_tensor heads(const ctxpar_tensor *t, int64_t h0, int64_t n) {
+    ctxpar_tensor r = *t;
+    r.data = (char *)t->data + (size_t)(h0 * t->stride[2]) * ctxpar_dtype_size(t->dtype);
+    r.shape[2] = n;
+    return r;
+}
+
+// An F32 [B, H, seq] LSE buffer seen as a [B, seq, H, 1] tensor, so that rows move like tokens.
+static ctxpar_tensor lse_view(const float *lse, const ctxpar_problem *pb, int64_t seq, int64_t h) {
+    ctxpar_tensor t = ctxpar_tensor_bshd((void *)lse, CTXPAR_DTYPE_F32, pb->batch, seq, h, 1);
+    t.stride[0] = h * seq;
+    t.stride[1] = 1;
+    t.stride[2] = seq;
+    return t;
+}
+
+// The all-to-all itself (a copy on one rank), traced.
+static ctxpar_status exchange(const ctxpar_run *run, const ctxpar_problem *pb, const void *send,
+                              void *recv, size_t block, const char *name) {
+    if (pb->nranks == 1)
+        return ctxpar_dev_copy(run->dev, recv, send, block, CTXPAR_COPY_D2D, run->stream);
+    ctxpar_request *req = NULL;
+    double t0 = ctxpar_now();
+    CTXPAR_CHECK(ctxpar_comm_alltoall(run->comm, send, recv, block, run->stream, &req));
+    CTXPAR_CHECK(ctxpar_comm_wait(run->comm, req, run->stream));
+    double t1 = ctxpar_now();
+    ctxpar_run_trace(run, CTXPAR_EVENT_TRANSFER, name, -1, -1, t0, t1,
+                     block * (uint64_t)(pb->nranks - 1));
+    ctxpar_run_trace(run, CTXPAR_EVENT_WAIT, name, -1, -1, t0, t1, 0);
+    return CTXPAR_OK;
+}
+
+// Casts rank j's heads of the local tensors into j's block of `send`: q-like tensors give their
+// query heads, k-like ones the K/V heads j needs (kinds[i]: 0 query heads, 1 K/V heads).
+static ctxpar_status pack_heads(const ctxpar_run *run, const ctxpar_problem *pb,
+                                const heads_plan *h, const ctxpar_tensor *const *src,
+                                const int *kinds, const seg *segs, int n, void *block, int j) {
+    for (int s = 0; s < n; s++) {
+        ctxpar_tensor dst = seg_view(block, pb, segs, s, pb->seq_local);
+        if (kinds[s] == 0) {
+            ctxpar_tensor from = heads(src[s], j * h->hq, h->hq);
+            CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &from, &dst, run->stream));
+            continue;
+        }
+        for (int64_t i = 0; i < h->hk; i++) {
+            ctxpar_tensor from = heads(src[s], kv_head(h, j, i), 1), to = heads(&dst, i, 1);
+            CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &from, &to, run->stream));
+        }
+    }
+    return CTXPAR_OK;
+}
+
+// Received blocks (every rank's tokens, this rank's heads) to global order.
+static ctxpar_status unpack_global(const ctxpar_run *run, const ctxpar_problem *pb,
+                                   const seg *segs, int n, void *recv, size_t block,
+                                   ctxpar_tensor *global) {
+    for (int i = 0; i < pb->nranks; i++)
+        for (int s = 0; s < n; s++) {
+            ctxpar_tensor local = seg_view((char *)recv + (size_t)i * block, pb, segs, s,
+                                           pb->seq_local);
+            CTXPAR_CHECK(ctxpar_move_shard_rows(run, pb, i, &local, &global[s], 1));
+        }
+    return CTXPAR_OK;
+}
+
+// Global per-head results to every rank's block (its tokens, this rank's heads).
+static ctxpar_status pack_tokens(const ctxpar_run *run, const ctxpar_problem *pb,
+                                 const seg *segs, int n, const ctxpar_tensor *global, void *send,
+                                 size_t block) {
+    for (int j = 0; j < pb->nranks; j++)
+        for (int s = 0; s < n; s++) {
+            ctxpar_tensor local = seg_view((char *)send + (size_t)j * block, pb, segs, s,
+                                           pb->seq_local);
+            CTXPAR_CHECK(ctxpar_move_shard_rows(run, pb, j, &local, &global[s], 0));
+        }
+    return CTXPAR_OK;
+}
+
+static ctxpar_attn_block whole(const ctxpar_problem *pb, const ctxpar_span *all,
+                               const ctxpar_tensor *g) {
+    ctxpar_attn_block blk = {g[0], g[1], g[2], {all, 1}, {all, 1}, pb->mask, pb->scale};
+    return blk;
+}
+
+ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
+                                  const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                  const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
+    const int P = pb->nranks;
+    const int64_t S = pb->seq_global, D = pb->head_dim;
+    const heads_plan h = plan_heads(pb);
+    const seg in[3] = {{pb->dtype, h.hq, D}, {pb->dtype, h.hk, D}, {pb->dtype, h.hk, D}};
+    const seg back[2] = {{pb->dtype, h.hq, D}, {CTXPAR_DTYPE_F32, h.hq, 1}};
+    const size_t in_b = block_bytes(pb, in, 3, pb->seq_local);
+    const size_t back_b = block_bytes(pb, back, 2, pb->seq_local);
+    ctxpar_buffers buf = {.dev = run->dev, .stream = run->stream};
+    void *send = NULL, *recv = NULL, *qkv = NULL;
+    float *out_acc = NULL, *lse_acc = NULL;
+    ctxpar_status st;
+    size_t big = (in_b > back_b ? in_b : back_b) * (size_t)P;
+    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, big, &send), st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, big, &recv), st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, block_bytes(pb, in, 3, S), &qkv), st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, (size_t)(pb->batch * S * h.hq * D) * 4,
+                                           (void **)&out_acc),
+                      st, done);
+    CTXPAR_CHECK_GOTO(
+        ctxpar_buffers_alloc(&buf, (size_t)(pb->batch * S * h.hq) * 4, (void **)&lse_acc), st,
+        done);
+
+    const ctxpar_tensor *src[3] = {q, k, v};
+    const int kinds[3] = {0, 1, 1};
+    for (int j = 0; j < P; j++)
+        CTXPAR_CHECK_GOTO(
+            pack_heads(run, pb, &h, src, kinds, in, 3, (char *)send + (size_t)j * in_b, j), st,
+            done);
+    CTXPAR_CHECK_GOTO(exchange(run, pb, send, recv, in_b, "alltoall_qkv"), st, done);
+    ctxpar_tensor g[3] = {seg_view(qkv, pb, in, 0, S), seg_view(qkv, pb, in, 1, S),
+                          seg_view(qkv, pb, in, 2, S)};
+    CTXPAR_CHECK_GOTO(unpack_global(run, pb, in, 3, recv, in_b, g), st, done);
+
+    ctxpar_span all = {0, S, 1};
+    ctxpar_attn_block blk = whole(pb, &all, g);
+    ctxpar_problem heads_pb = *pb; // this rank's share of the work, for the statistics
+    heads_pb.heads_q = h.hq;
+    (void)ctxpar_block_account(run, &heads_pb, blk.q_pos, blk.k_pos);
+    double t0 = ctxpar_now();
+    CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_fwd(run->dev, &blk, out_acc, lse_acc, 0, run->stream),
+                      st, done);
+    ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", -1, -1, t0, ctxpar_now(), 0);
+
+    ctxpar_tensor res[2] = {
+        ctxpar_tensor_bshd(out_acc, CTXPAR_DTYPE_F32, pb->batch, S, h.hq, D),
+        lse_view(lse_acc, pb, S, h.hq)};
+    CTXPAR_CHECK_GOTO(pack_tokens(run, pb, back, 2, res, send, back_b), st, done);
+    CTXPAR_CHECK_GOTO(exchange(run, pb, send, recv, back_b, "alltoall_out"), st, done);
+    for (int i = 0; i < P; i++) {
+        char *blk_i = (char *)recv + (size_t)i * back_b;
+        ctxpar_tensor o = seg_view(blk_i, pb, back, 0, pb->seq_local);
+        ctxpar_tensor dst = heads(out, i * h.hq, h.hq);
+        CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &o, &dst, run->stream), st, done);
+        if (lse) {
+            ctxpar_tensor l = seg_view(blk_i, pb, back, 1, pb->seq_local);
+            ctxpar_tensor user = lse_view(lse, pb, pb->seq_local, pb->heads_q);
+            ctxpar_tensor ldst = heads(&user, i * h.hq, h.hq);
+            CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &l, &ldst, run->stream), st, done);
+        }
+    }
+    st = CTXPAR_OK;
+done:
+    ctxpar_buffers_free(&buf);
+    return st;
+}
+
+// dK/dV arrive from every rank for the K/V heads it worked on; with replicated K/V heads the
+// ranks that shared a head each sent a partial, summed here in rank order.
+static ctxpar_status store_dkv(const ctxpar_run *run, const ctxpar_problem *pb,
+                               const heads_plan *h, const seg *back, void *recv, size_t back_b,
+                               ctxpar_buffers *buf, ctxpar_tensor *dk, ctxpar_tensor *dv) {
+    ctxpar_tensor *dst[2] = {dk, dv};
+    if (!h->replicate) {
+        for (int i = 0; i < pb->nranks; i++)
+            for (int w = 0; w < 2; w++) {
+                ctxpar_tensor part =
+                    seg_view((char *)recv + (size_t)i * back_b, pb, back, 1 + w, pb->seq_local);
+                ctxpar_tensor to = heads(dst[w], kv_head(h, i, 0), h->hk);
+                CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &part, &to, run->stream));
+            }
+        return CTXPAR_OK;
+    }
+    const size_t n = (size_t)(pb->batch * pb->seq_local * pb->head_dim); // one head's partial
+    float *acc = NULL;
+    CTXPAR_CHECK(ctxpar_buffers_alloc(buf, 2 * n * (size_t)pb->heads_kv * 4, (void **)&acc));
+    CTXPAR_CHECK(ctxpar_dev_fill(run->dev, acc, 0.0f, 2 * n * (size_t)pb->heads_kv, run->stream));
+    for (int i = 0; i < pb->nranks; i++)
+        for (int w = 0; w < 2; w++) {
+            ctxpar_tensor part =
+                seg_view((char *)recv + (size_t)i * back_b, pb, back, 1 + w, pb->seq_local);
+            float *into = acc + ((size_t)w * (size_t)pb->heads_kv + (size_t)kv_head(h, i, 0)) * n;
+            CTXPAR_CHECK(ctxpar_dev_add(run->dev, into, part.data, n, run->stream));
+        }
+    for (int w = 0; w < 2; w++)
+        for (int64_t kh = 0; kh < pb->heads_kv; kh++) {
+            ctxpar_tensor from =
+                ctxpar_tensor_bshd(acc + ((size_t)w * (size_t)pb->heads_kv + (size_t)kh) * n,
+                                   CTXPAR_DTYPE_F32, pb->batch, pb->seq_local, 1, pb->head_dim);
+            ctxpar_tensor to = heads(dst[w], kh, 1);
+            CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &from, &to, run->stream));
+        }
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
+                                  const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                  const ctxpar_tensor *v, const ctxpar_tensor *out,
+                                  const float *lse, const ctxpar_tensor *dout, ctxpar_tensor *dq,
+                                  ctxpar_tensor *dk, ctxpar_tensor *dv) {
+    const int P = pb->nranks;
+    const int64_t S = pb->seq_global, D = pb->head_dim;
+    const heads_plan h = plan_heads(pb);
+    const ctxpar_dtype dt = pb->dtype, f32 = CTXPAR_DTYPE_F32;
+    const seg in[6] = {{dt, h.hq, D}, {dt, h.hk, D}, {dt, h.hk, D},
+                       {dt, h.hq, D}, {dt, h.hq, D}, {f32, h.hq, 1}};
+    const seg back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, D}};
+    const size_t in_b = block_bytes(pb, in, 6, pb->seq_local);
+    const size_t back_b = block_bytes(pb, back, 3, pb->seq_local);
+    ctxpar_buffers buf = {.dev = run->dev, .stream = run->stream};
+    void *send = NULL, *recv = NULL, *glob = NULL, *grads = NULL;
+    float *lse_g = NULL, *delta = NULL;
+    ctxpar_status st;
+    size_t big = (in_b > back_b ? in_b : back_b) * (size_t)P;
+    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, big, &send), st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, big, &recv), st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, block_bytes(pb, in, 5, S), &glob), st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, (size_t)(pb->batch * S * h.hq) * 4,
+                                           (void **)&lse_g),
+                      st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, (size_t)(pb->batch * S * h.hq) * 4,
+                                           (void **)&delta),
+                      st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, block_bytes(pb, back, 3, S), &grads), st, done);
+
+    ctxpar_tensor lse_t = lse_view(lse, pb, pb->seq_local, pb->heads_q);
+    const ctxpar_tensor *src[6] = {q, k, v, out, dout, &lse_t};
+    const int kinds[6] = {0, 1, 1, 0, 0, 0};
+    for (int j = 0; j < P; j++)
+        CTXPAR_CHECK_GOTO(
+            pack_heads(run, pb, &h, src, kinds, in, 6, (char *)send + (size_t)j * in_b, j), st,
+            done);
+    CTXPAR_CHECK_GOTO(exchange(run, pb, send, recv, in_b, "alltoall_bwd_in"), st, done);
+    ctxpar_tensor g[6];
+    for (int s = 0; s < 5; s++)
+        g[s] = seg_view(glob, pb, in, s, S);
+    g[5] = lse_view(lse_g, pb, S, h.hq);
+    CTXPAR_CHECK_GOTO(unpack_global(run, pb, in, 6, recv, in_b, g), st, done);
+
+    ctxpar_tensor gr[3] = {seg_view(grads, pb, back, 0, S), seg_view(grads, pb, back, 1, S),
+                           seg_view(grads, pb, back, 2, S)};
+    CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, grads, 0.0f, block_bytes(pb, back, 3, S) / 4,
+                                      run->stream),
+                      st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_dev_attn_bwd_prep(run->dev, &g[3], &g[4], delta, run->stream), st,
+                      done);
+    ctxpar_span all = {0, S, 1};
+    ctxpar_attn_block blk = whole(pb, &all, g);
+    ctxpar_problem heads_pb = *pb;
+    heads_pb.heads_q = h.hq;
+    if (ctxpar_block_account(run, &heads_pb, blk.q_pos, blk.k_pos)) {
+        double t0 = ctxpar_now();
+        CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_bwd(run->dev, &blk, &g[4], lse_g, delta,
+                                                    gr[0].data, gr[1].data, gr[2].data,
+                                                    run->stream),
+                          st, done);
+        ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", -1, -1, t0, ctxpar_now(), 0);
+    }
+    CTXPAR_CHECK_GOTO(pack_tokens(run, pb, back, 3, gr, send, back_b), st, done);
+    CTXPAR_CHECK_GOTO(exchange(run, pb, send, recv, back_b, "alltoall_grads"), st, done);
+    for (int i = 0; i < P; i++) {
+        ctxpar_tensor part = seg_view((char *)recv + (size_t)i * back_b, pb, back, 0,
+                                      pb->seq_local);
+        ctxpar_tensor to = heads(dq, i * h.hq, h.hq);
+        CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &part, &to, run->stream), st, done);
+    }
+    st = store_dkv(run, pb, &h, back, recv, back_b, &buf, dk, dv);
+done:
+    ctxpar_buffers_free(&buf);
+    return st;
+}

@@ -32,7 +32,8 @@ typedef struct ctxpar_cuda_options {
     ctxpar_cuda_cudnn use_cudnn;
 } ctxpar_cuda_options;
 
-#define CTXPAR_CUDA_OPTIONS_INIT { sizeof(ctxpar_cuda_options), 0, CTXPAR_CUDA_CUDNN_AUTO }
+#define CTXPAR_CUDA_OPTIONS_INIT                                                                   \
+    { sizeof(ctxpar_cuda_options), 0, CTXPAR_CUDA_CUDNN_AUTO }
 
 /* Creates a CUDA device on options->device_ordinal (options may be NULL: GPU 0, cuDNN AUTO).
  * Fails with CTXPAR_ERR_DEVICE naming the CUDA error when there is no usable GPU (no driver, no

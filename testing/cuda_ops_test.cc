@@ -82,10 +82,10 @@ const std::string &NoGpuReason() {
     return reason;
 }
 
-#define SKIP_WITHOUT_GPU()                                                                        \
-    do {                                                                                          \
-        if (!NoGpuReason().empty())                                                               \
-            GTEST_SKIP() << "skipped: no CUDA device (" << NoGpuReason() << ")";                  \
+#define SKIP_WITHOUT_GPU()                                                                         \
+    do {                                                                                           \
+        if (!NoGpuReason().empty())                                                                \
+            GTEST_SKIP() << "skipped: no CUDA device (" << NoGpuReason() << ")";                   \
     } while (0)
 
 class Banner : public ::testing::Environment {
@@ -175,7 +175,9 @@ class Space {
     std::vector<std::pair<void *, size_t>> bufs_;
 };
 
-size_t DtypeSize(ctxpar_dtype dt) { return dt == CTXPAR_DTYPE_F32 ? 4 : 2; }
+size_t DtypeSize(ctxpar_dtype dt) {
+    return dt == CTXPAR_DTYPE_F32 ? 4 : 2;
+}
 
 // A host tensor owning its memory; pad adds elements to the row (seq) stride.
 struct HostTensor {
@@ -241,8 +243,8 @@ struct MaskCase {
 
 std::vector<MaskCase> MaskCases() {
     return {
-        {"none", 0, 0, false}, {"causal", 1, 0, false}, {"causal_window", 1, 48, false},
-        {"window", 0, 48, false}, {"docs", 0, 0, true}, {"docs_causal", 1, 0, true},
+        {"none", 0, 0, false},    {"causal", 1, 0, false}, {"causal_window", 1, 48, false},
+        {"window", 0, 48, false}, {"docs", 0, 0, true},    {"docs_causal", 1, 0, true},
     };
 }
 
@@ -376,8 +378,7 @@ BwdResult RunBwd(Device *d, const Problem &p, const std::vector<double> &ref_out
         return r;
     Space sp(d);
     std::vector<float> out_h(ref_out.begin(), ref_out.end()), lse_h(ref_lse.begin(), ref_lse.end());
-    ctxpar_tensor out = ctxpar_tensor_bshd(sp.Put(out_h), CTXPAR_DTYPE_F32, p.B, p.Sq(), p.Hq,
-                                           p.D);
+    ctxpar_tensor out = ctxpar_tensor_bshd(sp.Put(out_h), CTXPAR_DTYPE_F32, p.B, p.Sq(), p.Hq, p.D);
     ctxpar_tensor dout = p.dout->On(&sp);
     float *lse = sp.Put(lse_h);
     float *delta = sp.Put(std::vector<float>(p.LseSize(), NAN));
@@ -400,7 +401,9 @@ BwdResult RunBwd(Device *d, const Problem &p, const std::vector<double> &ref_out
 
 // ---------------------------------------------------------------- checks
 
-std::vector<double> F64(const std::vector<float> &x) { return std::vector<double>(x.begin(), x.end()); }
+std::vector<double> F64(const std::vector<float> &x) {
+    return std::vector<double>(x.begin(), x.end());
+}
 
 void ExpectClose(const std::vector<float> &got, const std::vector<double> &ref, double tol,
                  const std::string &what) {
@@ -463,7 +466,9 @@ void CheckBwd(const Problem &p) {
     ExpectClose(gpu.dv, F64(cpu.dv), kTolF32, "dv vs cpu");
 }
 
-const char *Name(ctxpar_dtype dt) { return ctxpar_dtype_name(dt); }
+const char *Name(ctxpar_dtype dt) {
+    return ctxpar_dtype_name(dt);
+}
 
 // ---------------------------------------------------------------- construction
 
@@ -712,8 +717,8 @@ TEST_P(Merge, HalvesEqualWholeAndEmptyIsIdentity) {
     // CPU device's attn_merge on the same partials.
     Device c(false);
     std::vector<float> co = ra.out, cl = ra.lse;
-    ASSERT_EQ(ctxpar_dev_attn_merge(c.dev, co.data(), cl.data(), rb.out.data(), rb.lse.data(),
-                                    p.B, p.Sq(), p.Hq, p.D, nullptr),
+    ASSERT_EQ(ctxpar_dev_attn_merge(c.dev, co.data(), cl.data(), rb.out.data(), rb.lse.data(), p.B,
+                                    p.Sq(), p.Hq, p.D, nullptr),
               CTXPAR_OK);
     ExpectClose(mo, F64(co), kTolSmall, "attn_merge vs cpu");
     ExpectClose(ml, F64(cl), kTolSmall, "attn_merge lse vs cpu");
@@ -794,7 +799,7 @@ TEST_P(Cudnn, RunsWhereItAppliesAndMatchesOracle) {
     std::vector<double> wout, wlse;
     whole.OracleFwd(&wout, &wlse);
     Problem first = Part(whole, 0, 333), diag = Part(whole, 333, 200);
-    FwdResult acc = RunFwd(&d, first); // a full block (keys before every query): cuDNN
+    FwdResult acc = RunFwd(&d, first);          // a full block (keys before every query): cuDNN
     FwdResult both = RunFwd(&d, diag, 1, &acc); // the diagonal block
     ExpectClose(both.out, wout, tol, "cudnn merged out");
     ExpectClose(both.lse, wlse, kTolCudnnLse, "cudnn merged lse");
@@ -1004,10 +1009,10 @@ TEST_F(Gpu, RowIndependence) {
                 for (int64_t h = 0; h < sub.Hq; h++)
                     for (int64_t s = 0; s < sub.Sq(); s++) {
                         int64_t g = sub.qpos[(size_t)s];
-                        bad += std::memcmp(
-                                   &r.out[(size_t)(((b * sub.Sq() + s) * sub.Hq + h) * sub.D)],
-                                   &whole.out[(size_t)(((b * 400 + g) * sub.Hq + h) * sub.D)],
-                                   (size_t)sub.D * sizeof(float)) != 0;
+                        bad +=
+                            std::memcmp(&r.out[(size_t)(((b * sub.Sq() + s) * sub.Hq + h) * sub.D)],
+                                        &whole.out[(size_t)(((b * 400 + g) * sub.Hq + h) * sub.D)],
+                                        (size_t)sub.D * sizeof(float)) != 0;
                         bad += std::memcmp(&r.lse[(size_t)((b * sub.Hq + h) * sub.Sq() + s)],
                                            &whole.lse[(size_t)((b * sub.Hq + h) * 400 + g)],
                                            sizeof(float)) != 0;
@@ -1022,9 +1027,9 @@ TEST_F(Gpu, RowIndependence) {
 
 std::vector<float> CastValues(size_t n) {
     std::vector<float> x(n);
-    const float special[] = {0.0f,     -0.0f,     1.0f / 3.0f, 65504.0f, 65520.0f,
-                             1e-8f,    6.0e-5f,   -2.5e-6f,    3.0e38f,  INFINITY,
-                             -INFINITY, NAN,      1.00390625f, 1.0009765625f, 1e-40f};
+    const float special[] = {0.0f,      -0.0f,   1.0f / 3.0f, 65504.0f,      65520.0f,
+                             1e-8f,     6.0e-5f, -2.5e-6f,    3.0e38f,       INFINITY,
+                             -INFINITY, NAN,     1.00390625f, 1.0009765625f, 1e-40f};
     for (size_t i = 0; i < n; i++)
         x[i] = i < sizeof special / sizeof special[0]
                    ? special[i]
@@ -1046,14 +1051,14 @@ TEST_F(Gpu, CastEveryPairBitwiseAsCpu) {
                 for (int64_t s = 0; s < S; s++)
                     for (int64_t h = 0; h < H; h++)
                         for (int64_t e = 0; e < D; e++, i++) {
-                            int64_t off = b * src.t.stride[0] + s * src.t.stride[1] +
-                                          h * src.t.stride[2] + e;
+                            int64_t off =
+                                b * src.t.stride[0] + s * src.t.stride[1] + h * src.t.stride[2] + e;
                             if (from == CTXPAR_DTYPE_F32)
                                 ((float *)src.t.data)[off] = vals[i];
                             else
-                                ((uint16_t *)src.t.data)[off] =
-                                    from == CTXPAR_DTYPE_F16 ? ctxpar_f32_to_f16(vals[i])
-                                                             : ctxpar_f32_to_bf16(vals[i]);
+                                ((uint16_t *)src.t.data)[off] = from == CTXPAR_DTYPE_F16
+                                                                    ? ctxpar_f32_to_f16(vals[i])
+                                                                    : ctxpar_f32_to_bf16(vals[i]);
                         }
             std::vector<unsigned char> got[2];
             for (int gpu = 0; gpu < 2; gpu++) {

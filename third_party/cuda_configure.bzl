@@ -89,15 +89,20 @@ def _cuda_configure_impl(ctx):
     version = _cuda_version(ctx, nvcc) if found else ""
 
     extra_roots = [root, ctx.os.environ.get("CUDNN_HOME", "")]
-    cudnn_inc, cudnn_lib = _find_pair(ctx, extra_roots, "cudnn.h", "cudnn") if found else (None, None)
+    cudnn_inc, cudnn_lib = (None, None)
+    if found:
+        cudnn_inc, cudnn_lib = _find_pair(ctx, extra_roots, "cudnn.h", "cudnn")
     extra_roots = [root, ctx.os.environ.get("NCCL_HOME", "")]
-    nccl_inc, nccl_lib = _find_pair(ctx, extra_roots, "nccl.h", "nccl") if found else (None, None)
+    nccl_inc, nccl_lib = (None, None)
+    if found:
+        nccl_inc, nccl_lib = _find_pair(ctx, extra_roots, "nccl.h", "nccl")
 
     build = ['package(default_visibility = ["//visibility:public"])']
     if found:
         # Headers must live inside the repository for Bazel: symlink the include directories.
         ctx.symlink(cuda_inc, "cuda_include")
-        build.append(_lib_target("cudart", "cuda_include", cuda_lib, ["-lcudart", "-ldl", "-lrt", "-pthread"], []))
+        libs = ["-lcudart", "-ldl", "-lrt", "-pthread"]
+        build.append(_lib_target("cudart", "cuda_include", cuda_lib, libs, []))
     else:
         build.append('cc_library(name = "cudart")')
     if cudnn_inc:

@@ -37,9 +37,9 @@ __device__ __forceinline__ bwd_smem carve_bwd_smem(float *base, int ld) {
  * Thread (r, c) does query row r and keys c, c + 8, c + 16, c + 24. q0/k0 are the first local
  * rows of the tiles, for the bounds.
  */
-__device__ __forceinline__ void p_ds_tile(const ctxpar_cuda_attn_args &a, const bwd_smem &s,
-                                          int ld, const float *s_lse, const float *s_delta,
-                                          int cls, const tile_rows<kSimtRows> &qrows,
+__device__ __forceinline__ void p_ds_tile(const ctxpar_cuda_attn_args &a, const bwd_smem &s, int ld,
+                                          const float *s_lse, const float *s_delta, int cls,
+                                          const tile_rows<kSimtRows> &qrows,
                                           const tile_rows<kSimtRows> &krows, int64_t q0,
                                           int64_t k0) {
     const int D = (int)a.head_dim;
@@ -73,8 +73,8 @@ __device__ __forceinline__ void p_ds_tile(const ctxpar_cuda_attn_args &a, const 
 // lse and delta of query rows [q0, q0 + 32) of head h; padding rows get lse -inf (P = 0).
 __device__ __forceinline__ void load_row_stats(float *s_lse, float *s_delta,
                                                const ctxpar_cuda_attn_args &a,
-                                               const ctxpar_cuda_bwd_args &g, int64_t b,
-                                               int64_t h, int64_t q0) {
+                                               const ctxpar_cuda_bwd_args &g, int64_t b, int64_t h,
+                                               int64_t q0) {
     if (threadIdx.x < kSimtRows) {
         const int64_t row = q0 + threadIdx.x;
         const int64_t idx = (b * a.heads_q + h) * a.seq_q + row;
@@ -207,6 +207,8 @@ __global__ void __launch_bounds__(kSimtThreads)
         if (!full) {
             fill_tile_rows(krows, a.k_pos, a.mask, k0, a.seq_k);
             cls = tile_class(a.mask, qrows, krows);
+            if (cls == CTXPAR_BLOCK_SKIP && rest_is_masked(a, qrows, krows))
+                break;
             if (cls == CTXPAR_BLOCK_SKIP)
                 continue;
         } else {
@@ -258,8 +260,8 @@ cudaError_t launch_bwd(const ctxpar_cuda_attn_args *a, const ctxpar_cuda_bwd_arg
             return e;
     }
     if (g->dq) {
-        e = cudaFuncSetAttribute(attn_bwd_dq_kernel<T>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        e = cudaFuncSetAttribute(attn_bwd_dq_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem);
         if (e != cudaSuccess)
             return e;
         dim3 grid((unsigned)((a->seq_q + kSimtRows - 1) / kSimtRows), (unsigned)a->heads_q,

@@ -55,8 +55,7 @@ __device__ __forceinline__ void load_rows(uint16_t *dst, const uint16_t *src, in
  */
 template <typename T, int DP, int BK>
 __global__ void __launch_bounds__(kThreads)
-    attn_fwd_mma_kernel(const ctxpar_cuda_attn_args a, float *out_acc, float *lse_acc,
-                        int merge) {
+    attn_fwd_mma_kernel(const ctxpar_cuda_attn_args a, float *out_acc, float *lse_acc, int merge) {
     constexpr int LD = DP + 8;
     constexpr int kKvElems = 2 * BK * LD;
     constexpr int kQElems = kBlockQ * LD;
@@ -113,6 +112,8 @@ __global__ void __launch_bounds__(kThreads)
         if (!full) {
             fill_tile_rows(krows, a.k_pos, a.mask, k0, Sk); // also the barrier for sk/sv reuse
             cls = tile_class(a.mask, qrows, krows);
+            if (cls == CTXPAR_BLOCK_SKIP && rest_is_masked(a, qrows, krows))
+                break;
             if (cls == CTXPAR_BLOCK_SKIP)
                 continue;
         } else {
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int r = 0; r < 2; r++)
             l_run[r] = l_run[r] * alpha[r] + psum[r];
 
-        // O = alpha O + P V.
+            // O = alpha O + P V.
 #pragma unroll
         for (int j = 0; j < DP / 8; j++) {
             o[j][0] *= alpha[0];

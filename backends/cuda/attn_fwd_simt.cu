@@ -26,8 +26,7 @@ constexpr int kPLd = kSimtRows + 1; // row stride of the P tile
  */
 template <typename T>
 __global__ void __launch_bounds__(kSimtThreads)
-    attn_fwd_simt_kernel(const ctxpar_cuda_attn_args a, float *out_acc, float *lse_acc,
-                         int merge) {
+    attn_fwd_simt_kernel(const ctxpar_cuda_attn_args a, float *out_acc, float *lse_acc, int merge) {
     extern __shared__ float smem[];
     __shared__ tile_rows<kSimtRows> qrows, krows;
     const int D = (int)a.head_dim, ld = simt_ld(D);
@@ -60,6 +59,8 @@ __global__ void __launch_bounds__(kSimtThreads)
         if (!full) {
             fill_tile_rows(krows, a.k_pos, a.mask, k0, Sk);
             cls = tile_class(a.mask, qrows, krows);
+            if (cls == CTXPAR_BLOCK_SKIP && rest_is_masked(a, qrows, krows))
+                break;
             if (cls == CTXPAR_BLOCK_SKIP)
                 continue;
         } else {
@@ -82,8 +83,7 @@ __global__ void __launch_bounds__(kSimtThreads)
             if (cls == CTXPAR_BLOCK_PARTIAL || k0 + kSimtRows > Sk) {
                 bool vis = k0 + j < Sk;
                 if (vis && cls == CTXPAR_BLOCK_PARTIAL)
-                    vis = visible(a.mask, qrows.pos[r], krows.pos[j], qrows.doc[r],
-                                  krows.doc[j]);
+                    vis = visible(a.mask, qrows.pos[r], krows.pos[j], qrows.doc[r], krows.doc[j]);
                 if (!vis)
                     v = -INFINITY;
             }
@@ -165,8 +165,7 @@ extern "C" size_t ctxpar_cuda_simt_fwd_smem(int64_t head_dim) {
 
 extern "C" cudaError_t ctxpar_cuda_launch_attn_fwd(const ctxpar_cuda_attn_args *a,
                                                    ctxpar_cuda_fwd_path path, float *out_acc,
-                                                   float *lse_acc, int merge,
-                                                   cudaStream_t stream) {
+                                                   float *lse_acc, int merge, cudaStream_t stream) {
     using namespace ctxpar_cuda;
     if (path == CTXPAR_CUDA_FWD_MMA)
         return ctxpar_cuda_launch_attn_fwd_mma(a, out_acc, lse_acc, merge, stream);

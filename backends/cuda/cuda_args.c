@@ -12,8 +12,8 @@ ctxpar_status ctxpar_cuda_check_tensor(const char *op, const char *name, const c
     if (!t)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s is NULL", op, name);
     if (ctxpar_dtype_size(t->dtype) == 0) // as the CPU device reports it
-        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "%s: %s.dtype (%d) is not a ctxpar_dtype",
-                            op, name, (int)t->dtype);
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "%s: %s.dtype (%d) is not a ctxpar_dtype", op,
+                            name, (int)t->dtype);
     for (int i = 0; i < 4; i++) {
         if (t->shape[i] < (i == 1 ? 0 : 1))
             return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s.shape[%d] (%lld) must be %s", op,
@@ -45,8 +45,8 @@ static ctxpar_status check_spans(const char *op, const char *name, ctxpar_spans 
                                 op, name, i, (long long)s.span[i].len);
     int64_t total = ctxpar_spans_total(s);
     if (total != rows)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s holds %lld positions for %lld rows",
-                            op, name, (long long)total, (long long)rows);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s holds %lld positions for %lld rows", op,
+                            name, (long long)total, (long long)rows);
     return CTXPAR_OK;
 }
 
@@ -63,24 +63,31 @@ static ctxpar_status check_block(const char *op, const ctxpar_attn_block *blk) {
                             ctxpar_dtype_name(v->dtype));
     for (int i = 0; i < 4; i++)
         if (v->shape[i] != k->shape[i])
-            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: v.shape[%d] (%lld) != k.shape[%d] "
-                                "(%lld)", op, i, (long long)v->shape[i], i,
-                                (long long)k->shape[i]);
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                                "%s: v.shape[%d] (%lld) != k.shape[%d] "
+                                "(%lld)",
+                                op, i, (long long)v->shape[i], i, (long long)k->shape[i]);
     if (k->shape[0] != q->shape[0] || k->shape[3] != q->shape[3])
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: k is [%lld, _, _, %lld] but q is [%lld, "
-                            "_, _, %lld]", op, (long long)k->shape[0], (long long)k->shape[3],
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "%s: k is [%lld, _, _, %lld] but q is [%lld, "
+                            "_, _, %lld]",
+                            op, (long long)k->shape[0], (long long)k->shape[3],
                             (long long)q->shape[0], (long long)q->shape[3]);
     if (q->shape[2] % k->shape[2] != 0)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: q heads (%lld) are not a multiple of k "
-                            "heads (%lld)", op, (long long)q->shape[2], (long long)k->shape[2]);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "%s: q heads (%lld) are not a multiple of k "
+                            "heads (%lld)",
+                            op, (long long)q->shape[2], (long long)k->shape[2]);
     if (q->shape[3] > CTXPAR_CUDA_MAX_HEAD_DIM)
-        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "%s: head_dim %lld is above the CUDA "
-                            "backend's limit of %d", op, (long long)q->shape[3],
-                            CTXPAR_CUDA_MAX_HEAD_DIM);
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "%s: head_dim %lld is above the CUDA "
+                            "backend's limit of %d",
+                            op, (long long)q->shape[3], CTXPAR_CUDA_MAX_HEAD_DIM);
     if (q->shape[0] > GRID_YZ_MAX || q->shape[2] > GRID_YZ_MAX)
-        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "%s: batch (%lld) and heads (%lld) must be "
-                            "<= %d", op, (long long)q->shape[0], (long long)q->shape[2],
-                            GRID_YZ_MAX);
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "%s: batch (%lld) and heads (%lld) must be "
+                            "<= %d",
+                            op, (long long)q->shape[0], (long long)q->shape[2], GRID_YZ_MAX);
     CTXPAR_CHECK(check_spans(op, "blk->q_pos", blk->q_pos, q->shape[1]));
     CTXPAR_CHECK(check_spans(op, "blk->k_pos", blk->k_pos, k->shape[1]));
     const ctxpar_mask_desc *m = &blk->mask;
@@ -88,8 +95,10 @@ static ctxpar_status check_block(const char *op, const ctxpar_attn_block *blk) {
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: mask.window_left (%lld) is negative", op,
                             (long long)m->window_left);
     if (m->cu_seqlens && (m->num_docs < 1 || m->num_docs > INT32_MAX))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: mask.num_docs (%lld) is out of range "
-                            "with cu_seqlens set", op, (long long)m->num_docs);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "%s: mask.num_docs (%lld) is out of range "
+                            "with cu_seqlens set",
+                            op, (long long)m->num_docs);
     if (!(isfinite(blk->scale) && blk->scale != 0.0f))
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: scale (%g) must be finite and non-zero",
                             op, (double)blk->scale);
@@ -196,6 +205,8 @@ ctxpar_status ctxpar_cuda_block_prepare(struct ctxpar_device *dev, const char *o
         a->mask.cu_inline[i] = a->mask.num_docs ? blk->mask.cu_seqlens[i] : 0;
     a->scale = blk->scale;
     a->aligned16 = aligned16(&blk->q) && aligned16(&blk->k) && aligned16(&blk->v);
+    a->k_increasing =
+        blk->k_pos.count == 1 && (blk->k_pos.span[0].stride > 0 || blk->k_pos.span[0].len <= 1);
 
     if (a->seq_q == 0 || a->seq_k == 0) {
         b.cls = CTXPAR_BLOCK_SKIP;

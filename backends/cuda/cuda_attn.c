@@ -8,8 +8,8 @@
 static ctxpar_status write_empty(const ctxpar_cuda_attn_args *a, float *out_acc, float *lse_acc,
                                  cudaStream_t stream) {
     size_t rows = (size_t)(a->batch * a->seq_q * a->heads_q);
-    CTXPAR_CUDA_CHECK(cudaMemsetAsync(out_acc, 0, rows * (size_t)a->head_dim * sizeof(float),
-                                      stream));
+    CTXPAR_CUDA_CHECK(
+        cudaMemsetAsync(out_acc, 0, rows * (size_t)a->head_dim * sizeof(float), stream));
     CTXPAR_CUDA_CHECK(ctxpar_cuda_launch_fill(lse_acc, -INFINITY, rows, stream));
     return CTXPAR_OK;
 }
@@ -19,9 +19,10 @@ static ctxpar_status write_empty(const ctxpar_cuda_attn_args *a, float *out_acc,
 static ctxpar_status check_smem(const ctxpar_cuda_impl *impl, const char *op, size_t need,
                                 int64_t head_dim) {
     if (need > impl->smem_optin)
-        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "%s: head_dim %lld needs %zu bytes of shared "
-                            "memory per block; CUDA device %d allows %zu", op,
-                            (long long)head_dim, need, impl->ordinal, impl->smem_optin);
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "%s: head_dim %lld needs %zu bytes of shared "
+                            "memory per block; CUDA device %d allows %zu",
+                            op, (long long)head_dim, need, impl->ordinal, impl->smem_optin);
     return CTXPAR_OK;
 }
 
@@ -33,8 +34,8 @@ static ctxpar_status run_fwd(struct ctxpar_device *dev, ctxpar_cuda_block *b, fl
         return merge ? CTXPAR_OK : write_empty(a, out_acc, lse_acc, stream);
     if (impl->cudnn && (b->cls == CTXPAR_BLOCK_FULL || b->causal_aligned)) {
         int ran = 0;
-        CTXPAR_CHECK(ctxpar_cudnn_attn_fwd(dev, impl->cudnn, a, b->causal_aligned, out_acc,
-                                           lse_acc, merge, stream, &ran));
+        CTXPAR_CHECK(ctxpar_cudnn_attn_fwd(dev, impl->cudnn, a, b->causal_aligned, out_acc, lse_acc,
+                                           merge, stream, &ran));
         if (ran) {
             impl->fwd_cudnn++;
             return CTXPAR_OK;
@@ -44,9 +45,9 @@ static ctxpar_status run_fwd(struct ctxpar_device *dev, ctxpar_cuda_block *b, fl
     if (!tensor_cores)
         CTXPAR_CHECK(check_smem(impl, "attn_block_fwd", ctxpar_cuda_simt_fwd_smem(a->head_dim),
                                 a->head_dim));
-    CTXPAR_CUDA_CHECK(ctxpar_cuda_launch_attn_fwd(
-        a, tensor_cores ? CTXPAR_CUDA_FWD_MMA : CTXPAR_CUDA_FWD_SIMT, out_acc, lse_acc, merge,
-        stream));
+    CTXPAR_CUDA_CHECK(
+        ctxpar_cuda_launch_attn_fwd(a, tensor_cores ? CTXPAR_CUDA_FWD_MMA : CTXPAR_CUDA_FWD_SIMT,
+                                    out_acc, lse_acc, merge, stream));
     impl->fwd_native++;
     return CTXPAR_OK;
 }
@@ -55,8 +56,10 @@ ctxpar_status ctxpar_cuda_attn_block_fwd(struct ctxpar_device *dev, const ctxpar
                                          float *out_acc, float *lse_acc, int merge,
                                          ctxpar_stream *stream) {
     if (!out_acc || !lse_acc)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "attn_block_fwd: out_acc (%p) and lse_acc "
-                            "(%p) must be set", (void *)out_acc, (void *)lse_acc);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "attn_block_fwd: out_acc (%p) and lse_acc "
+                            "(%p) must be set",
+                            (void *)out_acc, (void *)lse_acc);
     if (merge != 0 && merge != 1)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "attn_block_fwd: merge (%d) must be 0 or 1",
                             merge);
@@ -74,14 +77,16 @@ ctxpar_status ctxpar_cuda_attn_merge(struct ctxpar_device *dev, float *out_acc, 
                                      int64_t seq, int64_t heads, int64_t head_dim,
                                      ctxpar_stream *stream) {
     if (batch < 0 || seq < 0 || heads < 0 || head_dim < 0)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "attn_merge: shape [%lld, %lld, %lld, %lld] "
-                            "has a negative dimension", (long long)batch, (long long)seq,
-                            (long long)heads, (long long)head_dim);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "attn_merge: shape [%lld, %lld, %lld, %lld] "
+                            "has a negative dimension",
+                            (long long)batch, (long long)seq, (long long)heads,
+                            (long long)head_dim);
     if (batch * seq * heads == 0)
         return CTXPAR_OK;
     if (!out_acc || !lse_acc || !out_b || !lse_b)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "attn_merge: out_acc, lse_acc, out_b and "
-                            "lse_b must all be set");
+                                                    "lse_b must all be set");
     CTXPAR_CHECK(ctxpar_cuda_enter(dev));
     CTXPAR_CUDA_CHECK(ctxpar_cuda_launch_merge(out_acc, lse_acc, out_b, CTXPAR_DTYPE_F32, lse_b,
                                                batch, seq, heads, head_dim, 1,
@@ -96,32 +101,34 @@ ctxpar_status ctxpar_cuda_attn_bwd_prep(struct ctxpar_device *dev, const ctxpar_
     CTXPAR_CHECK(ctxpar_cuda_check_tensor("attn_bwd_prep", "dout", dout));
     for (int i = 0; i < 4; i++)
         if (dout->shape[i] != out->shape[i])
-            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "attn_bwd_prep: dout.shape[%d] (%lld) != "
-                                "out.shape[%d] (%lld)", i, (long long)dout->shape[i], i,
-                                (long long)out->shape[i]);
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                                "attn_bwd_prep: dout.shape[%d] (%lld) != "
+                                "out.shape[%d] (%lld)",
+                                i, (long long)dout->shape[i], i, (long long)out->shape[i]);
     if (out->shape[1] == 0)
         return CTXPAR_OK;
     if (!delta)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "attn_bwd_prep: delta is NULL");
     CTXPAR_CHECK(ctxpar_cuda_enter(dev));
     CTXPAR_CUDA_CHECK(ctxpar_cuda_launch_bwd_prep(
-        ctxpar_cuda_view_of(out), out->dtype, ctxpar_cuda_view_of(dout), dout->dtype,
-        out->shape[0], out->shape[1], out->shape[2], out->shape[3], delta,
-        ctxpar_cuda_stream_of(stream)));
+        ctxpar_cuda_view_of(out), out->dtype, ctxpar_cuda_view_of(dout), dout->dtype, out->shape[0],
+        out->shape[1], out->shape[2], out->shape[3], delta, ctxpar_cuda_stream_of(stream)));
     return CTXPAR_OK;
 }
 
 static ctxpar_status check_dout(const ctxpar_attn_block *blk, const ctxpar_tensor *dout) {
     CTXPAR_CHECK(ctxpar_cuda_check_tensor("attn_block_bwd", "dout", dout));
     if (dout->dtype != blk->q.dtype)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "attn_block_bwd: dout.dtype (%s) != q.dtype "
-                            "(%s)", ctxpar_dtype_name(dout->dtype),
-                            ctxpar_dtype_name(blk->q.dtype));
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "attn_block_bwd: dout.dtype (%s) != q.dtype "
+                            "(%s)",
+                            ctxpar_dtype_name(dout->dtype), ctxpar_dtype_name(blk->q.dtype));
     for (int i = 0; i < 4; i++)
         if (dout->shape[i] != blk->q.shape[i])
-            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "attn_block_bwd: dout.shape[%d] (%lld) != "
-                                "q.shape[%d] (%lld)", i, (long long)dout->shape[i], i,
-                                (long long)blk->q.shape[i]);
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                                "attn_block_bwd: dout.shape[%d] (%lld) != "
+                                "q.shape[%d] (%lld)",
+                                i, (long long)dout->shape[i], i, (long long)blk->q.shape[i]);
     return CTXPAR_OK;
 }
 
@@ -133,8 +140,10 @@ ctxpar_status ctxpar_cuda_attn_block_bwd(struct ctxpar_device *dev, const ctxpar
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "attn_block_bwd: blk is NULL");
     CTXPAR_CHECK(check_dout(blk, dout));
     if (!lse || !delta)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "attn_block_bwd: lse (%p) and delta (%p) "
-                            "must be set", (const void *)lse, (const void *)delta);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "attn_block_bwd: lse (%p) and delta (%p) "
+                            "must be set",
+                            (const void *)lse, (const void *)delta);
     if (!dq_acc && !dk_acc && !dv_acc)
         return CTXPAR_OK;
     CTXPAR_CHECK(ctxpar_cuda_enter(dev));
@@ -146,8 +155,8 @@ ctxpar_status ctxpar_cuda_attn_block_bwd(struct ctxpar_device *dev, const ctxpar
         st = check_smem(ctxpar_cuda_impl_of(dev), "attn_block_bwd",
                         ctxpar_cuda_simt_bwd_smem(b.args.head_dim), b.args.head_dim);
         if (st == CTXPAR_OK) {
-            ctxpar_cuda_bwd_args g = {ctxpar_cuda_view_of(dout), lse, delta, dq_acc, dk_acc,
-                                      dv_acc};
+            ctxpar_cuda_bwd_args g = {
+                ctxpar_cuda_view_of(dout), lse, delta, dq_acc, dk_acc, dv_acc};
             cudaError_t e = ctxpar_cuda_launch_attn_bwd(&b.args, &g, s);
             if (e != cudaSuccess)
                 st = ctxpar_cuda_fail(e, __FILE__, __LINE__, "ctxpar_cuda_launch_attn_bwd");

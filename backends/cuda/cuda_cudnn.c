@@ -31,18 +31,20 @@ static ctxpar_status cudnn_fail(cudnnStatus_t st, const char *file, int line, co
                             cudnnGetErrorString(st), detail[0] ? ": " : "", detail);
 }
 
-#define CUDNN_CHECK(call)                                                                         \
-    do {                                                                                          \
-        cudnnStatus_t cudnn_st_ = (call);                                                         \
-        if (cudnn_st_ != CUDNN_STATUS_SUCCESS)                                                    \
-            return cudnn_fail(cudnn_st_, __FILE__, __LINE__, #call);                              \
+#define CUDNN_CHECK(call)                                                                          \
+    do {                                                                                           \
+        cudnnStatus_t cudnn_st_ = (call);                                                          \
+        if (cudnn_st_ != CUDNN_STATUS_SUCCESS)                                                     \
+            return cudnn_fail(cudnn_st_, __FILE__, __LINE__, #call);                               \
     } while (0)
 
 ctxpar_status ctxpar_cudnn_create(int ordinal, ctxpar_cudnn **cudnn_out) {
     size_t version = cudnnGetVersion();
     if (version < MIN_CUDNN_VERSION)
-        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "cuDNN %zu is too old: ctxpar needs %d or "
-                            "newer", version, MIN_CUDNN_VERSION);
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "cuDNN %zu is too old: ctxpar needs %d or "
+                            "newer",
+                            version, MIN_CUDNN_VERSION);
     cudaError_t e = cudaSetDevice(ordinal);
     if (e != cudaSuccess)
         return ctxpar_cuda_fail(e, __FILE__, __LINE__, "cudaSetDevice");
@@ -117,7 +119,9 @@ static ctxpar_status lookup(ctxpar_cudnn *c, const ctxpar_cudnn_shape *s, cache_
     return CTXPAR_OK;
 }
 
-static size_t round_up(size_t n) { return (n + 255) & ~(size_t)255; }
+static size_t round_up(size_t n) {
+    return (n + 255) & ~(size_t)255;
+}
 
 // One scratch buffer on the stream: O (dense, 16-bit), the statistics, the plan's workspace.
 static ctxpar_status execute(struct ctxpar_device *dev, ctxpar_cudnn *c, const cache_entry *e,
@@ -133,8 +137,8 @@ static ctxpar_status execute(struct ctxpar_device *dev, ctxpar_cudnn *c, const c
     void *workspace = e->plan.workspace_bytes ? scratch + o_bytes + stats_bytes : NULL;
 
     float scale = a->scale, neg_inf = -INFINITY; // by-value operands: read when enqueued
-    int64_t uids[7] = {CTXPAR_CUDNN_UID_Q, CTXPAR_CUDNN_UID_K, CTXPAR_CUDNN_UID_V,
-                       CTXPAR_CUDNN_UID_O, CTXPAR_CUDNN_UID_STATS, CTXPAR_CUDNN_UID_SCALE,
+    int64_t uids[7] = {CTXPAR_CUDNN_UID_Q,      CTXPAR_CUDNN_UID_K,     CTXPAR_CUDNN_UID_V,
+                       CTXPAR_CUDNN_UID_O,      CTXPAR_CUDNN_UID_STATS, CTXPAR_CUDNN_UID_SCALE,
                        CTXPAR_CUDNN_UID_NEG_INF};
     void *ptrs[7] = {(void *)a->q.data, (void *)a->k.data, (void *)a->v.data, o, stats, &scale,
                      &neg_inf};
@@ -150,8 +154,8 @@ static ctxpar_status execute(struct ctxpar_device *dev, ctxpar_cudnn *c, const c
     }
     if (cs == CUDNN_STATUS_SUCCESS) {
         what = "variant pack";
-        cs = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
-                                      n, uids);
+        cs = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n,
+                                      uids);
         if (cs == CUDNN_STATUS_SUCCESS)
             cs = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
                                           CUDNN_TYPE_VOID_PTR, n, ptrs);
@@ -170,9 +174,9 @@ static ctxpar_status execute(struct ctxpar_device *dev, ctxpar_cudnn *c, const c
     if (pack)
         cudnnBackendDestroyDescriptor(pack);
     if (st == CTXPAR_OK) {
-        cudaError_t ce = ctxpar_cuda_launch_merge(out_acc, lse_acc, o, a->dtype,
-                                                  (const float *)stats, a->batch, a->seq_q,
-                                                  a->heads_q, a->head_dim, merge, stream);
+        cudaError_t ce =
+            ctxpar_cuda_launch_merge(out_acc, lse_acc, o, a->dtype, (const float *)stats, a->batch,
+                                     a->seq_q, a->heads_q, a->head_dim, merge, stream);
         if (ce != cudaSuccess)
             st = ctxpar_cuda_fail(ce, __FILE__, __LINE__, "ctxpar_cuda_launch_merge(cuDNN)");
     }
@@ -182,8 +186,7 @@ static ctxpar_status execute(struct ctxpar_device *dev, ctxpar_cudnn *c, const c
 
 ctxpar_status ctxpar_cudnn_attn_fwd(struct ctxpar_device *dev, ctxpar_cudnn *c,
                                     const ctxpar_cuda_attn_args *a, int causal, float *out_acc,
-                                    float *lse_acc, int merge, cudaStream_t stream,
-                                    int *ran_out) {
+                                    float *lse_acc, int merge, cudaStream_t stream, int *ran_out) {
     *ran_out = 0;
     if (a->dtype == CTXPAR_DTYPE_F32 || a->head_dim % 8 != 0 || !a->aligned16)
         return CTXPAR_OK;

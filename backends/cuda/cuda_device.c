@@ -6,8 +6,8 @@
 #include "cuda_internal.h"
 
 ctxpar_status ctxpar_cuda_fail(cudaError_t err, const char *file, int line, const char *what) {
-    ctxpar_status st = err == cudaErrorMemoryAllocation ? CTXPAR_ERR_OUT_OF_MEMORY
-                                                        : CTXPAR_ERR_DEVICE;
+    ctxpar_status st =
+        err == cudaErrorMemoryAllocation ? CTXPAR_ERR_OUT_OF_MEMORY : CTXPAR_ERR_DEVICE;
     return ctxpar_set_error(st, file, line, "%s failed: %s (%s)", what, cudaGetErrorString(err),
                             cudaGetErrorName(err));
 }
@@ -20,8 +20,8 @@ ctxpar_status ctxpar_cuda_enter(struct ctxpar_device *dev) {
 ctxpar_status ctxpar_cuda_scratch_alloc(struct ctxpar_device *dev, size_t bytes,
                                         cudaStream_t stream, void **ptr_out) {
     void *p = NULL;
-    CTXPAR_CUDA_CHECK(cudaMallocFromPoolAsync(&p, bytes ? bytes : 1,
-                                              ctxpar_cuda_impl_of(dev)->pool, stream));
+    CTXPAR_CUDA_CHECK(
+        cudaMallocFromPoolAsync(&p, bytes ? bytes : 1, ctxpar_cuda_impl_of(dev)->pool, stream));
     *ptr_out = p;
     return CTXPAR_OK;
 }
@@ -49,7 +49,9 @@ static void impl_release(ctxpar_cuda_impl *impl) {
     free(impl);
 }
 
-static void cuda_destroy(struct ctxpar_device *dev) { impl_release(ctxpar_cuda_impl_of(dev)); }
+static void cuda_destroy(struct ctxpar_device *dev) {
+    impl_release(ctxpar_cuda_impl_of(dev));
+}
 
 // The GPU exists, is new enough for the kernels (sm_80: bf16 mma.sync), and its limits.
 static ctxpar_status probe_gpu(ctxpar_cuda_impl *impl) {
@@ -68,9 +70,10 @@ static ctxpar_status probe_gpu(ctxpar_cuda_impl *impl) {
     CTXPAR_CUDA_CHECK(
         cudaDeviceGetAttribute(&impl->cc_minor, cudaDevAttrComputeCapabilityMinor, impl->ordinal));
     if (impl->cc_major < 8)
-        return CTXPAR_ERROR(CTXPAR_ERR_DEVICE,
-                            "CUDA device %d has compute capability %d.%d; ctxpar needs 8.0 or newer",
-                            impl->ordinal, impl->cc_major, impl->cc_minor);
+        return CTXPAR_ERROR(
+            CTXPAR_ERR_DEVICE,
+            "CUDA device %d has compute capability %d.%d; ctxpar needs 8.0 or newer", impl->ordinal,
+            impl->cc_major, impl->cc_minor);
     int optin = 0;
     CTXPAR_CUDA_CHECK(
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, impl->ordinal));
@@ -114,8 +117,10 @@ ctxpar_status ctxpar_device_create_cuda(const ctxpar_cuda_options *options,
     }
     if (opt.use_cudnn != CTXPAR_CUDA_CUDNN_AUTO && opt.use_cudnn != CTXPAR_CUDA_CUDNN_ON &&
         opt.use_cudnn != CTXPAR_CUDA_CUDNN_OFF)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "options->use_cudnn (%d) is not a "
-                            "ctxpar_cuda_cudnn value", (int)opt.use_cudnn);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "options->use_cudnn (%d) is not a "
+                            "ctxpar_cuda_cudnn value",
+                            (int)opt.use_cudnn);
 
     ctxpar_cuda_impl *impl = calloc(1, sizeof *impl);
     if (!impl)
@@ -177,8 +182,10 @@ ctxpar_status ctxpar_cuda_device_fwd_counts(const ctxpar_device *device, uint64_
     ctxpar_cuda_impl *impl = NULL;
     CTXPAR_CHECK(own_impl(device, "ctxpar_cuda_device_fwd_counts", &impl));
     if (!cudnn_out || !native_out)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "cudnn_out (%p) and native_out (%p) must be "
-                            "set", (void *)cudnn_out, (void *)native_out);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "cudnn_out (%p) and native_out (%p) must be "
+                            "set",
+                            (void *)cudnn_out, (void *)native_out);
     *cudnn_out = impl->fwd_cudnn;
     *native_out = impl->fwd_native;
     return CTXPAR_OK;

@@ -7,9 +7,10 @@ ctxpar_status ctxpar_cuda_cast(struct ctxpar_device *dev, const ctxpar_tensor *s
     CTXPAR_CHECK(ctxpar_cuda_check_tensor("cast", "dst", dst));
     for (int i = 0; i < 4; i++)
         if (dst->shape[i] != src->shape[i])
-            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "cast: dst.shape[%d] (%lld) != "
-                                "src.shape[%d] (%lld)", i, (long long)dst->shape[i], i,
-                                (long long)src->shape[i]);
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                                "cast: dst.shape[%d] (%lld) != "
+                                "src.shape[%d] (%lld)",
+                                i, (long long)dst->shape[i], i, (long long)src->shape[i]);
     if (src->shape[1] == 0)
         return CTXPAR_OK;
     CTXPAR_CHECK(ctxpar_cuda_enter(dev));
@@ -24,8 +25,10 @@ ctxpar_status ctxpar_cuda_add(struct ctxpar_device *dev, float *dst, const float
     if (n == 0)
         return CTXPAR_OK;
     if (!dst || !src)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "add of %zu values: dst (%p) and src (%p) "
-                            "must be set", n, (void *)dst, (const void *)src);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "add of %zu values: dst (%p) and src (%p) "
+                            "must be set",
+                            n, (void *)dst, (const void *)src);
     CTXPAR_CHECK(ctxpar_cuda_enter(dev));
     CTXPAR_CUDA_CHECK(ctxpar_cuda_launch_add(dst, src, n, ctxpar_cuda_stream_of(stream)));
     return CTXPAR_OK;
@@ -47,8 +50,10 @@ ctxpar_status ctxpar_cuda_fill(struct ctxpar_device *dev, float *dst, float valu
 ctxpar_status ctxpar_cuda_checksum(struct ctxpar_device *dev, const void *data, size_t bytes,
                                    ctxpar_stream *stream, uint64_t *sum_out) {
     if (!sum_out || (bytes && !data))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "checksum of %zu bytes: data (%p) and "
-                            "sum_out (%p) must be set", bytes, data, (void *)sum_out);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "checksum of %zu bytes: data (%p) and "
+                            "sum_out (%p) must be set",
+                            bytes, data, (void *)sum_out);
     ctxpar_cuda_impl *impl = ctxpar_cuda_impl_of(dev);
     cudaStream_t s = ctxpar_cuda_stream_of(stream);
     CTXPAR_CHECK(ctxpar_cuda_enter(dev));

@@ -14,12 +14,12 @@ typedef struct ctxpar_cudnn ctxpar_cudnn; // cuda_cudnn.h
 typedef struct ctxpar_cuda_impl {
     int ordinal;
     int cc_major, cc_minor;
-    size_t smem_optin;          // largest dynamic shared memory a block may opt in to
-    cudaMemPool_t pool;         // stream-ordered scratch (uploads, cuDNN outputs and workspace)
-    cudaStream_t util_stream;   // device-owned: allocations outside any caller stream
-    uint64_t *checksum_dev;     // one word of device memory for the checksum kernel
-    uint64_t *checksum_host;    // pinned
-    ctxpar_cudnn *cudnn;        // NULL when cuDNN is off or unavailable
+    size_t smem_optin;        // largest dynamic shared memory a block may opt in to
+    cudaMemPool_t pool;       // stream-ordered scratch (uploads, cuDNN outputs and workspace)
+    cudaStream_t util_stream; // device-owned: allocations outside any caller stream
+    uint64_t *checksum_dev;   // one word of device memory for the checksum kernel
+    uint64_t *checksum_host;  // pinned
+    ctxpar_cudnn *cudnn;      // NULL when cuDNN is off or unavailable
     uint64_t fwd_cudnn, fwd_native;
 } ctxpar_cuda_impl;
 
@@ -34,11 +34,11 @@ static inline ctxpar_cuda_impl *ctxpar_cuda_impl_of(struct ctxpar_device *dev) {
 // failure) naming the call and the CUDA error, and returns that status.
 ctxpar_status ctxpar_cuda_fail(cudaError_t err, const char *file, int line, const char *what);
 
-#define CTXPAR_CUDA_CHECK(call)                                                                   \
-    do {                                                                                          \
-        cudaError_t ctxpar_cuda_e_ = (call);                                                      \
-        if (ctxpar_cuda_e_ != cudaSuccess)                                                        \
-            return ctxpar_cuda_fail(ctxpar_cuda_e_, __FILE__, __LINE__, #call);                   \
+#define CTXPAR_CUDA_CHECK(call)                                                                    \
+    do {                                                                                           \
+        cudaError_t ctxpar_cuda_e_ = (call);                                                       \
+        if (ctxpar_cuda_e_ != cudaSuccess)                                                         \
+            return ctxpar_cuda_fail(ctxpar_cuda_e_, __FILE__, __LINE__, #call);                    \
     } while (0)
 
 // Makes the device current on the calling thread (every op starts with it: ranks may be threads
@@ -55,8 +55,8 @@ void ctxpar_cuda_scratch_free(struct ctxpar_device *dev, void *ptr, cudaStream_t
 ctxpar_status ctxpar_cuda_alloc(struct ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
                                 void **ptr_out);
 void ctxpar_cuda_free(struct ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind);
-ctxpar_status ctxpar_cuda_copy(struct ctxpar_device *dev, void *dst, const void *src,
-                               size_t bytes, ctxpar_copy_kind kind, ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_copy(struct ctxpar_device *dev, void *dst, const void *src, size_t bytes,
+                               ctxpar_copy_kind kind, ctxpar_stream *stream);
 ctxpar_status ctxpar_cuda_memset(struct ctxpar_device *dev, void *dst, int value, size_t bytes,
                                  ctxpar_stream *stream);
 

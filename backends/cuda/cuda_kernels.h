@@ -33,8 +33,8 @@ typedef struct ctxpar_cuda_positions {
 typedef struct ctxpar_cuda_mask {
     int causal;
     int64_t window_left;
-    int64_t num_docs;          // 0: one document (no cu_seqlens)
-    const int32_t *cu_list;    // device copy when num_docs + 1 > CTXPAR_CUDA_INLINE_BOUNDS
+    int64_t num_docs;       // 0: one document (no cu_seqlens)
+    const int32_t *cu_list; // device copy when num_docs + 1 > CTXPAR_CUDA_INLINE_BOUNDS
     int32_t cu_inline[CTXPAR_CUDA_INLINE_BOUNDS];
 } ctxpar_cuda_mask;
 
@@ -52,15 +52,17 @@ typedef struct ctxpar_cuda_attn_args {
     ctxpar_cuda_positions q_pos, k_pos;
     ctxpar_cuda_mask mask;
     float scale;
-    int block_full; // the host classified the whole block as CTXPAR_BLOCK_FULL: no mask tests
-    int aligned16;  // q, k, v rows start on 16-byte boundaries: vector loads are allowed
+    int block_full;   // the host classified the whole block as CTXPAR_BLOCK_FULL: no mask tests
+    int aligned16;    // q, k, v rows start on 16-byte boundaries: vector loads are allowed
+    int k_increasing; // key positions increase with the row: once a key tile lies wholly after
+                      // the query tile under a causal mask, so do all later ones
 } ctxpar_cuda_attn_args;
 
 // Backward inputs and F32 accumulators beyond the forward ones.
 typedef struct ctxpar_cuda_bwd_args {
-    ctxpar_cuda_view dout;      // [B, Sq, Hq, D], dtype of q
-    const float *lse, *delta;   // [B, Hq, Sq]
-    float *dq, *dk, *dv;        // dense; any may be NULL
+    ctxpar_cuda_view dout;    // [B, Sq, Hq, D], dtype of q
+    const float *lse, *delta; // [B, Hq, Sq]
+    float *dq, *dk, *dv;      // dense; any may be NULL
 } ctxpar_cuda_bwd_args;
 
 // Which forward kernel runs a block.
@@ -97,14 +99,14 @@ cudaError_t ctxpar_cuda_launch_merge(float *out_acc, float *lse_acc, const void 
 // delta [B, H, S] = sum over d of out * dout (both [B, S, H, D], each in its own dtype).
 cudaError_t ctxpar_cuda_launch_bwd_prep(ctxpar_cuda_view out, ctxpar_dtype out_dtype,
                                         ctxpar_cuda_view dout, ctxpar_dtype dout_dtype,
-                                        int64_t batch, int64_t seq, int64_t heads,
-                                        int64_t head_dim, float *delta, cudaStream_t stream);
+                                        int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                                        float *delta, cudaStream_t stream);
 
 // dst = src converted, over shape[4]; strides in elements, innermost 1.
 cudaError_t ctxpar_cuda_launch_cast(const void *src, ctxpar_dtype src_dtype,
-                                    const int64_t src_stride[4], void *dst,
-                                    ctxpar_dtype dst_dtype, const int64_t dst_stride[4],
-                                    const int64_t shape[4], cudaStream_t stream);
+                                    const int64_t src_stride[4], void *dst, ctxpar_dtype dst_dtype,
+                                    const int64_t dst_stride[4], const int64_t shape[4],
+                                    cudaStream_t stream);
 
 cudaError_t ctxpar_cuda_launch_add(float *dst, const float *src, size_t n, cudaStream_t stream);
 cudaError_t ctxpar_cuda_launch_fill(float *dst, float value, size_t n, cudaStream_t stream);

@@ -39,21 +39,31 @@ void ctxpar_cuda_free(struct ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind
     ctxpar_cuda_scratch_free(dev, ptr, impl->util_stream);
 }
 
-ctxpar_status ctxpar_cuda_copy(struct ctxpar_device *dev, void *dst, const void *src,
-                               size_t bytes, ctxpar_copy_kind kind, ctxpar_stream *stream) {
+ctxpar_status ctxpar_cuda_copy(struct ctxpar_device *dev, void *dst, const void *src, size_t bytes,
+                               ctxpar_copy_kind kind, ctxpar_stream *stream) {
     enum cudaMemcpyKind k;
     switch (kind) {
-    case CTXPAR_COPY_D2D: k = cudaMemcpyDeviceToDevice; break;
-    case CTXPAR_COPY_H2D: k = cudaMemcpyHostToDevice; break;
-    case CTXPAR_COPY_D2H: k = cudaMemcpyDeviceToHost; break;
-    case CTXPAR_COPY_H2H: k = cudaMemcpyHostToHost; break;
+    case CTXPAR_COPY_D2D:
+        k = cudaMemcpyDeviceToDevice;
+        break;
+    case CTXPAR_COPY_H2D:
+        k = cudaMemcpyHostToDevice;
+        break;
+    case CTXPAR_COPY_D2H:
+        k = cudaMemcpyDeviceToHost;
+        break;
+    case CTXPAR_COPY_H2H:
+        k = cudaMemcpyHostToHost;
+        break;
     default:
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "kind (%d) is not a ctxpar_copy_kind",
                             (int)kind);
     }
     if (bytes && (!dst || !src))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "copy of %zu bytes: dst (%p) and src (%p) "
-                            "must be set", bytes, dst, src);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "copy of %zu bytes: dst (%p) and src (%p) "
+                            "must be set",
+                            bytes, dst, src);
     CTXPAR_CHECK(ctxpar_cuda_enter(dev));
     CTXPAR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, ctxpar_cuda_stream_of(stream)));
     return CTXPAR_OK;

@@ -23,7 +23,9 @@ typedef struct builder {
     const char *step;
 } builder;
 
-static int ok(const builder *b) { return b->status == CUDNN_STATUS_SUCCESS; }
+static int ok(const builder *b) {
+    return b->status == CUDNN_STATUS_SUCCESS;
+}
 
 static void check(builder *b, cudnnStatus_t st, const char *step) {
     if (ok(b) && st != CUDNN_STATUS_SUCCESS) {
@@ -109,8 +111,7 @@ static cudnnBackendDescriptor_t pointwise(builder *b, cudnnPointwiseMode_t mode,
 
 // y = reduce(x) over the last axis (y has size 1 there), in F32.
 static cudnnBackendDescriptor_t reduction(builder *b, cudnnReduceTensorOp_t kind,
-                                          cudnnBackendDescriptor_t x,
-                                          cudnnBackendDescriptor_t y) {
+                                          cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
     cudnnBackendDescriptor_t rd = make(b, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction");
     set(b, rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &kind,
@@ -144,8 +145,8 @@ static cudnnBackendDescriptor_t matmul(builder *b, cudnnBackendDescriptor_t a,
 
 // The operations of the graph, in order, into ops (returns how many).
 static int build_ops(builder *b, const ctxpar_cudnn_shape *s, cudnnBackendDescriptor_t *ops) {
-    const cudnnDataType_t io = s->dtype == CTXPAR_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16
-                                                             : CUDNN_DATA_HALF;
+    const cudnnDataType_t io =
+        s->dtype == CTXPAR_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
     const int64_t B = s->batch, Hq = s->heads_q, Hk = s->heads_kv, Sq = s->seq_q, Sk = s->seq_k;
     const int64_t D = s->head_dim;
@@ -170,8 +171,7 @@ static int build_ops(builder *b, const ctxpar_cudnn_shape *s, cudnnBackendDescri
     cudnnBackendDescriptor_t o = tensor(b, CTXPAR_CUDNN_UID_O, io, q_dim, o_str, false, false);
     cudnnBackendDescriptor_t stats =
         tensor(b, CTXPAR_CUDNN_UID_STATS, f32, r_dim, r_str, false, false);
-    cudnnBackendDescriptor_t scale =
-        tensor(b, CTXPAR_CUDNN_UID_SCALE, f32, one, one, false, true);
+    cudnnBackendDescriptor_t scale = tensor(b, CTXPAR_CUDNN_UID_SCALE, f32, one, one, false, true);
 
     cudnnBackendDescriptor_t s1 = tensor(b, uid++, f32, s_dim, s_str, true, false);
     ops[n++] = matmul(b, q, k, s1);
@@ -248,9 +248,10 @@ ctxpar_status ctxpar_cudnn_plan_build(const ctxpar_cudnn_shape *shape, ctxpar_cu
     for (int i = 0; i < MAX_ENGINE_CFGS; i++)
         cfgs[i] = make(&b, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config");
     if (ok(&b))
-        check(&b, cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, MAX_ENGINE_CFGS,
-                                           &n_cfgs, cfgs),
+        check(&b,
+              cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, MAX_ENGINE_CFGS, &n_cfgs,
+                                       cfgs),
               "heuristics results");
     if (ok(&b) && n_cfgs == 0)
         check(&b, CUDNN_STATUS_NOT_SUPPORTED, "heuristics found no engine");
@@ -269,8 +270,9 @@ ctxpar_status ctxpar_cudnn_plan_build(const ctxpar_cudnn_shape *shape, ctxpar_cu
     }
     int64_t ws = 0, got = 0;
     if (ok(&b))
-        check(&b, cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                           CUDNN_TYPE_INT64, 1, &got, &ws),
+        check(&b,
+              cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                       CUDNN_TYPE_INT64, 1, &got, &ws),
               "plan workspace size");
     if (!ok(&b)) {
         ctxpar_status st = not_supported(&b);

@@ -14,9 +14,9 @@ enum {
     CTXPAR_CUDNN_UID_Q = 1,
     CTXPAR_CUDNN_UID_K = 2,
     CTXPAR_CUDNN_UID_V = 3,
-    CTXPAR_CUDNN_UID_O = 4,     // [B, Sq, Hq, D] dense, dtype of q
-    CTXPAR_CUDNN_UID_STATS = 5, // [B, Hq, Sq] F32: the natural-log LSE of each row
-    CTXPAR_CUDNN_UID_SCALE = 6, // by value, F32
+    CTXPAR_CUDNN_UID_O = 4,       // [B, Sq, Hq, D] dense, dtype of q
+    CTXPAR_CUDNN_UID_STATS = 5,   // [B, Hq, Sq] F32: the natural-log LSE of each row
+    CTXPAR_CUDNN_UID_SCALE = 6,   // by value, F32
     CTXPAR_CUDNN_UID_NEG_INF = 7, // by value, F32, -inf (causal only)
 };
 

@@ -10,13 +10,23 @@
 
 namespace ctxpar_cuda {
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(float x) {
+    return x;
+}
+__device__ __forceinline__ float to_f32(__half x) {
+    return __half2float(x);
+}
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
 
 template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ float from_f32<float>(float x) {
+    return x;
+}
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) {
+    return __float2half_rn(x);
+}
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
     return __float2bfloat16_rn(x);
 }
@@ -35,7 +45,9 @@ template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, f
 
 // Exact conversions for cast: as above, and NaN keeps its sign and payload the way
 // api/ctxpar_half.h keeps it (the intrinsics return one canonical NaN instead).
-__device__ __forceinline__ float exact_to_f32(float x) { return x; }
+__device__ __forceinline__ float exact_to_f32(float x) {
+    return x;
+}
 __device__ __forceinline__ float exact_to_f32(__half x) {
     const uint16_t h = __half_as_ushort(x);
     if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu))
@@ -43,15 +55,19 @@ __device__ __forceinline__ float exact_to_f32(__half x) {
                                ((uint32_t)(h & 0x3ffu) << 13));
     return __half2float(x);
 }
-__device__ __forceinline__ float exact_to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float exact_to_f32(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
 
 template <typename T> __device__ __forceinline__ T exact_from_f32(float x);
-template <> __device__ __forceinline__ float exact_from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ float exact_from_f32<float>(float x) {
+    return x;
+}
 template <> __device__ __forceinline__ __half exact_from_f32<__half>(float x) {
     const uint32_t u = __float_as_uint(x);
     if ((u & 0x7fffffffu) > 0x7f800000u)
-        return __ushort_as_half((uint16_t)(((u >> 16) & 0x8000u) | 0x7e00u |
-                                           (((u & 0x7fffffffu) >> 13) & 0x3ffu)));
+        return __ushort_as_half(
+            (uint16_t)(((u >> 16) & 0x8000u) | 0x7e00u | (((u & 0x7fffffffu) >> 13) & 0x3ffu)));
     return __float2half_rn(x);
 }
 template <> __device__ __forceinline__ __nv_bfloat16 exact_from_f32<__nv_bfloat16>(float x) {
@@ -64,10 +80,10 @@ template <> __device__ __forceinline__ __nv_bfloat16 exact_from_f32<__nv_bfloat1
 } // namespace ctxpar_cuda
 
 // Calls F<T> with T the CUDA type of a ctxpar dtype; returns cudaErrorInvalidValue for others.
-#define CTXPAR_CUDA_DISPATCH_DTYPE(dtype, F, ...)                                                 \
-    ((dtype) == CTXPAR_DTYPE_F32    ? F<float>(__VA_ARGS__)                                       \
-     : (dtype) == CTXPAR_DTYPE_F16  ? F<__half>(__VA_ARGS__)                                      \
-     : (dtype) == CTXPAR_DTYPE_BF16 ? F<__nv_bfloat16>(__VA_ARGS__)                               \
+#define CTXPAR_CUDA_DISPATCH_DTYPE(dtype, F, ...)                                                  \
+    ((dtype) == CTXPAR_DTYPE_F32    ? F<float>(__VA_ARGS__)                                        \
+     : (dtype) == CTXPAR_DTYPE_F16  ? F<__half>(__VA_ARGS__)                                       \
+     : (dtype) == CTXPAR_DTYPE_BF16 ? F<__nv_bfloat16>(__VA_ARGS__)                                \
                                     : cudaErrorInvalidValue)
 
 #endif // CTXPAR_CUDA_DTYPE_CUH

@@ -62,10 +62,10 @@ __global__ void bwd_prep_kernel(ctxpar_cuda_view out, ctxpar_cuda_view dout, int
     for (int64_t row = (int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; row < rows;
          row += (int64_t)gridDim.x * kWarpsPerBlock) {
         const int64_t h = row % heads, s = (row / heads) % seq, b = row / (heads * seq);
-        const TO *o = (const TO *)out.data + b * out.stride[0] + s * out.stride[1] +
-                      h * out.stride[2];
-        const TG *g = (const TG *)dout.data + b * dout.stride[0] + s * dout.stride[1] +
-                      h * dout.stride[2];
+        const TO *o =
+            (const TO *)out.data + b * out.stride[0] + s * out.stride[1] + h * out.stride[2];
+        const TG *g =
+            (const TG *)dout.data + b * dout.stride[0] + s * dout.stride[1] + h * dout.stride[2];
         float acc = 0.0f;
         for (int64_t d = lane; d < head_dim; d += 32)
             acc = fmaf(to_f32(o[d]), to_f32(g[d]), acc);
@@ -159,7 +159,7 @@ cudaError_t launch_merge(float *out_acc, float *lse_acc, const void *out_b, cons
                          cudaStream_t stream) {
     const unsigned grid = blocks_for(batch * seq * heads, kWarpsPerBlock);
     merge_kernel<TB><<<grid, kThreads, 0, stream>>>(out_acc, lse_acc, (const TB *)out_b, lse_b,
-                                                     batch, seq, heads, head_dim, merge);
+                                                    batch, seq, heads, head_dim, merge);
     return cudaGetLastError();
 }
 
@@ -168,8 +168,8 @@ cudaError_t launch_bwd_prep2(ctxpar_cuda_view out, ctxpar_cuda_view dout, int64_
                              int64_t seq, int64_t heads, int64_t head_dim, float *delta,
                              cudaStream_t stream) {
     const unsigned grid = blocks_for(batch * seq * heads, kWarpsPerBlock);
-    bwd_prep_kernel<TO, TG><<<grid, kThreads, 0, stream>>>(out, dout, batch, seq, heads,
-                                                            head_dim, delta);
+    bwd_prep_kernel<TO, TG>
+        <<<grid, kThreads, 0, stream>>>(out, dout, batch, seq, heads, head_dim, delta);
     return cudaGetLastError();
 }
 
@@ -193,8 +193,8 @@ template <typename TS, typename TD>
 cudaError_t launch_cast2(const void *src, strides4 ss, void *dst, strides4 ds, strides4 shape,
                          cudaStream_t stream) {
     const int64_t n = shape.s[0] * shape.s[1] * shape.s[2] * shape.s[3];
-    cast_kernel<TS, TD><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
-        (const TS *)src, ss, (TD *)dst, ds, shape);
+    cast_kernel<TS, TD><<<blocks_for(n, kThreads), kThreads, 0, stream>>>((const TS *)src, ss,
+                                                                          (TD *)dst, ds, shape);
     return cudaGetLastError();
 }
 
@@ -202,8 +202,10 @@ template <typename TS>
 cudaError_t launch_cast1(const void *src, strides4 ss, void *dst, ctxpar_dtype dst_dtype,
                          strides4 ds, strides4 shape, cudaStream_t stream) {
     switch (dst_dtype) {
-    case CTXPAR_DTYPE_F32: return launch_cast2<TS, float>(src, ss, dst, ds, shape, stream);
-    case CTXPAR_DTYPE_F16: return launch_cast2<TS, __half>(src, ss, dst, ds, shape, stream);
+    case CTXPAR_DTYPE_F32:
+        return launch_cast2<TS, float>(src, ss, dst, ds, shape, stream);
+    case CTXPAR_DTYPE_F16:
+        return launch_cast2<TS, __half>(src, ss, dst, ds, shape, stream);
     case CTXPAR_DTYPE_BF16:
         return launch_cast2<TS, __nv_bfloat16>(src, ss, dst, ds, shape, stream);
     }
@@ -218,25 +220,23 @@ using namespace ctxpar_cuda;
 extern "C" cudaError_t ctxpar_cuda_launch_merge(float *out_acc, float *lse_acc, const void *out_b,
                                                 ctxpar_dtype dtype_b, const float *lse_b,
                                                 int64_t batch, int64_t seq, int64_t heads,
-                                                int64_t head_dim, int merge,
-                                                cudaStream_t stream) {
-    return CTXPAR_CUDA_DISPATCH_DTYPE(dtype_b, launch_merge, out_acc, lse_acc, out_b, lse_b,
-                                      batch, seq, heads, head_dim, merge, stream);
+                                                int64_t head_dim, int merge, cudaStream_t stream) {
+    return CTXPAR_CUDA_DISPATCH_DTYPE(dtype_b, launch_merge, out_acc, lse_acc, out_b, lse_b, batch,
+                                      seq, heads, head_dim, merge, stream);
 }
 
 extern "C" cudaError_t ctxpar_cuda_launch_bwd_prep(ctxpar_cuda_view out, ctxpar_dtype out_dtype,
-                                                   ctxpar_cuda_view dout,
-                                                   ctxpar_dtype dout_dtype, int64_t batch,
-                                                   int64_t seq, int64_t heads, int64_t head_dim,
-                                                   float *delta, cudaStream_t stream) {
-    return CTXPAR_CUDA_DISPATCH_DTYPE(out_dtype, launch_bwd_prep, out, dout, dout_dtype, batch,
-                                      seq, heads, head_dim, delta, stream);
+                                                   ctxpar_cuda_view dout, ctxpar_dtype dout_dtype,
+                                                   int64_t batch, int64_t seq, int64_t heads,
+                                                   int64_t head_dim, float *delta,
+                                                   cudaStream_t stream) {
+    return CTXPAR_CUDA_DISPATCH_DTYPE(out_dtype, launch_bwd_prep, out, dout, dout_dtype, batch, seq,
+                                      heads, head_dim, delta, stream);
 }
 
 extern "C" cudaError_t ctxpar_cuda_launch_cast(const void *src, ctxpar_dtype src_dtype,
                                                const int64_t src_stride[4], void *dst,
-                                               ctxpar_dtype dst_dtype,
-                                               const int64_t dst_stride[4],
+                                               ctxpar_dtype dst_dtype, const int64_t dst_stride[4],
                                                const int64_t shape[4], cudaStream_t stream) {
     strides4 ss, ds, sh;
     for (int i = 0; i < 4; i++) {

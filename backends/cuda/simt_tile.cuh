@@ -13,7 +13,9 @@ constexpr int kSimtRows = 32;     // rows of every SIMT tile (queries and keys a
 constexpr int kSimtThreads = 256; // 32 rows x 8 threads; thread (r = tid / 8, c = tid % 8)
 constexpr int kSimtMaxChunks = CTXPAR_CUDA_MAX_HEAD_DIM / 8; // columns c, c + 8, ... per thread
 
-__host__ __device__ __forceinline__ int simt_ld(int64_t head_dim) { return (int)head_dim | 1; }
+__host__ __device__ __forceinline__ int simt_ld(int64_t head_dim) {
+    return (int)head_dim | 1;
+}
 
 // Rows [row0, row0 + 32) of a [*, D] matrix of T (row stride in elements) as F32 in dst (row
 // stride simt_ld(D)); rows past `total` are zero.

@@ -56,6 +56,14 @@ __device__ __forceinline__ int tile_class(const ctxpar_cuda_mask &m, const tile_
     return classify(m, q.lo, q.hi, k.lo, k.hi);
 }
 
+// Whether no key tile from this one on can be visible: a causal mask with key positions that
+// only grow, and this tile already wholly after the query tile.
+template <int NQ, int NK>
+__device__ __forceinline__ bool rest_is_masked(const ctxpar_cuda_attn_args &a,
+                                               const tile_rows<NQ> &q, const tile_rows<NK> &k) {
+    return a.k_increasing && a.mask.causal && k.lo > q.hi;
+}
+
 } // namespace ctxpar_cuda
 
 #endif // CTXPAR_CUDA_TILE_CUH

@@ -21,9 +21,15 @@ static ctxpar_status reserve(nccl_impl *im, size_t count) {
 
 static ctxpar_status to_nccl_op(ctxpar_reduce_op op, ncclRedOp_t *out) {
     switch (op) {
-    case CTXPAR_REDUCE_SUM: *out = ncclSum; return CTXPAR_OK;
-    case CTXPAR_REDUCE_MIN: *out = ncclMin; return CTXPAR_OK;
-    case CTXPAR_REDUCE_MAX: *out = ncclMax; return CTXPAR_OK;
+    case CTXPAR_REDUCE_SUM:
+        *out = ncclSum;
+        return CTXPAR_OK;
+    case CTXPAR_REDUCE_MIN:
+        *out = ncclMin;
+        return CTXPAR_OK;
+    case CTXPAR_REDUCE_MAX:
+        *out = ncclMax;
+        return CTXPAR_OK;
     }
     return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "op (%d) is not a ctxpar_reduce_op", (int)op);
 }
@@ -45,10 +51,9 @@ ctxpar_status ctxpar_nccl_allreduce_i64(struct ctxpar_comm *comm, int64_t *buf, 
         im->small_host[i] = buf[i];
     CTXPAR_NCCL_CUDA_CHECK(
         cudaMemcpyAsync(im->small_dev, im->small_host, bytes, cudaMemcpyHostToDevice, im->cs));
-    CTXPAR_CHECK(ctxpar_nccl_settle(comm,
-                                    ncclAllReduce(im->small_dev, im->small_dev, count, ncclInt64,
-                                                  nop, im->nccl, im->cs),
-                                    "ncclAllReduce"));
+    CTXPAR_CHECK(ctxpar_nccl_settle(
+        comm, ncclAllReduce(im->small_dev, im->small_dev, count, ncclInt64, nop, im->nccl, im->cs),
+        "ncclAllReduce"));
     CTXPAR_NCCL_CUDA_CHECK(
         cudaMemcpyAsync(im->small_host, im->small_dev, bytes, cudaMemcpyDeviceToHost, im->cs));
     CTXPAR_NCCL_CUDA_CHECK(cudaEventRecord(im->blocking_done, im->cs));

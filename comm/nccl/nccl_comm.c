@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "ctxpar_cuda.h"
 #include "backends/cuda/cuda_stream.h"
+#include "ctxpar_cuda.h"
 #include "nccl_internal.h"
 
 static const struct ctxpar_comm_ops nccl_ops;
@@ -38,8 +38,10 @@ static void nap(void) {
 ctxpar_status ctxpar_nccl_ready(struct ctxpar_comm *comm) {
     nccl_impl *im = ctxpar_nccl_impl_of(comm);
     if (im->aborted)
-        return CTXPAR_ERROR(CTXPAR_ERR_COMM, "rank %d: the NCCL communicator was aborted after an "
-                            "earlier failure; make a new one", comm->rank);
+        return CTXPAR_ERROR(CTXPAR_ERR_COMM,
+                            "rank %d: the NCCL communicator was aborted after an "
+                            "earlier failure; make a new one",
+                            comm->rank);
     CTXPAR_NCCL_CUDA_CHECK(cudaSetDevice(im->ordinal));
     ncclResult_t async = ncclSuccess;
     ncclResult_t r = ncclCommGetAsyncError(im->nccl, &async);
@@ -59,9 +61,10 @@ ctxpar_status ctxpar_nccl_settle(struct ctxpar_comm *comm, ncclResult_t r, const
     while (r == ncclInProgress) {
         if (ctxpar_now() > deadline) {
             ctxpar_nccl_abort_now(im);
-            return CTXPAR_ERROR(CTXPAR_ERR_TIMEOUT, "rank %d: %s did not complete within %g s; "
-                                "the NCCL communicator was aborted", comm->rank, what,
-                                comm->timeout_s);
+            return CTXPAR_ERROR(CTXPAR_ERR_TIMEOUT,
+                                "rank %d: %s did not complete within %g s; "
+                                "the NCCL communicator was aborted",
+                                comm->rank, what, comm->timeout_s);
         }
         nap();
         ncclResult_t q = ncclCommGetAsyncError(im->nccl, &r);
@@ -114,8 +117,10 @@ ctxpar_status ctxpar_nccl_poll(struct ctxpar_comm *comm, cudaEvent_t event, cons
     if (st == CTXPAR_ERR_DEVICE)
         return ctxpar_nccl_cuda_fail(e, __FILE__, __LINE__, "cudaEventQuery");
     if (st == CTXPAR_ERR_TIMEOUT)
-        st = CTXPAR_ERROR(CTXPAR_ERR_TIMEOUT, "rank %d: %s: no peer arrived within %g s; the NCCL "
-                          "communicator was aborted", comm->rank, what, comm->timeout_s);
+        st = CTXPAR_ERROR(CTXPAR_ERR_TIMEOUT,
+                          "rank %d: %s: no peer arrived within %g s; the NCCL "
+                          "communicator was aborted",
+                          comm->rank, what, comm->timeout_s);
     else
         st = ctxpar_nccl_fail(im, r, __FILE__, __LINE__, what);
     ctxpar_nccl_abort_now(im);
@@ -173,17 +178,19 @@ static ctxpar_status setup(nccl_impl *im) {
 }
 
 ctxpar_status ctxpar_comm_create_nccl(ncclComm_t nccl_comm, ctxpar_device *cuda_device,
-                                      const ctxpar_nccl_options *options,
-                                      ctxpar_comm **comm_out) {
+                                      const ctxpar_nccl_options *options, ctxpar_comm **comm_out) {
     ctxpar_nccl_options opt = CTXPAR_NCCL_OPTIONS_INIT;
     if (!nccl_comm || !comm_out)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "nccl_comm (%p) and comm_out (%p) must be set",
                             (void *)nccl_comm, (void *)comm_out);
     if (options) {
         if (options->struct_size < sizeof(ctxpar_nccl_options))
-            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "options->struct_size (%zu) is too small: "
-                                "use CTXPAR_NCCL_OPTIONS_INIT", options->struct_size);
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                                "options->struct_size (%zu) is too small: "
+                                "use CTXPAR_NCCL_OPTIONS_INIT",
+                                options->struct_size);
         opt.rank_order_reduce = options->rank_order_reduce != 0;
+        opt.host_wait = options->host_wait != 0;
     }
     int ordinal = -1, nccl_dev = -1, rank = -1, size = 0;
     CTXPAR_CHECK(ctxpar_cuda_device_ordinal(cuda_device, &ordinal));
@@ -195,8 +202,10 @@ ctxpar_status ctxpar_comm_create_nccl(ncclComm_t nccl_comm, ctxpar_device *cuda_
     if (r != ncclSuccess)
         return ctxpar_nccl_fail(NULL, r, __FILE__, __LINE__, "querying the NCCL communicator");
     if (nccl_dev != ordinal)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "nccl_comm runs on GPU %d but cuda_device is "
-                            "GPU %d", nccl_dev, ordinal);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "nccl_comm runs on GPU %d but cuda_device is "
+                            "GPU %d",
+                            nccl_dev, ordinal);
 
     nccl_impl *im = calloc(1, sizeof *im);
     if (!im)
@@ -205,6 +214,7 @@ ctxpar_status ctxpar_comm_create_nccl(ncclComm_t nccl_comm, ctxpar_device *cuda_
     im->dev = cuda_device;
     im->ordinal = ordinal;
     im->rank_order_reduce = opt.rank_order_reduce;
+    im->host_wait = opt.host_wait;
     ctxpar_status st = setup(im);
     if (st == CTXPAR_OK)
         st = ctxpar_comm_create(&nccl_ops, im, rank, size, comm_out);
@@ -215,8 +225,10 @@ ctxpar_status ctxpar_comm_create_nccl(ncclComm_t nccl_comm, ctxpar_device *cuda_
 
 ctxpar_status ctxpar_nccl_comm_aborted(const ctxpar_comm *comm, int *aborted_out) {
     if (!comm || comm->ops != &nccl_ops || !aborted_out)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "comm (%p) must be an NCCL comm and "
-                            "aborted_out (%p) set", (const void *)comm, (void *)aborted_out);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "comm (%p) must be an NCCL comm and "
+                            "aborted_out (%p) set",
+                            (const void *)comm, (void *)aborted_out);
     *aborted_out = ((const nccl_impl *)comm->impl)->aborted;
     return CTXPAR_OK;
 }

@@ -16,10 +16,11 @@ typedef struct nccl_impl {
     cudaStream_t cs;       // ... as a cudaStream_t
     cudaEvent_t after;     // recorded on the caller's stream before each transfer
     cudaEvent_t blocking_done;
-    int64_t *small_dev;    // device and pinned host buffers of the blocking ops
+    int64_t *small_dev; // device and pinned host buffers of the blocking ops
     int64_t *small_host;
-    size_t small_cap;      // in int64 values
+    size_t small_cap; // in int64 values
     int rank_order_reduce;
+    int host_wait;
     int aborted;
 } nccl_impl;
 
@@ -36,11 +37,11 @@ ctxpar_status ctxpar_nccl_fail(nccl_impl *im, ncclResult_t r, const char *file, 
                                const char *what);
 ctxpar_status ctxpar_nccl_cuda_fail(cudaError_t e, const char *file, int line, const char *what);
 
-#define CTXPAR_NCCL_CUDA_CHECK(call)                                                              \
-    do {                                                                                          \
-        cudaError_t ctxpar_nccl_ce_ = (call);                                                     \
-        if (ctxpar_nccl_ce_ != cudaSuccess)                                                       \
-            return ctxpar_nccl_cuda_fail(ctxpar_nccl_ce_, __FILE__, __LINE__, #call);             \
+#define CTXPAR_NCCL_CUDA_CHECK(call)                                                               \
+    do {                                                                                           \
+        cudaError_t ctxpar_nccl_ce_ = (call);                                                      \
+        if (ctxpar_nccl_ce_ != cudaSuccess)                                                        \
+            return ctxpar_nccl_cuda_fail(ctxpar_nccl_ce_, __FILE__, __LINE__, #call);              \
     } while (0)
 
 // Makes the comm's GPU current and fails fast when the communicator is gone or NCCL has
@@ -62,12 +63,11 @@ void ctxpar_nccl_drain(struct ctxpar_comm *comm, cudaEvent_t event);
 void ctxpar_nccl_abort_now(nccl_impl *im);
 
 // The ops, gathered into the table by nccl_comm.c.
-ctxpar_status ctxpar_nccl_sendrecv(struct ctxpar_comm *comm, const void *sendbuf,
-                                   size_t send_bytes, int dst, void *recvbuf, size_t recv_bytes,
-                                   int src, ctxpar_stream *stream, ctxpar_request **req_out);
+ctxpar_status ctxpar_nccl_sendrecv(struct ctxpar_comm *comm, const void *sendbuf, size_t send_bytes,
+                                   int dst, void *recvbuf, size_t recv_bytes, int src, int tag,
+                                   ctxpar_stream *stream, ctxpar_request **req_out);
 ctxpar_status ctxpar_nccl_allgather(struct ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
-                                    size_t bytes, ctxpar_stream *stream,
-                                    ctxpar_request **req_out);
+                                    size_t bytes, ctxpar_stream *stream, ctxpar_request **req_out);
 ctxpar_status ctxpar_nccl_reduce_scatter(struct ctxpar_comm *comm, const float *sendbuf,
                                          float *recvbuf, size_t count, ctxpar_stream *stream,
                                          ctxpar_request **req_out);

@@ -56,8 +56,7 @@ static ctxpar_status check_peer(const struct ctxpar_comm *comm, const char *name
 }
 
 // ncclGroupEnd for a group whose members returned r_members (the first failure wins).
-static ctxpar_status end_group(struct ctxpar_comm *comm, ncclResult_t r_members,
-                               const char *what) {
+static ctxpar_status end_group(struct ctxpar_comm *comm, ncclResult_t r_members, const char *what) {
     ncclResult_t r = ncclGroupEnd(); // always closes the group, even after a failed member
     if (r_members != ncclSuccess && r_members != ncclInProgress)
         r = r_members;
@@ -68,16 +67,19 @@ static ncclResult_t first(ncclResult_t so_far, ncclResult_t r) {
     return so_far != ncclSuccess && so_far != ncclInProgress ? so_far : r;
 }
 
-ctxpar_status ctxpar_nccl_sendrecv(struct ctxpar_comm *comm, const void *sendbuf,
-                                   size_t send_bytes, int dst, void *recvbuf, size_t recv_bytes,
-                                   int src, ctxpar_stream *stream, ctxpar_request **req_out) {
+ctxpar_status ctxpar_nccl_sendrecv(struct ctxpar_comm *comm, const void *sendbuf, size_t send_bytes,
+                                   int dst, void *recvbuf, size_t recv_bytes, int src, int tag,
+                                   ctxpar_stream *stream, ctxpar_request **req_out) {
+    (void)tag; // NCCL delivers in order and never drops: tags need no matching here
     nccl_impl *im = ctxpar_nccl_impl_of(comm);
     CTXPAR_CHECK(check_peer(comm, "dst", dst));
     CTXPAR_CHECK(check_peer(comm, "src", src));
     const int do_send = dst >= 0 && send_bytes > 0, do_recv = src >= 0 && recv_bytes > 0;
     if ((do_send && !sendbuf) || (do_recv && !recvbuf))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "sendrecv: sendbuf (%p) / recvbuf (%p) is NULL "
-                            "for a transfer", sendbuf, recvbuf);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "sendrecv: sendbuf (%p) / recvbuf (%p) is NULL "
+                            "for a transfer",
+                            sendbuf, recvbuf);
     ctxpar_request *req = NULL;
     CTXPAR_CHECK(begin(comm, stream, &req));
     ctxpar_status st = CTXPAR_OK;
@@ -95,19 +97,20 @@ ctxpar_status ctxpar_nccl_sendrecv(struct ctxpar_comm *comm, const void *sendbuf
 }
 
 ctxpar_status ctxpar_nccl_allgather(struct ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
-                                    size_t bytes, ctxpar_stream *stream,
-                                    ctxpar_request **req_out) {
+                                    size_t bytes, ctxpar_stream *stream, ctxpar_request **req_out) {
     nccl_impl *im = ctxpar_nccl_impl_of(comm);
     if (bytes && (!sendbuf || !recvbuf))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "allgather: sendbuf (%p) and recvbuf (%p) "
-                            "must be set", sendbuf, recvbuf);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "allgather: sendbuf (%p) and recvbuf (%p) "
+                            "must be set",
+                            sendbuf, recvbuf);
     ctxpar_request *req = NULL;
     CTXPAR_CHECK(begin(comm, stream, &req));
     ctxpar_status st = CTXPAR_OK;
     if (bytes)
-        st = ctxpar_nccl_settle(
-            comm, ncclAllGather(sendbuf, recvbuf, bytes, ncclUint8, im->nccl, im->cs),
-            "ncclAllGather");
+        st = ctxpar_nccl_settle(comm,
+                                ncclAllGather(sendbuf, recvbuf, bytes, ncclUint8, im->nccl, im->cs),
+                                "ncclAllGather");
     CTXPAR_CHECK(finish(comm, st, &req));
     *req_out = req;
     return CTXPAR_OK;
@@ -121,8 +124,8 @@ static ctxpar_status exchange(struct ctxpar_comm *comm, const void *sendbuf, voi
     const char *s = sendbuf;
     char *r = recvbuf;
     const size_t me = (size_t)comm->rank;
-    CTXPAR_NCCL_CUDA_CHECK(cudaMemcpyAsync(r + me * bytes, s + me * bytes, bytes,
-                                           cudaMemcpyDeviceToDevice, im->cs));
+    CTXPAR_NCCL_CUDA_CHECK(
+        cudaMemcpyAsync(r + me * bytes, s + me * bytes, bytes, cudaMemcpyDeviceToDevice, im->cs));
     if (comm->size == 1)
         return CTXPAR_OK;
     ncclResult_t res = ncclGroupStart();
@@ -138,8 +141,10 @@ static ctxpar_status exchange(struct ctxpar_comm *comm, const void *sendbuf, voi
 ctxpar_status ctxpar_nccl_alltoall(struct ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
                                    size_t bytes, ctxpar_stream *stream, ctxpar_request **req_out) {
     if (bytes && (!sendbuf || !recvbuf))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "alltoall: sendbuf (%p) and recvbuf (%p) "
-                            "must be set", sendbuf, recvbuf);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "alltoall: sendbuf (%p) and recvbuf (%p) "
+                            "must be set",
+                            sendbuf, recvbuf);
     ctxpar_request *req = NULL;
     CTXPAR_CHECK(begin(comm, stream, &req));
     ctxpar_status st = bytes ? exchange(comm, sendbuf, recvbuf, bytes) : CTXPAR_OK;
@@ -150,8 +155,8 @@ ctxpar_status ctxpar_nccl_alltoall(struct ctxpar_comm *comm, const void *sendbuf
 
 // The contract's deterministic sum: gather every rank's block for this rank (all-to-all into
 // scratch), then recvbuf = ((s_0 + s_1) + s_2) + ... on the comm stream, through the device.
-static ctxpar_status rank_order_sum(struct ctxpar_comm *comm, const float *sendbuf,
-                                   float *recvbuf, size_t count) {
+static ctxpar_status rank_order_sum(struct ctxpar_comm *comm, const float *sendbuf, float *recvbuf,
+                                    size_t count) {
     nccl_impl *im = ctxpar_nccl_impl_of(comm);
     const size_t block = count * sizeof(float);
     float *parts = NULL;
@@ -170,18 +175,19 @@ ctxpar_status ctxpar_nccl_reduce_scatter(struct ctxpar_comm *comm, const float *
                                          ctxpar_request **req_out) {
     nccl_impl *im = ctxpar_nccl_impl_of(comm);
     if (count && (!sendbuf || !recvbuf))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "reduce_scatter: sendbuf (%p) and recvbuf "
-                            "(%p) must be set", (const void *)sendbuf, (void *)recvbuf);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "reduce_scatter: sendbuf (%p) and recvbuf "
+                            "(%p) must be set",
+                            (const void *)sendbuf, (void *)recvbuf);
     ctxpar_request *req = NULL;
     CTXPAR_CHECK(begin(comm, stream, &req));
     ctxpar_status st = CTXPAR_OK;
     if (count && im->rank_order_reduce)
         st = rank_order_sum(comm, sendbuf, recvbuf, count);
     else if (count)
-        st = ctxpar_nccl_settle(comm,
-                                ncclReduceScatter(sendbuf, recvbuf, count, ncclFloat, ncclSum,
-                                                  im->nccl, im->cs),
-                                "ncclReduceScatter");
+        st = ctxpar_nccl_settle(
+            comm, ncclReduceScatter(sendbuf, recvbuf, count, ncclFloat, ncclSum, im->nccl, im->cs),
+            "ncclReduceScatter");
     CTXPAR_CHECK(finish(comm, st, &req));
     *req_out = req;
     return CTXPAR_OK;
@@ -192,15 +198,20 @@ ctxpar_status ctxpar_nccl_wait(struct ctxpar_comm *comm, ctxpar_request *req,
     nccl_impl *im = ctxpar_nccl_impl_of(comm);
     ctxpar_status st = CTXPAR_OK;
     if (im->aborted) {
-        st = CTXPAR_ERROR(CTXPAR_ERR_COMM, "rank %d: the NCCL communicator was aborted; the "
-                          "transfer did not complete", comm->rank);
+        st = CTXPAR_ERROR(CTXPAR_ERR_COMM,
+                          "rank %d: the NCCL communicator was aborted; the "
+                          "transfer did not complete",
+                          comm->rank);
     } else {
         cudaError_t e = cudaSetDevice(im->ordinal);
         if (e == cudaSuccess)
             e = cudaStreamWaitEvent(ctxpar_cuda_stream_of(stream), req->done, 0);
         st = e == cudaSuccess ? ctxpar_nccl_ready(comm)
-                              : ctxpar_nccl_cuda_fail(e, __FILE__, __LINE__,
-                                                      "cudaStreamWaitEvent");
+                              : ctxpar_nccl_cuda_fail(e, __FILE__, __LINE__, "cudaStreamWaitEvent");
+        // Bounded: a transfer that never completes ends in TIMEOUT (and an aborted
+        // communicator), not in a stream that never drains.
+        if (st == CTXPAR_OK && im->host_wait)
+            st = ctxpar_nccl_poll(comm, req->done, "wait for a transfer");
     }
     free_request(req);
     return st;

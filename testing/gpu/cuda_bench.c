@@ -12,13 +12,13 @@
 #include "ctxpar_backend.h"
 #include "ctxpar_cuda.h"
 
-#define CHECK(call)                                                                               \
-    do {                                                                                          \
-        ctxpar_status st_ = (call);                                                               \
-        if (st_ != CTXPAR_OK) {                                                                   \
-            fprintf(stderr, "cuda_bench: %s: %s\n", #call, ctxpar_last_error());                  \
-            return 1;                                                                             \
-        }                                                                                         \
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        ctxpar_status st_ = (call);                                                                \
+        if (st_ != CTXPAR_OK) {                                                                    \
+            fprintf(stderr, "cuda_bench: %s: %s\n", #call, ctxpar_last_error());                   \
+            return 1;                                                                              \
+        }                                                                                          \
     } while (0)
 
 typedef struct shape {
@@ -50,8 +50,8 @@ static int time_fwd(ctxpar_device *dev, const shape *s, int iters, double *ms_ou
     CHECK(ctxpar_dev_alloc(dev, nq * 2, CTXPAR_MEM_DEVICE, &k));
     CHECK(ctxpar_dev_alloc(dev, nq * 2, CTXPAR_MEM_DEVICE, &v));
     CHECK(ctxpar_dev_alloc(dev, nq * 4, CTXPAR_MEM_DEVICE, &out));
-    CHECK(ctxpar_dev_alloc(dev, (size_t)(s->batch * s->heads * s->seq) * 4, CTXPAR_MEM_DEVICE,
-                           &lse));
+    CHECK(
+        ctxpar_dev_alloc(dev, (size_t)(s->batch * s->heads * s->seq) * 4, CTXPAR_MEM_DEVICE, &lse));
     void *bufs[3] = {q, k, v};
     for (int i = 0; i < 3; i++) {
         fill_bf16(host, nq, (uint64_t)i + 1);

@@ -63,11 +63,13 @@ struct Case {
 constexpr int64_t B = 1, S = 256, Hq = 4, Hkv = 2, D = 64;
 
 struct Global {
-    std::vector<double> out, lse, dq, dk, dv;    // results gathered on the host, as double
+    std::vector<double> out, lse, dq, dk, dv;      // results gathered on the host, as double
     std::vector<unsigned char> out_bits, lse_bits; // for bitwise comparisons
 };
 
-size_t Sz(ctxpar_dtype dt) { return dt == CTXPAR_DTYPE_F32 ? 4 : 2; }
+size_t Sz(ctxpar_dtype dt) {
+    return dt == CTXPAR_DTYPE_F32 ? 4 : 2;
+}
 
 typedef std::vector<std::pair<void *, size_t>> Owned;
 
@@ -104,7 +106,8 @@ void RankBody(const Case &c, int rank, ctxpar_local_group *group, Global *g) {
 
     std::vector<int64_t> pos((size_t)Sl);
     ASSERT_EQ(ctxpar_positions(c.layout, S, rank, P, pos.data()), CTXPAR_OK);
-    const size_t eq = (size_t)(B * Sl * Hq * D) * Sz(c.dtype), ek = (size_t)(B * Sl * Hkv * D) * Sz(c.dtype);
+    const size_t eq = (size_t)(B * Sl * Hq * D) * Sz(c.dtype),
+                 ek = (size_t)(B * Sl * Hkv * D) * Sz(c.dtype);
     std::vector<unsigned char> hq(eq), hk(ek), hv(ek), hdo(eq), hout(eq), hdq(eq), hdk(ek), hdv(ek);
     ctxpar_tensor tq = ctxpar_tensor_bshd(hq.data(), c.dtype, B, Sl, Hq, D);
     ctxpar_tensor tk = ctxpar_tensor_bshd(hk.data(), c.dtype, B, Sl, Hkv, D);

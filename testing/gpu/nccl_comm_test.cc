@@ -75,8 +75,8 @@ class NcclComm : public ::testing::Test {
             GTEST_SKIP() << "skipped: no CUDA device";
     }
 
-    void RunRanks(const std::function<void(Rank &)> &body, const ctxpar_nccl_options *opt =
-                                                               nullptr) {
+    void RunRanks(const std::function<void(Rank &)> &body,
+                  const ctxpar_nccl_options *opt = nullptr) {
         const int n = GpuCount();
         std::vector<ncclComm_t> nccl((size_t)n);
         ASSERT_EQ(ncclCommInitAll(nccl.data(), n, nullptr), ncclSuccess);
@@ -139,7 +139,9 @@ struct Buf {
 };
 
 // Value i of rank r's data: distinct per rank and index, exact in F32.
-float Val(int r, size_t i) { return (float)(r * 100000 + (int)(i % 50000)) * 0.5f; }
+float Val(int r, size_t i) {
+    return (float)(r * 100000 + (int)(i % 50000)) * 0.5f;
+}
 
 std::vector<float> Data(int r, size_t n) {
     std::vector<float> v(n);
@@ -155,14 +157,14 @@ TEST_F(NcclComm, SendrecvRingAndHalves) {
         Buf send(k.dev, n), recv(k.dev, n);
         send.Set(Data(k.rank, n));
         ctxpar_request *req = nullptr;
-        ASSERT_EQ(ctxpar_comm_sendrecv(k.comm, send.p, n * 4, next, recv.p, n * 4, prev, nullptr,
+        ASSERT_EQ(ctxpar_comm_sendrecv(k.comm, send.p, n * 4, next, recv.p, n * 4, prev, 0, nullptr,
                                        &req),
                   CTXPAR_OK)
             << ctxpar_last_error();
         ASSERT_EQ(ctxpar_comm_wait(k.comm, req, nullptr), CTXPAR_OK) << ctxpar_last_error();
         EXPECT_EQ(recv.Get(), Data(prev, n));
         // Both halves skipped: a request that completes at once.
-        ASSERT_EQ(ctxpar_comm_sendrecv(k.comm, nullptr, 0, -1, nullptr, 0, -1, nullptr, &req),
+        ASSERT_EQ(ctxpar_comm_sendrecv(k.comm, nullptr, 0, -1, nullptr, 0, -1, 0, nullptr, &req),
                   CTXPAR_OK);
         int done = 0;
         for (int i = 0; i < 100000 && !done; i++)
@@ -170,15 +172,16 @@ TEST_F(NcclComm, SendrecvRingAndHalves) {
         EXPECT_EQ(done, 1);
         ASSERT_EQ(ctxpar_comm_wait(k.comm, req, nullptr), CTXPAR_OK);
         // A peer out of range is refused before anything is enqueued.
-        EXPECT_EQ(ctxpar_comm_sendrecv(k.comm, send.p, 4, k.size, recv.p, 4, prev, nullptr, &req),
-                  CTXPAR_ERR_INVALID_ARG);
+        EXPECT_EQ(
+            ctxpar_comm_sendrecv(k.comm, send.p, 4, k.size, recv.p, 4, prev, 0, nullptr, &req),
+            CTXPAR_ERR_INVALID_ARG);
     });
 }
 
 // wait orders the caller's stream after the transfer: work enqueued on that stream right after
-// wait sees the received data.
-TEST_F(NcclComm, WaitOrdersTheCallersStream) {
-    RunRanks([](Rank &k) {
+// wait sees the received data, with the host waiting too (default) and without (host_wait 0).
+void WaitOrders(Rank &k) {
+    {
         const size_t n = 1 << 22;
         const int next = (k.rank + 1) % k.size, prev = (k.rank + k.size - 1) % k.size;
         ctxpar_stream *s = nullptr;
@@ -189,8 +192,8 @@ TEST_F(NcclComm, WaitOrdersTheCallersStream) {
                       CTXPAR_OK);
             ASSERT_EQ(ctxpar_dev_fill(k.dev, acc.p, 1.0f, n, s), CTXPAR_OK);
             ctxpar_request *req = nullptr;
-            ASSERT_EQ(ctxpar_comm_sendrecv(k.comm, send.p, n * 4, next, recv.p, n * 4, prev, s,
-                                           &req),
+            ASSERT_EQ(ctxpar_comm_sendrecv(k.comm, send.p, n * 4, next, recv.p, n * 4, prev, round,
+                                           s, &req),
                       CTXPAR_OK);
             ASSERT_EQ(ctxpar_comm_wait(k.comm, req, s), CTXPAR_OK);
             ASSERT_EQ(ctxpar_dev_add(k.dev, acc.p, recv.p, n, s), CTXPAR_OK);
@@ -202,7 +205,17 @@ TEST_F(NcclComm, WaitOrdersTheCallersStream) {
             EXPECT_EQ(bad, 0u) << "round " << round;
         }
         ctxpar_dev_stream_destroy(k.dev, s);
-    });
+    }
+}
+
+TEST_F(NcclComm, WaitOrdersTheCallersStream) {
+    RunRanks(WaitOrders);
+}
+
+TEST_F(NcclComm, WaitOrdersTheCallersStreamWithoutHostWait) {
+    ctxpar_nccl_options opt = CTXPAR_NCCL_OPTIONS_INIT;
+    opt.host_wait = 0;
+    RunRanks(WaitOrders, &opt);
 }
 
 TEST_F(NcclComm, AllgatherAndAlltoall) {
@@ -246,8 +259,7 @@ TEST_F(NcclComm, ReduceScatterSumsInRankOrder) {
                 mine[j * n + i] = Contribution(k.rank, j * n + i);
         send.Set(mine);
         ctxpar_request *req = nullptr;
-        ASSERT_EQ(ctxpar_comm_reduce_scatter(k.comm, send.p, recv.p, n, nullptr, &req),
-                  CTXPAR_OK)
+        ASSERT_EQ(ctxpar_comm_reduce_scatter(k.comm, send.p, recv.p, n, nullptr, &req), CTXPAR_OK)
             << ctxpar_last_error();
         ASSERT_EQ(ctxpar_comm_wait(k.comm, req, nullptr), CTXPAR_OK);
         std::vector<float> got = recv.Get();
@@ -318,7 +330,7 @@ TEST_F(NcclComm, CancelLeavesTheCommUsable) {
         Buf send(k.dev, n), recv(k.dev, n);
         send.Set(Data(k.rank, n));
         ctxpar_request *req = nullptr;
-        ASSERT_EQ(ctxpar_comm_sendrecv(k.comm, send.p, n * 4, next, recv.p, n * 4, prev, nullptr,
+        ASSERT_EQ(ctxpar_comm_sendrecv(k.comm, send.p, n * 4, next, recv.p, n * 4, prev, 0, nullptr,
                                        &req),
                   CTXPAR_OK);
         ctxpar_comm_cancel(k.comm, req);
@@ -333,8 +345,11 @@ TEST_F(NcclComm, MissingPeerTimesOut) {
     if (GpuCount() < 2)
         GTEST_SKIP() << "skipped: needs 2 GPUs (found " << GpuCount() << ")";
     RunRanks([](Rank &k) {
+        // One barrier together first: NCCL sets its connections up on first use, and a blocking
+        // communicator's setup waits for the peers on the host, outside any timeout.
+        ASSERT_EQ(ctxpar_comm_barrier(k.comm), CTXPAR_OK) << ctxpar_last_error();
         if (k.rank == 1)
-            return; // never arrives
+            return; // never arrives again
         ASSERT_EQ(ctxpar_comm_set_timeout(k.comm, 2.0), CTXPAR_OK);
         double t0 = ctxpar_now();
         EXPECT_EQ(ctxpar_comm_barrier(k.comm), CTXPAR_ERR_TIMEOUT);
@@ -346,8 +361,35 @@ TEST_F(NcclComm, MissingPeerTimesOut) {
         EXPECT_EQ(aborted, 1);
         ctxpar_request *req = nullptr;
         float x = 0;
-        EXPECT_EQ(ctxpar_comm_sendrecv(k.comm, &x, 4, 0, &x, 4, 0, nullptr, &req),
+        EXPECT_EQ(ctxpar_comm_sendrecv(k.comm, &x, 4, 0, &x, 4, 0, 0, nullptr, &req),
                   CTXPAR_ERR_COMM);
+    });
+}
+
+// A transfer whose peer never posts: wait returns TIMEOUT after the timeout and aborts.
+TEST_F(NcclComm, MissingPeerTransferTimesOut) {
+    if (GpuCount() < 2)
+        GTEST_SKIP() << "skipped: needs 2 GPUs (found " << GpuCount() << ")";
+    RunRanks([](Rank &k) {
+        Buf send(k.dev, 1000), recv(k.dev, 1000);
+        ctxpar_request *req = nullptr;
+        const int peer = 1 - k.rank;
+        if (k.rank < 2) { // connect ranks 0 and 1 first (see MissingPeerTimesOut)
+            ASSERT_EQ(ctxpar_comm_sendrecv(k.comm, send.p, 4000, peer, recv.p, 4000, peer, 0,
+                                           nullptr, &req),
+                      CTXPAR_OK);
+            ASSERT_EQ(ctxpar_comm_wait(k.comm, req, nullptr), CTXPAR_OK) << ctxpar_last_error();
+        }
+        if (k.rank != 0)
+            return;
+        ASSERT_EQ(ctxpar_comm_set_timeout(k.comm, 2.0), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_comm_sendrecv(k.comm, send.p, 4000, 1, recv.p, 4000, 1, 1, nullptr, &req),
+                  CTXPAR_OK)
+            << ctxpar_last_error();
+        EXPECT_EQ(ctxpar_comm_wait(k.comm, req, nullptr), CTXPAR_ERR_TIMEOUT);
+        int aborted = 0;
+        ASSERT_EQ(ctxpar_nccl_comm_aborted(k.comm, &aborted), CTXPAR_OK);
+        EXPECT_EQ(aborted, 1);
     });
 }
 

@@ -27,12 +27,16 @@ section() { say ""; say "== $* (t=$(( $(date +%s) - START ))s)"; }
 
 NVCC="${NVCC:-$(command -v nvcc || true)}"
 if [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ]; then NVCC=/usr/local/cuda/bin/nvcc; fi
-CUDA_HOME="${CUDA_HOME:-$( [ -n "$NVCC" ] && dirname "$(dirname "$(readlink -f "$NVCC")")" || echo /usr/local/cuda)}"
+if [ -z "${CUDA_HOME:-}" ]; then
+    CUDA_HOME=/usr/local/cuda
+    [ -n "$NVCC" ] && CUDA_HOME="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
+fi
 export LD_LIBRARY_PATH="$CUDA_HOME/lib64:$CUDA_HOME/lib:${LD_LIBRARY_PATH:-}"
 
 section "environment"
 say "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-say "$(nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv,noheader 2>&1 | head -4)"
+say "$(nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total \
+    --format=csv,noheader 2>&1 | head -4)"
 say "nvcc: $("$NVCC" --version 2>/dev/null | grep release || echo missing)"
 say "python: $(python3 -c 'import torch; print("torch", torch.__version__)' 2>&1 | tail -1)"
 
@@ -43,7 +47,8 @@ obj_name() { echo "${1#"$ROOT"/}" | tr / _ | sed 's/$/.o/'; }
 build_from_source() {
     local B="$RESULTS_DIR/build" cc_arch jobs
     jobs=$(nproc)
-    cc_arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
+    cc_arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
+        head -1 | tr -d '. ')
     cc_arch=${cc_arch:-90}
     BIN="$B/bin"
     mkdir -p "$B/obj" "$BIN"
@@ -57,27 +62,31 @@ build_from_source() {
         case "$f" in *_bench.c|*/cudnn_absent.c) continue ;; esac
         srcs+=("$f")
     done
-    say "building from source: ${#srcs[@]} C files, $(ls "$ROOT"/backends/cuda/*.cu | wc -l) CUDA files (sm_$cc_arch)"
+    say "building from source: ${#srcs[@]} C files," \
+        "$(ls "$ROOT"/backends/cuda/*.cu | wc -l) CUDA files (sm_$cc_arch)"
     # One command per line, run $jobs at a time; xargs fails if any of them does.
     {
         for f in "${srcs[@]}"; do
             printf 'gcc %s -c %q -o %q\n' "$cflags" "$f" "$B/obj/$(obj_name "$f")"
         done
         for f in "$ROOT"/backends/cuda/*.cu; do
-            printf '%q -c -O3 -std=c++17 -gencode arch=compute_%s,code=sm_%s -Xcompiler -fPIC %s %q -o %q\n' \
-                "$NVCC" "$cc_arch" "$cc_arch" "$inc" "$f" "$B/obj/$(obj_name "$f")"
+            printf '%q -c -O3 -std=c++17 -gencode arch=compute_%s,code=sm_%s' \
+                "$NVCC" "$cc_arch" "$cc_arch"
+            printf ' -Xcompiler -fPIC %s %q -o %q\n' "$inc" "$f" "$B/obj/$(obj_name "$f")"
         done
     } | xargs -P "$jobs" -d '\n' -I{} bash -c '{}' || return 1
     rm -f "$B/libctxpar_gpu.a"
     ar rcs "$B/libctxpar_gpu.a" "$B"/obj/*.o || return 1
-    LIBS="$B/libctxpar_gpu.a -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcudnn -lnccl -lcudart -lstdc++ -fopenmp -lm -lpthread -ldl"
+    LIBS="$B/libctxpar_gpu.a -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64"
+    LIBS="$LIBS -lcudnn -lnccl -lcudart -lstdc++ -fopenmp -lm -lpthread -ldl"
     gcc $cflags "$ROOT/testing/gpu/cuda_bench.c" $LIBS -o "$BIN/cuda_bench" || return 1
 
     # GoogleTest: given, installed, or built from the sources Debian/Ubuntu ship.
     local gt_inc="" gt_lib=""
     if [ -n "${GTEST_ROOT:-}" ]; then
         gt_inc="$GTEST_ROOT/include"; gt_lib="$GTEST_ROOT/lib"
-    elif [ -f /usr/include/gtest/gtest.h ] && ls /usr/lib/x86_64-linux-gnu/libgtest.a >/dev/null 2>&1; then
+    elif [ -f /usr/include/gtest/gtest.h ] &&
+        [ -f /usr/lib/x86_64-linux-gnu/libgtest.a ]; then
         gt_inc=/usr/include; gt_lib=/usr/lib/x86_64-linux-gnu
     elif [ -d /usr/src/googletest ] && command -v cmake >/dev/null; then
         cmake -S /usr/src/googletest -B "$B/gtest" -DCMAKE_BUILD_TYPE=Release >/dev/null &&
@@ -96,7 +105,8 @@ build_from_source() {
 
 section "binaries"
 if [ -x "$BIN/cuda_ops_test" ] && [ -x "$BIN/cuda_bench" ]; then
-    say "using prebuilt binaries from out/gpu/bin (commit $(cat "$BIN/COMMIT" 2>/dev/null || echo unknown))"
+    say "using prebuilt binaries from out/gpu/bin" \
+        "(commit $(cat "$BIN/COMMIT" 2>/dev/null || echo unknown))"
 else
     # Not in a pipeline: the function sets BIN for the steps below. Its `say` lines still
     # reach results.txt.
@@ -113,7 +123,8 @@ for t in cuda_ops_test nccl_comm_test e2e_cuda_test; do
     if [ ! -x "$BIN/$t" ]; then say "$t: NOT BUILT"; FAILED=1; continue; fi
     timeout 300 "$BIN/$t" > "$RESULTS_DIR/$t.log" 2>&1
     rc=$?
-    summary=$(grep -E "^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test" "$RESULTS_DIR/$t.log" | tr '\n' ' ')
+    summary=$(grep -E "^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test" "$RESULTS_DIR/$t.log" |
+        tr '\n' ' ')
     say "$t: exit $rc  $summary"
     grep -E "^\[  FAILED  \] [A-Za-z]" "$RESULTS_DIR/$t.log" | head -40 | tee -a "$RESULTS"
     [ $rc -eq 0 ] || FAILED=1

@@ -8,8 +8,12 @@
 #include "ring_plan.h"
 #include "transfer.h"
 
-static int next_rank(const ctxpar_problem *pb) { return (pb->rank + 1) % pb->nranks; }
-static int prev_rank(const ctxpar_problem *pb) { return (pb->rank + pb->nranks - 1) % pb->nranks; }
+static int next_rank(const ctxpar_problem *pb) {
+    return (pb->rank + 1) % pb->nranks;
+}
+static int prev_rank(const ctxpar_problem *pb) {
+    return (pb->rank + pb->nranks - 1) % pb->nranks;
+}
 static int block_at(const ctxpar_problem *pb, int step) {
     return (pb->rank - step + pb->nranks) % pb->nranks;
 }
@@ -23,7 +27,7 @@ static ctxpar_status post_kv(const ctxpar_run *run, const ctxpar_problem *pb,
     int recv = ctxpar_ring_kv_hop(plan, prev_rank(pb), s);
     if (!send && !recv)
         return CTXPAR_OK;
-    return ctxpar_xfer_post(run, x, "kv", s, cur, send ? next_rank(pb) : -1, next,
+    return ctxpar_xfer_post(run, x, CTXPAR_XFER_KV, s, cur, send ? next_rank(pb) : -1, next,
                             recv ? prev_rank(pb) : -1, bytes);
 }
 
@@ -77,17 +81,16 @@ ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
     for (int s = 0; s < P; s++) {
         void *cur = kv[s % 2];
         // The next block travels while this one is computed.
-        CTXPAR_CHECK_GOTO(post_kv(run, pb, &plan, &x, s, cur, kv[(s + 1) % 2], kv_bytes), st,
-                          done);
+        CTXPAR_CHECK_GOTO(post_kv(run, pb, &plan, &x, s, cur, kv[(s + 1) % 2], kv_bytes), st, done);
         ctxpar_attn_block blk;
         if (ctxpar_ring_holds(&plan, pb->rank, s) &&
             block_for_step(run, pb, &qs, &ks, s, q, cur, &blk)) {
             double t0 = ctxpar_now();
             CTXPAR_CHECK_GOTO(
-                ctxpar_dev_attn_block_fwd(run->dev, &blk, out_acc, lse_acc, have, run->stream),
-                st, done);
-            ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", s, block_at(pb, s), t0,
-                             ctxpar_now(), 0);
+                ctxpar_dev_attn_block_fwd(run->dev, &blk, out_acc, lse_acc, have, run->stream), st,
+                done);
+            ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", s, block_at(pb, s), t0, ctxpar_now(),
+                             0);
             have = 1;
         }
         CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &x), st, done);
@@ -108,7 +111,7 @@ done:
 // Backward state: K/V double buffer, dK/dV partial sums and their transfers.
 typedef struct ring_bwd {
     ctxpar_ring_plan plan;
-    ctxpar_xfer xkv, xd, xhome;
+    ctxpar_xfer xkv, xd, xsend, xhome; // K/V; partial sums in; a finished sum out; ours in
     void *kv[2];
     float *own;     // this rank's contribution to its own block (step 0)
     float *dloc[2]; // contributions at steps >= 1, alternating while one is in flight
@@ -164,23 +167,30 @@ static ctxpar_status bwd_step(const ctxpar_run *run, const ctxpar_problem *pb, r
             double t0 = ctxpar_now();
             CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, delta, dq_acc, dloc,
                                                    dloc + w->dkv_n / 2, run->stream));
-            ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", s, block_at(pb, s), t0,
-                             ctxpar_now(), 0);
+            ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", s, block_at(pb, s), t0, ctxpar_now(),
+                             0);
         }
     }
-    // The previous step's partial-sum transfer: its receive is this step's block's sum so far,
-    // and its send buffer is reused next step.
+    // The previous step's partial-sum transfers: the receive is this step's block's sum so far,
+    // and the send buffer is reused next step.
     CTXPAR_CHECK(ctxpar_xfer_wait(run, &w->xd));
+    CTXPAR_CHECK(ctxpar_xfer_wait(run, &w->xsend));
     if (holds && s > 0)
         CTXPAR_CHECK(ctxpar_dev_add(run->dev, dloc, w->din, w->dkv_n, run->stream));
     int dst = holds ? dkv_destination(pb, &w->plan, s) : -1;
     int src = ctxpar_ring_kv_hop(&w->plan, prev_rank(pb), s) ? prev_rank(pb) : -1;
-    if (dst >= 0 || src >= 0)
-        CTXPAR_CHECK(ctxpar_xfer_post(run, &w->xd, "dkv", s, dloc, dst, w->din, src, w->dkv_bytes));
+    // A finished sum goes home as a transfer of its own kind, which its owner expects.
+    int home = dst >= 0 && dst == block_at(pb, s);
+    if (home)
+        CTXPAR_CHECK(ctxpar_xfer_post(run, &w->xsend, CTXPAR_XFER_DKV_HOME, s, dloc, dst, NULL, -1,
+                                      w->dkv_bytes));
+    if ((dst >= 0 && !home) || src >= 0)
+        CTXPAR_CHECK(ctxpar_xfer_post(run, &w->xd, CTXPAR_XFER_DKV, s, dloc, home ? -1 : dst,
+                                      w->din, src, w->dkv_bytes));
     int last = w->plan.last[pb->rank];
     if (last != pb->rank && s == ctxpar_ring_dist(pb->rank, last, P))
-        CTXPAR_CHECK(ctxpar_xfer_post(run, &w->xhome, "dkv_home", s, NULL, -1, w->dhome, last,
-                                      w->dkv_bytes));
+        CTXPAR_CHECK(ctxpar_xfer_post(run, &w->xhome, CTXPAR_XFER_DKV_HOME, s, NULL, -1, w->dhome,
+                                      last, w->dkv_bytes));
     return ctxpar_xfer_wait(run, &w->xkv);
 }
 
@@ -212,9 +222,10 @@ ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
     ctxpar_shard_spans qs;
     ctxpar_layout_spans(pb->layout, pb->seq_global, pb->rank, P, &qs);
     for (int s = 0; s < P; s++)
-        CTXPAR_CHECK_GOTO(bwd_step(run, pb, &w, s, &qs, q, dout, lse, delta, dq_acc, kv_bytes),
-                          st, done);
+        CTXPAR_CHECK_GOTO(bwd_step(run, pb, &w, s, &qs, q, dout, lse, delta, dq_acc, kv_bytes), st,
+                          done);
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xd), st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xsend), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xhome), st, done);
     // Own block: complete at step 0 when nobody else needs it, else it has come home.
     const float *dkv = w.dhome ? w.dhome : w.own;
@@ -228,6 +239,7 @@ ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
 done:
     ctxpar_xfer_cancel(run, &w.xkv);
     ctxpar_xfer_cancel(run, &w.xd);
+    ctxpar_xfer_cancel(run, &w.xsend);
     ctxpar_xfer_cancel(run, &w.xhome);
     ctxpar_buffers_free(&buf);
     ctxpar_ring_plan_free(&w.plan);

@@ -4,21 +4,34 @@
 static ctxpar_status write_trailer(const ctxpar_run *run, void *buf, size_t bytes) {
     uint64_t sum = 0;
     CTXPAR_CHECK(ctxpar_dev_checksum(run->dev, buf, bytes, run->stream, &sum));
-    CTXPAR_CHECK(ctxpar_dev_copy(run->dev, (char *)buf + bytes, &sum, sizeof sum,
-                                 CTXPAR_COPY_H2D, run->stream));
+    CTXPAR_CHECK(ctxpar_dev_copy(run->dev, (char *)buf + bytes, &sum, sizeof sum, CTXPAR_COPY_H2D,
+                                 run->stream));
     // `sum` lives on this stack frame: the copy must finish before it goes away.
     return ctxpar_dev_stream_sync(run->dev, run->stream);
 }
 
-ctxpar_status ctxpar_xfer_post(const ctxpar_run *run, ctxpar_xfer *x, const char *name, int step,
-                               void *sendbuf, int dst, void *recvbuf, int src, size_t bytes) {
+static const char *kind_name(ctxpar_xfer_kind kind) {
+    switch (kind) {
+    case CTXPAR_XFER_KV:
+        return "kv";
+    case CTXPAR_XFER_DKV:
+        return "dkv";
+    case CTXPAR_XFER_DKV_HOME:
+        return "dkv_home";
+    }
+    return "?";
+}
+
+ctxpar_status ctxpar_xfer_post(const ctxpar_run *run, ctxpar_xfer *x, ctxpar_xfer_kind kind,
+                               int step, void *sendbuf, int dst, void *recvbuf, int src,
+                               size_t bytes) {
     size_t wire = bytes;
     if (run->verify_transfers) {
         if (dst >= 0)
             CTXPAR_CHECK(write_trailer(run, sendbuf, bytes));
         wire += CTXPAR_XFER_TRAILER;
     }
-    x->name = name;
+    x->name = kind_name(kind);
     x->step = step;
     x->dst = dst;
     x->src = src;
@@ -26,14 +39,16 @@ ctxpar_status ctxpar_xfer_post(const ctxpar_run *run, ctxpar_xfer *x, const char
     x->recvbuf = recvbuf;
     x->t_post = ctxpar_now();
     x->req = NULL;
-    return ctxpar_comm_sendrecv(run->comm, sendbuf, wire, dst, recvbuf, wire, src, run->stream,
+    // Steps are < P <= 2^20 (checked at the front door), so kind and step fit one tag.
+    int tag = (int)kind << 20 | step;
+    return ctxpar_comm_sendrecv(run->comm, sendbuf, wire, dst, recvbuf, wire, src, tag, run->stream,
                                 &x->req);
 }
 
 static ctxpar_status check_trailer(const ctxpar_run *run, const ctxpar_xfer *x) {
     uint64_t want = 0, got = 0;
-    CTXPAR_CHECK(ctxpar_dev_copy(run->dev, &want, (const char *)x->recvbuf + x->bytes,
-                                 sizeof want, CTXPAR_COPY_D2H, run->stream));
+    CTXPAR_CHECK(ctxpar_dev_copy(run->dev, &want, (const char *)x->recvbuf + x->bytes, sizeof want,
+                                 CTXPAR_COPY_D2H, run->stream));
     CTXPAR_CHECK(ctxpar_dev_stream_sync(run->dev, run->stream));
     CTXPAR_CHECK(ctxpar_dev_checksum(run->dev, x->recvbuf, x->bytes, run->stream, &got));
     if (got != want)

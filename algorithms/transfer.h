@@ -16,9 +16,17 @@ extern "C" {
 
 #define CTXPAR_XFER_TRAILER 8
 
+/* What travels: with the step, it makes the transfer's tag, so that a lost message can never
+ * let a later one land in the wrong buffer. */
+typedef enum ctxpar_xfer_kind {
+    CTXPAR_XFER_KV = 1,       /* a K/V block */
+    CTXPAR_XFER_DKV = 2,      /* a dK/dV partial sum, along the ring */
+    CTXPAR_XFER_DKV_HOME = 3, /* a finished dK/dV, to its owner */
+} ctxpar_xfer_kind;
+
 typedef struct ctxpar_xfer {
     ctxpar_request *req; /* NULL when nothing is in flight */
-    const char *name;
+    const char *name;    /* for traces and messages */
     int step, dst, src;
     size_t bytes; /* payload bytes, each way */
     void *recvbuf;
@@ -26,8 +34,9 @@ typedef struct ctxpar_xfer {
 } ctxpar_xfer;
 
 /* Posts: send `bytes` of sendbuf to dst and receive as many into recvbuf from src. */
-ctxpar_status ctxpar_xfer_post(const ctxpar_run *run, ctxpar_xfer *x, const char *name, int step,
-                               void *sendbuf, int dst, void *recvbuf, int src, size_t bytes);
+ctxpar_status ctxpar_xfer_post(const ctxpar_run *run, ctxpar_xfer *x, ctxpar_xfer_kind kind,
+                               int step, void *sendbuf, int dst, void *recvbuf, int src,
+                               size_t bytes);
 
 /* Completes a posted transfer (no-op when none is in flight) and checks the checksum. */
 ctxpar_status ctxpar_xfer_wait(const ctxpar_run *run, ctxpar_xfer *x);

@@ -379,9 +379,12 @@ struct ctxpar_comm_ops {
     void (*destroy)(struct ctxpar_comm *comm);
 
     /* Sends send_bytes from sendbuf to rank dst and receives recv_bytes into recvbuf from rank
-     * src, as one operation. dst < 0 or src < 0 skips that half. */
+     * src, as one operation. dst < 0 or src < 0 skips that half. tag (>= 0) names the transfer:
+     * a send meets only a receive of the same tag, so that a lost or extra message is an error
+     * (or a timeout) rather than data delivered to the wrong buffer. A comm whose transport
+     * cannot drop or reorder messages (NCCL) may ignore it. */
     ctxpar_status (*sendrecv)(struct ctxpar_comm *comm, const void *sendbuf, size_t send_bytes,
-                              int dst, void *recvbuf, size_t recv_bytes, int src,
+                              int dst, void *recvbuf, size_t recv_bytes, int src, int tag,
                               ctxpar_stream *stream, ctxpar_request **req_out);
     /* recvbuf[r*bytes .. (r+1)*bytes) = rank r's sendbuf, for every rank r. */
     ctxpar_status (*allgather)(struct ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
@@ -397,7 +400,9 @@ struct ctxpar_comm_ops {
     /* Retires req (also on failure); then `stream` is ordered after the transfer. */
     ctxpar_status (*wait)(struct ctxpar_comm *comm, ctxpar_request *req, ctxpar_stream *stream);
     /* Abandons req after an error elsewhere: when it returns the comm no longer touches the
-     * request's buffers and req is freed. Peers may then see TIMEOUT or REMOTE. */
+     * request's buffers and req is freed. Peers may then see TIMEOUT or REMOTE. (MPI cannot
+     * cancel a send: the MPI comm keeps such a send and may read its buffer until the comm is
+     * destroyed; see comm/mpi.) */
     void (*cancel)(struct ctxpar_comm *comm, ctxpar_request *req);
     /* Blocking, host memory, small: in-place reduction of count int64 values over all ranks. */
     ctxpar_status (*allreduce_i64)(struct ctxpar_comm *comm, int64_t *buf, size_t count,
@@ -429,7 +434,7 @@ ctxpar_status ctxpar_comm_create(const struct ctxpar_comm_ops *ops, void *impl, 
 
 /* Dispatch wrappers: the only way algorithms reach a comm. */
 ctxpar_status ctxpar_comm_sendrecv(ctxpar_comm *comm, const void *sendbuf, size_t send_bytes,
-                                   int dst, void *recvbuf, size_t recv_bytes, int src,
+                                   int dst, void *recvbuf, size_t recv_bytes, int src, int tag,
                                    ctxpar_stream *stream, ctxpar_request **req_out);
 ctxpar_status ctxpar_comm_allgather(ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t bytes, ctxpar_stream *stream,

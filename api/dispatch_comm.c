@@ -71,10 +71,12 @@ ctxpar_status ctxpar_comm_set_timeout(ctxpar_comm *comm, double seconds) {
 }
 
 ctxpar_status ctxpar_comm_sendrecv(ctxpar_comm *comm, const void *sendbuf, size_t send_bytes,
-                                   int dst, void *recvbuf, size_t recv_bytes, int src,
+                                   int dst, void *recvbuf, size_t recv_bytes, int src, int tag,
                                    ctxpar_stream *stream, ctxpar_request **req_out) {
+    if (tag < 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "sendrecv: tag (%d) must be >= 0", tag);
     CTXPAR_CHECK(comm->ops->sendrecv(comm, sendbuf, send_bytes, dst, recvbuf, recv_bytes, src,
-                                     stream, req_out));
+                                     tag, stream, req_out));
     if (dst >= 0)
         comm->bytes_sent += send_bytes;
     return CTXPAR_OK;

@@ -122,6 +122,8 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
         return BAD("q heads (%lld) must be a multiple of k heads (%lld)", (long long)q->shape[2],
                    (long long)k->shape[2]);
     int P = comm->size;
+    if (P > (1 << 20)) // ring steps travel in 20-bit transfer tags
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "%d ranks: at most 2^20 are supported", P);
     int64_t seq_global = q->shape[1] * P;
     if (p && p->seq_len_global != 0 && p->seq_len_global != seq_global)
         return BAD("params.seq_len_global (%lld) != local seq (%lld) x ranks (%d)",

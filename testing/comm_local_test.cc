@@ -146,7 +146,7 @@ TEST_P(LocalComm, SendrecvRingShift) {
                 std::vector<uint8_t> send = Pattern(seed, r, bytes), recv(bytes, 0xEE);
                 ctxpar_request *req = nullptr;
                 EXPECT_OK(ctxpar_comm_sendrecv(comm, send.data(), bytes, dst, recv.data(), bytes,
-                                               src, nullptr, &req));
+                                               src, 0, nullptr, &req));
                 EXPECT_OK(ctxpar_comm_wait(comm, req, nullptr));
                 std::vector<uint8_t> want = Pattern(seed, src, bytes);
                 EXPECT_EQ(FirstDiff(recv.data(), want.data(), bytes), -1)
@@ -165,16 +165,16 @@ TEST_P(LocalComm, SendrecvSkippedHalves) {
         // The send and the receive as two ops, retired in the other order.
         ctxpar_request *sreq = nullptr, *rreq = nullptr;
         EXPECT_OK(
-            ctxpar_comm_sendrecv(comm, send.data(), bytes, dst, nullptr, 0, -1, nullptr, &sreq));
+            ctxpar_comm_sendrecv(comm, send.data(), bytes, dst, nullptr, 0, -1, 0, nullptr, &sreq));
         EXPECT_OK(
-            ctxpar_comm_sendrecv(comm, nullptr, 0, -1, recv.data(), bytes, src, nullptr, &rreq));
+            ctxpar_comm_sendrecv(comm, nullptr, 0, -1, recv.data(), bytes, src, 0, nullptr, &rreq));
         EXPECT_OK(ctxpar_comm_wait(comm, rreq, nullptr));
         EXPECT_OK(ctxpar_comm_wait(comm, sreq, nullptr));
         std::vector<uint8_t> want = Pattern(7, src, bytes);
         EXPECT_EQ(FirstDiff(recv.data(), want.data(), bytes), -1);
         // Both halves skipped: a request that is done at once.
         ctxpar_request *none = nullptr;
-        EXPECT_OK(ctxpar_comm_sendrecv(comm, nullptr, 0, -1, nullptr, 0, -1, nullptr, &none));
+        EXPECT_OK(ctxpar_comm_sendrecv(comm, nullptr, 0, -1, nullptr, 0, -1, 0, nullptr, &none));
         int done = 0;
         EXPECT_OK(ctxpar_comm_test(comm, none, &done));
         EXPECT_EQ(done, 1);
@@ -345,7 +345,7 @@ TEST_P(LocalComm, BackToBackCollectives) {
             EXPECT_OK(ctxpar_comm_reduce_scatter(comm, rs_send.data(), rs_recv.data(), count,
                                                  nullptr, &rs));
             EXPECT_OK(ctxpar_comm_sendrecv(comm, sr_send.data(), bytes, dst, sr_recv.data(), bytes,
-                                           src, nullptr, &sr));
+                                           src, 0, nullptr, &sr));
             EXPECT_OK(ctxpar_comm_wait(comm, sr, nullptr));
             EXPECT_OK(ctxpar_comm_wait(comm, rs, nullptr));
             EXPECT_OK(ctxpar_comm_wait(comm, ag, nullptr));
@@ -387,7 +387,7 @@ TEST_P(LocalComm, TestEventuallyReportsDone) {
         std::vector<uint8_t> send = Pattern(11, r, bytes), recv(bytes);
         std::vector<float> rs_send(count * (size_t)p, 1.0f), rs_recv(count);
         ctxpar_request *sr = nullptr, *rs = nullptr;
-        EXPECT_OK(ctxpar_comm_sendrecv(comm, send.data(), bytes, dst, recv.data(), bytes, src,
+        EXPECT_OK(ctxpar_comm_sendrecv(comm, send.data(), bytes, dst, recv.data(), bytes, src, 0,
                                        nullptr, &sr));
         EXPECT_OK(
             ctxpar_comm_reduce_scatter(comm, rs_send.data(), rs_recv.data(), count, nullptr, &rs));
@@ -429,10 +429,10 @@ TEST_P(LocalComm, TransfersProgressWhileThePosterComputes) {
                 ASSERT_TRUE(AwaitFlag(posted));
             }
             if (r == 0)
-                EXPECT_OK(ctxpar_comm_sendrecv(comm, send.data(), bytes, 1, nullptr, 0, -1, nullptr,
+                EXPECT_OK(ctxpar_comm_sendrecv(comm, send.data(), bytes, 1, nullptr, 0, -1, 0, nullptr,
                                                &req));
             else
-                EXPECT_OK(ctxpar_comm_sendrecv(comm, nullptr, 0, -1, recv.data(), bytes, 0, nullptr,
+                EXPECT_OK(ctxpar_comm_sendrecv(comm, nullptr, 0, -1, recv.data(), bytes, 0, 0, nullptr,
                                                &req));
             if (first) {
                 posted = 1;
@@ -502,7 +502,7 @@ TEST_P(LocalComm, SendrecvTimeoutNamesThePeer) {
                 uint8_t buf[16];
                 ctxpar_request *req = nullptr;
                 EXPECT_OK(
-                    ctxpar_comm_sendrecv(comm, nullptr, 0, -1, buf, sizeof buf, 1, nullptr, &req));
+                    ctxpar_comm_sendrecv(comm, nullptr, 0, -1, buf, sizeof buf, 1, 0, nullptr, &req));
                 EXPECT_EQ(ctxpar_comm_wait(comm, req, nullptr), CTXPAR_ERR_TIMEOUT);
                 std::string msg = ctxpar_last_error();
                 EXPECT_NE(msg.find("sendrecv"), std::string::npos) << msg;
@@ -606,7 +606,7 @@ TEST_P(LocalComm, CancelThenFreeNeverTouchesTheBuffer) {
             if (r == 0) {
                 auto *send = new std::vector<uint8_t>(Pattern(seed, 0, bytes));
                 ctxpar_request *req = nullptr;
-                EXPECT_OK(ctxpar_comm_sendrecv(comm, send->data(), bytes, 1, nullptr, 0, -1,
+                EXPECT_OK(ctxpar_comm_sendrecv(comm, send->data(), bytes, 1, nullptr, 0, -1, 0,
                                                nullptr, &req));
                 if (sender_cancels) {
                     ctxpar_comm_cancel(comm, req);
@@ -618,7 +618,7 @@ TEST_P(LocalComm, CancelThenFreeNeverTouchesTheBuffer) {
             } else {
                 auto *recv = new std::vector<uint8_t>(bytes, 0);
                 ctxpar_request *req = nullptr;
-                EXPECT_OK(ctxpar_comm_sendrecv(comm, nullptr, 0, -1, recv->data(), bytes, 0,
+                EXPECT_OK(ctxpar_comm_sendrecv(comm, nullptr, 0, -1, recv->data(), bytes, 0, 0,
                                                nullptr, &req));
                 if (sender_cancels) {
                     ctxpar_status st = ctxpar_comm_wait(comm, req, nullptr);
@@ -639,7 +639,7 @@ TEST_P(LocalComm, CancelThenFreeNeverTouchesTheBuffer) {
         auto *recv = new std::vector<uint8_t>(bytes * 2);
         ctxpar_request *req = nullptr;
         ctxpar_status st = ctxpar_comm_sendrecv(comm, send->data(), bytes, 1 - r, recv->data(),
-                                                bytes, 1 - r, nullptr, &req);
+                                                bytes, 1 - r, 0, nullptr, &req);
         EXPECT_TRUE(st == CTXPAR_OK || st == CTXPAR_ERR_REMOTE) << ctxpar_last_error(); // peer gone
         ctxpar_comm_destroy(comm);
         comm = nullptr;
@@ -659,9 +659,9 @@ TEST(LocalCommUsage, MismatchedSizesAndOpsAreUsageErrors) {
         ctxpar_request *req = nullptr;
         // Rank 0 sends 100 bytes, rank 1 expects 50.
         if (r == 0)
-            EXPECT_OK(ctxpar_comm_sendrecv(comm, a.data(), 100, 1, nullptr, 0, -1, nullptr, &req));
+            EXPECT_OK(ctxpar_comm_sendrecv(comm, a.data(), 100, 1, nullptr, 0, -1, 0, nullptr, &req));
         else
-            EXPECT_OK(ctxpar_comm_sendrecv(comm, nullptr, 0, -1, b.data(), 50, 0, nullptr, &req));
+            EXPECT_OK(ctxpar_comm_sendrecv(comm, nullptr, 0, -1, b.data(), 50, 0, 0, nullptr, &req));
         EXPECT_EQ(ctxpar_comm_wait(comm, req, nullptr), CTXPAR_ERR_INVALID_USAGE);
         std::string msg = ctxpar_last_error();
         EXPECT_NE(msg.find("100 bytes"), std::string::npos) << msg;
@@ -692,13 +692,13 @@ TEST(LocalCommUsage, BadArguments) {
     EXPECT_EQ(twin, nullptr);
     uint8_t buf[64];
     ctxpar_request *req = nullptr;
-    EXPECT_EQ(ctxpar_comm_sendrecv(comm, buf, 8, 2, nullptr, 0, -1, nullptr, &req),
+    EXPECT_EQ(ctxpar_comm_sendrecv(comm, buf, 8, 2, nullptr, 0, -1, 0, nullptr, &req),
               CTXPAR_ERR_INVALID_ARG);
-    EXPECT_EQ(ctxpar_comm_sendrecv(comm, buf, 8, 1, nullptr, 0, -1, nullptr, nullptr),
+    EXPECT_EQ(ctxpar_comm_sendrecv(comm, buf, 8, 1, nullptr, 0, -1, 0, nullptr, nullptr),
               CTXPAR_ERR_INVALID_ARG);
-    EXPECT_EQ(ctxpar_comm_sendrecv(comm, nullptr, 8, 1, nullptr, 0, -1, nullptr, &req),
+    EXPECT_EQ(ctxpar_comm_sendrecv(comm, nullptr, 8, 1, nullptr, 0, -1, 0, nullptr, &req),
               CTXPAR_ERR_INVALID_ARG);
-    EXPECT_EQ(ctxpar_comm_sendrecv(comm, buf, 32, 1, buf + 16, 32, 1, nullptr, &req),
+    EXPECT_EQ(ctxpar_comm_sendrecv(comm, buf, 32, 1, buf + 16, 32, 1, 0, nullptr, &req),
               CTXPAR_ERR_INVALID_ARG);
     EXPECT_EQ(ctxpar_comm_allgather(comm, buf, buf + 4, 8, nullptr, &req), CTXPAR_ERR_INVALID_ARG);
     EXPECT_EQ(ctxpar_comm_alltoall(comm, buf, buf, 8, nullptr, &req), CTXPAR_ERR_INVALID_ARG);

@@ -91,7 +91,7 @@ TEST_F(MpiComm, SendrecvShifts) {
             uint64_t seed = bytes * 31 + (uint64_t)shift;
             std::vector<uint8_t> send = Pattern(seed, rank_, bytes), recv(bytes, 0xEE);
             ctxpar_request *req = nullptr;
-            EXPECT_OK(ctxpar_comm_sendrecv(comm_, send.data(), bytes, dst, recv.data(), bytes, src,
+            EXPECT_OK(ctxpar_comm_sendrecv(comm_, send.data(), bytes, dst, recv.data(), bytes, src, 0,
                                            nullptr, &req));
             EXPECT_OK(ctxpar_comm_wait(comm_, req, nullptr));
             std::vector<uint8_t> want = Pattern(seed, src, bytes);
@@ -106,14 +106,14 @@ TEST_F(MpiComm, SendrecvSkippedHalves) {
     int dst = (rank_ + 1) % p_, src = (rank_ - 1 + p_) % p_;
     std::vector<uint8_t> send = Pattern(7, rank_, bytes), recv(bytes, 0);
     ctxpar_request *sreq = nullptr, *rreq = nullptr;
-    EXPECT_OK(ctxpar_comm_sendrecv(comm_, send.data(), bytes, dst, nullptr, 0, -1, nullptr, &sreq));
-    EXPECT_OK(ctxpar_comm_sendrecv(comm_, nullptr, 0, -1, recv.data(), bytes, src, nullptr, &rreq));
+    EXPECT_OK(ctxpar_comm_sendrecv(comm_, send.data(), bytes, dst, nullptr, 0, -1, 0, nullptr, &sreq));
+    EXPECT_OK(ctxpar_comm_sendrecv(comm_, nullptr, 0, -1, recv.data(), bytes, src, 0, nullptr, &rreq));
     EXPECT_OK(ctxpar_comm_wait(comm_, rreq, nullptr));
     EXPECT_OK(ctxpar_comm_wait(comm_, sreq, nullptr));
     std::vector<uint8_t> want = Pattern(7, src, bytes);
     EXPECT_EQ(FirstDiff(recv.data(), want.data(), bytes), -1);
     ctxpar_request *none = nullptr;
-    EXPECT_OK(ctxpar_comm_sendrecv(comm_, nullptr, 0, -1, nullptr, 0, -1, nullptr, &none));
+    EXPECT_OK(ctxpar_comm_sendrecv(comm_, nullptr, 0, -1, nullptr, 0, -1, 0, nullptr, &none));
     int done = 0;
     EXPECT_OK(ctxpar_comm_test(comm_, none, &done));
     EXPECT_EQ(done, 1);
@@ -251,7 +251,7 @@ TEST_F(MpiComm, BackToBackCollectives) {
         EXPECT_OK(
             ctxpar_comm_reduce_scatter(comm_, rs_send.data(), rs_recv.data(), count, nullptr, &rs));
         EXPECT_OK(ctxpar_comm_sendrecv(comm_, sr_send.data(), bytes, dst, sr_recv.data(), bytes,
-                                       src, nullptr, &sr));
+                                       src, 0, nullptr, &sr));
         EXPECT_OK(ctxpar_comm_wait(comm_, sr, nullptr));
         EXPECT_OK(ctxpar_comm_wait(comm_, rs, nullptr));
         EXPECT_OK(ctxpar_comm_wait(comm_, ag, nullptr));
@@ -291,7 +291,7 @@ TEST_F(MpiComm, TestEventuallyReportsDone) {
     std::vector<uint8_t> send = Pattern(11, rank_, bytes), recv(bytes);
     std::vector<float> rs_send(count * (size_t)p_, 1.0f), rs_recv(count);
     ctxpar_request *sr = nullptr, *rs = nullptr;
-    EXPECT_OK(ctxpar_comm_sendrecv(comm_, send.data(), bytes, dst, recv.data(), bytes, src, nullptr,
+    EXPECT_OK(ctxpar_comm_sendrecv(comm_, send.data(), bytes, dst, recv.data(), bytes, src, 0, nullptr,
                                    &sr));
     EXPECT_OK(
         ctxpar_comm_reduce_scatter(comm_, rs_send.data(), rs_recv.data(), count, nullptr, &rs));
@@ -319,7 +319,7 @@ TEST_F(MpiComm, BuffersSplitIntoSeveralMessages) {
     int dst = (rank_ + 1) % p_, src = (rank_ - 1 + p_) % p_;
     std::vector<uint8_t> send = Pattern(21, rank_, bytes), recv(bytes);
     ctxpar_request *req = nullptr;
-    EXPECT_OK(ctxpar_comm_sendrecv(comm_, send.data(), bytes, dst, recv.data(), bytes, src, nullptr,
+    EXPECT_OK(ctxpar_comm_sendrecv(comm_, send.data(), bytes, dst, recv.data(), bytes, src, 0, nullptr,
                                    &req));
     EXPECT_OK(ctxpar_comm_wait(comm_, req, nullptr));
     std::vector<uint8_t> want = Pattern(21, src, bytes);
@@ -364,7 +364,7 @@ TEST_F(MpiComm, SendrecvAboveIntMax) {
         send[i] = (uint8_t)(Mix(i / 4096 + (uint64_t)rank_) + i);
     ctxpar_request *req = nullptr;
     int peer = 1 - rank_;
-    EXPECT_OK(ctxpar_comm_sendrecv(comm_, send.data(), bytes, peer, recv.data(), bytes, peer,
+    EXPECT_OK(ctxpar_comm_sendrecv(comm_, send.data(), bytes, peer, recv.data(), bytes, peer, 0,
                                    nullptr, &req));
     EXPECT_OK(ctxpar_comm_wait(comm_, req, nullptr));
     for (size_t i = 0; i < bytes; i++) {
@@ -418,7 +418,7 @@ TEST_F(MpiComm, SendrecvTimeoutNamesThePeer) {
     if (rank_ == 0) { // rank 1 never sends
         uint8_t buf[16];
         ctxpar_request *req = nullptr;
-        EXPECT_OK(ctxpar_comm_sendrecv(comm_, nullptr, 0, -1, buf, sizeof buf, 1, nullptr, &req));
+        EXPECT_OK(ctxpar_comm_sendrecv(comm_, nullptr, 0, -1, buf, sizeof buf, 1, 0, nullptr, &req));
         EXPECT_EQ(ctxpar_comm_wait(comm_, req, nullptr), CTXPAR_ERR_TIMEOUT);
         std::string msg = ctxpar_last_error();
         EXPECT_NE(msg.find("sendrecv"), std::string::npos) << msg;
@@ -461,10 +461,10 @@ TEST_F(MpiComm, MismatchedSizesAreUsageErrors) {
     for (int k = 0; k < 2; k++) {
         if (rank_ == 0) {
             EXPECT_OK(
-                ctxpar_comm_sendrecv(comm_, a.data(), sent[k], 1, nullptr, 0, -1, nullptr, &req));
+                ctxpar_comm_sendrecv(comm_, a.data(), sent[k], 1, nullptr, 0, -1, 0, nullptr, &req));
             EXPECT_OK(ctxpar_comm_wait(comm_, req, nullptr)); // small sends complete locally
         } else if (rank_ == 1) {
-            EXPECT_OK(ctxpar_comm_sendrecv(comm_, nullptr, 0, -1, b.data(), expected[k], 0, nullptr,
+            EXPECT_OK(ctxpar_comm_sendrecv(comm_, nullptr, 0, -1, b.data(), expected[k], 0, 0, nullptr,
                                            &req));
             EXPECT_EQ(ctxpar_comm_wait(comm_, req, nullptr), CTXPAR_ERR_INVALID_USAGE)
                 << ctxpar_last_error();
@@ -482,7 +482,7 @@ TEST_F(MpiComm, CancelThenFree) {
         auto *buf = new std::vector<uint8_t>(bytes);
         ctxpar_request *req = nullptr;
         EXPECT_OK(
-            ctxpar_comm_sendrecv(comm_, nullptr, 0, -1, buf->data(), bytes, 0, nullptr, &req));
+            ctxpar_comm_sendrecv(comm_, nullptr, 0, -1, buf->data(), bytes, 0, 0, nullptr, &req));
         ctxpar_comm_cancel(comm_, req);
         delete buf;
     }
@@ -491,7 +491,7 @@ TEST_F(MpiComm, CancelThenFree) {
         std::vector<uint8_t> send(bytes, 9);
         ctxpar_request *req = nullptr;
         EXPECT_OK(
-            ctxpar_comm_sendrecv(comm_, send.data(), bytes, 1, nullptr, 0, -1, nullptr, &req));
+            ctxpar_comm_sendrecv(comm_, send.data(), bytes, 1, nullptr, 0, -1, 0, nullptr, &req));
         EXPECT_OK(ctxpar_comm_wait(comm_, req, nullptr));
     }
     MPI_Barrier(MPI_COMM_WORLD);
@@ -507,7 +507,7 @@ TEST_F(MpiComm, DestroyWithRequestsInFlight) {
     auto *recv = new std::vector<uint8_t>(bytes);
     ctxpar_request *req = nullptr;
     if (rank_ == 0)
-        EXPECT_OK(ctxpar_comm_sendrecv(comm_, send->data(), bytes, 1, recv->data(), bytes, 1,
+        EXPECT_OK(ctxpar_comm_sendrecv(comm_, send->data(), bytes, 1, recv->data(), bytes, 1, 0,
                                        nullptr, &req));
     ctxpar_comm_destroy(comm_);
     comm_ = nullptr;
@@ -527,11 +527,11 @@ TEST_F(MpiComm, BadArguments) {
     EXPECT_EQ(ctxpar_comm_create_mpi(MPI_COMM_WORLD, nullptr), CTXPAR_ERR_INVALID_ARG);
     uint8_t buf[64];
     ctxpar_request *req = nullptr;
-    EXPECT_EQ(ctxpar_comm_sendrecv(comm_, buf, 8, p_, nullptr, 0, -1, nullptr, &req),
+    EXPECT_EQ(ctxpar_comm_sendrecv(comm_, buf, 8, p_, nullptr, 0, -1, 0, nullptr, &req),
               CTXPAR_ERR_INVALID_ARG);
-    EXPECT_EQ(ctxpar_comm_sendrecv(comm_, buf, 8, 0, nullptr, 0, -1, nullptr, nullptr),
+    EXPECT_EQ(ctxpar_comm_sendrecv(comm_, buf, 8, 0, nullptr, 0, -1, 0, nullptr, nullptr),
               CTXPAR_ERR_INVALID_ARG);
-    EXPECT_EQ(ctxpar_comm_sendrecv(comm_, buf, 32, 0, buf + 16, 32, 0, nullptr, &req),
+    EXPECT_EQ(ctxpar_comm_sendrecv(comm_, buf, 32, 0, buf + 16, 32, 0, 0, nullptr, &req),
               CTXPAR_ERR_INVALID_ARG);
     EXPECT_EQ(ctxpar_comm_alltoall(comm_, buf, buf, 8, nullptr, &req), CTXPAR_ERR_INVALID_ARG);
     EXPECT_EQ(ctxpar_comm_allgather(comm_, buf, buf, 8, nullptr, &req), CTXPAR_ERR_INVALID_ARG);

@@ -118,7 +118,7 @@ static ctxpar_status times_ranks(const char *op, size_t n, int p, size_t *out) {
 /* ---------------------------------------------------------------- nonblocking ops */
 
 static ctxpar_status local_sendrecv(ctxpar_comm *comm, const void *sendbuf, size_t send_bytes,
-                                    int dst, void *recvbuf, size_t recv_bytes, int src,
+                                    int dst, void *recvbuf, size_t recv_bytes, int src, int tag,
                                     ctxpar_stream *stream, ctxpar_request **req_out) {
     local_comm *c = impl_of(comm);
     int p = comm->size;
@@ -139,10 +139,11 @@ static ctxpar_status local_sendrecv(ctxpar_comm *comm, const void *sendbuf, size
     if (!req)
         return out_of_memory("sendrecv", (size_t)n);
     int i = 0;
+    // The tag travels as the halves' `arg`: halves that meet with different tags fail both.
     if (dst >= 0) // the send first, so that a rank sending to itself meets its own receive
-        set_half(req, i++, 1, dst, send_bytes, 0, sendbuf, NULL);
+        set_half(req, i++, 1, dst, send_bytes, tag, sendbuf, NULL);
     if (src >= 0)
-        set_half(req, i++, 0, src, recv_bytes, 0, NULL, recvbuf);
+        set_half(req, i++, 0, src, recv_bytes, tag, NULL, recvbuf);
     CTXPAR_CHECK(start(c, req));
     *req_out = req;
     return CTXPAR_OK;

@@ -122,7 +122,7 @@ static int finished(const struct ctxpar_request *req) {
 
 /* ---------------------------------------------------------------- matching */
 
-// Both sides of a pair must describe the same transfer; a mismatch is a usage error on both.
+// Both sides of a pair must describe the same transfer; a mismatch fails both.
 static int check_pair(local_half *h, local_half *o) {
     const local_half *s = h->is_send ? h : o, *r = h->is_send ? o : h;
     if (s->op == r->op && s->seq == r->seq && s->bytes == r->bytes && s->arg == r->arg)
@@ -134,9 +134,15 @@ static int check_pair(local_half *h, local_half *o) {
              s->owner, ctxpar_local_op_name(s->op), (unsigned long long)s->seq, s->bytes,
              (long long)s->arg, r->owner, ctxpar_local_op_name(r->op), (unsigned long long)r->seq,
              r->bytes, (long long)r->arg);
+    // Point-to-point halves that differ only in their tag mean a message was lost or extra on
+    // the way (a fault of the transfer, not of the call): report it as a comm error.
+    ctxpar_status st = s->op == LOCAL_OP_SENDRECV && r->op == LOCAL_OP_SENDRECV &&
+                               s->bytes == r->bytes && s->arg != r->arg
+                           ? CTXPAR_ERR_COMM
+                           : CTXPAR_ERR_INVALID_USAGE;
     h->state = o->state = LOCAL_HALF_MATCHED; // so that fail_half takes them
-    ctxpar_local_fail_half(h, CTXPAR_ERR_INVALID_USAGE, "%s", desc);
-    ctxpar_local_fail_half(o, CTXPAR_ERR_INVALID_USAGE, "%s", desc);
+    ctxpar_local_fail_half(h, st, "%s", desc);
+    ctxpar_local_fail_half(o, st, "%s", desc);
     return 0;
 }
 

@@ -102,7 +102,7 @@ struct ctxpar_request {
 /* ---- mpi_ops.c: the ops of the table in mpi_comm.c */
 
 ctxpar_status ctxpar_mpi_sendrecv(ctxpar_comm *comm, const void *sendbuf, size_t send_bytes,
-                                  int dst, void *recvbuf, size_t recv_bytes, int src,
+                                  int dst, void *recvbuf, size_t recv_bytes, int src, int tag,
                                   ctxpar_stream *stream, ctxpar_request **req_out);
 ctxpar_status ctxpar_mpi_allgather(ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
                                    size_t bytes, ctxpar_stream *stream, ctxpar_request **req_out);

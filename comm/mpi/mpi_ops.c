@@ -55,7 +55,7 @@ static ctxpar_status no_memory(const char *op) {
 }
 
 ctxpar_status ctxpar_mpi_sendrecv(ctxpar_comm *comm, const void *sendbuf, size_t send_bytes,
-                                  int dst, void *recvbuf, size_t recv_bytes, int src,
+                                  int dst, void *recvbuf, size_t recv_bytes, int src, int tag,
                                   ctxpar_stream *stream, ctxpar_request **req_out) {
     (void)stream; // host memory: MPI reads and writes the buffers directly
     mpi_comm_impl *c = impl_of(comm);
@@ -79,12 +79,15 @@ ctxpar_status ctxpar_mpi_sendrecv(ctxpar_comm *comm, const void *sendbuf, size_t
     struct ctxpar_request *req = ctxpar_mpi_request_new(c, KIND_SENDRECV, 0, ns + nr, 0);
     if (!req)
         return no_memory("sendrecv");
+    // The caller's tag shifts the per-peer sequence number, so that a message sent under another
+    // tag (after a lost one, say) never matches this receive.
+    const uint64_t shift = (uint64_t)tag * 7919u;
     if (src >= 0) // the receive first, so that the message need not wait as unexpected
         ctxpar_mpi_post_recv(req, recvbuf, recv_bytes, src,
-                             ctxpar_mpi_tag(c, KIND_SENDRECV, c->recv_seq[src]++));
+                             ctxpar_mpi_tag(c, KIND_SENDRECV, c->recv_seq[src]++ + shift));
     if (dst >= 0)
         ctxpar_mpi_post_send(req, sendbuf, send_bytes, dst,
-                             ctxpar_mpi_tag(c, KIND_SENDRECV, c->send_seq[dst]++));
+                             ctxpar_mpi_tag(c, KIND_SENDRECV, c->send_seq[dst]++ + shift));
     CTXPAR_CHECK(ctxpar_mpi_start(req));
     *req_out = req;
     return CTXPAR_OK;

@@ -1,7 +1,9 @@
-// cpu_bench: GFLOP/s of the CPU block kernels (forward and backward) on F32 inputs, no mask.
-//   bazel run -c opt //backends/cpu:cpu_bench -- [seq] [heads] [threads] [reps]
-// Forward FLOPs = 4*B*H*Sq*Sk*D (two matrix products); backward = 10*B*H*Sq*Sk*D (five; the
-// kernel recomputes S and dP in its second pass, so it does 14 of that work), bwd_prep included.
+// cpu_bench: GFLOP/s of the CPU block kernels (forward and backward) on F32 inputs.
+//   bazel run -c opt //backends/cpu:cpu_bench -- [seq] [heads] [threads] [reps] [window]
+// window: 0 = no mask (default), -1 = causal, W > 0 = causal with a left window of W.
+// Forward FLOPs = 4*D per visible (query, key) pair (two matrix products: 4*B*H*Sq*Sk*D without
+// a mask); backward = 10*D per pair (five; the kernel recomputes S and dP in its second pass, so
+// it does 14), bwd_prep included.
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +57,18 @@ __attribute__((target("avx512f"))) static double fma_peak_gflops(void) {
 }
 #endif
 
-static int run(ctxpar_device *dev, int64_t seq, int64_t heads, int64_t dim, int reps) {
+// Visible (query, key) pairs of one head with positions 0 .. seq-1 on both sides.
+static double visible_pairs(int64_t seq, int64_t window) {
+    if (window == 0)
+        return (double)seq * (double)seq;
+    double n = 0;
+    for (int64_t q = 0; q < seq; q++)
+        n += (double)(window > 0 && q + 1 > window ? window : q + 1);
+    return n;
+}
+
+static int run(ctxpar_device *dev, int64_t seq, int64_t heads, int64_t dim, int reps,
+               int64_t window) {
     size_t n = (size_t)(seq * heads * dim);
     float *q = malloc(n * sizeof *q), *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
     float *o = malloc(n * sizeof *o), *dout = malloc(n * sizeof *dout);
@@ -78,12 +91,12 @@ static int run(ctxpar_device *dev, int64_t seq, int64_t heads, int64_t dim, int 
         .v = ctxpar_tensor_bshd(v, CTXPAR_DTYPE_F32, 1, seq, heads, dim),
         .q_pos = {&span, 1},
         .k_pos = {&span, 1},
-        .mask = {0, 0, NULL, 0},
+        .mask = {window != 0, window > 0 ? window : 0, NULL, 0},
         .scale = 0.125f,
     };
     ctxpar_tensor ot = ctxpar_tensor_bshd(o, CTXPAR_DTYPE_F32, 1, seq, heads, dim);
     ctxpar_tensor dot = ctxpar_tensor_bshd(dout, CTXPAR_DTYPE_F32, 1, seq, heads, dim);
-    const double flops = 4.0 * (double)heads * (double)seq * (double)seq * (double)dim;
+    const double flops = 4.0 * (double)heads * visible_pairs(seq, window) * (double)dim;
     double wall_f = 1e30, wall_b = 1e30, cpu_f = 1e30, cpu_b = 1e30;
     for (int r = 0; r < reps; r++) {
         double w0 = ctxpar_now(), c0 = cpu_now();
@@ -119,6 +132,7 @@ int main(int argc, char **argv) {
     int64_t heads = argc > 2 ? atoll(argv[2]) : 4;
     int threads = argc > 3 ? atoi(argv[3]) : 1;
     int reps = argc > 4 ? atoi(argv[4]) : 3;
+    int64_t window = argc > 5 ? atoll(argv[5]) : 0;
     ctxpar_cpu_options opt = CTXPAR_CPU_OPTIONS_INIT;
     opt.num_threads = threads;
     ctxpar_device *dev = NULL;
@@ -132,7 +146,8 @@ int main(int argc, char **argv) {
         printf("measured FP32 FMA peak (AVX-512, one thread): %.1f GFLOP/s per CPU-s\n",
                fma_peak_gflops());
 #endif
-    int rc = run(dev, seq, heads, 64, reps) || run(dev, seq, heads, 128, reps);
+    printf("mask: %s\n", window == 0 ? "none" : window < 0 ? "causal" : "causal + window");
+    int rc = run(dev, seq, heads, 64, reps, window) || run(dev, seq, heads, 128, reps, window);
     ctxpar_device_destroy(dev);
     return rc;
 }

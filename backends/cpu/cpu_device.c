@@ -16,6 +16,7 @@ int ctxpar_cpu_threads(const ctxpar_cpu_device *cpu) {
 
 static int kernels_supported(const ctxpar_cpu_kernels *k) {
 #ifdef CTXPAR_CPU_HAVE_X86_KERNELS
+    __builtin_cpu_init(); // harmless if done; needed when called before constructors ran
     if (k == &ctxpar_cpu_kernels_avx512)
         return __builtin_cpu_supports("avx512f");
     if (k == &ctxpar_cpu_kernels_avx2)

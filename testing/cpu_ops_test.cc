@@ -65,7 +65,9 @@ bool KernelsAvailable(const char *name) {
     return d.st == CTXPAR_OK;
 }
 
-size_t DtypeSize(ctxpar_dtype dt) { return dt == CTXPAR_DTYPE_F32 ? 4 : 2; }
+size_t DtypeSize(ctxpar_dtype dt) {
+    return dt == CTXPAR_DTYPE_F32 ? 4 : 2;
+}
 
 // A host tensor that owns its memory; pad adds elements to the row stride (seq dimension) so
 // that kernels see non-dense tensors.
@@ -96,7 +98,9 @@ std::vector<int64_t> Positions(const std::vector<ctxpar_span> &spans) {
     return pos;
 }
 
-int64_t Total(const std::vector<ctxpar_span> &spans) { return (int64_t)Positions(spans).size(); }
+int64_t Total(const std::vector<ctxpar_span> &spans) {
+    return (int64_t)Positions(spans).size();
+}
 
 // Where the query and key rows of a block sit in the global sequence (seq_global = 512).
 struct PosCase {
@@ -129,12 +133,14 @@ struct MaskCase {
 
 std::vector<MaskCase> MaskCases() {
     return {
-        {"none", 0, 0, false},          {"causal", 1, 0, false}, {"causal_window", 1, 48, false},
-        {"window", 0, 48, false},       {"docs", 0, 0, true},    {"docs_causal", 1, 0, true},
+        {"none", 0, 0, false},    {"causal", 1, 0, false}, {"causal_window", 1, 48, false},
+        {"window", 0, 48, false}, {"docs", 0, 0, true},    {"docs_causal", 1, 0, true},
     };
 }
 
-const char *DtypeName(ctxpar_dtype dt) { return ctxpar_dtype_name(dt); }
+const char *DtypeName(ctxpar_dtype dt) {
+    return ctxpar_dtype_name(dt);
+}
 
 // One block pair: shapes, positions, mask, and the tensors filled from the global data.
 struct Problem {
@@ -270,10 +276,9 @@ BwdResult RunBwd(const Problem &p, int threads = 0, const char *kernels = nullpt
     r.dv.assign(p.KvSize(), 0.0f);
     if (d.st != CTXPAR_OK)
         return r;
-    ctxpar_tensor out = ctxpar_tensor_bshd(r.fwd.out.data(), CTXPAR_DTYPE_F32, p.B, p.Sq(), p.Hq,
-                                           p.D);
-    EXPECT_EQ(ctxpar_dev_attn_bwd_prep(d.dev, &out, &p.dout->t, r.delta.data(), nullptr),
-              CTXPAR_OK)
+    ctxpar_tensor out =
+        ctxpar_tensor_bshd(r.fwd.out.data(), CTXPAR_DTYPE_F32, p.B, p.Sq(), p.Hq, p.D);
+    EXPECT_EQ(ctxpar_dev_attn_bwd_prep(d.dev, &out, &p.dout->t, r.delta.data(), nullptr), CTXPAR_OK)
         << ctxpar_last_error();
     ctxpar_attn_block blk = p.Block();
     EXPECT_EQ(ctxpar_dev_attn_block_bwd(d.dev, &blk, &p.dout->t, r.fwd.lse.data(), r.delta.data(),
@@ -408,7 +413,8 @@ TEST(Fwd, ScaleIsApplied) {
 TEST(Fwd, FullyMaskedRows) {
     for (int whole = 0; whole < 2; whole++) {
         Problem p;
-        p.qs = whole ? std::vector<ctxpar_span>{{0, 90, 1}} : std::vector<ctxpar_span>{{20, 100, 1}};
+        p.qs =
+            whole ? std::vector<ctxpar_span>{{0, 90, 1}} : std::vector<ctxpar_span>{{20, 100, 1}};
         p.ks = {{95, 120, 1}};
         p.causal = 1;
         p.window = whole ? 0 : 30;
@@ -489,7 +495,8 @@ TEST_P(Merge, HalvesEqualWhole) {
     ExpectClose(lse2, ref_lse, kTolFwd, "attn_merge lse");
 
     FwdResult whole = RunFwd(p, 2);
-    std::vector<double> wo(whole.out.begin(), whole.out.end()), wl(whole.lse.begin(), whole.lse.end());
+    std::vector<double> wo(whole.out.begin(), whole.out.end()),
+        wl(whole.lse.begin(), whole.lse.end());
     ExpectClose(out2, wo, kTolMerge, "merged vs whole out");
     ExpectClose(lse2, wl, kTolMerge, "merged vs whole lse");
 }
@@ -514,8 +521,8 @@ TEST_P(Merge, EmptyPartialIsIdentity) {
     EXPECT_EQ(BitDiff(out2, a.out), 0u);
     EXPECT_EQ(BitDiff(lse2, a.lse), 0u);
     std::vector<float> out3 = zero, lse3 = ninf;
-    ASSERT_EQ(ctxpar_dev_attn_merge(d.dev, out3.data(), lse3.data(), zero.data(), ninf.data(),
-                                    p.B, p.Sq(), p.Hq, p.D, nullptr),
+    ASSERT_EQ(ctxpar_dev_attn_merge(d.dev, out3.data(), lse3.data(), zero.data(), ninf.data(), p.B,
+                                    p.Sq(), p.Hq, p.D, nullptr),
               CTXPAR_OK);
     EXPECT_EQ(BitDiff(out3, zero), 0u);
     EXPECT_EQ(BitDiff(lse3, ninf), 0u);
@@ -749,8 +756,7 @@ TEST(Determinism, ThreadCountsGiveIdenticalBits) {
 // A query row's bits depend only on that row, not on the other rows of the call nor on where it
 // sits in a tile: the all-gather algorithm computes subsets of rows against the whole K/V and
 // must match one rank computing them all.
-void CheckRowIndependence(ctxpar_dtype dt, int64_t hkv, const MaskCase &mask,
-                          const char *kernels) {
+void CheckRowIndependence(ctxpar_dtype dt, int64_t hkv, const MaskCase &mask, const char *kernels) {
     Problem full;
     full.dtype = dt;
     full.Hkv = hkv;
@@ -761,10 +767,10 @@ void CheckRowIndependence(ctxpar_dtype dt, int64_t hkv, const MaskCase &mask,
     full.Make();
     FwdResult whole = RunFwd(full, 2, kernels);
     const std::vector<std::vector<ctxpar_span>> subsets = {
-        {{1, 100, 4}},               // striped, stride 4
-        {{37, 150, 1}},              // contiguous, not tile-aligned
-        {{0, 50, 1}, {350, 50, 1}},  // zigzag
-        {{399, 1, 1}},               // one row
+        {{1, 100, 4}},              // striped, stride 4
+        {{37, 150, 1}},             // contiguous, not tile-aligned
+        {{0, 50, 1}, {350, 50, 1}}, // zigzag
+        {{399, 1, 1}},              // one row
     };
     for (const auto &qs : subsets) {
         Problem sub;
@@ -867,9 +873,9 @@ INSTANTIATE_TEST_SUITE_P(Cpu, KernelTables, ::testing::Values("generic", "avx2",
 // Values that exercise rounding: random, ties, subnormals of F16, overflow, specials.
 std::vector<float> CastValues(size_t n) {
     std::vector<float> x(n);
-    const float special[] = {0.0f,        -0.0f,      1.0f / 3.0f, 65504.0f, 65520.0f, 1e-8f,
-                             6.0e-5f,     -2.5e-6f,   3.0e38f,     INFINITY, -INFINITY, NAN,
-                             1.00390625f, 1.0009765625f, 1e-40f};
+    const float special[] = {0.0f,      -0.0f,   1.0f / 3.0f, 65504.0f,      65520.0f,
+                             1e-8f,     6.0e-5f, -2.5e-6f,    3.0e38f,       INFINITY,
+                             -INFINITY, NAN,     1.00390625f, 1.0009765625f, 1e-40f};
     for (size_t i = 0; i < n; i++)
         x[i] = i < sizeof special / sizeof special[0]
                    ? special[i]
@@ -901,8 +907,8 @@ TEST(Cast, EveryPairMatchesScalarConversions) {
                 for (int64_t s = 0; s < S; s++)
                     for (int64_t h = 0; h < H; h++)
                         for (int64_t e = 0; e < D; e++, i++) {
-                            int64_t off = b * src.t.stride[0] + s * src.t.stride[1] +
-                                          h * src.t.stride[2] + e;
+                            int64_t off =
+                                b * src.t.stride[0] + s * src.t.stride[1] + h * src.t.stride[2] + e;
                             float f = vals[i];
                             if (from == CTXPAR_DTYPE_F32) {
                                 ((float *)src.t.data)[off] = f;
@@ -926,8 +932,8 @@ TEST(Cast, EveryPairMatchesScalarConversions) {
                 for (int64_t s = 0; s < S; s++)
                     for (int64_t h = 0; h < H; h++)
                         for (int64_t e = 0; e < D; e++, i++) {
-                            int64_t off = b * dst.t.stride[0] + s * dst.t.stride[1] +
-                                          h * dst.t.stride[2] + e;
+                            int64_t off =
+                                b * dst.t.stride[0] + s * dst.t.stride[1] + h * dst.t.stride[2] + e;
                             uint32_t got = to == CTXPAR_DTYPE_F32
                                                ? ctxpar_f32_bits(((float *)dst.t.data)[off])
                                                : ((uint16_t *)dst.t.data)[off];
@@ -996,8 +1002,8 @@ TEST(Memory, AllocCopyMemset) {
         ASSERT_EQ(ctxpar_dev_alloc(d.dev, 1000, kind, &b), CTXPAR_OK);
         EXPECT_EQ((uintptr_t)a % 64, 0u);
         ASSERT_EQ(ctxpar_dev_memset(d.dev, a, 0x5a, 1000, nullptr), CTXPAR_OK);
-        for (ctxpar_copy_kind ck : {CTXPAR_COPY_D2D, CTXPAR_COPY_H2D, CTXPAR_COPY_D2H,
-                                    CTXPAR_COPY_H2H}) {
+        for (ctxpar_copy_kind ck :
+             {CTXPAR_COPY_D2D, CTXPAR_COPY_H2D, CTXPAR_COPY_D2H, CTXPAR_COPY_H2H}) {
             std::memset(b, 0, 1000);
             ASSERT_EQ(ctxpar_dev_copy(d.dev, b, a, 1000, ck, nullptr), CTXPAR_OK);
             EXPECT_EQ(std::memcmp(a, b, 1000), 0);

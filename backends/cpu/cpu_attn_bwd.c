@@ -39,14 +39,16 @@ typedef struct bwd_args {
 // side (query tiles for dq, key tiles for dk/dv), each with up to 4 transposed [D, 64] tiles and
 // two [64] vectors; every tile of the other side is loaded once for the whole group.
 typedef struct bwd_ws {
-    float *t[CTXPAR_CPU_GROUP][4];            // [D, 64]
-    float *vec[CTXPAR_CPU_GROUP][2];          // [64]
-    float *s, *dp;                            // [64, 64]
-    float *buf0, *buf1;                       // [64, D]
-    float *row;                               // [D]
+    float *t[CTXPAR_CPU_GROUP][4];   // [D, 64]
+    float *vec[CTXPAR_CPU_GROUP][2]; // [64]
+    float *s, *dp;                   // [64, 64]
+    float *buf0, *buf1;              // [64, D]
+    float *row;                      // [D]
 } bwd_ws;
 
-static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
+static size_t round16(size_t n) {
+    return (n + 15) / 16 * 16;
+}
 
 // Lays the workspace out from base; with base NULL it only measures (*floats_out).
 static bwd_ws bwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
@@ -91,11 +93,12 @@ static void pack_t(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, int64
 }
 
 // lse in base 2 for exp2(s - lse2); an empty row (lse = -inf) gets +inf so that P = 0.
-static float lse_base2(float lse) { return lse == -INFINITY ? INFINITY : (float)(lse * LOG2E); }
+static float lse_base2(float lse) {
+    return lse == -INFINITY ? INFINITY : (float)(lse * LOG2E);
+}
 
 // dq for query tiles qt0 .. qt0+ng-1 of (b, h); query rows are the lanes.
-static void dq_item(const bwd_args *a, const bwd_ws *w, int64_t b, int64_t h, int64_t qt0,
-                    int ng) {
+static void dq_item(const bwd_args *a, const bwd_ws *w, int64_t b, int64_t h, int64_t qt0, int ng) {
     const ctxpar_cpu_plan *p = a->p;
     const ctxpar_cpu_kernels *kern = a->kern;
     const ctxpar_attn_block *blk = p->blk;
@@ -105,8 +108,7 @@ static void dq_item(const bwd_args *a, const bwd_ws *w, int64_t b, int64_t h, in
     for (int g = 0; g < ng; g++) { // t[g] = scaled Q^T, dO^T, dQ^T; vec[g] = lse2, delta
         const int64_t i0 = (qt0 + g) * TQ, nq = tile_rows(p->seq_q, qt0 + g, TQ);
         const int64_t lanes = lanes_for(kern, nq);
-        pack_t(kern, &blk->q, b, i0, nq, h, lanes, (float)(blk->scale * LOG2E), w->row,
-               w->t[g][0]);
+        pack_t(kern, &blk->q, b, i0, nq, h, lanes, (float)(blk->scale * LOG2E), w->row, w->t[g][0]);
         pack_t(kern, a->dout, b, i0, nq, h, lanes, 1.0f, w->row, w->t[g][1]);
         memset(w->t[g][2], 0, (size_t)(dim * lanes) * sizeof(float));
         for (int64_t r = 0; r < lanes; r++) {

@@ -13,8 +13,8 @@
 
 #define CHUNK 256 // elements converted to F32 at a time, on the stack
 
-static float row_dot(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *x,
-                     const ctxpar_tensor *y, int64_t b, int64_t s, int64_t h) {
+static float row_dot(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *x, const ctxpar_tensor *y,
+                     int64_t b, int64_t s, int64_t h) {
     const int64_t dim = x->shape[3];
     const char *xr = ctxpar_cpu_row(x, b, s, h), *yr = ctxpar_cpu_row(y, b, s, h);
     const size_t xs = ctxpar_dtype_size(x->dtype), ys = ctxpar_dtype_size(y->dtype);

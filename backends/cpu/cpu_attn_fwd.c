@@ -32,17 +32,19 @@
 // Per-thread workspace, in floats, each part a multiple of 16 (64 bytes). An item covers up to
 // CTXPAR_CPU_GROUP query tiles, so that each K/V tile is loaded once for all of them.
 typedef struct fwd_ws {
-    float *qt[CTXPAR_CPU_GROUP];      // [D, lanes]  Q^T, scaled
-    float *ot[CTXPAR_CPU_GROUP];      // [D, lanes]  unnormalised O^T
-    float *m[CTXPAR_CPU_GROUP];       // [lanes]     running max (base 2)
-    float *l[CTXPAR_CPU_GROUP];       // [lanes]     running sum
-    float *alpha;                     // [lanes]     rescale factor of the current step
-    float *s;                         // [TK, lanes] scores, then probabilities
-    float *kbuf, *vbuf;               // [TK, D]     the K and V tile as dense F32
-    float *row;                       // [D]         one converted q row / one output row
+    float *qt[CTXPAR_CPU_GROUP]; // [D, lanes]  Q^T, scaled
+    float *ot[CTXPAR_CPU_GROUP]; // [D, lanes]  unnormalised O^T
+    float *m[CTXPAR_CPU_GROUP];  // [lanes]     running max (base 2)
+    float *l[CTXPAR_CPU_GROUP];  // [lanes]     running sum
+    float *alpha;                // [lanes]     rescale factor of the current step
+    float *s;                    // [TK, lanes] scores, then probabilities
+    float *kbuf, *vbuf;          // [TK, D]     the K and V tile as dense F32
+    float *row;                  // [D]         one converted q row / one output row
 } fwd_ws;
 
-static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
+static size_t round16(size_t n) {
+    return (n + 15) / 16 * 16;
+}
 
 // Lays the workspace out from base; with base NULL it only measures (*floats_out).
 static fwd_ws fwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
@@ -181,8 +183,10 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
     const int64_t groups = (p.q_tiles + CTXPAR_CPU_GROUP - 1) / CTXPAR_CPU_GROUP;
     const int64_t items = p.batch * p.heads_q * groups;
     if (items > 0 && (!out_acc || !lse_acc)) {
-        st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "attn_block_fwd: out_acc (%p) or lse_acc (%p) "
-                          "is NULL", (void *)out_acc, (void *)lse_acc);
+        st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                          "attn_block_fwd: out_acc (%p) or lse_acc (%p) "
+                          "is NULL",
+                          (void *)out_acc, (void *)lse_acc);
         goto done;
     }
     if (items == 0)

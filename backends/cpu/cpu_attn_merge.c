@@ -61,8 +61,8 @@ ctxpar_status ctxpar_cpu_attn_merge(ctxpar_device *dev, float *out_acc, float *l
     for (int64_t r = 0; r < rows; r++) {
         int64_t h = r % heads, s = (r / heads) % seq, b = r / (heads * seq);
         int64_t li = (b * heads + h) * seq + s;
-        ctxpar_cpu_merge_row(out_acc + r * head_dim, lse_acc + li, out_b + r * head_dim,
-                             lse_b[li], head_dim);
+        ctxpar_cpu_merge_row(out_acc + r * head_dim, lse_acc + li, out_b + r * head_dim, lse_b[li],
+                             head_dim);
     }
     return CTXPAR_OK;
 }

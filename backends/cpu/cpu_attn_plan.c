@@ -62,8 +62,9 @@ static ctxpar_status check_block(const ctxpar_attn_block *blk, const char *op) {
                             ctxpar_dtype_name(v->dtype));
     for (int i = 0; i < 4; i++)
         if (v->shape[i] != k->shape[i])
-            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: v.shape[%d] (%lld) != k.shape[%d] (%lld)",
-                                op, i, (long long)v->shape[i], i, (long long)k->shape[i]);
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                                "%s: v.shape[%d] (%lld) != k.shape[%d] (%lld)", op, i,
+                                (long long)v->shape[i], i, (long long)k->shape[i]);
     if (k->shape[0] != q->shape[0] || k->shape[3] != q->shape[3])
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "%s: k is [%lld, _, _, %lld] but q is [%lld, _, _, %lld] (batch, "

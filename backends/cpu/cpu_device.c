@@ -59,7 +59,9 @@ static ctxpar_status choose_kernels(const ctxpar_cpu_kernels **kern_out) {
     return CTXPAR_OK;
 }
 
-static void cpu_destroy(ctxpar_device *dev) { free(dev->impl); }
+static void cpu_destroy(ctxpar_device *dev) {
+    free(dev->impl);
+}
 
 static ctxpar_status cpu_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
                                void **ptr_out) {
@@ -90,8 +92,7 @@ static ctxpar_status cpu_copy(ctxpar_device *dev, void *dst, const void *src, si
     if (kind < CTXPAR_COPY_D2D || kind > CTXPAR_COPY_H2H)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "copy: unknown copy kind %d", (int)kind);
     if (bytes && (!dst || !src))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "copy: dst (%p) or src (%p) is NULL", dst,
-                            src);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "copy: dst (%p) or src (%p) is NULL", dst, src);
     if (bytes && dst != src) // every kind is host to host; memmove also allows overlap
         memmove(dst, src, bytes);
     return CTXPAR_OK;

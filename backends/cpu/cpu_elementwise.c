@@ -11,7 +11,7 @@
 #include "backends/cpu/cpu_internal.h"
 #include "ctxpar_half.h"
 
-#define CHUNK 256               // elements converted at a time, on the stack
+#define CHUNK 256              // elements converted at a time, on the stack
 #define PARALLEL_MIN (1 << 15) // below this many elements a thread team costs more than it saves
 
 static void from_f32(void *dst, const float *src, ctxpar_dtype dtype, int64_t n) {

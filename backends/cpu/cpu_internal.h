@@ -36,11 +36,11 @@ int ctxpar_cpu_threads(const ctxpar_cpu_device *cpu);
 typedef struct ctxpar_cpu_plan {
     const ctxpar_attn_block *blk;
     int64_t batch, seq_q, seq_k, heads_q, heads_kv, dim, group; /* group = heads_q / heads_kv */
-    int64_t *q_pos, *k_pos;       /* [seq_q], [seq_k] */
-    int64_t *q_doc, *k_doc;       /* document of each row (0 without documents) */
-    int64_t *q_range, *k_range;   /* (min, max) position of each tile: [2 * tiles] */
-    int64_t q_tiles, k_tiles;     /* tiles of CTXPAR_CPU_TILE_Q / CTXPAR_CPU_TILE_K rows */
-    ctxpar_block_class whole;     /* class of the whole block pair */
+    int64_t *q_pos, *k_pos;                                     /* [seq_q], [seq_k] */
+    int64_t *q_doc, *k_doc;     /* document of each row (0 without documents) */
+    int64_t *q_range, *k_range; /* (min, max) position of each tile: [2 * tiles] */
+    int64_t q_tiles, k_tiles;   /* tiles of CTXPAR_CPU_TILE_Q / CTXPAR_CPU_TILE_K rows */
+    ctxpar_block_class whole;   /* class of the whole block pair */
 } ctxpar_cpu_plan;
 
 /* Checks blk (what the dispatch cannot know: dtypes, shapes, strides, spans) and fills plan.

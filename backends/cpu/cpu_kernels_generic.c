@@ -15,14 +15,24 @@ static inline vf v_load(const float *p) {
     memcpy(&v, p, sizeof v);
     return v;
 }
-static inline void v_store(float *p, vf v) { memcpy(p, &v, sizeof v); }
-static inline vf v_set1(float x) { return (vf){x, x, x, x}; }
-static inline vf v_fma(vf a, vf b, vf c) { return a * b + c; }
+static inline void v_store(float *p, vf v) {
+    memcpy(p, &v, sizeof v);
+}
+static inline vf v_set1(float x) {
+    return (vf){x, x, x, x};
+}
+static inline vf v_fma(vf a, vf b, vf c) {
+    return a * b + c;
+}
 static inline vf v_select(vmask m, vf a, vf b) {
     return (vf)((m & (vmask)a) | (~m & (vmask)b));
 }
-static inline vf v_max(vf a, vf b) { return v_select(a > b, a, b); }
-static inline vf v_min(vf a, vf b) { return v_select(a < b, a, b); }
+static inline vf v_max(vf a, vf b) {
+    return v_select(a > b, a, b);
+}
+static inline vf v_min(vf a, vf b) {
+    return v_select(a < b, a, b);
+}
 
 #define KERNELS_TABLE ctxpar_cpu_kernels_generic
 #define KERNELS_LABEL "generic"

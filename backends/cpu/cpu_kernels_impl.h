@@ -80,9 +80,8 @@ static void scores(float *c, int64_t ldc, const float *at, int64_t lda, const fl
 
 // One MR*VL x NR tile of accum: columns d0 .. d0+nd-1 (nd <= NR). `full` (a constant at each
 // call) lets the compiler address b[m][d0 + j] with fixed offsets.
-CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const float *a,
-                           int64_t lda, const float *const *b, int64_t m, int64_t d0, int nd,
-                           int full) {
+CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const float *a, int64_t lda,
+                           const float *const *b, int64_t m, int64_t d0, int nd, int full) {
     vf acc[MR][NR];
     int64_t off[NR];
     for (int j = 0; j < NR; j++) {
@@ -184,5 +183,5 @@ static void to_f32(float *dst, const void *src, ctxpar_dtype dtype, int64_t n) {
 }
 
 const ctxpar_cpu_kernels KERNELS_TABLE = {
-    KERNELS_LABEL, MR * VL, scores, accum, softmax_step, exp2_sub, dsoftmax, to_f32,
+    KERNELS_LABEL, MR *VL, scores, accum, softmax_step, exp2_sub, dsoftmax, to_f32,
 };

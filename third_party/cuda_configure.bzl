@@ -10,11 +10,6 @@ CUDA code can be left out of the build cleanly on machines without the toolkit.
 
 The root is $CUDA_HOME, else /usr/local/cuda. cuDNN and NCCL are looked for in the toolkit,
 then in $CUDNN_HOME / $NCCL_HOME, then in the system directories (Debian/Ubuntu packages).
-
-Stop-gap: api/BUILD does not (yet) declare api/ctxpar_cuda.h and api/ctxpar_nccl.h, so this
-repository also offers them as :ctxpar_cuda_header and :ctxpar_nccl_header (symlinks to the
-files in api/, so edits are seen). Once api/BUILD has targets for them, the BUILD files of
-backends/cuda, comm/nccl and testing switch to those and these two targets go.
 """
 
 _SYSTEM_INCLUDE = ["/usr/include", "/usr/include/x86_64-linux-gnu"]
@@ -62,25 +57,6 @@ cc_library(
 )
 """.format(name = name, inc = inc, lib = lib, libs = repr(libs), deps = repr(deps))
 
-def _api_headers(ctx, cuda, nccl):
-    """The constructor headers in api/ as targets of this repository (see the module docstring)."""
-    api = str(ctx.path(Label("//:WORKSPACE")).dirname) + "/api/"
-    out = []
-    for name, dep, wanted in [("cuda", ":cudart", cuda), ("nccl", ":nccl", nccl)]:
-        if not wanted:
-            out.append('cc_library(name = "ctxpar_%s_header")' % name)
-            continue
-        ctx.symlink(api + "ctxpar_%s.h" % name, "ctxpar_api/ctxpar_%s.h" % name)
-        out.append("""
-cc_library(
-    name = "ctxpar_{n}_header",
-    hdrs = ["ctxpar_api/ctxpar_{n}.h"],
-    includes = ["ctxpar_api"],
-    deps = ["{dep}"],
-)
-""".format(n = name, dep = dep))
-    return out
-
 def _cuda_configure_impl(ctx):
     root = ctx.os.environ.get("CUDA_HOME", "/usr/local/cuda")
     nvcc = ctx.path(root + "/bin/nvcc")
@@ -119,7 +95,6 @@ def _cuda_configure_impl(ctx):
         build.append(_lib_target("nccl", inc, nccl_lib, ["-lnccl"], [":cudart"]))
     else:
         build.append('cc_library(name = "nccl")')
-    build += _api_headers(ctx, found, nccl_inc != None)
     ctx.file("BUILD", "\n".join(build) + "\n")
 
     ctx.file("defs.bzl", "\n".join([

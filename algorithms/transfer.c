@@ -41,8 +41,12 @@ ctxpar_status ctxpar_xfer_post(const ctxpar_run *run, ctxpar_xfer *x, ctxpar_xfe
     x->req = NULL;
     // Steps are < P <= 2^20 (checked at the front door), so kind and step fit one tag.
     int tag = (int)kind << 20 | step;
-    return ctxpar_comm_sendrecv(run->comm, sendbuf, wire, dst, recvbuf, wire, src, tag, run->stream,
-                                &x->req);
+    CTXPAR_CHECK(ctxpar_comm_sendrecv(run->comm, sendbuf, wire, dst, recvbuf, wire, src, tag,
+                                      run->stream, &x->req));
+    // A comm may move the data inside the post (the local comm copies there when the peer is
+    // already waiting): that time is not hidden behind compute, so it counts as waiting.
+    ctxpar_run_trace(run, CTXPAR_EVENT_WAIT, x->name, step, src, x->t_post, ctxpar_now(), 0);
+    return CTXPAR_OK;
 }
 
 static ctxpar_status check_trailer(const ctxpar_run *run, const ctxpar_xfer *x) {

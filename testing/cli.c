@@ -1,4 +1,6 @@
-// Flag parsing for the `ctxpar` tool: one table of options, strict values, one-line errors.
+// Flag parsing for the `ctxpar` tool: one table of options (which subcommands take each), strict
+// values, one-line errors, and --help generated from the same table.
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -6,49 +8,187 @@
 
 #include "cli.h"
 
-typedef enum opt_kind { OPT_INT, OPT_U64, OPT_FLAG, OPT_DTYPE, OPT_MASK, OPT_ALGO, OPT_LAYOUT,
-                        OPT_PATH, OPT_COMM } opt_kind;
+typedef enum opt_id {
+    O_RANKS, O_BATCH, O_SEQ, O_HEADS, O_KV_HEADS, O_DIM, O_DTYPE, O_MASK, O_WINDOW, O_ALGO,
+    O_LAYOUT, O_DOCS, O_BACKWARD, O_SEED, O_Q, O_K, O_V, O_DOUT, O_CU_SEQLENS, O_SAVE, O_THREADS,
+    O_WARMUP, O_REPEAT, O_CHECK, O_NO_CHECK, O_SWEEP, O_VERIFY, O_COMM, O_BACKEND, O_JSON,
+    O_TRACE,
+} opt_id;
+
+enum { C = CTXPAR_CMD_CHECK, A = CTXPAR_CMD_AUDIT, B = CTXPAR_CMD_BENCH };
 
 typedef struct opt {
     const char *name;
-    opt_kind kind;
+    opt_id id;
+    int cmds;      // which subcommands take it
+    int flag;      // takes no value
+    const char *value; // what the value looks like, for --help
     const char *help;
 } opt;
 
 static const opt options[] = {
-    {"--ranks", OPT_INT, "number of ranks P (in-process threads)            [4]"},
-    {"--batch", OPT_INT, "batch size                                         [1]"},
-    {"--seq", OPT_INT, "global sequence length                             [4096]"},
-    {"--heads", OPT_INT, "query heads                                        [4]"},
-    {"--kv-heads", OPT_INT, "key/value heads (divides heads; 0 = heads)         [heads]"},
-    {"--dim", OPT_INT, "head dimension                                     [64]"},
-    {"--dtype", OPT_DTYPE, "f32 | bf16 | f16                                   [f32]"},
-    {"--mask", OPT_MASK, "none | causal                                      [causal]"},
-    {"--window", OPT_INT, "sliding window: query i sees keys k with i-k < W  [0 = none]"},
-    {"--algo", OPT_ALGO, "ring | allgather | auto                            [ring]"},
-    {"--layout", OPT_LAYOUT, "contiguous | zigzag | striped                      [zigzag]"},
-    {"--backward", OPT_FLAG, "also run the backward pass (dq, dk, dv)"},
-    {"--seed", OPT_U64, "seed of the input data                             [42]"},
-    {"--threads", OPT_INT, "OpenMP threads per rank                  [cores / ranks]"},
-    {"--repeat", OPT_INT, "timed repetitions (the median is reported)         [1]"},
-    {"--verify-transfers", OPT_FLAG, "checksum every block sent between ranks"},
-    {"--comm", OPT_COMM, "local (threads) | mpi     [mpi under mpirun, else local]"},
-    {"--json", OPT_FLAG, "print one JSON object instead of the table"},
-    {"--trace", OPT_PATH, "write a Chrome trace (per rank: compute, transfer) to FILE"},
+    {"--ranks", O_RANKS, C | A | B, 0, "P", "ranks (threads; under mpirun the processes)"},
+    {"--batch", O_BATCH, C | B, 0, "N", "batch size"},
+    {"--seq", O_SEQ, C | B, 0, "S", "global sequence length"},
+    {"--heads", O_HEADS, C | B, 0, "N", "query heads"},
+    {"--kv-heads", O_KV_HEADS, C | B, 0, "N", "key/value heads (divides --heads)"},
+    {"--dim", O_DIM, C | B, 0, "D", "head dimension"},
+    {"--q", O_Q, A, 0, "Q.npy", "queries [batch, seq, heads, head_dim] (required)"},
+    {"--k", O_K, A, 0, "K.npy", "keys [batch, seq, kv_heads, head_dim] (required)"},
+    {"--v", O_V, A, 0, "V.npy", "values, the shape of k (required)"},
+    {"--dout", O_DOUT, A, 0, "DO.npy", "gradient of the output, the shape of q: runs backward"},
+    {"--cu-seqlens", O_CU_SEQLENS, A, 0, "CU.npy",
+     "packed documents: int32/int64 [docs + 1], 0 ... seq"},
+    {"--save", O_SAVE, A, 0, "DIR", "write out.npy, lse.npy (and dq, dk, dv.npy) to DIR"},
+    {"--dtype", O_DTYPE, C | A | B, 0, "f32|f16|bf16", "storage dtype of q, k, v, out"},
+    {"--mask", O_MASK, C | A | B, 0, "none|causal", "attention mask"},
+    {"--window", O_WINDOW, C | A | B, 0, "W", "sliding window: query i sees keys k, i-k < W"},
+    {"--algo", O_ALGO, C | A | B, 0, "ring|allgather|alltoall|auto", "algorithm"},
+    {"--layout", O_LAYOUT, C | A | B, 0, "contiguous|zigzag|striped", "how tokens are sharded"},
+    {"--docs", O_DOCS, C | B, 0, "N",
+     "pack N documents of varied lengths (from --seed); attention stays inside each"},
+    {"--backward", O_BACKWARD, C | B, 1, NULL, "also run the backward pass (dq, dk, dv)"},
+    {"--seed", O_SEED, C | B, 0, "N", "seed of the generated inputs"},
+    {"--threads", O_THREADS, C | A | B, 0, "N", "OpenMP threads per rank (0: cores / ranks)"},
+    {"--warmup", O_WARMUP, C | A | B, 0, "N", "untimed calls before the timed ones"},
+    {"--repeat", O_REPEAT, C | A | B, 0, "N", "timed calls; the median is reported"},
+    {"--check", O_CHECK, B, 1, NULL, "also compare with the fp64 oracle (O(S^2) in fp64: slow)"},
+    {"--no-check", O_NO_CHECK, B, 1, NULL, "no oracle (the default for bench)"},
+    {"--sweep", O_SWEEP, B, 1, NULL,
+     "run every --seq x --ranks value (comma lists) into one markdown table"},
+    {"--verify-transfers", O_VERIFY, C | A | B, 1, NULL, "checksum every block sent between ranks"},
+    {"--comm", O_COMM, C | A | B, 0, "local|mpi", "ranks as threads, or MPI processes"},
+    {"--backend", O_BACKEND, C | A | B, 0, "cpu|cuda", "the device every rank computes on"},
+    {"--json", O_JSON, C | A | B, 1, NULL, "print one JSON object instead of the table"},
+    {"--trace", O_TRACE, C | A | B, 0, "FILE",
+     "write a Chrome trace (per rank: compute, transfers, waits)"},
 };
+#define N_OPTIONS (sizeof options / sizeof options[0])
+
+static const char *const dtype_names[] = {"f32", "f16", "bf16"};
+static const char *const mask_names[] = {"none", "causal"};
+static const char *const algo_names[] = {"auto", "ring", "allgather", "alltoall"};
+static const char *const layout_names[] = {"contiguous", "zigzag", "striped"};
+static const char *const comm_names[] = {"local", "mpi"};
+static const char *const backend_names[] = {"cpu", "cuda"};
+
+static int cmd_bit(const char *cmd) {
+    return !strcmp(cmd, "check") ? C : !strcmp(cmd, "audit") ? A : !strcmp(cmd, "bench") ? B : 0;
+}
+
+static void defaults(int cmd, ctxpar_cli *cli) {
+    memset(cli, 0, sizeof *cli);
+    cli->cmd = cmd;
+    ctxpar_run_config_default(&cli->cfg);
+    if (cmd == B) {
+        // Timing wants a warm cache and several samples; the oracle is opt-in (--check), and the
+        // bench runs its single-rank baseline itself.
+        cli->cfg.warmup = 1;
+        cli->cfg.repeat = 5;
+        cli->cfg.compare_oracle = 0;
+        cli->cfg.compare_single = 0;
+    }
+}
+
+// The default of an option for --help, or "" when it has none worth printing.
+static void default_text(const opt *o, const ctxpar_cli *d, char *buf, size_t n) {
+    const ctxpar_run_config *c = &d->cfg;
+    buf[0] = '\0';
+    switch (o->id) {
+    case O_RANKS: snprintf(buf, n, "%d", c->ranks); break;
+    case O_BATCH: snprintf(buf, n, "%lld", (long long)c->batch); break;
+    case O_SEQ: snprintf(buf, n, "%lld", (long long)c->seq); break;
+    case O_HEADS: snprintf(buf, n, "%lld", (long long)c->heads); break;
+    case O_KV_HEADS: snprintf(buf, n, "= heads"); break;
+    case O_DIM: snprintf(buf, n, "%lld", (long long)c->head_dim); break;
+    case O_DTYPE:
+        snprintf(buf, n, "%s", d->cmd == A ? "the files'" : dtype_names[c->dtype]);
+        break;
+    case O_MASK: snprintf(buf, n, "%s", mask_names[c->params.mask]); break;
+    case O_WINDOW: snprintf(buf, n, "0 = none"); break;
+    case O_DOCS: snprintf(buf, n, "0 = one"); break;
+    case O_ALGO: snprintf(buf, n, "%s", algo_names[c->params.algo]); break;
+    case O_LAYOUT: snprintf(buf, n, "%s", layout_names[c->params.layout]); break;
+    case O_SEED: snprintf(buf, n, "%llu", (unsigned long long)c->seed); break;
+    case O_THREADS: snprintf(buf, n, "0"); break;
+    case O_WARMUP: snprintf(buf, n, "%d", c->warmup); break;
+    case O_REPEAT: snprintf(buf, n, "%d", c->repeat > 0 ? c->repeat : 1); break;
+    case O_COMM: snprintf(buf, n, "mpi under mpirun, else local"); break;
+    case O_BACKEND: snprintf(buf, n, "cpu"); break;
+    default: break;
+    }
+}
+
+static const char *const notes_check =
+    "Runs context-parallel attention on generated inputs (a counter-based hash of seed, tensor\n"
+    "and position) and compares the gathered global result with full attention in float64 and\n"
+    "with the same backend on one rank (error ratio, bitwise equality).\n"
+    "Exit status: 0 within tolerance, 1 out of tolerance or a failed run, 2 bad usage.\n";
+
+static const char *const notes_audit =
+    "Runs context-parallel attention on your own global tensors: .npy files (format 1.0/2.0,\n"
+    "little-endian float32 or float16, C order) in BSHD order [batch, seq, heads, head_dim]; K\n"
+    "and V may have fewer heads (GQA). The shapes give batch, seq, heads, kv-heads and dim. The\n"
+    "inputs are sharded by --layout over the ranks, the results gathered back to global order and\n"
+    "compared with float64 attention and with one rank, as `ctxpar check` does. --dtype other\n"
+    "than the files' converts them first (rounding to nearest even).\n"
+    "--save DIR writes out.npy (the input dtype, [batch, seq, heads, head_dim]), lse.npy\n"
+    "(float32, [batch, heads, seq], natural log) and with --dout dq.npy, dk.npy, dv.npy.\n"
+    "Exit status: 0 within tolerance, 1 out of tolerance or a failed run, 2 bad usage or a bad\n"
+    "input file (one line names the file and the problem).\n";
+
+static const char *const notes_bench =
+    "Times context-parallel attention (median of --repeat calls after --warmup) and, in the\n"
+    "same run, the baseline: full-sequence attention on one rank with the same backend and the\n"
+    "same number of threads in all (threads x ranks; by default every core).\n"
+    "FLOPs: forward 4 * batch * heads * head_dim * (visible query-key pairs), the pairs being\n"
+    "seq^2 without a mask and seq^2 / 2 with a causal one (the usual convention), counted exactly\n"
+    "with --window or --docs; backward 2.5 x forward, so forward + backward is 3.5 x forward.\n"
+    "tokens/s: batch * seq / time. Memory: the library's peak per rank (the caller's tensors not\n"
+    "counted). Compute, transfer and wait times come from the library's trace events; the\n"
+    "hidden fraction of transfers is 1 - wait / transfer.\n"
+    "--sweep: --seq and --ranks take comma lists (e.g. --seq 2048,4096 --ranks 1,2,4); one\n"
+    "markdown table row per pair. Exit status: 0 ok, 1 a failed run (or out of tolerance with\n"
+    "--check), 2 bad usage.\n";
 
 void ctxpar_cli_usage(const char *cmd, FILE *out) {
-    fprintf(out, "usage: ctxpar %s [options]\n\noptions:\n", cmd);
-    for (size_t i = 0; i < sizeof options / sizeof options[0]; i++)
-        fprintf(out, "  %-20s %s\n", options[i].name, options[i].help);
-    fprintf(out, "  %-20s %s\n", "--help", "show this help");
+    int bit = cmd_bit(cmd);
+    ctxpar_cli d;
+    defaults(bit, &d);
+    fprintf(out, "usage: ctxpar %s [options]\n\n%s\noptions:\n", cmd,
+            bit == A ? notes_audit : bit == B ? notes_bench : notes_check);
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        const opt *o = &options[i];
+        if (!(o->cmds & bit))
+            continue;
+        char lhs[64], def[48];
+        snprintf(lhs, sizeof lhs, "%s%s%s", o->name, o->value ? " " : "",
+                 o->value ? o->value : "");
+        default_text(o, &d, def, sizeof def);
+        fprintf(out, "  %-34s %s%s%s%s\n", lhs, o->help, def[0] ? " [" : "", def,
+                def[0] ? "]" : "");
+    }
+    fprintf(out, "  %-34s %s\n", "--help", "show this help");
+}
+
+const char *ctxpar_cli_message(const char *msg) {
+    // "testing/npy.c:95: Q.npy: ..." -> "Q.npy: ..."
+    const char *p = strstr(msg, ".c:");
+    if (!p || strchr(msg, ' ') < p)
+        return msg;
+    p += 3;
+    if (!isdigit((unsigned char)*p))
+        return msg;
+    while (isdigit((unsigned char)*p))
+        p++;
+    return p[0] == ':' && p[1] == ' ' ? p + 2 : msg;
 }
 
 static int parse_i64(const char *s, long long lo, long long hi, long long *out) {
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
+    if (errno || end == s || *end || v < lo || v > hi || isspace((unsigned char)*s))
         return 0;
     *out = v;
     return 1;
@@ -63,83 +203,166 @@ static int pick(const char *s, const char *const *names, int n, int *out) {
     return 0;
 }
 
+// A comma list of integers in [lo, hi] into out (at most CTXPAR_CLI_MAX_LIST); its length, or 0.
+static int parse_list(const char *s, long long lo, long long hi, long long *out) {
+    int n = 0;
+    char buf[32];
+    while (*s) {
+        const char *comma = strchr(s, ',');
+        size_t len = comma ? (size_t)(comma - s) : strlen(s);
+        if (len == 0 || len >= sizeof buf || n == CTXPAR_CLI_MAX_LIST)
+            return 0;
+        memcpy(buf, s, len);
+        buf[len] = '\0';
+        if (!parse_i64(buf, lo, hi, &out[n++]))
+            return 0;
+        s += len + (comma ? 1 : 0);
+        if (comma && !*s)
+            return 0; // a trailing comma
+    }
+    return n;
+}
+
+// Sets one option's value; 0 when the value is not valid for it.
 static int set_value(const opt *o, const char *val, ctxpar_cli *cli) {
     ctxpar_run_config *c = &cli->cfg;
-    long long v;
-    int e;
-    static const char *const dtypes[] = {"f32", "f16", "bf16"};
-    static const char *const masks[] = {"none", "causal"};
-    static const char *const algos[] = {"auto", "ring", "allgather", "alltoall"};
-    static const char *const layouts[] = {"contiguous", "zigzag", "striped"};
-    switch (o->kind) {
-    case OPT_DTYPE:
-        if (!pick(val, dtypes, 3, &e))
+    long long v, list[CTXPAR_CLI_MAX_LIST];
+    int e, n;
+    switch (o->id) {
+    case O_DTYPE:
+        if (!pick(val, dtype_names, 3, &e))
             return 0;
         c->dtype = (ctxpar_dtype)e;
+        cli->dtype_set = 1;
         return 1;
-    case OPT_MASK:
-        if (!pick(val, masks, 2, &e))
+    case O_MASK:
+        if (!pick(val, mask_names, 2, &e))
             return 0;
         c->params.mask = (ctxpar_mask)e;
         return 1;
-    case OPT_ALGO:
-        if (!pick(val, algos, 4, &e))
+    case O_ALGO:
+        if (!pick(val, algo_names, 4, &e))
             return 0;
         c->params.algo = (ctxpar_algo)e;
         return 1;
-    case OPT_LAYOUT:
-        if (!pick(val, layouts, 3, &e))
+    case O_LAYOUT:
+        if (!pick(val, layout_names, 3, &e))
             return 0;
         c->params.layout = (ctxpar_layout)e;
         return 1;
-    case OPT_PATH:
-        cli->trace_path = val;
-        return 1;
-    case OPT_COMM: {
-        static const char *const comms[] = {"local", "mpi"};
-        if (!pick(val, comms, 2, &e))
+    case O_COMM:
+        if (!pick(val, comm_names, 2, &e))
             return 0;
         cli->comm = e + 1;
         return 1;
-    }
-    case OPT_U64:
+    case O_BACKEND:
+        if (!pick(val, backend_names, 2, &e))
+            return 0;
+        c->backend = (ctxpar_run_backend)e;
+        return 1;
+    case O_SEED:
         if (!parse_i64(val, 0, LLONG_MAX, &v))
             return 0;
         c->seed = (uint64_t)v;
         return 1;
-    case OPT_INT:
-        break;
-    case OPT_FLAG:
-        return 0;
+    case O_SEQ:
+        if (!(n = parse_list(val, 1, INT32_MAX, list)))
+            return 0;
+        cli->n_seqs = n;
+        for (int i = 0; i < n; i++)
+            cli->seqs[i] = list[i];
+        c->seq = list[0];
+        return 1;
+    case O_RANKS:
+        if (!(n = parse_list(val, 1, 1024, list)))
+            return 0;
+        cli->n_ranks = n;
+        for (int i = 0; i < n; i++)
+            cli->ranks[i] = (int)list[i];
+        c->ranks = (int)list[0];
+        cli->ranks_set = 1;
+        return 1;
+    case O_Q: cli->q_path = val; return 1;
+    case O_K: cli->k_path = val; return 1;
+    case O_V: cli->v_path = val; return 1;
+    case O_DOUT: cli->dout_path = val; return 1;
+    case O_CU_SEQLENS: cli->cu_seqlens_path = val; return 1;
+    case O_SAVE: cli->save_dir = val; return 1;
+    case O_TRACE: cli->trace_path = val; return 1;
+    default: break;
     }
-    if (!parse_i64(val, 0, INT_MAX, &v))
+    if (!parse_i64(val, 0, INT32_MAX, &v))
         return 0;
-    const char *n = o->name;
-    if (!strcmp(n, "--ranks")) c->ranks = (int)v;
-    else if (!strcmp(n, "--batch")) c->batch = v;
-    else if (!strcmp(n, "--seq")) c->seq = v;
-    else if (!strcmp(n, "--heads")) c->heads = v;
-    else if (!strcmp(n, "--kv-heads")) c->kv_heads = v;
-    else if (!strcmp(n, "--dim")) c->head_dim = v;
-    else if (!strcmp(n, "--window")) c->params.window_left = v;
-    else if (!strcmp(n, "--threads")) c->threads = (int)v;
-    else if (!strcmp(n, "--repeat")) c->repeat = (int)v;
+    switch (o->id) {
+    case O_BATCH: c->batch = v; break;
+    case O_HEADS: c->heads = v; break;
+    case O_KV_HEADS: c->kv_heads = v; break;
+    case O_DIM: c->head_dim = v; break;
+    case O_WINDOW: c->params.window_left = v; break;
+    case O_DOCS: c->docs = v; break;
+    case O_THREADS: c->threads = (int)v; break;
+    case O_WARMUP: c->warmup = (int)v; break;
+    case O_REPEAT:
+        if (v < 1)
+            return 0;
+        c->repeat = (int)v;
+        break;
+    default: return 0;
+    }
     return 1;
 }
 
 static void set_flag(const opt *o, ctxpar_cli *cli) {
-    if (!strcmp(o->name, "--backward"))
-        cli->cfg.backward = 1;
-    else if (!strcmp(o->name, "--verify-transfers"))
-        cli->cfg.verify_transfers = 1;
-    else if (!strcmp(o->name, "--json"))
-        cli->json = 1;
+    switch (o->id) {
+    case O_BACKWARD: cli->cfg.backward = 1; break;
+    case O_VERIFY: cli->cfg.verify_transfers = 1; break;
+    case O_JSON: cli->json = 1; break;
+    case O_CHECK: cli->cfg.compare_oracle = cli->cfg.compare_single = 1; break;
+    case O_NO_CHECK: cli->cfg.compare_oracle = cli->cfg.compare_single = 0; break;
+    case O_SWEEP: cli->sweep = 1; break;
+    default: break;
+    }
+}
+
+static const opt *find_option(const char *a, size_t len) {
+    for (size_t j = 0; j < N_OPTIONS; j++)
+        if (strlen(options[j].name) == len && !strncmp(a, options[j].name, len))
+            return &options[j];
+    return NULL;
+}
+
+// What no single flag can check: lists only with --sweep, required files, and so on.
+static int check_combination(const char *cmd, ctxpar_cli *cli, FILE *err) {
+    if (!cli->sweep && (cli->n_seqs > 1 || cli->n_ranks > 1)) {
+        fprintf(err, "ctxpar %s: a list of values for --seq or --ranks needs --sweep\n", cmd);
+        return CTXPAR_EXIT_USAGE;
+    }
+    if (cli->sweep && cli->trace_path) {
+        fprintf(err, "ctxpar %s: --trace records one run: leave out --sweep\n", cmd);
+        return CTXPAR_EXIT_USAGE;
+    }
+    if (cli->cmd == A && (!cli->q_path || !cli->k_path || !cli->v_path)) {
+        fprintf(err, "ctxpar %s: --q, --k and --v are required (see ctxpar %s --help)\n", cmd,
+                cmd);
+        return CTXPAR_EXIT_USAGE;
+    }
+    if (cli->cmd == A)
+        cli->cfg.backward = cli->dout_path != NULL;
+    if (!ctxpar_run_backend_available(cli->cfg.backend)) {
+        fprintf(err, "ctxpar %s: backend '%s' is not built into this binary\n", cmd,
+                ctxpar_run_backend_name(cli->cfg.backend));
+        return CTXPAR_EXIT_USAGE;
+    }
+    return -1;
 }
 
 int ctxpar_cli_parse(const char *cmd, int argc, char **argv, ctxpar_cli *cli, FILE *out,
                      FILE *err) {
-    memset(cli, 0, sizeof *cli);
-    ctxpar_run_config_default(&cli->cfg);
+    int bit = cmd_bit(cmd);
+    defaults(bit, cli);
+    cli->n_seqs = cli->n_ranks = 1;
+    cli->seqs[0] = cli->cfg.seq;
+    cli->ranks[0] = cli->cfg.ranks;
     int kv_heads_set = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -148,17 +371,18 @@ int ctxpar_cli_parse(const char *cmd, int argc, char **argv, ctxpar_cli *cli, FI
             return CTXPAR_EXIT_OK;
         }
         // Accept both "--name value" and "--name=value".
-        const char *eq = strchr(a, '=');
-        size_t len = eq ? (size_t)(eq - a) : strlen(a);
-        const opt *o = NULL;
-        for (size_t j = 0; j < sizeof options / sizeof options[0]; j++)
-            if (strlen(options[j].name) == len && !strncmp(a, options[j].name, len))
-                o = &options[j];
+        const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
+        const opt *o = find_option(a, eq ? (size_t)(eq - a) : strlen(a));
         if (!o) {
             fprintf(err, "ctxpar %s: unknown option '%s' (see ctxpar %s --help)\n", cmd, a, cmd);
             return CTXPAR_EXIT_USAGE;
         }
-        if (o->kind == OPT_FLAG) {
+        if (!(o->cmds & bit)) {
+            fprintf(err, "ctxpar %s: %s does not apply to %s%s\n", cmd, o->name, cmd,
+                    bit == A && (o->cmds & C) ? " (the shapes come from the .npy files)" : "");
+            return CTXPAR_EXIT_USAGE;
+        }
+        if (o->flag) {
             if (eq) {
                 fprintf(err, "ctxpar %s: %s takes no value\n", cmd, o->name);
                 return CTXPAR_EXIT_USAGE;
@@ -168,16 +392,17 @@ int ctxpar_cli_parse(const char *cmd, int argc, char **argv, ctxpar_cli *cli, FI
         }
         const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!val) {
-            fprintf(err, "ctxpar %s: %s needs a value\n", cmd, o->name);
+            fprintf(err, "ctxpar %s: %s needs a value (%s)\n", cmd, o->name, o->value);
             return CTXPAR_EXIT_USAGE;
         }
         if (!set_value(o, val, cli)) {
-            fprintf(err, "ctxpar %s: bad value '%s' for %s (%s)\n", cmd, val, o->name, o->help);
+            fprintf(err, "ctxpar %s: bad value '%s' for %s (want %s: %s)\n", cmd, val, o->name,
+                    o->value, o->help);
             return CTXPAR_EXIT_USAGE;
         }
-        kv_heads_set |= !strcmp(o->name, "--kv-heads") && cli->cfg.kv_heads != 0;
+        kv_heads_set |= o->id == O_KV_HEADS && cli->cfg.kv_heads != 0;
     }
     if (!kv_heads_set)
         cli->cfg.kv_heads = cli->cfg.heads;
-    return -1;
+    return check_combination(cmd, cli, err);
 }

@@ -1,4 +1,4 @@
-// The `ctxpar` command-line tool: check (and, as they land, audit and bench).
+// The `ctxpar` command-line tool: check, audit, bench.
 #include <stdio.h>
 #include <string.h>
 
@@ -13,7 +13,11 @@ typedef struct command {
 
 static const command commands[] = {
     {"check", ctxpar_cmd_check,
-     "run context-parallel attention on random inputs; compare with fp64 and P = 1"},
+     "run context-parallel attention on generated inputs; compare with fp64 and P = 1"},
+    {"audit", ctxpar_cmd_audit,
+     "the same on your own global Q, K, V (and dO) .npy files; --save the results"},
+    {"bench", ctxpar_cmd_bench,
+     "throughput, memory, compute vs transfer, next to one rank; --sweep for a table"},
 };
 
 static void usage(FILE *f) {

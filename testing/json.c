@@ -1,4 +1,6 @@
-// JSON string output for the tool.
+// JSON output for the tool: strings and numbers.
+#include <math.h>
+
 #include "commands.h"
 
 void ctxpar_json_string(FILE *f, const char *s) {
@@ -13,4 +15,11 @@ void ctxpar_json_string(FILE *f, const char *s) {
             fputc(c, f);
     }
     fputc('"', f);
+}
+
+void ctxpar_json_num(FILE *f, double x) {
+    if (isfinite(x))
+        fprintf(f, "%.12g", x);
+    else
+        fputs("null", f); // JSON has no NaN or infinity
 }

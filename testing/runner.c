@@ -7,14 +7,11 @@
 #include <unistd.h>
 
 #include "ctxpar_backend.h"
-#include "ctxpar_cpu.h"
 #include "ctxpar_local.h"
-#include "data.h"
 #include "metrics.h"
 #include "oracle.h"
 #include "runner_internal.h"
 #include "tolerance.h"
-
 
 const char *ctxpar_run_tensor_name(ctxpar_run_tensor t) {
     static const char *const names[CTXPAR_RUN_TENSORS] = {"out", "lse", "dq", "dk", "dv"};
@@ -38,6 +35,11 @@ void ctxpar_run_config_default(ctxpar_run_config *cfg) {
     cfg->seed = 42;
     cfg->compare_single = 1;
     cfg->compare_oracle = 1;
+}
+
+void ctxpar_run_progress(const ctxpar_run_config *cfg, const char *stage, int done, int total) {
+    if (cfg->progress)
+        cfg->progress(cfg->progress_user, stage, done, total);
 }
 
 int ctxpar_run_threads_per_rank(const ctxpar_run_config *cfg, int ranks) {
@@ -129,11 +131,12 @@ static void *thread_main(void *arg) {
     ctxpar_rank_report *r = job->report;
     ctxpar_device *dev = NULL;
     ctxpar_comm *comm = NULL;
-    ctxpar_cpu_options co = CTXPAR_CPU_OPTIONS_INIT;
-    co.num_threads = ctxpar_run_threads_per_rank(job->cfg, job->ranks);
-    ctxpar_status st = ctxpar_device_create_cpu(&co, &dev);
+    ctxpar_status st = ctxpar_run_device_create(
+        job->cfg, ctxpar_run_threads_per_rank(job->cfg, job->ranks), &dev);
+    // Host memory moves with memcpy; device memory through the device.
     if (st == CTXPAR_OK)
-        st = ctxpar_comm_create_local(job->group, job->rank, NULL, &comm);
+        st = ctxpar_comm_create_local(job->group, job->rank,
+                                      job->cfg->backend == CTXPAR_RUN_CPU ? NULL : dev, &comm);
     if (st == CTXPAR_OK) {
         ctxpar_run_rank(job->cfg, dev, comm, r);
     } else {
@@ -203,12 +206,10 @@ static ctxpar_status run_oracle(const ctxpar_run_config *cfg, oracle_result *o) 
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the oracle's tensors");
         goto done;
     }
-    ctxpar_test_fill_global_f64(q, cfg->dtype, cfg->seed, CTXPAR_RUN_ID_Q, cfg->batch, cfg->seq, cfg->heads,
-                                cfg->head_dim);
-    ctxpar_test_fill_global_f64(k, cfg->dtype, cfg->seed, CTXPAR_RUN_ID_K, cfg->batch, cfg->seq,
-                                cfg->kv_heads, cfg->head_dim);
-    ctxpar_test_fill_global_f64(v, cfg->dtype, cfg->seed, CTXPAR_RUN_ID_V, cfg->batch, cfg->seq,
-                                cfg->kv_heads, cfg->head_dim);
+    ctxpar_run_progress(cfg, "fp64 oracle", 0, 0);
+    ctxpar_run_fill_global_f64(cfg, CTXPAR_RUN_ID_Q, q);
+    ctxpar_run_fill_global_f64(cfg, CTXPAR_RUN_ID_K, k);
+    ctxpar_run_fill_global_f64(cfg, CTXPAR_RUN_ID_V, v);
     for (int64_t i = 0; i < cfg->seq; i++)
         pos[i] = i;
     ctxpar_oracle_shape shape = {cfg->batch, cfg->seq,      cfg->seq,
@@ -223,8 +224,7 @@ static ctxpar_status run_oracle(const ctxpar_run_config *cfg, oracle_result *o) 
     ctxpar_oracle_fwd(&shape, q, k, v, pos, pos, &mask, scale, o->t[CTXPAR_T_OUT],
                       o->t[CTXPAR_T_LSE]);
     if (cfg->backward) {
-        ctxpar_test_fill_global_f64(dout, cfg->dtype, cfg->seed, CTXPAR_RUN_ID_DOUT, cfg->batch, cfg->seq,
-                                    cfg->heads, cfg->head_dim);
+        ctxpar_run_fill_global_f64(cfg, CTXPAR_RUN_ID_DOUT, dout);
         ctxpar_oracle_bwd(&shape, q, k, v, pos, pos, &mask, scale, dout, o->t[CTXPAR_T_DQ],
                           o->t[CTXPAR_T_DK], o->t[CTXPAR_T_DV]);
     }
@@ -262,7 +262,8 @@ ctxpar_status ctxpar_run_evaluate(const ctxpar_run_config *cfg, const ctxpar_run
     for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
         res->has[i] = has_tensor(cfg, i);
         res->error[i] = res->error_1[i] = res->ratio[i] = NAN;
-        res->tolerance[i] = ctxpar_tolerance(cfg->dtype, ctxpar_run_tensor_name(i));
+        res->tolerance[i] = ctxpar_tolerance_for_seq(cfg->dtype, ctxpar_run_tensor_name(i),
+                                                     cfg->seq);
         res->within_tol[i] = res->ratio_ok[i] = 1;
         if (!res->has[i])
             continue;
@@ -294,18 +295,33 @@ ctxpar_status ctxpar_run_check_config(const ctxpar_run_config *cfg) {
     if (cfg->seq % cfg->ranks != 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "seq (%lld) does not divide by ranks (%d)",
                             (long long)cfg->seq, cfg->ranks);
+    if (cfg->heads % cfg->kv_heads != 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "heads (%lld) is not a multiple of kv-heads "
+                                                    "(%lld)",
+                            (long long)cfg->heads, (long long)cfg->kv_heads);
+    if (cfg->repeat < 0 || cfg->warmup < 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "repeat (%d) and warmup (%d) must be >= 0",
+                            cfg->repeat, cfg->warmup);
+    if (cfg->inputs && (!cfg->inputs->q || !cfg->inputs->k || !cfg->inputs->v ||
+                        (cfg->backward && !cfg->inputs->dout)))
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "inputs: q, k, v%s must be given",
+                            cfg->backward ? " and dout" : "");
+    if (!ctxpar_run_backend_available(cfg->backend))
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "backend '%s' is not built into this binary",
+                            ctxpar_run_backend_name(cfg->backend));
     return CTXPAR_OK;
 }
 
 ctxpar_status ctxpar_run_collect(const ctxpar_run_config *cfg, int ranks, ctxpar_run_outputs *g,
-                                 ctxpar_run_result *res, double *time_out, size_t *peak_out) {
+                                 ctxpar_run_result *res, double *time_out, double *time_fwd_out,
+                                 size_t *peak_out) {
     ctxpar_rank_report *reports = calloc((size_t)ranks, sizeof *reports);
     if (!reports)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate rank reports");
     ctxpar_status st = ctxpar_run_outputs_alloc(cfg, g);
     if (st == CTXPAR_OK)
         st = ctxpar_run_threads(cfg, ranks, g, reports);
-    *time_out = 0;
+    *time_out = *time_fwd_out = 0;
     *peak_out = 0;
     for (int i = 0; st == CTXPAR_OK && i < ranks; i++) {
         ctxpar_rank_report *r = &reports[i];
@@ -315,6 +331,8 @@ ctxpar_status ctxpar_run_collect(const ctxpar_run_config *cfg, int ranks, ctxpar
         }
         if (r->time_s > *time_out)
             *time_out = r->time_s;
+        if (r->time_fwd_s > *time_fwd_out)
+            *time_fwd_out = r->time_fwd_s;
         if (r->stats.peak_bytes > *peak_out)
             *peak_out = r->stats.peak_bytes;
         if (ranks == cfg->ranks && i < 64)
@@ -337,7 +355,9 @@ ctxpar_status ctxpar_run_finish(const ctxpar_run_config *cfg, ctxpar_run_result 
         ctxpar_run_config c1 = *cfg;
         c1.ranks = 1;
         c1.trace = NULL;
-        st = ctxpar_run_collect(&c1, 1, &single, &r1, &res->time_single_s, &res->single_rank_peak_bytes);
+        double fwd_1;
+        st = ctxpar_run_collect(&c1, 1, &single, &r1, &res->time_single_s, &fwd_1,
+                                &res->single_rank_peak_bytes);
         if (st == CTXPAR_OK && r1.status != CTXPAR_OK) {
             res->status = r1.status;
             snprintf(res->message, sizeof res->message, "single rank: %.500s", r1.message);
@@ -349,15 +369,19 @@ ctxpar_status ctxpar_run_finish(const ctxpar_run_config *cfg, ctxpar_run_result 
     return st;
 }
 
-ctxpar_status ctxpar_run(const ctxpar_run_config *cfg, ctxpar_run_result *res) {
+ctxpar_status ctxpar_run(const ctxpar_run_config *cfg_in, ctxpar_run_result *res) {
     memset(res, 0, sizeof *res);
-    CTXPAR_CHECK(ctxpar_run_check_config(cfg));
+    CTXPAR_CHECK(ctxpar_run_check_config(cfg_in));
+    ctxpar_run_config copy, *cfg = &copy;
+    int32_t *cu = NULL;
+    CTXPAR_CHECK(ctxpar_run_resolve_docs(cfg_in, &copy, &cu));
     ctxpar_status st = ctxpar_run_collect(cfg, cfg->ranks, &res->outputs, res, &res->time_s,
-                                          &res->peak_bytes_per_rank);
+                                          &res->time_fwd_s, &res->peak_bytes_per_rank);
     if (st == CTXPAR_OK)
         st = ctxpar_run_finish(cfg, res);
     if (st != CTXPAR_OK) // the caller frees only results it was given
         ctxpar_run_outputs_free(&res->outputs);
+    free(cu);
     return st;
 }
 

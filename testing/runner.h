@@ -3,8 +3,10 @@
  * float64 oracle and against the same backend on one rank. Shared by the `ctxpar` tool and the
  * end-to-end test suites, so that what the tests assert is what users run.
  *
- * Inputs come from the counter-based generator (data.h): each rank makes its own shard; the
- * oracle the whole sequence. Results are gathered into global (unsharded) order on the host.
+ * Inputs come from the counter-based generator (data.h): each rank makes its own shard, the
+ * oracle the whole sequence; or from global arrays the caller supplies (ctxpar_run_inputs: the
+ * tensors of `ctxpar audit`), which each rank shards by the layout. Results are gathered into
+ * global (unsharded) order on the host.
  */
 #ifndef CTXPAR_TESTING_RUNNER_H
 #define CTXPAR_TESTING_RUNNER_H
@@ -30,6 +32,25 @@ typedef enum ctxpar_run_tensor {
 /* "out", "lse", "dq", "dk", "dv". */
 const char *ctxpar_run_tensor_name(ctxpar_run_tensor t);
 
+/* Global inputs given by the caller instead of the generator: densely packed BSHD host arrays in
+ * the run's dtype, q [batch, seq, heads, head_dim], k and v [batch, seq, kv_heads, head_dim],
+ * dout like q (required with backward, ignored without). Borrowed for the whole run. */
+typedef struct ctxpar_run_inputs {
+    const void *q, *k, *v, *dout;
+} ctxpar_run_inputs;
+
+/* The device every rank runs on. */
+typedef enum ctxpar_run_backend {
+    CTXPAR_RUN_CPU = 0,
+    CTXPAR_RUN_CUDA = 1, /* GPU 0 for every in-process rank; needs a build with CUDA */
+} ctxpar_run_backend;
+
+/* "cpu", "cuda". */
+const char *ctxpar_run_backend_name(ctxpar_run_backend backend);
+
+/* Whether this build can create the backend's device (CUDA: compiled with the toolkit). */
+int ctxpar_run_backend_available(ctxpar_run_backend backend);
+
 typedef struct ctxpar_run_config {
     int ranks;
     int64_t batch, seq, heads, kv_heads, head_dim; /* seq: global */
@@ -42,13 +63,24 @@ typedef struct ctxpar_run_config {
     int compare_oracle;     /* compute the fp64 oracle and the errors */
     int verify_transfers;   /* context option */
     int repeat;             /* timed repetitions of the call (median reported); 0 = 1 */
+    int warmup;             /* untimed calls before the timed ones (not traced, not counted) */
+    ctxpar_run_backend backend;
+    const ctxpar_run_inputs *inputs; /* NULL: the counter-based generator with `seed` */
+    /* > 0 with params.cu_seqlens NULL: pack that many documents of generated lengths
+     * (ctxpar_run_docs) into the sequence. */
+    int64_t docs;
     /* Optional: every trace event of the timed calls, on the rank's own thread. */
     void (*trace)(void *user, int rank, const ctxpar_trace_event *event);
     void *trace_user;
+    /* Optional: what the run is doing, for a progress line: `stage` ("4 ranks", "1 rank",
+     * "fp64 oracle"), `done` of `total` calls (total 0: not counted). Called on the thread that
+     * runs the stage (rank 0's for the calls), one at a time. */
+    void (*progress)(void *user, const char *stage, int done, int total);
+    void *progress_user;
 } ctxpar_run_config;
 
 /* Defaults: 4 ranks, batch 1, seq 4096, 4 heads, dim 64, f32, causal zigzag ring, forward only,
- * oracle and single-rank comparison on. */
+ * CPU backend, generated inputs, oracle and single-rank comparison on, 1 call, no warm-up. */
 void ctxpar_run_config_default(ctxpar_run_config *cfg);
 
 /* Global results of one run (host, BSHD / [B, H, S] for lse), in the run's dtype. */
@@ -60,7 +92,9 @@ typedef struct ctxpar_run_rank_stats {
     size_t peak_bytes;
     uint64_t bytes_sent;
     ctxpar_work_stats work;
-    double compute_s, transfer_s, wait_s; /* from the trace events of the timed call */
+    /* Seconds per timed call, from the library's trace events: kernels (COMPUTE), transfers in
+     * flight (TRANSFER, post to completion) and the rank blocked on them (WAIT). */
+    double compute_s, transfer_s, wait_s;
 } ctxpar_run_rank_stats;
 
 typedef struct ctxpar_run_result {
@@ -76,19 +110,32 @@ typedef struct ctxpar_run_result {
     int within_tol[CTXPAR_RUN_TENSORS];
     int bitwise_single[CTXPAR_RUN_TENSORS]; /* bitwise equal to P = 1 */
     int ok;                 /* status OK, every error within tolerance and ratio */
-    double time_s;          /* median wall time of the P-rank call(s), slowest rank */
-    double time_single_s;   /* the same at P = 1 */
+    double time_s;          /* median wall time of the P-rank call (fwd, or fwd + bwd), slowest
+                               rank */
+    double time_fwd_s;      /* the same for the forward alone */
+    double time_single_s;   /* time_s at P = 1 */
     size_t peak_bytes_per_rank;     /* max over ranks */
     size_t single_rank_peak_bytes;
     ctxpar_run_rank_stats rank[64]; /* first min(ranks, 64) */
     ctxpar_run_outputs outputs;     /* owned; freed by ctxpar_run_result_free */
 } ctxpar_run_result;
 
-/* Runs cfg with cfg->ranks in-process ranks (the local comm and the CPU backend). Returns the
- * status of the harness itself (bad config: INVALID_ARG); the library's status is in result. */
+/* Runs cfg with cfg->ranks in-process ranks (threads, the local comm, cfg->backend's device).
+ * Returns the status of the harness itself (bad config: INVALID_ARG); the library's status is in
+ * result. Errors are held to the tolerance table's bound for the run's seq
+ * (ctxpar_tolerance_for_seq). */
 ctxpar_status ctxpar_run(const ctxpar_run_config *cfg, ctxpar_run_result *result);
 
 void ctxpar_run_result_free(ctxpar_run_result *result);
+
+/* Boundaries of `docs` documents packed into seq tokens, lengths drawn from seed (each between
+ * about a quarter and twice the mean, at least 1): cu_out[0] = 0 < ... < cu_out[docs] = seq
+ * (docs + 1 entries). INVALID_ARG when docs is not in [1, seq] or seq exceeds INT32_MAX. */
+ctxpar_status ctxpar_run_docs(uint64_t seed, int64_t seq, int64_t docs, int32_t *cu_out);
+
+/* OpenMP threads each of `ranks` ranks gets: cfg->threads, or when 0 the online cores divided
+ * by ranks (at least 1). */
+int ctxpar_run_threads_per_rank(const ctxpar_run_config *cfg, int ranks);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,16 @@ int ctxpar_run_mpi_launched(void);
  * ok (broadcast from rank 0), so that every process can exit with the same code. */
 ctxpar_status ctxpar_run_mpi(const ctxpar_run_config *cfg, ctxpar_run_result *result);
 
+/* Collective: a barrier that waits by polling with short sleeps instead of spinning, so that a
+ * rank still working (rank 0 alone, timing or checking) keeps the cores. 0 on success. */
+int ctxpar_run_mpi_quiet_barrier(void);
+
+/* Collective: rank 0 receives every rank's `bytes` bytes at `mine`, concatenated in rank order,
+ * into *all_out (malloc'ed, rank 0 frees) of *total_out bytes; other ranks get NULL and 0.
+ * Returns 0, or -1 on every rank when rank 0 cannot allocate. */
+int ctxpar_run_mpi_gather_bytes(const void *mine, size_t bytes, void **all_out,
+                                size_t *total_out);
+
 #ifdef __cplusplus
 }
 #endif

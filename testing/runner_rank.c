@@ -1,13 +1,12 @@
-// One rank of a run: make the local shard, call the library, keep the local results and stats.
+// One rank of a run: make the local shard, stage it in the device's memory, call the library
+// (warm-up, then the timed calls), bring the local results back and keep them with the stats.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ctxpar_backend.h"
-#include "data.h"
 #include "runner_internal.h"
-
 
 typedef struct rank_trace {
     const ctxpar_run_config *cfg;
@@ -36,64 +35,83 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-typedef struct local_tensors {
-    ctxpar_tensor q, k, v, out, dout, dq, dk, dv;
-    float *lse;
-} local_tensors;
-
-static void *zalloc(size_t bytes) { return calloc(1, bytes ? bytes : 1); }
-
-static ctxpar_tensor make(const ctxpar_run_config *cfg, int64_t seq, int64_t heads) {
-    size_t n = (size_t)(cfg->batch * seq * heads * cfg->head_dim);
-    return ctxpar_tensor_bshd(zalloc(n * ctxpar_dtype_size(cfg->dtype)), cfg->dtype, cfg->batch,
-                              seq, heads, cfg->head_dim);
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
 }
 
-static int alloc_local(const ctxpar_run_config *cfg, int64_t seq, local_tensors *t) {
-    memset(t, 0, sizeof *t);
-    t->q = make(cfg, seq, cfg->heads);
-    t->k = make(cfg, seq, cfg->kv_heads);
-    t->v = make(cfg, seq, cfg->kv_heads);
-    t->out = make(cfg, seq, cfg->heads);
-    t->lse = zalloc((size_t)(cfg->batch * cfg->heads * seq) * sizeof(float));
-    int ok = t->q.data && t->k.data && t->v.data && t->out.data && t->lse;
-    if (cfg->backward) {
-        t->dout = make(cfg, seq, cfg->heads);
-        t->dq = make(cfg, seq, cfg->heads);
-        t->dk = make(cfg, seq, cfg->kv_heads);
-        t->dv = make(cfg, seq, cfg->kv_heads);
-        ok = ok && t->dout.data && t->dq.data && t->dk.data && t->dv.data;
+// The local tensors of one rank, each twice: on the host (filled, read back) and in the device's
+// memory (what the library is given; for the CPU backend that is host memory too).
+enum { L_Q, L_K, L_V, L_DOUT, L_OUT, L_LSE, L_DQ, L_DK, L_DV, L_COUNT };
+
+typedef struct local_set {
+    const ctxpar_run_config *cfg;
+    ctxpar_device *dev;
+    int64_t seq; // local
+    void *host[L_COUNT];
+    void *devp[L_COUNT];
+    size_t bytes[L_COUNT];
+} local_set;
+
+static int slot_used(const ctxpar_run_config *cfg, int i) {
+    return i == L_Q || i == L_K || i == L_V || i == L_OUT || i == L_LSE || cfg->backward;
+}
+
+static int64_t slot_heads(const ctxpar_run_config *cfg, int i) {
+    return i == L_K || i == L_V || i == L_DK || i == L_DV ? cfg->kv_heads : cfg->heads;
+}
+
+static ctxpar_tensor slot_tensor(const local_set *t, int i, int on_device) {
+    const ctxpar_run_config *c = t->cfg;
+    return ctxpar_tensor_bshd(on_device ? t->devp[i] : t->host[i], c->dtype, c->batch, t->seq,
+                              slot_heads(c, i), c->head_dim);
+}
+
+static ctxpar_status alloc_local(local_set *t) {
+    const ctxpar_run_config *c = t->cfg;
+    for (int i = 0; i < L_COUNT; i++) {
+        if (!slot_used(c, i))
+            continue;
+        t->bytes[i] = i == L_LSE ? (size_t)(c->batch * c->heads * t->seq) * sizeof(float)
+                                 : (size_t)(c->batch * t->seq * slot_heads(c, i) * c->head_dim) *
+                                       ctxpar_dtype_size(c->dtype);
+        t->host[i] = calloc(1, t->bytes[i] ? t->bytes[i] : 1);
+        if (!t->host[i])
+            return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %zu host bytes",
+                                t->bytes[i]);
+        CTXPAR_CHECK(ctxpar_dev_alloc(t->dev, t->bytes[i], CTXPAR_MEM_DEVICE, &t->devp[i]));
     }
-    return ok;
+    return CTXPAR_OK;
 }
 
-static void free_local(local_tensors *t) {
-    void *p[] = {t->q.data,    t->k.data,  t->v.data,  t->out.data, t->lse,
-                 t->dout.data, t->dq.data, t->dk.data, t->dv.data};
-    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
-        free(p[i]);
-    memset(t, 0, sizeof *t);
+static void free_local(local_set *t) {
+    for (int i = 0; i < L_COUNT; i++) {
+        free(t->host[i]);
+        if (t->devp[i])
+            ctxpar_dev_free(t->dev, t->devp[i], t->bytes[i], CTXPAR_MEM_DEVICE);
+        t->host[i] = t->devp[i] = NULL;
+    }
 }
 
-// Moves the local results into the report (the report owns them afterwards).
-static void keep_outputs(const ctxpar_run_config *cfg, local_tensors *t, ctxpar_rank_report *r) {
-    size_t es = ctxpar_dtype_size(cfg->dtype);
-    int64_t seq = t->q.shape[1];
-    r->out.t[CTXPAR_T_OUT] = t->out.data;
-    r->out.bytes[CTXPAR_T_OUT] = (size_t)(cfg->batch * seq * cfg->heads * cfg->head_dim) * es;
-    r->out.t[CTXPAR_T_LSE] = t->lse;
-    r->out.bytes[CTXPAR_T_LSE] = (size_t)(cfg->batch * cfg->heads * seq) * sizeof(float);
-    t->out.data = NULL;
-    t->lse = NULL;
-    if (cfg->backward) {
-        ctxpar_tensor *g[3] = {&t->dq, &t->dk, &t->dv};
-        int64_t heads[3] = {cfg->heads, cfg->kv_heads, cfg->kv_heads};
-        for (int i = 0; i < 3; i++) {
-            r->out.t[CTXPAR_T_DQ + i] = g[i]->data;
-            r->out.bytes[CTXPAR_T_DQ + i] =
-                (size_t)(cfg->batch * seq * heads[i] * cfg->head_dim) * es;
-            g[i]->data = NULL;
-        }
+// Copies slots [first, last] that are used between host and device, and waits for the copies.
+static ctxpar_status copy_slots(local_set *t, int first, int last, ctxpar_copy_kind kind) {
+    for (int i = first; i <= last; i++) {
+        if (!t->host[i])
+            continue;
+        void *dst = kind == CTXPAR_COPY_H2D ? t->devp[i] : t->host[i];
+        const void *src = kind == CTXPAR_COPY_H2D ? t->host[i] : t->devp[i];
+        CTXPAR_CHECK(ctxpar_dev_copy(t->dev, dst, src, t->bytes[i], kind, NULL));
+    }
+    return ctxpar_dev_stream_sync(t->dev, NULL);
+}
+
+// Moves the host copies of the results into the report (the report owns them afterwards).
+static void keep_outputs(local_set *t, ctxpar_rank_report *r) {
+    static const int slot_of[CTXPAR_RUN_TENSORS] = {L_OUT, L_LSE, L_DQ, L_DK, L_DV};
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+        r->out.t[i] = t->host[slot_of[i]];
+        r->out.bytes[i] = t->bytes[slot_of[i]];
+        t->host[slot_of[i]] = NULL;
     }
 }
 
@@ -104,71 +122,109 @@ static ctxpar_status fail(ctxpar_rank_report *r, ctxpar_status st, int rank) {
     return st;
 }
 
-// The timed part: forward (and backward) `reps` times.
-static ctxpar_status call(ctxpar_context *ctx, const ctxpar_run_config *cfg, local_tensors *t) {
-    CTXPAR_CHECK(ctxpar_attn_fwd(ctx, &cfg->params, &t->q, &t->k, &t->v, &t->out, t->lse, NULL));
-    if (cfg->backward)
-        CTXPAR_CHECK(ctxpar_attn_bwd(ctx, &cfg->params, &t->q, &t->k, &t->v, &t->out, t->lse,
-                                     &t->dout, &t->dq, &t->dk, &t->dv, NULL));
+// One call: forward (and backward), each waited for, so that the times are the work's. The
+// forward's time goes to *fwd_s.
+static ctxpar_status call(ctxpar_context *ctx, ctxpar_comm *comm, local_set *t, double *fwd_s,
+                          double *total_s) {
+    const ctxpar_run_config *cfg = t->cfg;
+    ctxpar_tensor q = slot_tensor(t, L_Q, 1), k = slot_tensor(t, L_K, 1),
+                  v = slot_tensor(t, L_V, 1), out = slot_tensor(t, L_OUT, 1);
+    float *lse = t->devp[L_LSE];
+    // Start together, so that the time is the call's and not a late peer's.
+    CTXPAR_CHECK(ctxpar_comm_barrier(comm));
+    double t0 = ctxpar_now();
+    CTXPAR_CHECK(ctxpar_attn_fwd(ctx, &cfg->params, &q, &k, &v, &out, lse, NULL));
+    CTXPAR_CHECK(ctxpar_dev_stream_sync(t->dev, NULL));
+    double t1 = ctxpar_now();
+    if (cfg->backward) {
+        ctxpar_tensor dout = slot_tensor(t, L_DOUT, 1), dq = slot_tensor(t, L_DQ, 1),
+                      dk = slot_tensor(t, L_DK, 1), dv = slot_tensor(t, L_DV, 1);
+        CTXPAR_CHECK(ctxpar_attn_bwd(ctx, &cfg->params, &q, &k, &v, &out, lse, &dout, &dq, &dk,
+                                     &dv, NULL));
+        CTXPAR_CHECK(ctxpar_dev_stream_sync(t->dev, NULL));
+    }
+    *fwd_s = t1 - t0;
+    *total_s = ctxpar_now() - t0;
     return CTXPAR_OK;
+}
+
+static ctxpar_status fill_inputs(local_set *t, int rank, int P, const int64_t *pos) {
+    static const int ids[4] = {CTXPAR_RUN_ID_Q, CTXPAR_RUN_ID_K, CTXPAR_RUN_ID_V,
+                               CTXPAR_RUN_ID_DOUT};
+    for (int i = L_Q; i <= L_DOUT; i++) {
+        if (!t->host[i])
+            continue;
+        ctxpar_tensor h = slot_tensor(t, i, 0);
+        CTXPAR_CHECK(ctxpar_run_fill_local(t->cfg, ids[i], rank, P, pos, &h));
+    }
+    return copy_slots(t, L_Q, L_DOUT, CTXPAR_COPY_H2D);
 }
 
 void ctxpar_run_rank(const ctxpar_run_config *cfg, ctxpar_device *dev, ctxpar_comm *comm,
                      ctxpar_rank_report *r) {
     memset(r, 0, sizeof *r);
     const int rank = ctxpar_comm_rank(comm), P = ctxpar_comm_size(comm);
-    const int64_t seq = cfg->seq / P;
     const int reps = cfg->repeat > 0 ? cfg->repeat : 1;
+    char stage[32];
+    snprintf(stage, sizeof stage, "%d rank%s", P, P > 1 ? "s" : "");
     ctxpar_context *ctx = NULL;
-    local_tensors t;
-    int64_t *pos = malloc((size_t)seq * sizeof *pos);
+    local_set t = {.cfg = cfg, .dev = dev, .seq = cfg->seq / P};
+    int64_t *pos = malloc((size_t)t.seq * sizeof *pos + 1);
     double *times = malloc((size_t)reps * sizeof *times);
+    double *fwd_times = malloc((size_t)reps * sizeof *fwd_times);
     rank_trace rt = {cfg, rank, 0, 0, 0, 0};
     ctxpar_status st;
-    if (!alloc_local(cfg, seq, &t) || !pos || !times) {
-        fail(r, CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the local tensors"), rank);
+    if (!pos || !times || !fwd_times) {
+        fail(r, CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %d timings", reps), rank);
         goto done;
     }
+    CTXPAR_CHECK_GOTO(alloc_local(&t), st, failed);
     ctxpar_context_options opts = CTXPAR_CONTEXT_OPTIONS_INIT;
     opts.verify_transfers = cfg->verify_transfers;
     CTXPAR_CHECK_GOTO(ctxpar_context_create(dev, comm, &opts, &ctx), st, failed);
     CTXPAR_CHECK_GOTO(ctxpar_context_set_trace(ctx, on_event, &rt), st, failed);
     CTXPAR_CHECK_GOTO(ctxpar_positions(cfg->params.layout, cfg->seq, rank, P, pos), st, failed);
-    ctxpar_test_fill(&t.q, cfg->seed, CTXPAR_RUN_ID_Q, cfg->seq, pos);
-    ctxpar_test_fill(&t.k, cfg->seed, CTXPAR_RUN_ID_K, cfg->seq, pos);
-    ctxpar_test_fill(&t.v, cfg->seed, CTXPAR_RUN_ID_V, cfg->seq, pos);
-    if (cfg->backward)
-        ctxpar_test_fill(&t.dout, cfg->seed, CTXPAR_RUN_ID_DOUT, cfg->seq, pos);
-    CTXPAR_CHECK_GOTO(ctxpar_attn_choose_algo(ctx, &cfg->params, &t.q, &t.k, &r->algo), st,
-                      failed);
+    CTXPAR_CHECK_GOTO(fill_inputs(&t, rank, P, pos), st, failed);
+    ctxpar_tensor q = slot_tensor(&t, L_Q, 1), k = slot_tensor(&t, L_K, 1);
+    CTXPAR_CHECK_GOTO(ctxpar_attn_choose_algo(ctx, &cfg->params, &q, &k, &r->algo), st, failed);
+    double fwd_s, total_s;
+    for (int i = 0; i < cfg->warmup; i++) {
+        if (rank == 0)
+            ctxpar_run_progress(cfg, "warm-up", i, cfg->warmup);
+        CTXPAR_CHECK_GOTO(call(ctx, comm, &t, &fwd_s, &total_s), st, failed);
+    }
+    // The staged tensors are the caller's, not the library's: count from here.
+    ctxpar_memory_stats ms;
+    CTXPAR_CHECK_GOTO(ctxpar_context_memory_stats(ctx, &ms), st, failed);
+    const size_t staged = ms.current_bytes;
     CTXPAR_CHECK_GOTO(ctxpar_context_reset_peak(ctx), st, failed);
     CTXPAR_CHECK_GOTO(ctxpar_context_reset_work_stats(ctx), st, failed);
     uint64_t sent0 = 0;
     CTXPAR_CHECK_GOTO(ctxpar_context_bytes_sent(ctx, &sent0), st, failed);
     rt.active = 1;
     for (int i = 0; i < reps; i++) {
-        // Start together, so that the time is the call's and not a late peer's.
-        CTXPAR_CHECK_GOTO(ctxpar_comm_barrier(comm), st, failed);
-        double t0 = ctxpar_now();
-        CTXPAR_CHECK_GOTO(call(ctx, cfg, &t), st, failed);
-        times[i] = ctxpar_now() - t0;
+        if (rank == 0)
+            ctxpar_run_progress(cfg, stage, i, reps);
+        CTXPAR_CHECK_GOTO(call(ctx, comm, &t, &fwd_times[i], &times[i]), st, failed);
     }
     rt.active = 0;
-    qsort(times, (size_t)reps, sizeof *times, cmp_double);
-    r->time_s = times[reps / 2];
+    if (rank == 0)
+        ctxpar_run_progress(cfg, stage, reps, reps);
+    r->time_s = median(times, reps);
+    r->time_fwd_s = median(fwd_times, reps);
     r->stats.compute_s = rt.compute_s / reps;
     r->stats.transfer_s = rt.transfer_s / reps;
     r->stats.wait_s = rt.wait_s / reps;
-    ctxpar_memory_stats ms;
     CTXPAR_CHECK_GOTO(ctxpar_context_memory_stats(ctx, &ms), st, failed);
-    r->stats.peak_bytes = ms.peak_bytes;
+    r->stats.peak_bytes = ms.peak_bytes > staged ? ms.peak_bytes - staged : 0;
     CTXPAR_CHECK_GOTO(ctxpar_context_bytes_sent(ctx, &r->stats.bytes_sent), st, failed);
     r->stats.bytes_sent = (r->stats.bytes_sent - sent0) / (uint64_t)reps;
     CTXPAR_CHECK_GOTO(ctxpar_context_work_stats(ctx, &r->stats.work), st, failed);
     r->stats.work.blocks_computed /= (uint64_t)reps;
     r->stats.work.blocks_skipped /= (uint64_t)reps;
     r->stats.work.flops /= reps;
-    keep_outputs(cfg, &t, r);
+    CTXPAR_CHECK_GOTO(copy_slots(&t, L_OUT, L_DV, CTXPAR_COPY_D2H), st, failed);
+    keep_outputs(&t, r);
     r->status = CTXPAR_OK;
     goto done;
 failed:
@@ -178,6 +234,7 @@ done:
     free_local(&t);
     free(pos);
     free(times);
+    free(fwd_times);
 }
 
 void ctxpar_rank_outputs_free(ctxpar_rank_outputs *out) {

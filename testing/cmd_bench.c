@@ -1,0 +1,353 @@
+// `ctxpar bench`: throughput, memory and the compute / transfer split of context-parallel
+// attention, next to full-sequence attention on one rank (the baseline) in the same run; --sweep
+// over sequence lengths and rank counts into one markdown table.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+
+// What bench reports for one run (the P ranks, or the baseline).
+typedef struct bench_numbers {
+    int ranks, threads;           // threads per rank
+    double fwd_s, fwd_bwd_s;      // median seconds per call; fwd_bwd_s NAN without backward
+    double fwd_flops;             // per call, by the convention in the help
+    double fwd_flops_per_s, fwd_bwd_flops_per_s, tokens_per_s, fwd_bwd_tokens_per_s;
+    size_t peak_bytes;            // max over ranks
+    uint64_t bytes_sent;          // max over ranks, per call
+    double compute_s, transfer_s, wait_s; // per call, mean over ranks
+    double hidden;                // 1 - wait / transfer; NAN when nothing was transferred
+} bench_numbers;
+
+// Visible (query, key) pairs, by the convention of the help: S^2 without a mask, S^2 / 2 causal;
+// counted exactly with a window (query i sees keys k with i - k < W; causal: also k <= i) or
+// documents (keys of the query's own document only). NAN when the documents cannot be made.
+static double visible_pairs(const ctxpar_run_config *c) {
+    const int64_t S = c->seq, W = c->params.window_left;
+    const int causal = c->params.mask == CTXPAR_MASK_CAUSAL;
+    if (W <= 0 && c->docs <= 0)
+        return causal ? (double)S * S / 2 : (double)S * S;
+    int32_t *cu = NULL;
+    int64_t ndocs = 1;
+    if (c->docs > 0) {
+        ndocs = c->docs;
+        cu = malloc((size_t)(ndocs + 1) * sizeof *cu);
+        if (!cu || ctxpar_run_docs(c->seed, S, ndocs, cu) != CTXPAR_OK) {
+            free(cu);
+            return NAN;
+        }
+    }
+    double pairs = 0;
+    for (int64_t d = 0; d < ndocs; d++) {
+        const int64_t lo = cu ? cu[d] : 0, hi = cu ? cu[d + 1] : S; // [lo, hi)
+        for (int64_t i = lo; i < hi; i++) {
+            int64_t first = W > 0 && i - W + 1 > lo ? i - W + 1 : lo; // earliest key k <= i
+            pairs += (double)(i - first + 1) + (causal ? 0.0 : (double)(hi - 1 - i));
+        }
+    }
+    free(cu);
+    return pairs;
+}
+
+static bench_numbers numbers(const ctxpar_run_config *c, int ranks, const ctxpar_run_result *r) {
+    bench_numbers b;
+    memset(&b, 0, sizeof b);
+    b.ranks = ranks;
+    b.threads = ctxpar_run_threads_per_rank(c, ranks);
+    b.fwd_s = r->time_fwd_s;
+    b.fwd_bwd_s = c->backward ? r->time_s : NAN;
+    b.fwd_flops = 4.0 * (double)c->batch * (double)c->heads * (double)c->head_dim *
+                  visible_pairs(c);
+    const double tokens = (double)c->batch * (double)c->seq;
+    b.fwd_flops_per_s = b.fwd_flops / b.fwd_s;
+    b.tokens_per_s = tokens / b.fwd_s;
+    b.fwd_bwd_flops_per_s = 3.5 * b.fwd_flops / b.fwd_bwd_s; // backward = 2.5 x forward
+    b.fwd_bwd_tokens_per_s = tokens / b.fwd_bwd_s;
+    b.peak_bytes = r->peak_bytes_per_rank;
+    double transfer = 0, wait = 0;
+    const int n = ranks < 64 ? ranks : 64;
+    for (int i = 0; i < n; i++) {
+        const ctxpar_run_rank_stats *s = &r->rank[i];
+        if (s->bytes_sent > b.bytes_sent)
+            b.bytes_sent = s->bytes_sent;
+        b.compute_s += s->compute_s / n;
+        transfer += s->transfer_s;
+        wait += s->wait_s;
+    }
+    b.transfer_s = transfer / n;
+    b.wait_s = wait / n;
+    // A wait lies inside its transfer's interval, so the fraction is in [0, 1] but for rounding.
+    b.hidden = transfer > 0 ? fmin(1.0, fmax(0.0, 1.0 - wait / transfer)) : NAN;
+    return b;
+}
+
+static void json_numbers(FILE *f, const bench_numbers *b, int backward) {
+    fprintf(f, "\"ranks\":%d,\"threads_per_rank\":%d,\"fwd_time_s\":", b->ranks, b->threads);
+    ctxpar_json_num(f, b->fwd_s);
+    fputs(",\"fwd_flops\":", f);
+    ctxpar_json_num(f, b->fwd_flops);
+    fputs(",\"fwd_flops_per_s\":", f);
+    ctxpar_json_num(f, b->fwd_flops_per_s);
+    fputs(",\"tokens_per_s\":", f);
+    ctxpar_json_num(f, b->tokens_per_s);
+    if (backward) {
+        fputs(",\"fwd_bwd_time_s\":", f);
+        ctxpar_json_num(f, b->fwd_bwd_s);
+        fputs(",\"fwd_bwd_flops_per_s\":", f);
+        ctxpar_json_num(f, b->fwd_bwd_flops_per_s);
+        fputs(",\"fwd_bwd_tokens_per_s\":", f);
+        ctxpar_json_num(f, b->fwd_bwd_tokens_per_s);
+    }
+    fprintf(f, ",\"peak_bytes_per_rank\":%zu,\"bytes_sent_per_rank\":%llu,\"compute_s\":",
+            b->peak_bytes, (unsigned long long)b->bytes_sent);
+    ctxpar_json_num(f, b->compute_s);
+    fputs(",\"transfer_s\":", f);
+    ctxpar_json_num(f, b->transfer_s);
+    fputs(",\"wait_s\":", f);
+    ctxpar_json_num(f, b->wait_s);
+    fputs(",\"hidden_transfer_fraction\":", f);
+    ctxpar_json_num(f, b->hidden);
+}
+
+static const char *const flops_convention =
+    "forward 4*batch*heads*head_dim*pairs, pairs = seq^2 (seq^2/2 causal; counted exactly with a "
+    "window or documents); backward 2.5x forward";
+
+// The call that bench times: forward + backward with --backward, else forward.
+static double timed_s(const bench_numbers *b, int backward) {
+    return backward ? b->fwd_bwd_s : b->fwd_s;
+}
+
+static void print_json(const ctxpar_run_config *c, const char *comm,
+                       const ctxpar_run_result *r, const bench_numbers *p,
+                       const bench_numbers *base) {
+    fprintf(stdout,
+            "{\"ok\":%s,\"status\":\"%s\",\"config\":{\"ranks\":%d,\"batch\":%lld,\"seq\":%lld,"
+            "\"heads\":%lld,\"kv_heads\":%lld,\"dim\":%lld,\"dtype\":\"%s\",\"mask\":\"%s\","
+            "\"window\":%lld,\"docs\":%lld,\"algo\":\"%s\",\"algo_resolved\":\"%s\","
+            "\"layout\":\"%s\","
+            "\"backward\":%s,\"comm\":\"%s\",\"backend\":\"%s\",\"warmup\":%d,\"repeat\":%d},",
+            r->ok ? "true" : "false", ctxpar_status_string(r->status), c->ranks,
+            (long long)c->batch, (long long)c->seq, (long long)c->heads, (long long)c->kv_heads,
+            (long long)c->head_dim, ctxpar_dtype_name(c->dtype), ctxpar_mask_name(c->params.mask),
+            (long long)c->params.window_left, (long long)c->docs, ctxpar_algo_name(c->params.algo),
+            ctxpar_algo_name(r->algo), ctxpar_layout_name(c->params.layout),
+            c->backward ? "true" : "false", comm, ctxpar_run_backend_name(c->backend), c->warmup,
+            c->repeat);
+    json_numbers(stdout, p, c->backward);
+    fputs(",\"speedup\":", stdout);
+    ctxpar_json_num(stdout, timed_s(base, c->backward) / timed_s(p, c->backward));
+    fputs(",\"baseline\":{", stdout);
+    json_numbers(stdout, base, c->backward);
+    fputs("},\"flops_convention\":", stdout);
+    ctxpar_json_string(stdout, flops_convention);
+    if (c->compare_oracle) {
+        fputc(',', stdout);
+        ctxpar_report_json_errors(stdout, r);
+    }
+    fputs("}", stdout);
+}
+
+static void ms_cell(char *buf, size_t n, double s) {
+    if (isfinite(s))
+        snprintf(buf, n, "%.3f ms", s * 1e3);
+    else
+        snprintf(buf, n, "-");
+}
+
+static void print_table(const ctxpar_run_config *c, const char *comm, const ctxpar_run_result *r,
+                        const bench_numbers *p, const bench_numbers *base) {
+    printf("ctxpar bench: %s (%s), %s layout, %s mask, %s, %s\n"
+           "              batch %lld, seq %lld, heads %lld/%lld, dim %lld; %d ranks x %lld "
+           "tokens\n"
+           "              %s backend, %s comm; median of %d calls after %d warm-up\n\n",
+           ctxpar_algo_name(r->algo), ctxpar_algo_name(c->params.algo),
+           ctxpar_layout_name(c->params.layout), ctxpar_mask_name(c->params.mask),
+           ctxpar_dtype_name(c->dtype), c->backward ? "forward + backward" : "forward",
+           (long long)c->batch, (long long)c->seq, (long long)c->heads, (long long)c->kv_heads,
+           (long long)c->head_dim, c->ranks, (long long)(c->seq / c->ranks),
+           ctxpar_run_backend_name(c->backend), comm, c->repeat, c->warmup);
+    char h[32];
+    snprintf(h, sizeof h, "%d rank%s", p->ranks, p->ranks > 1 ? "s" : "");
+    printf("  %-26s %-16s %s\n", "", h, "1 rank (baseline)");
+    char a[32], b[32];
+    snprintf(a, sizeof a, "%d", p->threads);
+    snprintf(b, sizeof b, "%d", base->threads);
+    printf("  %-26s %-16s %s\n", "threads per rank", a, b);
+    ms_cell(a, sizeof a, p->fwd_s);
+    ms_cell(b, sizeof b, base->fwd_s);
+    printf("  %-26s %-16s %s\n", "forward", a, b);
+    if (c->backward) {
+        ms_cell(a, sizeof a, p->fwd_bwd_s);
+        ms_cell(b, sizeof b, base->fwd_bwd_s);
+        printf("  %-26s %-16s %s\n", "forward + backward", a, b);
+    }
+    printf("  %-26s %-16.2f %.2f\n", "forward GFLOP/s", p->fwd_flops_per_s / 1e9,
+           base->fwd_flops_per_s / 1e9);
+    if (c->backward)
+        printf("  %-26s %-16.2f %.2f\n", "fwd + bwd GFLOP/s", p->fwd_bwd_flops_per_s / 1e9,
+               base->fwd_bwd_flops_per_s / 1e9);
+    printf("  %-26s %-16.0f %.0f\n", "tokens/s (forward)", p->tokens_per_s, base->tokens_per_s);
+    printf("  %-26s %-16.2f %.2f\n", "peak memory per rank, MiB", p->peak_bytes / 1048576.0,
+           base->peak_bytes / 1048576.0);
+    printf("  %-26s %-16.2f %.2f\n", "sent per rank, MiB", p->bytes_sent / 1048576.0,
+           base->bytes_sent / 1048576.0);
+    ms_cell(a, sizeof a, p->compute_s);
+    ms_cell(b, sizeof b, base->compute_s);
+    printf("  %-26s %-16s %s\n", "compute per call", a, b);
+    ms_cell(a, sizeof a, p->transfer_s);
+    ms_cell(b, sizeof b, base->transfer_s);
+    printf("  %-26s %-16s %s\n", "transfers in flight", a, b);
+    ms_cell(a, sizeof a, p->wait_s);
+    ms_cell(b, sizeof b, base->wait_s);
+    printf("  %-26s %-16s %s\n", "waiting on transfers", a, b);
+    if (isfinite(p->hidden))
+        snprintf(a, sizeof a, "%.1f %%", 100 * p->hidden);
+    else
+        snprintf(a, sizeof a, "-");
+    printf("  %-26s %-16s %s\n", "transfer time hidden", a, "-");
+    printf("\n  speedup over 1 rank: %.2fx (%s)\n",
+           timed_s(base, c->backward) / timed_s(p, c->backward),
+           c->backward ? "forward + backward" : "forward");
+    if (c->compare_oracle) {
+        printf("\n");
+        ctxpar_report_rows(stdout, r);
+        printf("\n  result: %s\n", r->ok ? "OK" : "FAILED");
+    }
+    printf("  FLOPs: %s\n", flops_convention);
+}
+
+static void print_sweep_header(const ctxpar_run_config *c, const char *comm) {
+    printf("ctxpar bench --sweep: %s, %s layout, %s mask, %s, batch %lld, heads %lld/%lld, dim "
+           "%lld, %s backend, %s comm, median of %d calls after %d warm-up. GFLOP/s: %s. "
+           "Speedup: one rank's time / this time (%s).\n\n",
+           ctxpar_algo_name(c->params.algo), ctxpar_layout_name(c->params.layout),
+           ctxpar_mask_name(c->params.mask), ctxpar_dtype_name(c->dtype), (long long)c->batch,
+           (long long)c->heads, (long long)c->kv_heads, (long long)c->head_dim,
+           ctxpar_run_backend_name(c->backend), comm, c->repeat, c->warmup, flops_convention,
+           c->backward ? "forward + backward" : "forward");
+    printf("| seq | ranks | threads/rank | fwd ms | fwd GFLOP/s |%s tokens/s | speedup | "
+           "peak MiB/rank | MiB sent/rank | hidden |\n",
+           c->backward ? " fwd+bwd ms | fwd+bwd GFLOP/s |" : "");
+    printf("|---:|---:|---:|---:|---:|%s---:|---:|---:|---:|---:|\n",
+           c->backward ? "---:|---:|" : "");
+}
+
+static void print_sweep_row(const ctxpar_run_config *c, const bench_numbers *p,
+                            const bench_numbers *base) {
+    printf("| %lld | %d | %d | %.2f | %.2f |", (long long)c->seq, p->ranks, p->threads,
+           p->fwd_s * 1e3, p->fwd_flops_per_s / 1e9);
+    if (c->backward)
+        printf(" %.2f | %.2f |", p->fwd_bwd_s * 1e3, p->fwd_bwd_flops_per_s / 1e9);
+    char hidden[16] = "-";
+    if (isfinite(p->hidden))
+        snprintf(hidden, sizeof hidden, "%.0f %%", 100 * p->hidden);
+    printf(" %.0f | %.2fx | %.2f | %.2f | %s |\n", p->tokens_per_s,
+           timed_s(base, c->backward) / timed_s(p, c->backward), p->peak_bytes / 1048576.0,
+           p->bytes_sent / 1048576.0, hidden);
+    fflush(stdout);
+}
+
+// The baseline of one sequence length: one rank, the same backend, as many threads in all as
+// the P ranks have. Run once per seq and kept for every rank count of a sweep.
+typedef struct baseline {
+    int have;
+    ctxpar_run_result r; // rank 0's result (outputs freed)
+    bench_numbers n;
+} baseline;
+
+static int run_baseline(ctxpar_session *s, const ctxpar_run_config *cfg, baseline *b) {
+    if (b->have)
+        return CTXPAR_EXIT_OK;
+    ctxpar_run_config c1 = *cfg;
+    c1.ranks = 1;
+    c1.threads = cfg->threads > 0 ? cfg->threads * cfg->ranks : 0;
+    c1.compare_oracle = c1.compare_single = 0;
+    if (ctxpar_session_run_single(s, &c1, &b->r) != CTXPAR_OK)
+        return CTXPAR_EXIT_USAGE;
+    ctxpar_run_result_free(&b->r); // the outputs are not looked at
+    if (b->r.status != CTXPAR_OK) {
+        ctxpar_session_error(s, "single-rank baseline: %s", b->r.message);
+        return ctxpar_exit_code(&b->r);
+    }
+    b->n = numbers(&c1, 1, &b->r);
+    b->have = 1;
+    return CTXPAR_EXIT_OK;
+}
+
+// One measurement: the baseline (if not yet), then cfg's ranks, unless that is one rank with no
+// oracle to compare, which the baseline already measured. Prints the table, a sweep row or a JSON
+// object (`sep` before it). Returns the exit code.
+static int bench_one(ctxpar_session *s, const ctxpar_cli *cli, const ctxpar_run_config *cfg,
+                     baseline *base, const char *sep) {
+    int rc = run_baseline(s, cfg, base);
+    if (rc != CTXPAR_EXIT_OK)
+        return rc;
+    ctxpar_run_result own, *r = &base->r;
+    const int reuse = cfg->ranks == 1 && !cfg->compare_oracle;
+    if (!reuse) {
+        r = &own;
+        if (ctxpar_session_run(s, cfg, 1, r) != CTXPAR_OK)
+            return CTXPAR_EXIT_USAGE;
+        if (r->status != CTXPAR_OK) {
+            ctxpar_session_error(s, "%s", r->message);
+            rc = ctxpar_exit_code(r);
+            ctxpar_run_result_free(r);
+            return rc;
+        }
+        rc = cfg->compare_oracle && !r->ok ? CTXPAR_EXIT_FAIL : CTXPAR_EXIT_OK;
+    }
+    if (s->rank == 0) {
+        const char *comm = s->mpi ? "mpi" : "local";
+        bench_numbers p = reuse ? base->n : numbers(cfg, cfg->ranks, r);
+        if (cli->json) {
+            fputs(sep, stdout);
+            print_json(cfg, comm, r, &p, &base->n);
+            fputs("\n", stdout);
+        } else if (cli->sweep) {
+            print_sweep_row(cfg, &p, &base->n);
+        } else {
+            print_table(cfg, comm, r, &p, &base->n);
+        }
+        fflush(stdout);
+    }
+    if (!reuse)
+        ctxpar_run_result_free(r);
+    return rc;
+}
+
+int ctxpar_cmd_bench(int argc, char **argv) {
+    ctxpar_cli cli;
+    int rc = ctxpar_cli_parse("bench", argc, argv, &cli, stdout, stderr);
+    if (rc >= 0)
+        return rc;
+    ctxpar_session s;
+    if ((rc = ctxpar_session_begin(&s, "bench", &cli)) >= 0)
+        return rc;
+    rc = CTXPAR_EXIT_OK;
+    if (s.rank == 0 && cli.sweep) {
+        if (cli.json)
+            fputs("{\"sweep\":[\n", stdout);
+        else
+            print_sweep_header(&cli.cfg, s.mpi ? "mpi" : "local");
+        fflush(stdout);
+    }
+    int n = 0;
+    for (int i = 0; i < cli.n_seqs && rc == CTXPAR_EXIT_OK; i++) {
+        baseline base;
+        memset(&base, 0, sizeof base);
+        for (int j = 0; j < cli.n_ranks && rc == CTXPAR_EXIT_OK; j++) {
+            ctxpar_run_config c = cli.cfg;
+            c.seq = cli.seqs[i];
+            c.ranks = cli.ranks[j];
+            char stage[64] = "";
+            if (cli.sweep)
+                snprintf(stage, sizeof stage, "seq %lld, ", (long long)c.seq);
+            ctxpar_session_stage(&s, stage);
+            rc = bench_one(&s, &cli, &c, &base, n++ ? "," : "");
+        }
+    }
+    if (s.rank == 0 && cli.sweep && cli.json)
+        fputs("]}\n", stdout);
+    return ctxpar_session_end(&s, rc);
+}

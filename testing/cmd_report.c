@@ -1,0 +1,114 @@
+// The correctness report that check and audit print (and bench with --check): a table for people,
+// JSON members for machines.
+#include <math.h>
+#include <string.h>
+
+#include "commands.h"
+
+static void json_map(FILE *f, const char *key, const ctxpar_run_result *r, int what) {
+    fprintf(f, "\"%s\":{", key);
+    int first = 1;
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+        if (!r->has[i])
+            continue;
+        fprintf(f, "%s\"%s\":", first ? "" : ",", ctxpar_run_tensor_name((ctxpar_run_tensor)i));
+        first = 0;
+        if (what == 0)
+            ctxpar_json_num(f, r->error[i]);
+        else if (what == 1)
+            ctxpar_json_num(f, r->ratio[i]);
+        else if (what == 2)
+            ctxpar_json_num(f, r->tolerance[i]);
+        else
+            fprintf(f, "%s", r->bitwise_single[i] ? "true" : "false");
+    }
+    fprintf(f, "}");
+}
+
+void ctxpar_report_json_errors(FILE *f, const ctxpar_run_result *r) {
+    json_map(f, "errors", r, 0);
+    fputc(',', f);
+    json_map(f, "error_ratio", r, 1);
+    fputc(',', f);
+    json_map(f, "tolerance", r, 2);
+    fputc(',', f);
+    json_map(f, "bitwise_equal_single_rank", r, 3);
+}
+
+void ctxpar_report_json_members(FILE *f, const ctxpar_run_config *c, const ctxpar_run_result *r) {
+    fprintf(f, "\"ok\":%s,\"status\":\"%s\",", r->ok ? "true" : "false",
+            ctxpar_status_string(r->status));
+    if (r->status != CTXPAR_OK) {
+        fputs("\"message\":", f);
+        ctxpar_json_string(f, r->message);
+        fputc(',', f);
+    }
+    fprintf(f,
+            "\"config\":{\"ranks\":%d,\"batch\":%lld,\"seq\":%lld,\"heads\":%lld,"
+            "\"kv_heads\":%lld,\"dim\":%lld,\"dtype\":\"%s\",\"mask\":\"%s\",\"window\":%lld,"
+            "\"docs\":%lld,\"algo\":\"%s\",\"algo_resolved\":\"%s\",\"layout\":\"%s\","
+            "\"backward\":%s,\"backend\":\"%s\",\"seed\":%llu},",
+            c->ranks, (long long)c->batch, (long long)c->seq, (long long)c->heads,
+            (long long)c->kv_heads, (long long)c->head_dim, ctxpar_dtype_name(c->dtype),
+            ctxpar_mask_name(c->params.mask), (long long)c->params.window_left,
+            (long long)(c->params.num_docs > 0 ? c->params.num_docs : c->docs),
+            ctxpar_algo_name(c->params.algo),
+            ctxpar_algo_name(r->algo), ctxpar_layout_name(c->params.layout),
+            c->backward ? "true" : "false", ctxpar_run_backend_name(c->backend),
+            (unsigned long long)c->seed);
+    ctxpar_report_json_errors(f, r);
+    fprintf(f, ",\"time_s\":");
+    ctxpar_json_num(f, r->time_s);
+    fprintf(f, ",\"single_rank_time_s\":");
+    ctxpar_json_num(f, r->time_single_s);
+    fprintf(f, ",\"peak_bytes_per_rank\":%zu,\"single_rank_peak_bytes\":%zu,",
+            r->peak_bytes_per_rank, r->single_rank_peak_bytes);
+    fprintf(f, "\"per_rank\":[");
+    for (int i = 0; i < c->ranks && i < 64; i++) {
+        const ctxpar_run_rank_stats *s = &r->rank[i];
+        fprintf(f,
+                "%s{\"rank\":%d,\"peak_bytes\":%zu,\"bytes_sent\":%llu,\"blocks_computed\":%llu,"
+                "\"blocks_skipped\":%llu,\"flops\":%.6g}",
+                i ? "," : "", i, s->peak_bytes, (unsigned long long)s->bytes_sent,
+                (unsigned long long)s->work.blocks_computed,
+                (unsigned long long)s->work.blocks_skipped, s->work.flops);
+    }
+    fprintf(f, "]");
+}
+
+void ctxpar_report_rows(FILE *f, const ctxpar_run_result *r) {
+    fprintf(f, "  %-6s %-13s %-11s %-13s %-8s %s\n", "tensor", "error vs fp64", "tolerance",
+            "error at P=1", "ratio", "bits == P=1");
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+        if (!r->has[i])
+            continue;
+        fprintf(f, "  %-6s %-13.3e %-11.1e %-13.3e %-8.3g %s%s\n",
+                ctxpar_run_tensor_name((ctxpar_run_tensor)i), r->error[i], r->tolerance[i],
+                r->error_1[i], r->ratio[i], r->bitwise_single[i] ? "yes" : "no",
+                r->within_tol[i] && r->ratio_ok[i] ? "" : "   <-- out of tolerance");
+    }
+}
+
+void ctxpar_report_table(FILE *f, const char *cmd, const ctxpar_run_config *c,
+                         const ctxpar_run_result *r) {
+    fprintf(f,
+            "ctxpar %s: %s (%s), %s layout, %s mask%s, %s, %d ranks x %lld tokens\n"
+            "%*s batch %lld, heads %lld/%lld, dim %lld, %s, %s backend\n\n",
+            cmd, ctxpar_algo_name(r->algo), ctxpar_algo_name(c->params.algo),
+            ctxpar_layout_name(c->params.layout), ctxpar_mask_name(c->params.mask),
+            c->params.num_docs > 0 || c->docs > 0 ? " + documents" : "",
+            ctxpar_dtype_name(c->dtype), c->ranks,
+            (long long)(c->seq / c->ranks), (int)strlen(cmd) + 8, "",
+            (long long)c->batch, (long long)c->heads, (long long)c->kv_heads,
+            (long long)c->head_dim, c->backward ? "forward + backward" : "forward",
+            ctxpar_run_backend_name(c->backend));
+    ctxpar_report_rows(f, r);
+    fprintf(f, "\n  time %.3f s (P=1: %.3f s)   peak memory per rank %.2f MiB (P=1: %.2f MiB)\n",
+            r->time_s, r->time_single_s, r->peak_bytes_per_rank / 1048576.0,
+            r->single_rank_peak_bytes / 1048576.0);
+    fprintf(f, "  work per rank (blocks computed/skipped):");
+    for (int i = 0; i < c->ranks && i < 64; i++)
+        fprintf(f, " %llu/%llu", (unsigned long long)r->rank[i].work.blocks_computed,
+                (unsigned long long)r->rank[i].work.blocks_skipped);
+    fprintf(f, "\n\n  result: %s\n", r->ok ? "OK" : "FAILED");
+}

@@ -1,0 +1,40 @@
+// The device each rank of a run computes on: the CPU backend, or the CUDA one in builds that have
+// it (testing/gpu:cuda_config defines CTXPAR_TEST_NO_CUDA in those that do not).
+#include "ctxpar_backend.h"
+#include "ctxpar_cpu.h"
+#include "runner_internal.h"
+
+#ifndef CTXPAR_TEST_NO_CUDA
+#include "ctxpar_cuda.h"
+#endif
+
+const char *ctxpar_run_backend_name(ctxpar_run_backend backend) {
+    switch (backend) {
+    case CTXPAR_RUN_CPU: return "cpu";
+    case CTXPAR_RUN_CUDA: return "cuda";
+    }
+    return "?";
+}
+
+int ctxpar_run_backend_available(ctxpar_run_backend backend) {
+#ifdef CTXPAR_TEST_NO_CUDA
+    return backend == CTXPAR_RUN_CPU;
+#else
+    return backend == CTXPAR_RUN_CPU || backend == CTXPAR_RUN_CUDA;
+#endif
+}
+
+ctxpar_status ctxpar_run_device_create(const ctxpar_run_config *cfg, int threads,
+                                       ctxpar_device **dev_out) {
+    if (cfg->backend == CTXPAR_RUN_CPU) {
+        ctxpar_cpu_options co = CTXPAR_CPU_OPTIONS_INIT;
+        co.num_threads = threads;
+        return ctxpar_device_create_cpu(&co, dev_out);
+    }
+#ifndef CTXPAR_TEST_NO_CUDA
+    if (cfg->backend == CTXPAR_RUN_CUDA)
+        return ctxpar_device_create_cuda(NULL, dev_out); // every rank on GPU 0
+#endif
+    return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "backend '%s' is not built into this binary",
+                        ctxpar_run_backend_name(cfg->backend));
+}

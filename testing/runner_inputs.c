@@ -1,0 +1,87 @@
+// Where a run's inputs come from: the counter-based generator, or global arrays the caller gave
+// (ctxpar audit). Both the ranks' shards and the oracle's global copy are made here, so that the
+// two can never disagree about what the library was given.
+#include <stdlib.h>
+
+#include "ctxpar_backend.h"
+#include "data.h"
+#include "runner_internal.h"
+
+// The caller's global array of input `id` as a tensor view, or data NULL when absent.
+static ctxpar_tensor input_view(const ctxpar_run_config *cfg, int id) {
+    const ctxpar_run_inputs *in = cfg->inputs;
+    const void *p = id == CTXPAR_RUN_ID_Q   ? in->q
+                    : id == CTXPAR_RUN_ID_K ? in->k
+                    : id == CTXPAR_RUN_ID_V ? in->v
+                                            : in->dout;
+    int64_t heads = id == CTXPAR_RUN_ID_K || id == CTXPAR_RUN_ID_V ? cfg->kv_heads : cfg->heads;
+    // The view is only read (ctxpar_shard, ctxpar_test_to_f64 take it const).
+    return ctxpar_tensor_bshd((void *)p, cfg->dtype, cfg->batch, cfg->seq, heads, cfg->head_dim);
+}
+
+ctxpar_status ctxpar_run_fill_local(const ctxpar_run_config *cfg, int id, int rank, int nranks,
+                                    const int64_t *pos, ctxpar_tensor *local) {
+    if (!cfg->inputs) {
+        ctxpar_test_fill(local, cfg->seed, (uint64_t)id, cfg->seq, pos);
+        return CTXPAR_OK;
+    }
+    ctxpar_tensor g = input_view(cfg, id);
+    return ctxpar_shard(cfg->params.layout, rank, nranks, &g, local);
+}
+
+void ctxpar_run_fill_global_f64(const ctxpar_run_config *cfg, int id, double *dst) {
+    if (!cfg->inputs) {
+        int64_t heads =
+            id == CTXPAR_RUN_ID_K || id == CTXPAR_RUN_ID_V ? cfg->kv_heads : cfg->heads;
+        ctxpar_test_fill_global_f64(dst, cfg->dtype, cfg->seed, (uint64_t)id, cfg->batch,
+                                    cfg->seq, heads, cfg->head_dim);
+        return;
+    }
+    ctxpar_tensor g = input_view(cfg, id);
+    ctxpar_test_to_f64(&g, dst);
+}
+
+ctxpar_status ctxpar_run_docs(uint64_t seed, int64_t seq, int64_t docs, int32_t *cu_out) {
+    if (docs < 1 || docs > seq || seq > INT32_MAX)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "docs (%lld) must be in [1, seq (%lld)]",
+                            (long long)docs, (long long)seq);
+    // Weights in [0.25, 1.75): boundaries at their running sums, scaled to seq, then kept
+    // strictly increasing with room for the documents still to come.
+    double total = 0;
+    for (int64_t i = 0; i < docs; i++)
+        total += 1.0 + 0.75 * ctxpar_test_value(seed, 99, (uint64_t)i);
+    double acc = 0;
+    cu_out[0] = 0;
+    for (int64_t i = 1; i <= docs; i++) {
+        acc += 1.0 + 0.75 * ctxpar_test_value(seed, 99, (uint64_t)(i - 1));
+        int64_t b = (int64_t)(acc / total * (double)seq + 0.5);
+        int64_t lo = cu_out[i - 1] + 1, hi = seq - (docs - i);
+        cu_out[i] = (int32_t)(b < lo ? lo : b > hi ? hi : b);
+    }
+    cu_out[docs] = (int32_t)seq;
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_run_resolve_docs(const ctxpar_run_config *cfg, ctxpar_run_config *copy_out,
+                                      int32_t **cu_out) {
+    *copy_out = *cfg;
+    *cu_out = NULL;
+    if (cfg->docs <= 0 || cfg->params.cu_seqlens)
+        return CTXPAR_OK;
+    if (cfg->docs > cfg->seq)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "docs (%lld) must be in [1, seq (%lld)]",
+                            (long long)cfg->docs, (long long)cfg->seq);
+    int32_t *cu = malloc((size_t)(cfg->docs + 1) * sizeof *cu);
+    if (!cu)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %lld document bounds",
+                            (long long)cfg->docs);
+    ctxpar_status st = ctxpar_run_docs(cfg->seed, cfg->seq, cfg->docs, cu);
+    if (st != CTXPAR_OK) {
+        free(cu);
+        return st;
+    }
+    copy_out->params.cu_seqlens = cu;
+    copy_out->params.num_docs = cfg->docs;
+    *cu_out = cu;
+    return CTXPAR_OK;
+}

@@ -1,0 +1,995 @@
+// The `ctxpar` tool as users run it: the binary is started as a child process (also under mpirun
+// when it is there) and judged by its exit code, its output and the files it writes.
+//  - audit on .npy files written here with the npy writer: the saved out, lse, dq, dk, dv match
+//    float64 attention computed here with the oracle, for ring and all-gather, causal and not,
+//    contiguous and zigzag, float32 and float16, documents;
+//  - malformed, truncated and mismatched inputs: exit 2 and one line naming the file;
+//  - bench --json: every field, sane values, the FLOP count of the convention;
+//  - --trace: valid JSON, one track per rank, exactly one compute slice per ring step that the
+//    mask leaves alive (counted here from the layout's positions, not from the library);
+//  - --help for every subcommand, --version.
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "testing/data.h"
+#include "testing/metrics.h"
+#include "testing/npy.h"
+#include "testing/oracle.h"
+#include "testing/tolerance.h"
+
+namespace {
+
+// ---------------------------------------------------------------- running the binary
+
+std::string TempDir() {
+    const char *d = std::getenv("TEST_TMPDIR");
+    return d ? d : "/tmp";
+}
+
+std::string Binary() {
+    const char *srcdir = std::getenv("TEST_SRCDIR");
+    const char *ws = std::getenv("TEST_WORKSPACE");
+    return std::string(srcdir ? srcdir : ".") + "/" + (ws ? ws : "ctxpar") + "/testing/ctxpar";
+}
+
+struct Outcome {
+    int code = -1;       // exit status; -1 when the process did not exit normally (a crash)
+    std::string out, err;
+};
+
+std::string ReadAll(const std::string &path) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+// Runs `prefix BINARY args` through the shell; stdout and stderr captured separately.
+Outcome RunWith(const std::string &prefix, const std::string &args) {
+    static int n = 0;
+    std::string err_path = TempDir() + "/stderr_" + std::to_string(n++) + ".txt";
+    std::string cmd = prefix + "'" + Binary() + "' " + args + " 2>'" + err_path + "'";
+    Outcome o;
+    FILE *p = popen(cmd.c_str(), "r");
+    if (!p)
+        return o;
+    char buf[4096];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, p)) > 0)
+        o.out.append(buf, got);
+    int status = pclose(p);
+    o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    o.err = ReadAll(err_path);
+    return o;
+}
+
+Outcome Tool(const std::string &args) { return RunWith("", args); }
+
+std::string Mpirun() {
+    for (const char *p : {"/usr/bin/mpirun", "/usr/local/bin/mpirun"}) {
+        char real[4096];
+        // Through the real path: invoked as /bin/mpirun, Open MPI would take "/" as its prefix.
+        if (access(p, X_OK) == 0 && realpath(p, real))
+            return real;
+    }
+    return "";
+}
+
+// mpirun with shared memory only, and its session files in the test's own directory. Under
+// --config=asan, as testing/mpi_run.sh does: Open MPI leaks by design at MPI_Finalize, so leaks
+// allocated inside Open MPI are suppressed (ctxpar's own are still reported).
+std::string MpiPrefix(int np) {
+    std::string env;
+    if (const char *asan = std::getenv("ASAN_OPTIONS")) {
+        std::string supp = TempDir() + "/lsan_openmpi.supp";
+        std::ofstream f(supp);
+        for (const char *lib : {"libmpi.so", "libopen-pal.so", "libopen-rte.so", "libpmix.so",
+                                "libhwloc.so", "libevent", "mca_"})
+            f << "leak:" << lib << "\n";
+        env = "LSAN_OPTIONS='suppressions=" + supp + "'" +
+              " OMPI_MCA_mca_base_component_disable_dlclose=1" +
+              " PMIX_MCA_mca_base_component_disable_dlclose=1 ASAN_OPTIONS='" + asan +
+              ":fast_unwind_on_malloc=0' ";
+    }
+    return env + "TMPDIR='" + TempDir() + "' '" + Mpirun() + "' -np " + std::to_string(np) +
+           " --oversubscribe --bind-to none --mca btl self,vader" +
+           " --mca btl_vader_backing_directory '" + TempDir() + "' ";
+}
+
+int Lines(const std::string &s) {
+    int n = 0;
+    for (char c : s)
+        n += c == '\n';
+    return n;
+}
+
+// ---------------------------------------------------------------- a small JSON reader
+
+struct Json {
+    enum Kind { Null, Bool, Number, String, Array, Object } kind = Null;
+    bool b = false;
+    double num = 0;
+    std::string str;
+    std::vector<Json> items;
+    std::map<std::string, Json> members;
+    bool Has(const std::string &k) const { return kind == Object && members.count(k); }
+    const Json &operator[](const std::string &k) const {
+        static const Json null;
+        auto it = members.find(k);
+        return it == members.end() ? null : it->second;
+    }
+};
+
+// Strict enough for these files: RFC 8259 values, no trailing commas; ok false on any error.
+class JsonParser {
+  public:
+    explicit JsonParser(const std::string &s) : s_(s) {}
+    bool Parse(Json *out) {
+        ok_ = true;
+        *out = Value();
+        Ws();
+        return ok_ && i_ == s_.size();
+    }
+
+  private:
+    void Ws() {
+        while (i_ < s_.size() && std::strchr(" \t\r\n", s_[i_]))
+            i_++;
+    }
+    bool Eat(char c) {
+        Ws();
+        if (i_ < s_.size() && s_[i_] == c) {
+            i_++;
+            return true;
+        }
+        return false;
+    }
+    bool Word(const char *w) {
+        size_t n = std::strlen(w);
+        if (s_.compare(i_, n, w) != 0)
+            return false;
+        i_ += n;
+        return true;
+    }
+    std::string Str() {
+        std::string r;
+        if (!Eat('"'))
+            return ok_ = false, r;
+        while (i_ < s_.size() && s_[i_] != '"') {
+            char c = s_[i_++];
+            if (static_cast<unsigned char>(c) < 0x20)
+                return ok_ = false, r;
+            if (c == '\\') {
+                if (i_ >= s_.size())
+                    return ok_ = false, r;
+                char e = s_[i_++];
+                if (e == 'u') {
+                    if (i_ + 4 > s_.size())
+                        return ok_ = false, r;
+                    r += static_cast<char>(std::stoi(s_.substr(i_, 4), nullptr, 16));
+                    i_ += 4;
+                } else if (std::strchr("\"\\/bfnrt", e)) {
+                    r += e;
+                } else {
+                    return ok_ = false, r;
+                }
+            } else {
+                r += c;
+            }
+        }
+        if (i_ >= s_.size())
+            return ok_ = false, r;
+        i_++;
+        return r;
+    }
+    Json Value() {
+        Json v;
+        Ws();
+        if (!ok_ || i_ >= s_.size())
+            return ok_ = false, v;
+        char c = s_[i_];
+        if (c == '{') {
+            v.kind = Json::Object;
+            i_++;
+            if (Eat('}'))
+                return v;
+            do {
+                std::string k = Str();
+                if (!Eat(':'))
+                    return ok_ = false, v;
+                v.members[k] = Value();
+            } while (ok_ && Eat(','));
+            if (!Eat('}'))
+                ok_ = false;
+        } else if (c == '[') {
+            v.kind = Json::Array;
+            i_++;
+            if (Eat(']'))
+                return v;
+            do
+                v.items.push_back(Value());
+            while (ok_ && Eat(','));
+            if (!Eat(']'))
+                ok_ = false;
+        } else if (c == '"') {
+            v.kind = Json::String;
+            v.str = Str();
+        } else if (Word("true") || Word("false")) {
+            v.kind = Json::Bool;
+            v.b = s_[i_ - 1] == 'e' && s_[i_ - 2] == 'u';
+        } else if (Word("null")) {
+            v.kind = Json::Null;
+        } else {
+            size_t start = i_;
+            if (i_ < s_.size() && s_[i_] == '-')
+                i_++;
+            while (i_ < s_.size() && std::strchr("0123456789.eE+-", s_[i_]))
+                i_++;
+            char *end = nullptr;
+            std::string num = s_.substr(start, i_ - start);
+            v.kind = Json::Number;
+            v.num = std::strtod(num.c_str(), &end);
+            if (num.empty() || *end)
+                ok_ = false;
+        }
+        return v;
+    }
+    const std::string &s_;
+    size_t i_ = 0;
+    bool ok_ = true;
+};
+
+bool ParseJson(const std::string &s, Json *out) { return JsonParser(s).Parse(out); }
+
+// ---------------------------------------------------------------- .npy inputs and the oracle
+
+struct Shape {
+    int64_t b, s, h, hkv, d;
+};
+
+// A global tensor as doubles (exact values of the stored dtype) and its file.
+struct Tensor {
+    std::vector<double> v;
+    int64_t shape[4];
+};
+
+// Uniform [-1, 1) values, rounded to `dtype`, written to `path` as that dtype.
+Tensor WriteInput(const std::string &path, ctxpar_dtype dtype, int64_t b, int64_t s, int64_t h,
+                  int64_t d, unsigned seed) {
+    Tensor t{std::vector<double>(static_cast<size_t>(b * s * h * d)), {b, s, h, d}};
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<double> u(-1.0, 1.0);
+    std::vector<unsigned char> raw(t.v.size() * ctxpar_dtype_size(dtype));
+    ctxpar_tensor view = ctxpar_tensor_bshd(raw.data(), dtype, b, s, h, d);
+    for (int64_t i0 = 0; i0 < b; i0++)
+        for (int64_t i1 = 0; i1 < s; i1++)
+            for (int64_t i2 = 0; i2 < h; i2++)
+                for (int64_t i3 = 0; i3 < d; i3++)
+                    ctxpar_test_set(&view, i0, i1, i2, i3, u(rng));
+    ctxpar_test_to_f64(&view, t.v.data());
+    EXPECT_EQ(ctxpar_npy_write(path.c_str(),
+                               dtype == CTXPAR_DTYPE_F16 ? CTXPAR_NPY_F16 : CTXPAR_NPY_F32, 4,
+                               t.shape, raw.data()),
+              CTXPAR_OK)
+        << ctxpar_last_error();
+    return t;
+}
+
+struct Expected {
+    std::vector<double> out, lse, dq, dk, dv;
+};
+
+Expected Oracle(const Shape &sh, const Tensor &q, const Tensor &k, const Tensor &v,
+                const Tensor *dout, bool causal, int64_t window, const std::vector<int32_t> *cu) {
+    Expected e;
+    size_t nq = q.v.size(), nk = k.v.size();
+    e.out.resize(nq);
+    e.lse.resize(static_cast<size_t>(sh.b * sh.h * sh.s));
+    ctxpar_oracle_shape os = {sh.b, sh.s, sh.s, sh.h, sh.hkv, sh.d};
+    ctxpar_mask_desc mask = {causal ? 1 : 0, window, cu ? cu->data() : nullptr,
+                             cu ? static_cast<int64_t>(cu->size()) - 1 : 0};
+    // The scale the library resolves: 1/sqrt(D) in float.
+    double scale = static_cast<double>(1.0f / std::sqrt(static_cast<float>(sh.d)));
+    ctxpar_oracle_fwd(&os, q.v.data(), k.v.data(), v.v.data(), nullptr, nullptr, &mask, scale,
+                      e.out.data(), e.lse.data());
+    if (dout) {
+        e.dq.resize(nq);
+        e.dk.resize(nk);
+        e.dv.resize(nk);
+        ctxpar_oracle_bwd(&os, q.v.data(), k.v.data(), v.v.data(), nullptr, nullptr, &mask, scale,
+                          dout->v.data(), e.dq.data(), e.dk.data(), e.dv.data());
+    }
+    return e;
+}
+
+// Reads a saved result and returns its error against ref (max |got - ref| / max |ref|), after
+// checking its dtype and shape.
+double SavedError(const std::string &path, ctxpar_npy_dtype dtype, std::vector<int64_t> shape,
+                  const std::vector<double> &ref) {
+    ctxpar_npy_array a;
+    if (ctxpar_npy_read(path.c_str(), &a) != CTXPAR_OK) {
+        ADD_FAILURE() << ctxpar_last_error();
+        return INFINITY;
+    }
+    std::unique_ptr<ctxpar_npy_array, void (*)(ctxpar_npy_array *)> hold(&a, ctxpar_npy_free);
+    EXPECT_EQ(a.dtype, dtype) << path;
+    EXPECT_EQ(a.ndim, static_cast<int>(shape.size())) << path;
+    for (size_t i = 0; i < shape.size() && static_cast<int>(i) < a.ndim; i++)
+        EXPECT_EQ(a.shape[i], shape[i]) << path << " dimension " << i;
+    if (a.count != ref.size())
+        return INFINITY;
+    if (dtype == CTXPAR_NPY_F32)
+        return ctxpar_compare_f32(static_cast<const float *>(a.data), ref.data(), a.count).rel;
+    ctxpar_tensor t =
+        ctxpar_tensor_bshd(a.data, CTXPAR_DTYPE_F16, shape[0], shape[1], shape[2], shape[3]);
+    return ctxpar_compare_tensor(&t, ref.data()).rel;
+}
+
+std::string Dir(const std::string &name) {
+    std::string d = TempDir() + "/" + name;
+    mkdir(d.c_str(), 0777);
+    return d;
+}
+
+// ---------------------------------------------------------------- audit against the oracle
+
+struct AuditCase {
+    const char *algo, *layout, *mask;
+    int ranks;
+    ctxpar_dtype dtype;
+    bool docs;
+};
+
+std::string AuditName(const testing::TestParamInfo<AuditCase> &info) {
+    const AuditCase &c = info.param;
+    return std::string(c.algo) + "_" + c.layout + "_" + c.mask + "_P" + std::to_string(c.ranks) +
+           "_" + ctxpar_dtype_name(c.dtype) + (c.docs ? "_docs" : "");
+}
+
+// Writes q, k, v, dout (and cu_seqlens) for a case into dir; returns the oracle's results.
+struct AuditFiles {
+    Shape sh{2, 64, 4, 2, 16};
+    Tensor q, k, v, dout;
+    std::vector<int32_t> cu;
+    std::string dir, args;
+};
+
+AuditFiles MakeAuditFiles(const std::string &name, ctxpar_dtype dtype, bool docs) {
+    AuditFiles f;
+    f.dir = Dir(name);
+    const Shape &s = f.sh;
+    f.q = WriteInput(f.dir + "/q.npy", dtype, s.b, s.s, s.h, s.d, 1);
+    f.k = WriteInput(f.dir + "/k.npy", dtype, s.b, s.s, s.hkv, s.d, 2);
+    f.v = WriteInput(f.dir + "/v.npy", dtype, s.b, s.s, s.hkv, s.d, 3);
+    f.dout = WriteInput(f.dir + "/dout.npy", dtype, s.b, s.s, s.h, s.d, 4);
+    f.args = "--q '" + f.dir + "/q.npy' --k '" + f.dir + "/k.npy' --v '" + f.dir +
+             "/v.npy' --dout '" + f.dir + "/dout.npy' --save '" + f.dir + "/saved'";
+    if (docs) {
+        // int64 on purpose: the tool converts it to the API's int32 with a range check.
+        f.cu = {0, 20, 21, 64};
+        std::vector<int64_t> cu64(f.cu.begin(), f.cu.end());
+        int64_t n = static_cast<int64_t>(cu64.size());
+        EXPECT_EQ(ctxpar_npy_write((f.dir + "/cu.npy").c_str(), CTXPAR_NPY_I64, 1, &n,
+                                   cu64.data()),
+                  CTXPAR_OK);
+        f.args += " --cu-seqlens '" + f.dir + "/cu.npy'";
+    }
+    return f;
+}
+
+void ExpectSavedMatchOracle(const AuditFiles &f, ctxpar_dtype dtype, bool causal) {
+    const Shape &s = f.sh;
+    Expected e = Oracle(s, f.q, f.k, f.v, &f.dout, causal, 0, f.cu.empty() ? nullptr : &f.cu);
+    ctxpar_npy_dtype t = dtype == CTXPAR_DTYPE_F16 ? CTXPAR_NPY_F16 : CTXPAR_NPY_F32;
+    const std::string d = f.dir + "/saved/";
+    EXPECT_LE(SavedError(d + "out.npy", t, {s.b, s.s, s.h, s.d}, e.out),
+              ctxpar_tolerance(dtype, "out"));
+    EXPECT_LE(SavedError(d + "lse.npy", CTXPAR_NPY_F32, {s.b, s.h, s.s}, e.lse),
+              ctxpar_tolerance(dtype, "lse"));
+    EXPECT_LE(SavedError(d + "dq.npy", t, {s.b, s.s, s.h, s.d}, e.dq),
+              ctxpar_tolerance(dtype, "dq"));
+    EXPECT_LE(SavedError(d + "dk.npy", t, {s.b, s.s, s.hkv, s.d}, e.dk),
+              ctxpar_tolerance(dtype, "dk"));
+    EXPECT_LE(SavedError(d + "dv.npy", t, {s.b, s.s, s.hkv, s.d}, e.dv),
+              ctxpar_tolerance(dtype, "dv"));
+}
+
+class Audit : public testing::TestWithParam<AuditCase> {};
+
+TEST_P(Audit, SavedResultsMatchFloat64Attention) {
+    const AuditCase &c = GetParam();
+    AuditFiles f = MakeAuditFiles("audit_" + AuditName(testing::TestParamInfo<AuditCase>(c, 0)),
+                                  c.dtype, c.docs);
+    Outcome o = Tool("audit " + f.args + " --ranks " + std::to_string(c.ranks) + " --algo " +
+                    c.algo + " --layout " + c.layout + " --mask " + c.mask + " --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["ok"].b);
+    EXPECT_EQ(j["config"]["seq"].num, f.sh.s);
+    EXPECT_EQ(j["config"]["heads"].num, f.sh.h);
+    EXPECT_EQ(j["config"]["kv_heads"].num, f.sh.hkv);
+    EXPECT_EQ(j["config"]["ranks"].num, c.ranks);
+    EXPECT_EQ(j["config"]["docs"].num, c.docs ? 3 : 0);
+    EXPECT_EQ(j["config"]["dtype"].str, ctxpar_dtype_name(c.dtype));
+    EXPECT_EQ(j["saved_to"].str, f.dir + "/saved");
+    ExpectSavedMatchOracle(f, c.dtype, std::strcmp(c.mask, "causal") == 0);
+}
+
+std::vector<AuditCase> AuditCases() {
+    std::vector<AuditCase> v;
+    for (const char *algo : {"ring", "allgather"})
+        for (const char *layout : {"contiguous", "zigzag"})
+            for (const char *mask : {"none", "causal"})
+                v.push_back({algo, layout, mask, 4, CTXPAR_DTYPE_F32, false});
+    v.push_back({"ring", "zigzag", "causal", 2, CTXPAR_DTYPE_F16, false});
+    v.push_back({"ring", "contiguous", "causal", 2, CTXPAR_DTYPE_F32, true});
+    return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Tool, Audit, testing::ValuesIn(AuditCases()), AuditName);
+
+TEST(AuditTable, PrintsTheTableAndSaysWhatWasSaved) {
+    AuditFiles f = MakeAuditFiles("audit_table", CTXPAR_DTYPE_F32, false);
+    Outcome o = Tool("audit " + f.args + " --ranks 2");
+    ASSERT_EQ(o.code, 0) << o.err;
+    EXPECT_NE(o.out.find("ctxpar audit: ring"), std::string::npos) << o.out;
+    EXPECT_NE(o.out.find("result: OK"), std::string::npos) << o.out;
+    EXPECT_NE(o.out.find("saved out.npy, lse.npy, dq.npy, dk.npy, dv.npy"), std::string::npos);
+    EXPECT_EQ(o.err, "");
+}
+
+TEST(AuditConvert, Float32FilesRunInBf16AndSaveFloat32) {
+    AuditFiles f = MakeAuditFiles("audit_bf16", CTXPAR_DTYPE_F32, false);
+    Outcome o = Tool("audit " + f.args + " --ranks 2 --dtype bf16 --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_EQ(j["config"]["dtype"].str, "bf16");
+    // The oracle of the inputs rounded to bf16 (what the library computed on), the output saved
+    // in the files' float32.
+    AuditFiles r = f;
+    for (Tensor *t : {&r.q, &r.k, &r.v, &r.dout})
+        for (double &x : t->v)
+            x = ctxpar_test_round(CTXPAR_DTYPE_BF16, x);
+    Expected e = Oracle(r.sh, r.q, r.k, r.v, &r.dout, true, 0, nullptr);
+    const Shape &s = r.sh;
+    EXPECT_LE(SavedError(f.dir + "/saved/out.npy", CTXPAR_NPY_F32, {s.b, s.s, s.h, s.d}, e.out),
+              ctxpar_tolerance(CTXPAR_DTYPE_BF16, "out"));
+}
+
+// ---------------------------------------------------------------- bad inputs
+
+std::string Bytes(const std::string &path) { return ReadAll(path); }
+
+void WriteBytes(const std::string &path, const std::string &b) {
+    std::ofstream f(path, std::ios::binary);
+    f << b;
+}
+
+// The file's header with one substring replaced (same length keeps the data offset).
+std::string Edit(std::string b, const std::string &from, const std::string &to) {
+    size_t at = b.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos)
+        b.replace(at, from.size(), to);
+    return b;
+}
+
+struct BadInputs : testing::Test {
+    void SetUp() override {
+        dir = Dir("bad_inputs");
+        good = MakeAuditFiles("bad_inputs_good", CTXPAR_DTYPE_F32, false);
+        q = good.dir + "/q.npy";
+        k = good.dir + "/k.npy";
+        v = good.dir + "/v.npy";
+    }
+    // Runs audit with q, k, v replaced as given; expects exit 2 and one line mentioning `needle`.
+    void ExpectRejected(const std::string &extra, const std::string &needle, const char *qq = 0,
+                        const char *kk = 0, const char *vv = 0) {
+        std::string args = "audit --ranks 2 --q '" + std::string(qq ? qq : q.c_str()) +
+                           "' --k '" + (kk ? kk : k.c_str()) + "' --v '" +
+                           (vv ? vv : v.c_str()) + "' " + extra;
+        Outcome o = Tool(args);
+        EXPECT_EQ(o.code, 2) << args << "\n" << o.err << o.out;
+        EXPECT_EQ(Lines(o.err), 1) << args << "\n" << o.err;
+        EXPECT_NE(o.err.find(needle), std::string::npos) << args << "\n" << o.err;
+        EXPECT_EQ(o.err.find("Sanitizer"), std::string::npos) << o.err;
+    }
+    std::string File(const std::string &name, const std::string &bytes) {
+        std::string p = dir + "/" + name;
+        WriteBytes(p, bytes);
+        return p;
+    }
+    std::string dir, q, k, v;
+    AuditFiles good;
+};
+
+TEST_F(BadInputs, NotANpyFile) {
+    std::string p = File("text.npy", "this is not numpy\n");
+    ExpectRejected("", "text.npy: not a .npy file", p.c_str());
+}
+
+TEST_F(BadInputs, MissingFile) {
+    ExpectRejected("", "nowhere.npy: cannot open", (dir + "/nowhere.npy").c_str());
+}
+
+TEST_F(BadInputs, TruncatedData) {
+    std::string b = Bytes(q);
+    std::string p = File("short.npy", b.substr(0, b.size() - 5));
+    ExpectRejected("", "short.npy: truncated data", p.c_str());
+}
+
+TEST_F(BadInputs, TruncatedHeader) {
+    std::string p = File("stub.npy", Bytes(q).substr(0, 30));
+    ExpectRejected("", "stub.npy:", p.c_str());
+}
+
+TEST_F(BadInputs, BytesAfterTheData) {
+    std::string p = File("long.npy", Bytes(k) + "xx");
+    ExpectRejected("", "long.npy: 2 unexpected bytes", nullptr, p.c_str());
+}
+
+TEST_F(BadInputs, BigEndian) {
+    std::string p = File("big.npy", Edit(Bytes(v), "'<f4'", "'>f4'"));
+    ExpectRejected("", "big.npy: big-endian dtype", nullptr, nullptr, p.c_str());
+}
+
+TEST_F(BadInputs, FortranOrder) {
+    std::string p = File("fortran.npy", Edit(Bytes(q), "False", "True "));
+    ExpectRejected("", "fortran.npy: fortran_order True", p.c_str());
+}
+
+TEST_F(BadInputs, Float64) {
+    std::string p = File("f8.npy", Edit(Bytes(q), "'<f4'", "'<f8'"));
+    ExpectRejected("", "f8.npy: dtype '<f8' not supported", p.c_str());
+}
+
+TEST_F(BadInputs, IntegerTensor) {
+    std::vector<int32_t> data(2 * 64 * 4 * 16);
+    int64_t shape[4] = {2, 64, 4, 16};
+    std::string p = dir + "/int.npy";
+    ASSERT_EQ(ctxpar_npy_write(p.c_str(), CTXPAR_NPY_I32, 4, shape, data.data()), CTXPAR_OK);
+    ExpectRejected("", "int.npy: q has dtype int32", p.c_str());
+}
+
+TEST_F(BadInputs, ThreeDimensions) {
+    std::vector<float> data(64 * 4 * 16);
+    int64_t shape[3] = {64, 4, 16};
+    std::string p = dir + "/three.npy";
+    ASSERT_EQ(ctxpar_npy_write(p.c_str(), CTXPAR_NPY_F32, 3, shape, data.data()), CTXPAR_OK);
+    ExpectRejected("", "three.npy: q has shape (64, 4, 16); want 4 dimensions", p.c_str());
+}
+
+TEST_F(BadInputs, EmptyDimension) {
+    int64_t shape[4] = {2, 0, 4, 16};
+    std::string p = dir + "/empty.npy";
+    ASSERT_EQ(ctxpar_npy_write(p.c_str(), CTXPAR_NPY_F32, 4, shape, nullptr), CTXPAR_OK);
+    ExpectRejected("", "empty.npy: q has an empty dimension", p.c_str());
+}
+
+TEST_F(BadInputs, HeadDimDisagrees) {
+    WriteInput(dir + "/k_d8.npy", CTXPAR_DTYPE_F32, 2, 64, 2, 8, 9);
+    ExpectRejected("", "k_d8.npy: k has shape (2, 64, 2, 8), which does not match q's",
+                   nullptr, (dir + "/k_d8.npy").c_str());
+}
+
+TEST_F(BadInputs, SeqDisagrees) {
+    WriteInput(dir + "/v_s32.npy", CTXPAR_DTYPE_F32, 2, 32, 2, 16, 9);
+    ExpectRejected("", "v_s32.npy: v has shape (2, 32, 2, 16), which does not match k's",
+                   nullptr, nullptr, (dir + "/v_s32.npy").c_str());
+}
+
+TEST_F(BadInputs, KvHeadsDoNotDivide) {
+    WriteInput(dir + "/k_h3.npy", CTXPAR_DTYPE_F32, 2, 64, 3, 16, 9);
+    WriteInput(dir + "/v_h3.npy", CTXPAR_DTYPE_F32, 2, 64, 3, 16, 9);
+    ExpectRejected("", "k_h3.npy: k has 3 heads, which does not divide q's 4 heads", nullptr,
+                   (dir + "/k_h3.npy").c_str(), (dir + "/v_h3.npy").c_str());
+}
+
+TEST_F(BadInputs, MixedDtypes) {
+    WriteInput(dir + "/k_f16.npy", CTXPAR_DTYPE_F16, 2, 64, 2, 16, 9);
+    ExpectRejected("", "k_f16.npy: k is float16 but q is float32", nullptr,
+                   (dir + "/k_f16.npy").c_str());
+}
+
+TEST_F(BadInputs, DoutShape) {
+    WriteInput(dir + "/dout_h2.npy", CTXPAR_DTYPE_F32, 2, 64, 2, 16, 9);
+    ExpectRejected("--dout '" + dir + "/dout_h2.npy'", "dout_h2.npy: dout has shape");
+}
+
+TEST_F(BadInputs, CuSeqlensEndsEarly) {
+    std::vector<int32_t> cu = {0, 10, 60};
+    int64_t n = 3;
+    std::string p = dir + "/cu_short.npy";
+    ASSERT_EQ(ctxpar_npy_write(p.c_str(), CTXPAR_NPY_I32, 1, &n, cu.data()), CTXPAR_OK);
+    ExpectRejected("--cu-seqlens '" + p + "'", "cu_short.npy: cu_seqlens ends at 60");
+}
+
+TEST_F(BadInputs, CuSeqlensOutOfInt32) {
+    std::vector<int64_t> cu = {0, 5000000000LL, 64};
+    int64_t n = 3;
+    std::string p = dir + "/cu_big.npy";
+    ASSERT_EQ(ctxpar_npy_write(p.c_str(), CTXPAR_NPY_I64, 1, &n, cu.data()), CTXPAR_OK);
+    ExpectRejected("--cu-seqlens '" + p + "'",
+                   "cu_big.npy: cu_seqlens[1] = 5000000000 does not fit in int32");
+}
+
+TEST_F(BadInputs, CuSeqlensNotIncreasing) {
+    std::vector<int32_t> cu = {0, 30, 30, 64};
+    int64_t n = 4;
+    std::string p = dir + "/cu_flat.npy";
+    ASSERT_EQ(ctxpar_npy_write(p.c_str(), CTXPAR_NPY_I32, 1, &n, cu.data()), CTXPAR_OK);
+    ExpectRejected("--cu-seqlens '" + p + "'", "cu_flat.npy: cu_seqlens[2] = 30");
+}
+
+TEST_F(BadInputs, CuSeqlensFloat) {
+    std::vector<float> cu = {0, 64};
+    int64_t n = 2;
+    std::string p = dir + "/cu_float.npy";
+    ASSERT_EQ(ctxpar_npy_write(p.c_str(), CTXPAR_NPY_F32, 1, &n, cu.data()), CTXPAR_OK);
+    ExpectRejected("--cu-seqlens '" + p + "'", "cu_float.npy: cu_seqlens has dtype float32");
+}
+
+TEST_F(BadInputs, SeqDoesNotSplitOverTheRanks) {
+    // 64 tokens do not divide by 3 ranks: the harness says so before the library is called.
+    ExpectRejected("--ranks 3", "does not divide by ranks (3)");
+}
+
+TEST_F(BadInputs, LibraryRejection) {
+    // 64 tokens over 64 ranks is 1 token each: zigzag needs 2 chunks per rank. The library's
+    // own message is printed and the exit code is 2.
+    ExpectRejected("--ranks 64 --layout zigzag", "zigzag");
+}
+
+TEST_F(BadInputs, MissingQ) {
+    Outcome o = Tool("audit --k '" + k + "' --v '" + v + "'");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_EQ(Lines(o.err), 1) << o.err;
+    EXPECT_NE(o.err.find("--q, --k and --v are required"), std::string::npos) << o.err;
+}
+
+TEST_F(BadInputs, ShapeFlagsDoNotApply) {
+    Outcome o = Tool("audit --q '" + q + "' --k '" + k + "' --v '" + v + "' --seq 128");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("--seq does not apply to audit"), std::string::npos) << o.err;
+}
+
+TEST_F(BadInputs, SaveDirCannotBeMade) {
+    ExpectRejected("--save '" + q + "/sub'", "cannot create the directory");
+}
+
+// ---------------------------------------------------------------- bench
+
+const char *const kBenchFields[] = {"fwd_flops_per_s",     "tokens_per_s",
+                                    "peak_bytes_per_rank", "bytes_sent_per_rank",
+                                    "fwd_time_s",          "fwd_bwd_flops_per_s",
+                                    "fwd_bwd_time_s",      "hidden_transfer_fraction",
+                                    "compute_s",           "transfer_s",
+                                    "wait_s"};
+
+TEST(Bench, JsonHasEveryFieldWithSaneValues) {
+    Outcome o = Tool("bench --seq 256 --ranks 2 --heads 2 --dim 32 --mask causal --backward "
+                    "--warmup 1 --repeat 2 --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    for (const Json *side : {static_cast<const Json *>(&j), &j["baseline"]}) {
+        for (const char *f : kBenchFields)
+            EXPECT_TRUE(side->Has(f)) << f;
+        EXPECT_GT((*side)["fwd_flops_per_s"].num, 0);
+        EXPECT_GT((*side)["fwd_bwd_flops_per_s"].num, 0);
+        EXPECT_GT((*side)["tokens_per_s"].num, 0);
+        EXPECT_GT((*side)["peak_bytes_per_rank"].num, 0);
+        EXPECT_GT((*side)["compute_s"].num, 0);
+        // FLOPs by the convention: 4 * B * H * D * S^2 / 2 (causal), computed here.
+        EXPECT_DOUBLE_EQ((*side)["fwd_flops"].num, 4.0 * 1 * 2 * 32 * 256.0 * 256.0 / 2);
+        // Throughput and time tell the same story.
+        EXPECT_NEAR((*side)["tokens_per_s"].num * (*side)["fwd_time_s"].num, 256, 1e-2);
+    }
+    EXPECT_EQ(j["ranks"].num, 2);
+    EXPECT_EQ(j["baseline"]["ranks"].num, 1);
+    // Two ranks of a ring send K/V blocks; one rank sends nothing and hides nothing.
+    EXPECT_GT(j["bytes_sent_per_rank"].num, 0);
+    EXPECT_EQ(j["baseline"]["bytes_sent_per_rank"].num, 0);
+    ASSERT_EQ(j["hidden_transfer_fraction"].kind, Json::Number);
+    EXPECT_GE(j["hidden_transfer_fraction"].num, 0.0);
+    EXPECT_LE(j["hidden_transfer_fraction"].num, 1.0);
+    EXPECT_EQ(j["baseline"]["hidden_transfer_fraction"].kind, Json::Null);
+    EXPECT_GT(j["speedup"].num, 0);
+    EXPECT_EQ(j["config"]["comm"].str, "local");
+}
+
+TEST(Bench, WindowCountsTheVisiblePairs) {
+    Outcome o = Tool("bench --seq 128 --ranks 2 --heads 1 --dim 16 --mask none --window 10 "
+                    "--layout contiguous --repeat 1 --warmup 0 --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    // Query i sees every key k > i and the min(i + 1, 10) keys k <= i within the window.
+    double pairs = 0;
+    for (int i = 0; i < 128; i++)
+        pairs += std::min(i + 1, 10) + (127 - i);
+    EXPECT_DOUBLE_EQ(j["fwd_flops"].num, 4.0 * 16 * pairs);
+}
+
+TEST(Bench, CheckComparesWithTheOracle) {
+    Outcome o = Tool("bench --seq 128 --ranks 2 --heads 2 --dim 16 --repeat 1 --check --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    ASSERT_TRUE(j.Has("errors"));
+    EXPECT_LE(j["errors"]["out"].num, ctxpar_tolerance(CTXPAR_DTYPE_F32, "out"));
+    EXPECT_TRUE(j["ok"].b);
+}
+
+TEST(Bench, SweepPrintsOneRowPerPair) {
+    Outcome o = Tool("bench --sweep --seq 128,256 --ranks 1,2 --heads 2 --dim 16 --repeat 1 "
+                    "--warmup 0");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    int rows = 0;
+    std::istringstream in(o.out);
+    for (std::string line; std::getline(in, line);)
+        rows += line.rfind("| 128 |", 0) == 0 || line.rfind("| 256 |", 0) == 0;
+    EXPECT_EQ(rows, 4) << o.out;
+    EXPECT_NE(o.out.find("|---:|"), std::string::npos) << o.out;
+
+    o = Tool("bench --sweep --seq 128,256 --ranks 1,2 --heads 2 --dim 16 --repeat 1 --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    ASSERT_EQ(j["sweep"].items.size(), 4u);
+    for (const Json &e : j["sweep"].items)
+        EXPECT_GT(e["tokens_per_s"].num, 0);
+    EXPECT_EQ(j["sweep"].items[3]["config"]["seq"].num, 256);
+    EXPECT_EQ(j["sweep"].items[3]["ranks"].num, 2);
+}
+
+TEST(Bench, ListsNeedSweep) {
+    Outcome o = Tool("bench --seq 128,256");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("needs --sweep"), std::string::npos) << o.err;
+}
+
+TEST(Check, GeneratedDocuments) {
+    Outcome o = Tool("check --seq 256 --ranks 4 --heads 2 --dim 16 --docs 3 --layout striped "
+                     "--backward --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["ok"].b);
+    EXPECT_EQ(j["config"]["docs"].num, 3);
+    o = Tool("check --seq 16 --ranks 2 --docs 17");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("docs (17) must be in [1, seq (16)]"), std::string::npos) << o.err;
+}
+
+TEST(Check, CudaBackendRunsOrSaysWhyNot) {
+    // With a GPU: a result. Without one (or without CUDA in the build): one line, no crash.
+    Outcome o = Tool("check --backend cuda --seq 256 --ranks 2 --heads 2 --dim 64");
+    ASSERT_NE(o.code, -1) << o.err;
+    if (o.code != 0) {
+        EXPECT_EQ(Lines(o.err), 1) << o.err;
+        EXPECT_TRUE(o.err.find("not built into this binary") != std::string::npos ||
+                    o.err.find("CUDA") != std::string::npos)
+            << o.err;
+    }
+}
+
+// ---------------------------------------------------------------- traces
+
+// Global positions of `rank`'s tokens, written out here from the layouts' definitions.
+std::vector<int64_t> Positions(const std::string &layout, int64_t S, int rank, int P) {
+    std::vector<int64_t> pos;
+    if (layout == "contiguous") {
+        for (int64_t i = 0; i < S / P; i++)
+            pos.push_back(rank * (S / P) + i);
+    } else { // zigzag: 2P chunks, rank r holds chunks r and 2P-1-r
+        int64_t c = S / (2 * P);
+        for (int chunk : {rank, 2 * P - 1 - rank})
+            for (int64_t i = 0; i < c; i++)
+                pos.push_back(chunk * c + i);
+    }
+    return pos;
+}
+
+// Whether any query of rank r sees any key of rank j under the causal mask (k <= q).
+bool CausalLive(const std::string &layout, int64_t S, int P, int r, int j) {
+    std::vector<int64_t> q = Positions(layout, S, r, P), k = Positions(layout, S, j, P);
+    return *std::min_element(k.begin(), k.end()) <= *std::max_element(q.begin(), q.end());
+}
+
+struct TraceCounts {
+    std::set<int> rank_tracks;   // pids named "rank N"
+    std::set<int> slice_pids;    // pids with slices
+    std::map<int, std::vector<std::pair<int, int>>> compute; // rank -> (step, peer) per slice
+    std::map<int, int> transfers;
+};
+
+TraceCounts ReadTrace(const std::string &path, const std::string &op) {
+    TraceCounts t;
+    Json j;
+    std::string text = ReadAll(path);
+    EXPECT_TRUE(ParseJson(text, &j)) << "not valid JSON: " << path;
+    for (const Json &e : j["traceEvents"].items) {
+        int pid = static_cast<int>(e["pid"].num);
+        if (e["ph"].str == "M" && e["name"].str == "process_name") {
+            EXPECT_EQ(e["args"]["name"].str, "rank " + std::to_string(pid));
+            t.rank_tracks.insert(pid);
+        }
+        if (e["ph"].str != "X")
+            continue;
+        t.slice_pids.insert(pid);
+        EXPECT_GE(e["dur"].num, 0);
+        if (e["cat"].str == "compute" && e["args"]["op"].str == op) {
+            int step = static_cast<int>(e["args"]["step"].num),
+                peer = static_cast<int>(e["args"]["peer"].num);
+            t.compute[pid].push_back({step, peer});
+            EXPECT_EQ(e["name"].str, op + " step " + std::to_string(step) + ", block of rank " +
+                                         std::to_string(peer));
+        }
+        if (e["cat"].str == "transfer")
+            t.transfers[pid]++;
+    }
+    return t;
+}
+
+// One compute slice per live ring step, on each rank, with the block ring attention computes
+// at that step: (r - s) mod P.
+void ExpectOneSlicePerLiveStep(const TraceCounts &t, const std::string &layout, int64_t S, int P) {
+    EXPECT_EQ(t.rank_tracks.size(), static_cast<size_t>(P));
+    EXPECT_EQ(t.slice_pids.size(), static_cast<size_t>(P));
+    for (int r = 0; r < P; r++) {
+        std::vector<std::pair<int, int>> want;
+        for (int s = 0; s < P; s++) {
+            int j = (r - s + P) % P;
+            if (CausalLive(layout, S, P, r, j))
+                want.push_back({s, j});
+        }
+        std::vector<std::pair<int, int>> got;
+        if (t.compute.count(r))
+            got = t.compute.at(r);
+        std::sort(got.begin(), got.end());
+        EXPECT_EQ(got, want) << layout << " rank " << r;
+        if (layout == "zigzag") { // every step of a zigzag causal ring computes something
+            EXPECT_EQ(got.size(), static_cast<size_t>(P));
+        }
+    }
+}
+
+TEST(Trace, CausalRingHasOneComputeSlicePerLiveStep) {
+    for (const char *layout : {"zigzag", "contiguous"}) {
+        std::string path = TempDir() + "/trace_" + layout + ".json";
+        Outcome o = Tool(std::string("check --seq 256 --ranks 4 --heads 2 --dim 16 --mask causal "
+                                    "--algo ring --backward --layout ") +
+                        layout + " --trace '" + path + "'");
+        ASSERT_EQ(o.code, 0) << o.err << o.out;
+        for (const char *op : {"fwd", "bwd"}) {
+            SCOPED_TRACE(std::string(layout) + " " + op);
+            TraceCounts t = ReadTrace(path, op);
+            ExpectOneSlicePerLiveStep(t, layout, 256, 4);
+            // Transfers show on their own tracks (how many is the algorithm's business: dead
+            // steps move nothing).
+            int transfers = 0;
+            for (int r = 0; r < 4; r++)
+                transfers += t.transfers[r];
+            EXPECT_GT(transfers, 0);
+        }
+    }
+}
+
+TEST(Trace, BenchAndAuditWriteTraces) {
+    std::string path = TempDir() + "/trace_bench.json";
+    Outcome o = Tool("bench --seq 256 --ranks 2 --heads 2 --dim 16 --repeat 1 --warmup 1 --json "
+                    "--trace '" + path + "'");
+    ASSERT_EQ(o.code, 0) << o.err;
+    TraceCounts t = ReadTrace(path, "fwd");
+    EXPECT_EQ(t.rank_tracks.size(), 2u);
+    // One timed call (the warm-up is not traced): 2 zigzag causal steps per rank.
+    EXPECT_EQ(t.compute[0].size(), 2u);
+    EXPECT_EQ(t.compute[1].size(), 2u);
+
+    AuditFiles f = MakeAuditFiles("audit_trace", CTXPAR_DTYPE_F32, false);
+    path = TempDir() + "/trace_audit.json";
+    o = Tool("audit " + f.args + " --ranks 4 --trace '" + path + "'");
+    ASSERT_EQ(o.code, 0) << o.err;
+    ExpectOneSlicePerLiveStep(ReadTrace(path, "fwd"), "zigzag", 64, 4);
+}
+
+// ---------------------------------------------------------------- help and version
+
+TEST(Usage, HelpForEverySubcommand) {
+    for (const char *cmd : {"check", "audit", "bench"}) {
+        Outcome o = Tool(std::string(cmd) + " --help");
+        EXPECT_EQ(o.code, 0) << cmd;
+        EXPECT_EQ(o.out.rfind(std::string("usage: ctxpar ") + cmd, 0), 0u) << o.out;
+        EXPECT_NE(o.out.find("--trace"), std::string::npos) << cmd;
+    }
+    Outcome o = Tool("bench --help");
+    EXPECT_NE(o.out.find("backward 2.5 x forward"), std::string::npos) << o.out;
+    o = Tool("--help");
+    EXPECT_EQ(o.code, 0);
+    for (const char *cmd : {"check", "audit", "bench"})
+        EXPECT_NE(o.out.find(std::string("  ") + cmd), std::string::npos) << cmd;
+}
+
+TEST(Usage, VersionAndUnknowns) {
+    Outcome o = Tool("--version");
+    EXPECT_EQ(o.code, 0);
+    EXPECT_EQ(o.out, std::string("ctxpar ") + ctxpar_version() + "\n");
+    o = Tool("frobnicate");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_EQ(Lines(o.err), 1);
+    o = Tool("check --no-such-flag");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_EQ(Lines(o.err), 1);
+    o = Tool("check --seq 12x");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("bad value '12x' for --seq"), std::string::npos) << o.err;
+}
+
+// ---------------------------------------------------------------- under mpirun
+
+class UnderMpi : public testing::Test {
+    void SetUp() override {
+        if (Mpirun().empty())
+            GTEST_SKIP() << "skipped: mpirun not found (install openmpi-bin)";
+    }
+};
+
+TEST_F(UnderMpi, AuditMatchesTheOracle) {
+    AuditFiles f = MakeAuditFiles("audit_mpi", CTXPAR_DTYPE_F32, false);
+    std::string path = TempDir() + "/trace_mpi.json";
+    Outcome o = RunWith(MpiPrefix(2), "audit " + f.args + " --comm mpi --algo ring --layout "
+                                      "zigzag --mask causal --json --trace '" + path + "'");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out; // one object: rank 0 alone prints
+    EXPECT_EQ(j["config"]["ranks"].num, 2);
+    ExpectSavedMatchOracle(f, CTXPAR_DTYPE_F32, true);
+    ExpectOneSlicePerLiveStep(ReadTrace(path, "fwd"), "zigzag", 64, 2);
+}
+
+TEST_F(UnderMpi, BenchJson) {
+    Outcome o = RunWith(MpiPrefix(2), "bench --comm mpi --seq 256 --heads 2 --dim 16 --backward "
+                                      "--repeat 2 --warmup 1 --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_EQ(j["config"]["comm"].str, "mpi");
+    EXPECT_EQ(j["ranks"].num, 2);
+    for (const char *f : kBenchFields)
+        EXPECT_TRUE(j.Has(f) && j["baseline"].Has(f)) << f;
+    EXPECT_GT(j["bytes_sent_per_rank"].num, 0);
+    EXPECT_GE(j["hidden_transfer_fraction"].num, 0.0);
+    EXPECT_LE(j["hidden_transfer_fraction"].num, 1.0);
+}
+
+TEST_F(UnderMpi, BadFileExitsTwoOnEveryRank) {
+    std::string p = Dir("mpi_bad") + "/junk.npy";
+    WriteBytes(p, "junk");
+    Outcome o = RunWith(MpiPrefix(2), "audit --comm mpi --q '" + p + "' --k '" + p + "' --v '" +
+                                          p + "'");
+    EXPECT_EQ(o.code, 2) << o.err;
+    EXPECT_NE(o.err.find("junk.npy: "), std::string::npos) << o.err;
+}
+
+} // namespace

@@ -1,0 +1,294 @@
+/*
+ * validate_fuzz.c - libFuzzer target: the public attention API on odd, wrong and hostile
+ * arguments (one rank, the CPU device, the local comm).
+ *
+ * The bytes decode into params and the eight tensors (fuzz_problem.h). Forward runs, and with
+ * FUZZ_FLAG_BWD backward after it. Besides "no crash, no ASan/UBSan report", every call must:
+ *   - return OK, INVALID_ARG or NOT_SUPPORTED (one rank has no peer to fail), with a message
+ *     when it fails;
+ *   - leave every buffer it does not own untouched when it fails, and on success change only the
+ *     elements of its outputs (never an input, never the padding between strided elements);
+ *   - give back all its memory (the context's current_bytes is the same before and after);
+ *   - on success with finite inputs: finite results (lse may be -inf for a fully masked row),
+ *     and with 2^-10 <= |scale| <= 1, results within the tolerance table of the float64 oracle
+ *     (relative to the size of the terms summed: see expect_close).
+ * A broken rule prints what and aborts, which libFuzzer reports as a crash with the input.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctxpar.h"
+#include "ctxpar_backend.h"
+#include "ctxpar_cpu.h"
+#include "ctxpar_local.h"
+#include "data.h"
+#include "fuzz_problem.h"
+#include "metrics.h"
+#include "oracle.h"
+#include "tolerance.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static ctxpar_local_group *g_group;
+static ctxpar_comm *g_comm;
+static ctxpar_device *g_dev;
+static ctxpar_context *g_ctx;
+
+static void fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "validate_fuzz: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    abort();
+}
+
+static void setup(void) {
+    if (g_ctx)
+        return;
+    ctxpar_cpu_options co = CTXPAR_CPU_OPTIONS_INIT;
+    co.num_threads = 1;
+    if (ctxpar_local_group_create(1, &g_group) != CTXPAR_OK ||
+        ctxpar_comm_create_local(g_group, 0, NULL, &g_comm) != CTXPAR_OK ||
+        ctxpar_device_create_cpu(&co, &g_dev) != CTXPAR_OK ||
+        ctxpar_context_create(g_dev, g_comm, NULL, &g_ctx) != CTXPAR_OK)
+        fail("setup: %s", ctxpar_last_error());
+}
+
+static size_t current_bytes(void) {
+    ctxpar_memory_stats ms;
+    if (ctxpar_context_memory_stats(g_ctx, &ms) != CTXPAR_OK)
+        fail("memory stats: %s", ctxpar_last_error());
+    return ms.current_bytes;
+}
+
+/* ---------------------------------------------------------------- buffers before and after */
+
+typedef struct snapshot {
+    void *copy[FUZZ_TENSORS];
+    float *lse;
+} snapshot;
+
+static void snap_take(const fuzz_problem *pb, snapshot *s) {
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < FUZZ_TENSORS; i++)
+        if (pb->tensor[i].data) {
+            s->copy[i] = malloc(pb->bytes[i]);
+            memcpy(s->copy[i], pb->tensor[i].data, pb->bytes[i]);
+        }
+    if (pb->lse) {
+        s->lse = malloc(pb->lse_count * sizeof(float));
+        memcpy(s->lse, pb->lse, pb->lse_count * sizeof(float));
+    }
+}
+
+static void snap_free(snapshot *s) {
+    for (int i = 0; i < FUZZ_TENSORS; i++)
+        free(s->copy[i]);
+    free(s->lse);
+}
+
+static const char *const tensor_names[FUZZ_TENSORS] = {"q",    "k",  "v",  "out",
+                                                       "dout", "dq", "dk", "dv"};
+
+// Tensor i's buffer is unchanged, except (when `written`) the elements its shape addresses.
+static void check_untouched(const char *call, const fuzz_problem *pb, const snapshot *s, int i,
+                            int written) {
+    const ctxpar_tensor *t = &pb->tensor[i];
+    if (!t->data || memcmp(t->data, s->copy[i], pb->bytes[i]) == 0)
+        return;
+    if (!written)
+        fail("%s wrote %s, which it must leave untouched", call, tensor_names[i]);
+    const size_t es = ctxpar_dtype_size(t->dtype), n = pb->bytes[i] / es;
+    unsigned char *mask = calloc(n, 1);
+    fuzz_tensor_mark(t, mask, n);
+    for (size_t e = 0; e < n; e++)
+        if (!mask[e] && memcmp((char *)t->data + e * es, (char *)s->copy[i] + e * es, es) != 0)
+            fail("%s wrote element offset %zu of %s, between its strided elements", call, e,
+                 tensor_names[i]);
+    free(mask);
+}
+
+static void check_buffers(const char *call, const fuzz_problem *pb, const snapshot *s, int ok,
+                          const int *outputs, int lse_out) {
+    for (int i = 0; i < FUZZ_TENSORS; i++) {
+        int written = 0;
+        for (const int *o = outputs; *o >= 0; o++)
+            written |= ok && *o == i;
+        check_untouched(call, pb, s, i, written);
+    }
+    if (pb->lse && !(ok && lse_out) && memcmp(pb->lse, s->lse, pb->lse_count * sizeof(float)) != 0)
+        fail("%s wrote lse, which it must leave untouched", call);
+}
+
+/* ---------------------------------------------------------------- results */
+
+static float resolved_scale(const fuzz_problem *pb) {
+    float s = pb->params.softmax_scale;
+    return s != 0.0f ? s : 1.0f / sqrtf((float)pb->tensor[FUZZ_Q].shape[3]);
+}
+
+static void check_finite(const char *call, const ctxpar_tensor *t, const char *name) {
+    const int64_t *sh = t->shape;
+    for (int64_t b = 0; b < sh[0]; b++)
+        for (int64_t s = 0; s < sh[1]; s++)
+            for (int64_t h = 0; h < sh[2]; h++)
+                for (int64_t d = 0; d < sh[3]; d++)
+                    if (!isfinite(ctxpar_test_get(t, b, s, h, d)))
+                        fail("%s: %s[%lld, %lld, %lld, %lld] is %g from finite inputs", call, name,
+                             (long long)b, (long long)s, (long long)h, (long long)d,
+                             ctxpar_test_get(t, b, s, h, d));
+}
+
+// The table bounds max |got - oracle| / max |oracle|, measured at seq 4096. On a few keys a
+// tensor can be a small difference of much larger terms (dk of two keys with nearly equal
+// probabilities): its rounding error is then set by the terms, not by the result, and even
+// delta = rowsum(dout * out) computed from the stored, rounded out moves it. So the error is
+// held to the tolerance times the larger of max |oracle| and `unit`, the size of the terms
+// (inputs lie in [-1, 1]: 1 for out, lse and dv; |scale| * head_dim for dq and dk). A wrong
+// mask, index or stride still shows as an error of the size of the result.
+static void expect_close(const char *call, const char *name, ctxpar_dtype dtype, double unit,
+                         ctxpar_error_stats e) {
+    double tol = ctxpar_tolerance(dtype, name);
+    if (!(e.nonfinite == 0 && e.max_abs <= tol * fmax(e.max_ref, unit)))
+        fail("%s: %s differs from the float64 oracle: max_abs %.3g > %.3g x max(%.3g, %.3g) "
+             "(flat index %lld, %lld non-finite)",
+             call, name, e.max_abs, tol, e.max_ref, unit, (long long)e.worst,
+             (long long)e.nonfinite);
+}
+
+static double *to_f64(const ctxpar_tensor *t) {
+    const int64_t *sh = t->shape;
+    double *d = malloc(sizeof(double) * (size_t)(sh[0] * sh[1] * sh[2] * sh[3]));
+    ctxpar_test_to_f64(t, d);
+    return d;
+}
+
+// Forward (bwd = 0) or backward results against the float64 oracle.
+static void check_oracle(fuzz_problem *pb, int bwd) {
+    const ctxpar_tensor *q = &pb->tensor[FUZZ_Q], *k = &pb->tensor[FUZZ_K];
+    ctxpar_oracle_shape sh = {q->shape[0], q->shape[1], k->shape[1],
+                              q->shape[2], k->shape[2], q->shape[3]};
+    const ctxpar_attn_params *p = &pb->params;
+    ctxpar_mask_desc mask = {p->mask == CTXPAR_MASK_CAUSAL, p->window_left, p->cu_seqlens,
+                             p->num_docs};
+    double *dq = to_f64(q), *dk = to_f64(k), *dv = to_f64(&pb->tensor[FUZZ_V]);
+    const size_t nq = (size_t)(sh.batch * sh.seq_q * sh.heads_q * sh.head_dim);
+    const size_t nk = (size_t)(sh.batch * sh.seq_k * sh.heads_kv * sh.head_dim);
+    const ctxpar_dtype dt = q->dtype;
+    if (!bwd) {
+        double *out = malloc(sizeof(double) * nq);
+        double *lse = malloc(sizeof(double) * (size_t)(sh.batch * sh.heads_q * sh.seq_q));
+        ctxpar_oracle_fwd(&sh, dq, dk, dv, NULL, NULL, &mask, resolved_scale(pb), out, lse);
+        expect_close("fwd", "out", dt, 1, ctxpar_compare_tensor(&pb->tensor[FUZZ_OUT], out));
+        if (pb->lse)
+            expect_close("fwd", "lse", dt, 1, ctxpar_compare_f32(pb->lse, lse, pb->lse_count));
+        free(out);
+        free(lse);
+    } else {
+        double *dout = to_f64(&pb->tensor[FUZZ_DOUT]);
+        const double unit = fabs((double)resolved_scale(pb)) * (double)sh.head_dim;
+        double *gq = malloc(sizeof(double) * nq), *gk = malloc(sizeof(double) * nk),
+               *gv = malloc(sizeof(double) * nk);
+        ctxpar_oracle_bwd(&sh, dq, dk, dv, NULL, NULL, &mask, resolved_scale(pb), dout, gq, gk, gv);
+        expect_close("bwd", "dq", dt, unit, ctxpar_compare_tensor(&pb->tensor[FUZZ_DQ], gq));
+        expect_close("bwd", "dk", dt, unit, ctxpar_compare_tensor(&pb->tensor[FUZZ_DK], gk));
+        expect_close("bwd", "dv", dt, 1, ctxpar_compare_tensor(&pb->tensor[FUZZ_DV], gv));
+        free(dout);
+        free(gq);
+        free(gk);
+        free(gv);
+    }
+    free(dq);
+    free(dk);
+    free(dv);
+}
+
+static void check_results(fuzz_problem *pb, int bwd) {
+    if (pb->flags & FUZZ_FLAG_RAW_DATA)
+        return; // any bits: NaN and Inf are legitimate results
+    const float scale = resolved_scale(pb);
+    if (fabsf(scale) <= 1e4f) {
+        if (!bwd) {
+            check_finite("fwd", &pb->tensor[FUZZ_OUT], "out");
+            for (size_t i = 0; pb->lse && i < pb->lse_count; i++)
+                if (isnan(pb->lse[i]) || pb->lse[i] == INFINITY)
+                    fail("fwd: lse[%zu] is %g from finite inputs", i, (double)pb->lse[i]);
+        } else {
+            check_finite("bwd", &pb->tensor[FUZZ_DQ], "dq");
+            check_finite("bwd", &pb->tensor[FUZZ_DK], "dk");
+            check_finite("bwd", &pb->tensor[FUZZ_DV], "dv");
+        }
+    }
+    // Below 2^-10 gradients scale down into the 16-bit formats' subnormals and zero.
+    if (fabsf(scale) <= 1.0f && fabsf(scale) >= 0x1p-10f)
+        check_oracle(pb, bwd);
+}
+
+/* ---------------------------------------------------------------- the calls */
+
+static void check_status(const char *call, ctxpar_status st) {
+    if (st != CTXPAR_OK && st != CTXPAR_ERR_INVALID_ARG && st != CTXPAR_ERR_NOT_SUPPORTED)
+        fail("%s returned %s (%d) on one rank: %s", call, ctxpar_status_string(st), (int)st,
+             ctxpar_last_error());
+    if (st != CTXPAR_OK && ctxpar_last_error()[0] == '\0')
+        fail("%s returned %s without a message", call, ctxpar_status_string(st));
+}
+
+static ctxpar_status run_fwd(fuzz_problem *pb) {
+    ctxpar_context *ctx = pb->flags & FUZZ_FLAG_NULL_CTX ? NULL : g_ctx;
+    const ctxpar_attn_params *params = pb->flags & FUZZ_FLAG_NULL_PARAMS ? NULL : &pb->params;
+    snapshot s;
+    snap_take(pb, &s);
+    size_t before = current_bytes();
+    ctxpar_status st = ctxpar_attn_fwd(ctx, params, fuzz_problem_arg(pb, FUZZ_Q),
+                                       fuzz_problem_arg(pb, FUZZ_K), fuzz_problem_arg(pb, FUZZ_V),
+                                       fuzz_problem_arg(pb, FUZZ_OUT), pb->lse, NULL);
+    check_status("fwd", st);
+    if (current_bytes() != before)
+        fail("fwd (%s) kept %zu bytes", ctxpar_status_string(st), current_bytes() - before);
+    static const int outputs[] = {FUZZ_OUT, -1};
+    check_buffers("fwd", pb, &s, st == CTXPAR_OK, outputs, 1);
+    snap_free(&s);
+    if (st == CTXPAR_OK)
+        check_results(pb, 0);
+    return st;
+}
+
+static void run_bwd(fuzz_problem *pb, int fwd_ok) {
+    ctxpar_context *ctx = pb->flags & FUZZ_FLAG_NULL_CTX ? NULL : g_ctx;
+    const ctxpar_attn_params *params = pb->flags & FUZZ_FLAG_NULL_PARAMS ? NULL : &pb->params;
+    snapshot s;
+    snap_take(pb, &s);
+    size_t before = current_bytes();
+    ctxpar_status st =
+        ctxpar_attn_bwd(ctx, params, fuzz_problem_arg(pb, FUZZ_Q), fuzz_problem_arg(pb, FUZZ_K),
+                        fuzz_problem_arg(pb, FUZZ_V), fuzz_problem_arg(pb, FUZZ_OUT), pb->lse,
+                        fuzz_problem_arg(pb, FUZZ_DOUT), fuzz_problem_arg(pb, FUZZ_DQ),
+                        fuzz_problem_arg(pb, FUZZ_DK), fuzz_problem_arg(pb, FUZZ_DV), NULL);
+    check_status("bwd", st);
+    if (current_bytes() != before)
+        fail("bwd (%s) kept %zu bytes", ctxpar_status_string(st), current_bytes() - before);
+    static const int outputs[] = {FUZZ_DQ, FUZZ_DK, FUZZ_DV, -1};
+    check_buffers("bwd", pb, &s, st == CTXPAR_OK, outputs, 0);
+    snap_free(&s);
+    // Only gradients of a real forward mean anything (a failed one left out and lse as filled).
+    if (st == CTXPAR_OK && fwd_ok)
+        check_results(pb, 1);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    setup();
+    fuzz_problem pb;
+    if (fuzz_problem_decode(data, size, &pb)) {
+        ctxpar_status st = run_fwd(&pb);
+        if (pb.flags & FUZZ_FLAG_BWD)
+            run_bwd(&pb, st == CTXPAR_OK);
+    }
+    fuzz_problem_free(&pb);
+    return 0;
+}

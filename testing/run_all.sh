@@ -9,7 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
 
 passed=0
 failed=0
@@ -41,12 +41,8 @@ bazel_suite
 grep -h "skipped: no CUDA device" bazel-testlogs/testing/*cuda*/test.log \
     bazel-testlogs/testing/gpu/*/test.log 2>/dev/null | sort | uniq -c | sed 's/^/    /'
 bazel_suite --config=asan
-if [ -x testing/valgrind/run_valgrind.sh ]; then
-    script_suite testing/valgrind/run_valgrind.sh
-fi
-if [ -x testing/fuzz/run_fuzzers.sh ]; then
-    script_suite testing/fuzz/run_fuzzers.sh "$FUZZ_SECONDS"
-fi
+script_suite bash testing/valgrind/run_valgrind.sh
+script_suite bash testing/fuzz/run_fuzzers.sh "$FUZZ_SECONDS"
 
 echo "ctxpar test suites: $passed passed, $failed failed"
 echo "$passed passed, $failed failed"

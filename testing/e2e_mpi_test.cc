@@ -11,6 +11,8 @@
 #include "ctxpar.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_mpi.h"
+#include "data.h"
+#include "fault_comm.h"
 #include "runner.h"
 #include "runner_mpi.h"
 #include "tolerance.h"
@@ -29,12 +31,17 @@ int Size() {
     return p;
 }
 
+// Documents of arbitrary lengths (50, 1, 149, 136) over seq 336.
+const int32_t kDocs[] = {0, 50, 51, 200, 336};
+
 struct MpiCase {
     ctxpar_algo algo;
     ctxpar_layout layout;
     ctxpar_mask mask;
     int64_t window;
+    bool docs;
     ctxpar_dtype dtype;
+    int64_t kv_heads; // of 12 query heads: 12, 3 (groups of 4) or 1
 };
 
 class EndToEndMpi : public testing::TestWithParam<MpiCase> {};
@@ -42,21 +49,26 @@ class EndToEndMpi : public testing::TestWithParam<MpiCase> {};
 TEST_P(EndToEndMpi, MatchesOracleAndSingleRank) {
     const MpiCase &c = GetParam();
     const int P = Size();
-    if (c.algo == CTXPAR_ALGO_ALLTOALL && 12 % P != 0)
-        GTEST_SKIP() << "12 heads do not divide by " << P << " ranks";
     ctxpar_run_config cfg;
     ctxpar_run_config_default(&cfg);
     cfg.ranks = P;
     cfg.batch = 1;
     cfg.seq = 48 * 7; // 336: divides by 2P for P in {1, 2, 3, 4}; not a power of two
     cfg.heads = 12;
-    cfg.kv_heads = c.algo == CTXPAR_ALGO_ALLTOALL ? 12 : 4; // GQA where the heads allow
+    cfg.kv_heads = c.kv_heads;
+    // All-to-all needs the K/V heads to divide by P or P by them: MQA where 3 heads do not.
+    if (c.algo == CTXPAR_ALGO_ALLTOALL && c.kv_heads % P != 0 && P % c.kv_heads != 0)
+        cfg.kv_heads = 1;
     cfg.head_dim = 32;
     cfg.dtype = c.dtype;
     cfg.params.algo = c.algo;
     cfg.params.layout = c.layout;
     cfg.params.mask = c.mask;
     cfg.params.window_left = c.window;
+    if (c.docs) {
+        cfg.params.cu_seqlens = kDocs;
+        cfg.params.num_docs = 4;
+    }
     cfg.backward = 1;
     cfg.threads = 1;
     ctxpar_run_result r;
@@ -79,21 +91,25 @@ TEST_P(EndToEndMpi, MatchesOracleAndSingleRank) {
 
 std::vector<MpiCase> Cases() {
     std::vector<MpiCase> v;
+    const ctxpar_dtype dtypes[] = {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16, CTXPAR_DTYPE_F16};
+    const int64_t kv[] = {12, 3, 1};
+    int n = 0;
     for (ctxpar_algo a : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL})
         for (ctxpar_layout l :
-             {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED}) {
-            v.push_back({a, l, CTXPAR_MASK_NONE, 0, CTXPAR_DTYPE_F32});
-            v.push_back({a, l, CTXPAR_MASK_CAUSAL, 0, CTXPAR_DTYPE_BF16});
-            v.push_back({a, l, CTXPAR_MASK_CAUSAL, 30, CTXPAR_DTYPE_F16});
-        }
+             {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED})
+            for (int m = 0; m < 4; m++) { // none, causal, causal + window, documents + causal
+                v.push_back({a, l, m == 0 ? CTXPAR_MASK_NONE : CTXPAR_MASK_CAUSAL,
+                             m == 2 ? 30 : 0, m == 3, dtypes[n % 3], kv[(n / 3) % 3]});
+                n++;
+            }
     return v;
 }
 
 std::string Name(const testing::TestParamInfo<MpiCase> &info) {
     const MpiCase &c = info.param;
     return std::string(ctxpar_algo_name(c.algo)) + "_" + ctxpar_layout_name(c.layout) + "_" +
-           ctxpar_mask_name(c.mask) + (c.window ? "_window" : "") + "_" +
-           ctxpar_dtype_name(c.dtype);
+           ctxpar_mask_name(c.mask) + (c.window ? "_window" : "") + (c.docs ? "_docs" : "") +
+           "_" + ctxpar_dtype_name(c.dtype) + "_KV" + std::to_string(c.kv_heads);
 }
 
 INSTANTIATE_TEST_SUITE_P(Mpi, EndToEndMpi, testing::ValuesIn(Cases()), Name);
@@ -101,21 +117,35 @@ INSTANTIATE_TEST_SUITE_P(Mpi, EndToEndMpi, testing::ValuesIn(Cases()), Name);
 // One rank of a direct API call: small valid tensors, a CPU device and an MPI comm.
 struct Direct {
     ctxpar_device *dev = nullptr;
-    ctxpar_comm *comm = nullptr;
+    ctxpar_comm *mpi = nullptr, *comm = nullptr; // comm: mpi, or a fault decorator around it
     ctxpar_context *ctx = nullptr;
     std::vector<float> q, k, v, out, lse;
     ctxpar_tensor tq, tk, tv, tout;
     ctxpar_attn_params params = CTXPAR_ATTN_PARAMS_INIT;
 
-    Direct(int64_t seq_local, double timeout_s) {
+    Direct(int64_t seq_local, double timeout_s, const ctxpar_fault *fault = nullptr,
+           int verify = 0) {
         EXPECT_EQ(ctxpar_device_create_cpu(nullptr, &dev), CTXPAR_OK);
-        EXPECT_EQ(ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm), CTXPAR_OK);
+        EXPECT_EQ(ctxpar_comm_create_mpi(MPI_COMM_WORLD, &mpi), CTXPAR_OK);
+        comm = mpi;
+        if (fault) {
+            EXPECT_EQ(ctxpar_comm_create_fault(mpi, fault, &comm), CTXPAR_OK);
+        }
         EXPECT_EQ(ctxpar_comm_set_timeout(comm, timeout_s), CTXPAR_OK);
-        EXPECT_EQ(ctxpar_context_create(dev, comm, nullptr, &ctx), CTXPAR_OK);
+        ctxpar_context_options opts = CTXPAR_CONTEXT_OPTIONS_INIT;
+        opts.verify_transfers = verify;
+        EXPECT_EQ(ctxpar_context_create(dev, comm, &opts, &ctx), CTXPAR_OK);
         const int64_t n = seq_local * 2 * 16;
         q.assign(n, 0.5f);
         k.assign(n, 0.25f);
         v.assign(n, 1.0f);
+        // Values that differ by position, so that a misrouted block changes the result.
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t g = static_cast<uint64_t>(Rank()) * n + i;
+            q[i] = static_cast<float>(ctxpar_test_value(3, 1, g));
+            k[i] = static_cast<float>(ctxpar_test_value(3, 2, g));
+            v[i] = static_cast<float>(ctxpar_test_value(3, 3, g));
+        }
         out.assign(n, -7.0f);
         lse.assign(seq_local * 2, -7.0f);
         tq = ctxpar_tensor_bshd(q.data(), CTXPAR_DTYPE_F32, 1, seq_local, 2, 16);
@@ -126,7 +156,9 @@ struct Direct {
     }
     ~Direct() {
         ctxpar_context_destroy(ctx);
-        ctxpar_comm_destroy(comm);
+        if (comm != mpi)
+            ctxpar_comm_destroy(comm);
+        ctxpar_comm_destroy(mpi);
         ctxpar_device_destroy(dev);
     }
     ctxpar_status Fwd() {
@@ -139,6 +171,55 @@ struct Direct {
         return true;
     }
 };
+
+// Faults injected into the MPI comm: a delay changes nothing; a dropped message or a corrupted
+// one (with transfer checksums) fails every rank within the timeout instead of hanging or
+// returning a wrong answer.
+TEST(MpiFault, DelayChangesNothing) {
+    if (Size() < 2)
+        GTEST_SKIP() << "needs 2 ranks";
+    std::vector<float> clean;
+    {
+        Direct d(24, 30.0);
+        ASSERT_EQ(d.Fwd(), CTXPAR_OK) << ctxpar_last_error();
+        clean = d.out;
+    }
+    ctxpar_fault f = {CTXPAR_FAULT_DELAY, 1, 0, 0.3, 0};
+    Direct d(24, 30.0, &f);
+    ASSERT_EQ(d.Fwd(), CTXPAR_OK) << ctxpar_last_error();
+    EXPECT_EQ(d.out, clean);
+}
+
+TEST(MpiFault, DroppedMessageFailsEveryRank) {
+    if (Size() < 2)
+        GTEST_SKIP() << "needs 2 ranks";
+    ctxpar_fault f = {CTXPAR_FAULT_DROP, 0, 0, 0, 0};
+    Direct d(24, 1.0, &f);
+    double t0 = MPI_Wtime();
+    ctxpar_status st = d.Fwd();
+    EXPECT_TRUE(st == CTXPAR_ERR_TIMEOUT || st == CTXPAR_ERR_REMOTE || st == CTXPAR_ERR_COMM)
+        << ctxpar_status_string(st) << ": " << ctxpar_last_error();
+    EXPECT_LT(MPI_Wtime() - t0, 15.0);
+    EXPECT_TRUE(d.Untouched());
+}
+
+TEST(MpiFault, CorruptionIsCaughtByTransferChecksums) {
+    if (Size() < 2)
+        GTEST_SKIP() << "needs 2 ranks";
+    ctxpar_fault f = {CTXPAR_FAULT_CORRUPT, 0, 0, 0, 0};
+    Direct d(24, 5.0, &f, /*verify=*/1);
+    ctxpar_status st = d.Fwd();
+    std::string msg = ctxpar_last_error();
+    if (Rank() == 1) { // rank 0's first transfer goes to rank 1
+        EXPECT_EQ(st, CTXPAR_ERR_COMM) << msg;
+        EXPECT_NE(msg.find("corrupted transfer"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("from rank 0"), std::string::npos) << msg;
+    } else {
+        EXPECT_TRUE(st == CTXPAR_ERR_TIMEOUT || st == CTXPAR_ERR_REMOTE || st == CTXPAR_ERR_COMM)
+            << ctxpar_status_string(st) << ": " << msg;
+    }
+    EXPECT_TRUE(d.Untouched());
+}
 
 // Every rank must fail with INVALID_USAGE naming the difference, instead of hanging.
 TEST(MpiAgreement, MismatchedSettingsFailOnEveryRank) {

@@ -15,9 +15,9 @@ namespace {
 enum MaskKind { kNone, kCausal, kCausalWindow, kDocsCausal };
 const char *const kMaskName[] = {"none", "causal", "causal_window", "docs_causal"};
 
-// Documents of arbitrary lengths (17, 33, 1, 93 tokens) over seq 144: no length is a multiple of
+// Documents of arbitrary lengths (17, 33, 1, 45 tokens) over seq 96: no length is a multiple of
 // 2P, and one document is a single token.
-const int32_t kDocs[] = {0, 17, 50, 51, 144};
+const int32_t kDocs[] = {0, 17, 50, 51, 96};
 
 struct Case {
     int ranks;
@@ -26,7 +26,7 @@ struct Case {
     MaskKind mask;
     ctxpar_dtype dtype;
     int64_t head_dim;
-    int64_t kv_heads; // of 4 query heads: 4 (MHA), 2 (GQA), 1 (MQA)
+    int64_t kv_heads; // of 8 query heads: 8 (MHA), 2 (GQA, groups of 4), 1 (MQA)
 };
 
 std::string CaseName(const testing::TestParamInfo<Case> &info) {
@@ -41,12 +41,12 @@ ctxpar_run_config Config(const Case &c) {
     ctxpar_run_config cfg;
     ctxpar_run_config_default(&cfg);
     cfg.ranks = c.ranks;
-    cfg.batch = 2;
-    cfg.heads = 4;
+    cfg.batch = 1;
+    cfg.heads = 8;
     cfg.kv_heads = c.kv_heads;
     cfg.head_dim = c.head_dim;
-    // 144 = 2^4 * 3^2: divides by 2P for every P tested, and is not a power of two.
-    cfg.seq = 144;
+    // 96 = 2^5 * 3: divides by 2P for every P tested, and is not a power of two.
+    cfg.seq = 96;
     cfg.dtype = c.dtype;
     cfg.params.algo = c.algo;
     cfg.params.layout = c.layout;
@@ -100,13 +100,13 @@ std::vector<Case> AllCases() {
     const MaskKind masks[] = {kNone, kCausal, kCausalWindow, kDocsCausal};
     const ctxpar_dtype dtypes[] = {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16, CTXPAR_DTYPE_F16};
     const int64_t dims[] = {32, 64, 128};
-    const int64_t kv_heads[] = {4, 2, 1};
+    const int64_t kv_heads[] = {8, 2, 1};
     int n = 0;
     for (int p : ranks)
         for (ctxpar_algo a : algos)
             for (ctxpar_layout l : layouts) {
-                if (a == CTXPAR_ALGO_ALLTOALL && 4 % p != 0)
-                    continue; // 4 query heads do not divide by 3 or 8 ranks (tested below)
+                if (a == CTXPAR_ALGO_ALLTOALL && 8 % p != 0)
+                    continue; // 8 query heads do not divide by 3 ranks (tested below)
                 for (MaskKind m : masks)
                     for (ctxpar_dtype d : dtypes) {
                         // Every head_dim and every GQA ratio, rotating (coprime periods).

@@ -27,22 +27,25 @@ struct Case {
     ctxpar_dtype dtype;
     int64_t head_dim;
     int64_t kv_heads; // of 8 query heads: 8 (MHA), 2 (GQA, groups of 4), 1 (MQA)
+    int64_t heads = 8;
+    int64_t batch = 1;
 };
 
 std::string CaseName(const testing::TestParamInfo<Case> &info) {
     const Case &c = info.param;
     return std::string(ctxpar_algo_name(c.algo)) + "_P" + std::to_string(c.ranks) + "_" +
            ctxpar_layout_name(c.layout) + "_" + kMaskName[c.mask] + "_" +
-           ctxpar_dtype_name(c.dtype) + "_D" + std::to_string(c.head_dim) + "_KV" +
-           std::to_string(c.kv_heads);
+           ctxpar_dtype_name(c.dtype) + "_D" + std::to_string(c.head_dim) + "_H" +
+           std::to_string(c.heads) + "KV" + std::to_string(c.kv_heads) + "_B" +
+           std::to_string(c.batch);
 }
 
 ctxpar_run_config Config(const Case &c) {
     ctxpar_run_config cfg;
     ctxpar_run_config_default(&cfg);
     cfg.ranks = c.ranks;
-    cfg.batch = 1;
-    cfg.heads = 8;
+    cfg.batch = c.batch;
+    cfg.heads = c.heads;
     cfg.kv_heads = c.kv_heads;
     cfg.head_dim = c.head_dim;
     // 96 = 2^5 * 3: divides by 2P for every P tested, and is not a power of two.
@@ -110,7 +113,8 @@ std::vector<Case> AllCases() {
                 for (MaskKind m : masks)
                     for (ctxpar_dtype d : dtypes) {
                         // Every head_dim and every GQA ratio, rotating (coprime periods).
-                        cases.push_back({p, a, l, m, d, dims[n % 3], kv_heads[(n / 3) % 3]});
+                        cases.push_back({p, a, l, m, d, dims[n % 3], kv_heads[(n / 3) % 3], 8,
+                                         1 + n % 2});
                         n++;
                     }
             }
@@ -119,8 +123,28 @@ std::vector<Case> AllCases() {
 
 INSTANTIATE_TEST_SUITE_P(All, EndToEnd, testing::ValuesIn(AllCases()), CaseName);
 
+// The foundation grid exactly: ring, P in {1, 2, 3, 4, 8}, contiguous and zigzag, no mask and
+// causal, F32 and BF16, batch 2, 3 heads, head_dim 32, 64 and 128.
+std::vector<Case> FoundationCases() {
+    std::vector<Case> cases;
+    for (int p : {1, 2, 3, 4, 8})
+        for (ctxpar_layout l : {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG})
+            for (MaskKind m : {kNone, kCausal})
+                for (ctxpar_dtype d : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16})
+                    for (int64_t dim : {32, 64, 128})
+                        cases.push_back({p, CTXPAR_ALGO_RING, l, m, d, dim, 3, 3, 2});
+    return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Foundation, EndToEnd, testing::ValuesIn(FoundationCases()), CaseName);
+
 // The numbers the foundation issue asks for, at a realistic size: seq 4096, 4 heads, dim 64.
 TEST(EndToEndLarge, RingCausalZigzagF32AtSeq4096) {
+#if defined(__SANITIZE_ADDRESS__)
+    // The fp64 oracle alone takes minutes under ASan; the optimised run covers this case, and
+    // the smaller cases above run under ASan too.
+    GTEST_SKIP() << "skipped under ASan: the seq 4096 oracle is too slow there";
+#endif
     ctxpar_run_config cfg;
     ctxpar_run_config_default(&cfg); // 4 ranks, causal, zigzag, ring, seq 4096, 4 heads, dim 64
     cfg.backward = 1;
@@ -144,6 +168,7 @@ TEST(EndToEndMemory, RingPeakScalesAsOneOverP) {
     cfg.seq = 2048;
     cfg.backward = 1;
     cfg.threads = 1;
+    cfg.compare_oracle = 0; // memory only
     ctxpar_run_result r;
     ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;

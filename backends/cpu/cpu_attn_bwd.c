@@ -13,7 +13,9 @@
  *    forward); key tiles in increasing order, each loaded once for the group.
  *  - dk, dv: items (batch, K/V head, group of key tiles); key rows are the lanes; for each query
  *    head of the GQA group in order, query tiles in increasing order, each loaded once.
- * P is recomputed in both passes (base 2: Q or K is pre-scaled by scale*log2(e)).
+ * P is recomputed in both passes (base 2: Q or K is pre-scaled by scale*log2(e)). In a PARTIAL
+ * tile every product selects the masked pairs away (dS is 0 there by selection, not P * (dP -
+ * delta), and the sums skip them): a NaN or inf in a row a pair does not see never leaks in.
  */
 #include <math.h>
 #include <omp.h>
@@ -42,6 +44,7 @@ typedef struct bwd_ws {
     float *t[CTXPAR_CPU_GROUP][4];   // [D, 64]
     float *vec[CTXPAR_CPU_GROUP][2]; // [64]
     float *s, *dp;                   // [64, 64]
+    uint32_t *vis;                   // [64, 64] visibility of a PARTIAL tile (cpu_kernels.h)
     float *buf0, *buf1;              // [64, D]
     float *row;                      // [D]
 } bwd_ws;
@@ -55,7 +58,7 @@ static bwd_ws bwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
     const size_t d = (size_t)dim;
     size_t off = 0;
     bwd_ws w;
-#define TAKE(ptr, n) ((ptr) = base ? base + off : NULL, off += round16(n))
+#define TAKE(ptr, n) ((ptr) = base ? (void *)(base + off) : NULL, off += round16(n))
     for (int g = 0; g < CTXPAR_CPU_GROUP; g++) {
         for (int i = 0; i < 4; i++)
             TAKE(w.t[g][i], d * 64);
@@ -64,6 +67,7 @@ static bwd_ws bwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
     }
     TAKE(w.s, 64 * 64);
     TAKE(w.dp, 64 * 64);
+    TAKE(w.vis, 64 * 64); // 32-bit words, counted as floats
     TAKE(w.buf0, 64 * d);
     TAKE(w.buf1, 64 * d);
     TAKE(w.row, d);
@@ -133,13 +137,16 @@ static void dq_item(const bwd_args *a, const bwd_ws *w, int64_t b, int64_t h, in
                 continue;
             const int64_t i0 = (qt0 + g) * TQ, nq = tile_rows(p->seq_q, qt0 + g, TQ);
             const int64_t lanes = lanes_for(kern, nq);
+            const uint32_t *vis = NULL; // FULL: nothing masked, no select
             kern->scores(w->s, lanes, w->t[g][0], lanes, krows, nk, lanes, dim);
-            if (cls[g] == CTXPAR_BLOCK_PARTIAL)
-                ctxpar_cpu_plan_mask(p, w->s, lanes, i0, j0, nk, nq, 1);
+            if (cls[g] == CTXPAR_BLOCK_PARTIAL) {
+                ctxpar_cpu_plan_mask(p, w->s, w->vis, lanes, i0, j0, nk, nq, 1);
+                vis = w->vis;
+            }
             kern->exp2_sub(w->s, lanes, nk, lanes, w->vec[g][0], NULL);
             kern->scores(w->dp, lanes, w->t[g][1], lanes, vrows, nk, lanes, dim);
-            kern->dsoftmax(w->dp, w->s, lanes, nk, lanes, w->vec[g][1], NULL);
-            kern->accum(w->t[g][2], lanes, NULL, w->dp, lanes, krows, nk, lanes, dim);
+            kern->dsoftmax(w->dp, w->s, vis, lanes, nk, lanes, w->vec[g][1], NULL);
+            kern->accum(w->t[g][2], lanes, NULL, w->dp, vis, lanes, krows, nk, lanes, dim);
         }
     }
     for (int g = 0; g < ng; g++) {
@@ -195,16 +202,19 @@ static void dkv_item(const bwd_args *a, const bwd_ws *w, int64_t b, int64_t hk, 
                     continue;
                 const int64_t j0 = (kt0 + g) * TK, nk = tile_rows(p->seq_k, kt0 + g, TK);
                 const int64_t lanes = lanes_for(kern, nk);
+                const uint32_t *vis = NULL; // FULL: nothing masked, no select
                 kern->scores(w->s, lanes, w->t[g][0], lanes, qrows, nq, lanes, dim);
-                if (cls[g] == CTXPAR_BLOCK_PARTIAL)
-                    ctxpar_cpu_plan_mask(p, w->s, lanes, i0, j0, nq, nk, 0);
+                if (cls[g] == CTXPAR_BLOCK_PARTIAL) {
+                    ctxpar_cpu_plan_mask(p, w->s, w->vis, lanes, i0, j0, nq, nk, 0);
+                    vis = w->vis;
+                }
                 kern->exp2_sub(w->s, lanes, nq, lanes, NULL, lse2);
                 if (a->dv)
-                    kern->accum(w->t[g][3], lanes, NULL, w->s, lanes, orows, nq, lanes, dim);
+                    kern->accum(w->t[g][3], lanes, NULL, w->s, vis, lanes, orows, nq, lanes, dim);
                 if (a->dk) {
                     kern->scores(w->dp, lanes, w->t[g][1], lanes, orows, nq, lanes, dim);
-                    kern->dsoftmax(w->dp, w->s, lanes, nq, lanes, NULL, dl);
-                    kern->accum(w->t[g][2], lanes, NULL, w->dp, lanes, qrows, nq, lanes, dim);
+                    kern->dsoftmax(w->dp, w->s, vis, lanes, nq, lanes, NULL, dl);
+                    kern->accum(w->t[g][2], lanes, NULL, w->dp, vis, lanes, qrows, nq, lanes, dim);
                 }
             }
         }

@@ -9,11 +9,15 @@
  * thread count. Inside an item the query rows are the vector lanes: Q^T is packed once (scaled
  * by scale*log2(e), so the softmax runs in base 2), then for each key tile of CTXPAR_CPU_TILE_K
  * rows, in increasing order from the start of the K/V block:
- *   S = Q^T-rows x K (register-tiled), mask if the tile is PARTIAL, online softmax, O^T += P V.
- * Every step treats each lane alone (cpu_kernels.h), so a query row's result depends only on
- * its q row, its position and the K/V rows: not on the other rows of the call or its place in
- * the tile (what makes the all-gather algorithm bitwise equal to one rank). SKIP tiles are left
- * out, which is bit-neutral: a masked tile would add exact zeros and rescale by exactly 1.
+ *   S = Q^T-rows x K (register-tiled), mask if the tile is PARTIAL, online softmax, O^T += P V,
+ * where the P V of a PARTIAL tile selects the masked pairs away (a masked P is 0, but 0 times a
+ * NaN or inf in V is NaN, and the oracle never touches masked pairs). Every step treats each lane
+ * alone (cpu_kernels.h), so a query row's result depends only on its q row, its position and the
+ * K/V rows: not on the other rows of the call or its place in the tile (what makes the all-gather
+ * algorithm bitwise equal to one rank). SKIP tiles are left out, which is bit-neutral: for a row
+ * that sees none of a tile's keys, visiting it would rescale by exactly 1, add exact zeros to the
+ * sum and leave O^T as it was (the select keeps it, whatever V holds), and a visible key gives the
+ * same bits whether its tile is FULL or PARTIAL.
  */
 #include <float.h>
 #include <math.h>
@@ -38,6 +42,7 @@ typedef struct fwd_ws {
     float *l[CTXPAR_CPU_GROUP];  // [lanes]     running sum
     float *alpha;                // [lanes]     rescale factor of the current step
     float *s;                    // [TK, lanes] scores, then probabilities
+    uint32_t *vis;               // [TK, lanes] visibility of a PARTIAL tile (cpu_kernels.h)
     float *kbuf, *vbuf;          // [TK, D]     the K and V tile as dense F32
     float *row;                  // [D]         one converted q row / one output row
 } fwd_ws;
@@ -51,7 +56,7 @@ static fwd_ws fwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
     const size_t d = (size_t)dim;
     size_t off = 0;
     fwd_ws w;
-#define TAKE(ptr, n) ((ptr) = base ? base + off : NULL, off += round16(n))
+#define TAKE(ptr, n) ((ptr) = base ? (void *)(base + off) : NULL, off += round16(n))
     for (int g = 0; g < CTXPAR_CPU_GROUP; g++) {
         TAKE(w.qt[g], d * TQ);
         TAKE(w.ot[g], d * TQ);
@@ -60,6 +65,7 @@ static fwd_ws fwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
     }
     TAKE(w.alpha, TQ);
     TAKE(w.s, (size_t)TK * TQ);
+    TAKE(w.vis, (size_t)TK * TQ); // 32-bit words, counted as floats
     TAKE(w.kbuf, (size_t)TK * d);
     TAKE(w.vbuf, (size_t)TK * d);
     TAKE(w.row, d);
@@ -146,11 +152,14 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
                 continue;
             const int64_t i0 = (qt0 + g) * TQ, nq = tile_rows(p->seq_q, qt0 + g, TQ);
             const int64_t lanes = lanes_for(kern, nq);
+            const uint32_t *vis = NULL; // FULL: nothing masked, no select
             kern->scores(w->s, lanes, w->qt[g], lanes, krows, nk, lanes, dim);
-            if (cls[g] == CTXPAR_BLOCK_PARTIAL)
-                ctxpar_cpu_plan_mask(p, w->s, lanes, i0, j0, nk, nq, 1);
+            if (cls[g] == CTXPAR_BLOCK_PARTIAL) {
+                ctxpar_cpu_plan_mask(p, w->s, w->vis, lanes, i0, j0, nk, nq, 1);
+                vis = w->vis;
+            }
             kern->softmax_step(w->s, lanes, nk, lanes, w->m[g], w->l[g], w->alpha);
-            kern->accum(w->ot[g], lanes, w->alpha, w->s, lanes, vrows, nk, lanes, dim);
+            kern->accum(w->ot[g], lanes, w->alpha, w->s, vis, lanes, vrows, nk, lanes, dim);
         }
     }
     for (int g = 0; g < ng; g++)

@@ -170,14 +170,16 @@ ctxpar_block_class ctxpar_cpu_plan_classify(const ctxpar_cpu_plan *plan, int64_t
     return ctxpar_mask_classify(&plan->blk->mask, q[0], q[1], k[0], k[1]);
 }
 
-void ctxpar_cpu_plan_mask(const ctxpar_cpu_plan *plan, float *s, int64_t lds, int64_t q0,
-                          int64_t k0, int64_t rows, int64_t lanes, int keys_in_rows) {
+void ctxpar_cpu_plan_mask(const ctxpar_cpu_plan *plan, float *s, uint32_t *vis, int64_t lds,
+                          int64_t q0, int64_t k0, int64_t rows, int64_t lanes, int keys_in_rows) {
     const ctxpar_mask_desc *m = &plan->blk->mask;
     for (int64_t n = 0; n < rows; n++)
-        for (int64_t l = 0; l < lanes; l++) {
+        for (int64_t l = 0; l < lds; l++) {
             int64_t qi = q0 + (keys_in_rows ? l : n), ki = k0 + (keys_in_rows ? n : l);
-            if (!ctxpar_mask_visible(m, plan->q_pos[qi], plan->k_pos[ki], plan->q_doc[qi],
-                                     plan->k_doc[ki]))
+            int seen = l >= lanes || ctxpar_mask_visible(m, plan->q_pos[qi], plan->k_pos[ki],
+                                                         plan->q_doc[qi], plan->k_doc[ki]);
+            vis[n * lds + l] = seen ? 0xffffffffu : 0u;
+            if (!seen)
                 s[n * lds + l] = -INFINITY;
         }
 }

@@ -52,10 +52,13 @@ void ctxpar_cpu_plan_release(ctxpar_cpu_plan *plan);
 /* Class of query tile qt against key tile kt. */
 ctxpar_block_class ctxpar_cpu_plan_classify(const ctxpar_cpu_plan *plan, int64_t qt, int64_t kt);
 
-/* Sets s[n*lds + l] = -inf for every pair the mask hides, n < rows, l < lanes. With keys_in_rows
- * the rows are keys k0 + n and the lanes queries q0 + l, otherwise the other way round. */
-void ctxpar_cpu_plan_mask(const ctxpar_cpu_plan *plan, float *s, int64_t lds, int64_t q0,
-                          int64_t k0, int64_t rows, int64_t lanes, int keys_in_rows);
+/* For a PARTIAL tile: sets s[n*lds + l] = -inf for every pair the mask hides, n < rows, l < lanes,
+ * and writes vis[n*lds + l] (n < rows, l < lds) = 0 for those pairs, 0xffffffff for the others
+ * and for the padding lanes l >= lanes: the kernels select the hidden pairs away (cpu_kernels.h).
+ * With keys_in_rows the rows are keys k0 + n and the lanes queries q0 + l, otherwise the other
+ * way round. */
+void ctxpar_cpu_plan_mask(const ctxpar_cpu_plan *plan, float *s, uint32_t *vis, int64_t lds,
+                          int64_t q0, int64_t k0, int64_t rows, int64_t lanes, int keys_in_rows);
 
 /* Loads n rows t[b, s0 + i, h, :] as F32 into the dense tile `dst` ([n, D]) and points rows[i]
  * at them: a dense tile in L1/L2 instead of rows scattered by the tensor's strides. */

@@ -10,6 +10,11 @@
  *
  * L (the number of lanes) is always a multiple of `lane_block`; rows are given as pointer arrays
  * so that tensors with any row stride are read in place.
+ *
+ * `vis` (NULL in tiles the mask does not touch) holds 0xffffffff for a visible (row, lane) pair
+ * and 0 for a masked one, laid out like the tile it goes with. A masked pair is *selected away*,
+ * never multiplied by 0: 0 * NaN and 0 * inf are NaN, and a non-finite value in a row that a lane
+ * does not see must not reach that lane. A visible pair gives the same bits as with vis NULL.
  */
 #ifndef CTXPAR_CPU_KERNELS_H
 #define CTXPAR_CPU_KERNELS_H
@@ -31,9 +36,10 @@ typedef struct ctxpar_cpu_kernels {
                    int64_t n, int64_t lanes, int64_t d);
 
     /* ct[d*ldc + l] = (alpha ? alpha[l] : 1) * ct[d*ldc + l] + sum_{m<M} a[m*lda + l] * b[m][d]
-     * for d < D, l < L (alpha == NULL: no rescaling, the sum is added to ct as it is). */
-    void (*accum)(float *ct, int64_t ldc, const float *alpha, const float *a, int64_t lda,
-                  const float *const *b, int64_t m, int64_t lanes, int64_t d);
+     * for d < D, l < L (alpha == NULL: no rescaling, the sum is added to ct as it is). The sum
+     * leaves out (does not add, not even a zero) every m with vis[m*lda + l] == 0. */
+    void (*accum)(float *ct, int64_t ldc, const float *alpha, const float *a, const uint32_t *vis,
+                  int64_t lda, const float *const *b, int64_t m, int64_t lanes, int64_t d);
 
     /* One online-softmax step in base 2 over a tile s [N, L] (lds) of scores already scaled by
      * log2(e): per lane, m' = max(m, max_n s), alpha = 2^(m - m'), s = 2^(s - m') in place,
@@ -47,9 +53,9 @@ typedef struct ctxpar_cpu_kernels {
                      const float *sub_row);
 
     /* dp[n*lds + l] = p[n*lds + l] * (dp[n*lds + l] - delta), delta = delta_lane[l] if
-     * delta_lane else delta_row[n]. */
-    void (*dsoftmax)(float *dp, const float *p, int64_t lds, int64_t n, int64_t lanes,
-                     const float *delta_lane, const float *delta_row);
+     * delta_lane else delta_row[n]; exactly 0 where vis[n*lds + l] == 0. */
+    void (*dsoftmax)(float *dp, const float *p, const uint32_t *vis, int64_t lds, int64_t n,
+                     int64_t lanes, const float *delta_lane, const float *delta_row);
 
     /* dst[i] = src[i] as F32 (exact for every storage dtype), i < n. */
     void (*to_f32)(float *dst, const void *src, ctxpar_dtype dtype, int64_t n);

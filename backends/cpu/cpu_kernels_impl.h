@@ -42,6 +42,19 @@ CPU_INLINE vf v_exp2(vf x) {
     return p * (vf)e;
 }
 
+// VL visibility words (0 or 0xffffffff, see cpu_kernels.h) as a mask vector.
+CPU_INLINE vi v_load_mask(const uint32_t *p) {
+    vi m;
+    memcpy(&m, p, sizeof m);
+    return m;
+}
+
+// a where m is all ones, b where it is 0: a select, so a NaN or inf in the unselected side
+// never reaches the result.
+CPU_INLINE vf v_keep(vi m, vf a, vf b) {
+    return (vf)(((vi)a & m) | ((vi)b & ~m));
+}
+
 // One MR*VL x NR tile of scores: nb (<= NR) valid rows of b.
 CPU_INLINE void scores_tile(float *c, int64_t ldc, const float *at, int64_t lda,
                             const float *const *b, int nb, int64_t dim) {
@@ -78,10 +91,13 @@ static void scores(float *c, int64_t ldc, const float *at, int64_t lda, const fl
     }
 }
 
-// One MR*VL x NR tile of accum: columns d0 .. d0+nd-1 (nd <= NR). `full` (a constant at each
-// call) lets the compiler address b[m][d0 + j] with fixed offsets.
-CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const float *a, int64_t lda,
-                           const float *const *b, int64_t m, int64_t d0, int nd, int full) {
+// One MR*VL x NR tile of accum: columns d0 .. d0+nd-1 (nd <= NR). `full` and `masked` (constants
+// at each call) let the compiler address b[m][d0 + j] with fixed offsets and leave the select
+// out of the tiles the mask does not touch. A masked (m, lane) keeps acc as it was, so the
+// masked pairs neither add a NaN (0 * inf, 0 * NaN) nor turn a -0 into +0.
+CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const float *a,
+                           const uint32_t *vis, int64_t lda, const float *const *b, int64_t m,
+                           int64_t d0, int nd, int full, int masked) {
     vf acc[MR][NR];
     int64_t off[NR];
     for (int j = 0; j < NR; j++) {
@@ -95,12 +111,18 @@ CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const flo
     for (int64_t i = 0; i < m; i++) {
         const float *bm = b[i];
         vf av[MR];
-        for (int r = 0; r < MR; r++)
+        vi mk[MR];
+        for (int r = 0; r < MR; r++) {
             av[r] = v_load(a + i * lda + r * VL);
+            if (masked)
+                mk[r] = v_load_mask(vis + i * lda + r * VL);
+        }
         for (int j = 0; j < NR; j++) {
             vf bb = v_set1(full ? bm[d0 + j] : bm[off[j]]);
-            for (int r = 0; r < MR; r++)
-                acc[r][j] = v_fma(av[r], bb, acc[r][j]);
+            for (int r = 0; r < MR; r++) {
+                vf f = v_fma(av[r], bb, acc[r][j]);
+                acc[r][j] = masked ? v_keep(mk[r], f, acc[r][j]) : f;
+            }
         }
     }
     for (int j = 0; j < nd; j++)
@@ -108,15 +130,25 @@ CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const flo
             v_store(ct + (d0 + j) * ldc + r * VL, acc[r][j]);
 }
 
-static void accum(float *ct, int64_t ldc, const float *alpha, const float *a, int64_t lda,
-                  const float *const *b, int64_t m, int64_t lanes, int64_t dim) {
+// All the column tiles of one lane block; `masked` a constant, as in accum_tile.
+CPU_INLINE void accum_lanes(float *ct, int64_t ldc, const float *alpha, const float *a,
+                            const uint32_t *vis, int64_t lda, const float *const *b, int64_t m,
+                            int64_t dim, int masked) {
+    int64_t d0 = 0;
+    for (; d0 + NR <= dim; d0 += NR)
+        accum_tile(ct, ldc, alpha, a, vis, lda, b, m, d0, NR, 1, masked);
+    if (d0 < dim)
+        accum_tile(ct, ldc, alpha, a, vis, lda, b, m, d0, (int)(dim - d0), 0, masked);
+}
+
+static void accum(float *ct, int64_t ldc, const float *alpha, const float *a, const uint32_t *vis,
+                  int64_t lda, const float *const *b, int64_t m, int64_t lanes, int64_t dim) {
     for (int64_t l0 = 0; l0 < lanes; l0 += MR * VL) {
         const float *al = alpha ? alpha + l0 : NULL;
-        int64_t d0 = 0;
-        for (; d0 + NR <= dim; d0 += NR)
-            accum_tile(ct + l0, ldc, al, a + l0, lda, b, m, d0, NR, 1);
-        if (d0 < dim)
-            accum_tile(ct + l0, ldc, al, a + l0, lda, b, m, d0, (int)(dim - d0), 0);
+        if (vis)
+            accum_lanes(ct + l0, ldc, al, a + l0, vis + l0, lda, b, m, dim, 1);
+        else
+            accum_lanes(ct + l0, ldc, al, a + l0, NULL, lda, b, m, dim, 0);
     }
 }
 
@@ -150,13 +182,16 @@ static void exp2_sub(float *s, int64_t lds, int64_t n, int64_t lanes, const floa
         }
 }
 
-static void dsoftmax(float *dp, const float *p, int64_t lds, int64_t n, int64_t lanes,
-                     const float *delta_lane, const float *delta_row) {
+static void dsoftmax(float *dp, const float *p, const uint32_t *vis, int64_t lds, int64_t n,
+                     int64_t lanes, const float *delta_lane, const float *delta_row) {
     for (int64_t i = 0; i < n; i++)
         for (int64_t l0 = 0; l0 < lanes; l0 += VL) {
             vf dl = delta_lane ? v_load(delta_lane + l0) : v_set1(delta_row[i]);
             vf x = v_load(dp + i * lds + l0) - dl;
-            v_store(dp + i * lds + l0, v_load(p + i * lds + l0) * x);
+            vf ds = v_load(p + i * lds + l0) * x;
+            if (vis) // a masked dP may be NaN (from dO or V): select 0, never multiply by it
+                ds = v_keep(v_load_mask(vis + i * lds + l0), ds, v_set1(0.0f));
+            v_store(dp + i * lds + l0, ds);
         }
 }
 

@@ -48,8 +48,8 @@ const int32_t kDocs[] = {0, 12, 20, 32};
 enum Known { kNoBug = 0, kAllMinusInf = 1 };
 const char *const kKnownText[] = {
     "",
-    "known divergence (reported): a row whose only visible score is -inf gives 0 / -inf, the "
-    "oracle NaN",
+    "by convention (docs/numerics.md) a score of -inf acts as a mask, so a row whose visible "
+    "scores are all -inf is a fully masked row (0 / -inf); the oracle's softmax gives NaN",
 };
 
 struct Scenario {

@@ -110,5 +110,18 @@ void ctxpar_report_table(FILE *f, const char *cmd, const ctxpar_run_config *c,
     for (int i = 0; i < c->ranks && i < 64; i++)
         fprintf(f, " %llu/%llu", (unsigned long long)r->rank[i].work.blocks_computed,
                 (unsigned long long)r->rank[i].work.blocks_skipped);
+    // Useful FLOPs (visible query-key pairs) per rank, and the worst rank's distance from the
+    // mean: how well the layout balances the mask.
+    int n = c->ranks < 64 ? c->ranks : 64;
+    double mean = 0, worst = 0;
+    for (int i = 0; i < n; i++)
+        mean += r->rank[i].work.flops / n;
+    fprintf(f, "\n  useful GFLOP per rank:");
+    for (int i = 0; i < n; i++) {
+        fprintf(f, " %.3f", r->rank[i].work.flops / 1e9);
+        if (mean > 0 && fabs(r->rank[i].work.flops - mean) / mean > worst)
+            worst = fabs(r->rank[i].work.flops - mean) / mean;
+    }
+    fprintf(f, "   (largest deviation from the mean: %.1f %%)", 100.0 * worst);
     fprintf(f, "\n\n  result: %s\n", r->ok ? "OK" : "FAILED");
 }

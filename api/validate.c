@@ -109,7 +109,6 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
                                       const ctxpar_tensor *v, ctxpar_problem *pb_out) {
     CTXPAR_CHECK(ctxpar_validate_tensor("q", q));
     CTXPAR_CHECK(ctxpar_validate_tensor("k", k));
-    CTXPAR_CHECK(ctxpar_validate_same("v", v, "k", k));
     if (k->dtype != q->dtype)
         return BAD("k.dtype (%s) != q.dtype (%s)", ctxpar_dtype_name(k->dtype),
                    ctxpar_dtype_name(q->dtype));
@@ -118,6 +117,8 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
         if (d != 2 && k->shape[d] != q->shape[d])
             return BAD("k.shape[%d] (%lld) != q.shape[%d] (%lld): %s must match", d,
                        (long long)k->shape[d], d, (long long)q->shape[d], dim_name[d]);
+    // v after k is checked against q, so that a message names the tensor that is off.
+    CTXPAR_CHECK(ctxpar_validate_same("v", v, "k", k));
     if (q->shape[2] % k->shape[2] != 0)
         return BAD("q heads (%lld) must be a multiple of k heads (%lld)", (long long)q->shape[2],
                    (long long)k->shape[2]);

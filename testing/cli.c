@@ -173,8 +173,8 @@ void ctxpar_cli_usage(const char *cmd, FILE *out) {
 
 const char *ctxpar_cli_message(const char *msg) {
     // "testing/npy.c:95: Q.npy: ..." -> "Q.npy: ..."
-    const char *p = strstr(msg, ".c:");
-    if (!p || strchr(msg, ' ') < p)
+    const char *p = strstr(msg, ".c:"), *space = strchr(msg, ' ');
+    if (!p || (space && space < p))
         return msg;
     p += 3;
     if (!isdigit((unsigned char)*p))

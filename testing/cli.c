@@ -46,7 +46,7 @@ static const opt options[] = {
     {"--algo", O_ALGO, C | A | B, 0, "ring|allgather|alltoall|auto", "algorithm"},
     {"--layout", O_LAYOUT, C | A | B, 0, "contiguous|zigzag|striped", "how tokens are sharded"},
     {"--docs", O_DOCS, C | B, 0, "N",
-     "pack N documents of varied lengths (from --seed); attention stays inside each"},
+     "pack N documents of varied lengths; attention stays inside each"},
     {"--backward", O_BACKWARD, C | B, 1, NULL, "also run the backward pass (dq, dk, dv)"},
     {"--seed", O_SEED, C | B, 0, "N", "seed of the generated inputs"},
     {"--threads", O_THREADS, C | A | B, 0, "N", "OpenMP threads per rank (0: cores / ranks)"},
@@ -165,10 +165,10 @@ void ctxpar_cli_usage(const char *cmd, FILE *out) {
         snprintf(lhs, sizeof lhs, "%s%s%s", o->name, o->value ? " " : "",
                  o->value ? o->value : "");
         default_text(o, &d, def, sizeof def);
-        fprintf(out, "  %-34s %s%s%s%s\n", lhs, o->help, def[0] ? " [" : "", def,
+        fprintf(out, "  %-36s %s%s%s%s\n", lhs, o->help, def[0] ? " [" : "", def,
                 def[0] ? "]" : "");
     }
-    fprintf(out, "  %-34s %s\n", "--help", "show this help");
+    fprintf(out, "  %-36s %s\n", "--help", "show this help");
 }
 
 const char *ctxpar_cli_message(const char *msg) {

@@ -18,7 +18,7 @@ int ctxpar_cmd_check(int argc, char **argv) {
             fputc('{', stdout);
             ctxpar_report_json_members(stdout, &cli.cfg, &r);
             fputs("}\n", stdout);
-        } else {
+        } else if (r.status == CTXPAR_OK) { // else the one line below says it all
             ctxpar_report_table(stdout, "check", &cli.cfg, &r);
         }
     }

@@ -98,7 +98,9 @@ struct BadCase {
     const char *message_names; // the message must contain this
 };
 
-std::string BadName(const testing::TestParamInfo<BadCase> &info) { return info.param.name; }
+std::string BadName(const testing::TestParamInfo<BadCase> &info) {
+    return info.param.name;
+}
 
 class BadArgument : public testing::TestWithParam<BadCase> {};
 
@@ -124,8 +126,7 @@ const BadCase kBadCases[] = {
     {"null_out", [](Fixture &f) { f.pout = nullptr; }, CTXPAR_ERR_INVALID_ARG, "out is NULL"},
     {"null_q_data", [](Fixture &f) { f.tq.data = nullptr; }, CTXPAR_ERR_INVALID_ARG, "q.data"},
     {"zero_batch", [](Fixture &f) { f.tq.shape[0] = 0; }, CTXPAR_ERR_INVALID_ARG, "q.shape[0]"},
-    {"negative_seq", [](Fixture &f) { f.tk.shape[1] = -4; }, CTXPAR_ERR_INVALID_ARG,
-     "k.shape[1]"},
+    {"negative_seq", [](Fixture &f) { f.tk.shape[1] = -4; }, CTXPAR_ERR_INVALID_ARG, "k.shape[1]"},
     {"head_dim_not_contiguous", [](Fixture &f) { f.tv.stride[3] = 2; }, CTXPAR_ERR_INVALID_ARG,
      "v.stride[3]"},
     {"overlapping_strides", [](Fixture &f) { f.tq.stride[1] = f.D; }, CTXPAR_ERR_INVALID_ARG,
@@ -146,7 +147,11 @@ const BadCase kBadCases[] = {
              *t = ctxpar_tensor_bshd(t->data, t->dtype, f.B, f.S, 3, f.D);
      },
      CTXPAR_ERR_INVALID_ARG, "multiple"},
-    {"batch_mismatch", [](Fixture &f) { f.tk.shape[0] = 2; f.tv.shape[0] = 2; },
+    {"batch_mismatch",
+     [](Fixture &f) {
+         f.tk.shape[0] = 2;
+         f.tv.shape[0] = 2;
+     },
      CTXPAR_ERR_INVALID_ARG, "batch"},
     {"unknown_dtype", [](Fixture &f) { f.tq.dtype = static_cast<ctxpar_dtype>(7); },
      CTXPAR_ERR_INVALID_ARG, "q.dtype"},
@@ -162,8 +167,8 @@ const BadCase kBadCases[] = {
          f.params.layout = CTXPAR_LAYOUT_ZIGZAG;
      },
      CTXPAR_ERR_INVALID_ARG, "does not divide by 2"},
-    {"struct_size_too_small", [](Fixture &f) { f.params.struct_size = 8; },
-     CTXPAR_ERR_INVALID_ARG, "struct_size"},
+    {"struct_size_too_small", [](Fixture &f) { f.params.struct_size = 8; }, CTXPAR_ERR_INVALID_ARG,
+     "struct_size"},
     {"unknown_algo", [](Fixture &f) { f.params.algo = static_cast<ctxpar_algo>(9); },
      CTXPAR_ERR_INVALID_ARG, "params.algo"},
     {"unknown_layout", [](Fixture &f) { f.params.layout = static_cast<ctxpar_layout>(-1); },
@@ -218,9 +223,9 @@ TEST(BadBackwardArgument, EachIsNamedAndNothingIsWritten) {
 
 TEST(Status, EveryStatusHasAName) {
     for (int s = 0; s >= -9; s--)
-        EXPECT_EQ(std::string(ctxpar_status_string(static_cast<ctxpar_status>(s))).rfind(
-                      "CTXPAR_", 0),
-                  0u);
+        EXPECT_EQ(
+            std::string(ctxpar_status_string(static_cast<ctxpar_status>(s))).rfind("CTXPAR_", 0),
+            0u);
     EXPECT_STREQ(ctxpar_status_string(CTXPAR_ERR_REMOTE), "CTXPAR_ERR_REMOTE");
     EXPECT_STREQ(ctxpar_status_string(static_cast<ctxpar_status>(-99)), "CTXPAR_ERR_UNKNOWN");
 }
@@ -276,8 +281,8 @@ TEST(Agreement, RanksThatDisagreeAllReturnInvalidUsage) {
         t0.join();
         t1.join();
         for (int r = 0; r < 2; r++) {
-            EXPECT_EQ(st[r], CTXPAR_ERR_INVALID_USAGE) << sp.names << ", rank " << r << ": "
-                                                       << msg[r];
+            EXPECT_EQ(st[r], CTXPAR_ERR_INVALID_USAGE)
+                << sp.names << ", rank " << r << ": " << msg[r];
             EXPECT_NE(msg[r].find(sp.names), std::string::npos) << msg[r];
             EXPECT_TRUE(untouched[r]) << sp.names;
         }
@@ -315,9 +320,76 @@ TEST(Agreement, APeersBadArgumentFailsEveryRankPromptly) {
     ctxpar_local_group_destroy(group);
 }
 
+// Every other public function: each bad argument returns INVALID_ARG with a message naming it.
+TEST(OtherEntryPoints, EachBadArgumentIsNamed) {
+    Fixture f;
+    ctxpar_memory_stats ms;
+    ctxpar_work_stats ws;
+    uint64_t bytes = 0;
+    ctxpar_algo algo = CTXPAR_ALGO_AUTO;
+    std::vector<int64_t> pos(16);
+    std::vector<float> small(8 * 2 * 8);
+    ctxpar_tensor local = ctxpar_tensor_bshd(small.data(), CTXPAR_DTYPE_F32, 1, 8, 2, 8);
+    ctxpar_tensor wrong_dtype = local;
+    wrong_dtype.dtype = CTXPAR_DTYPE_BF16;
+    ctxpar_context_options tiny = CTXPAR_CONTEXT_OPTIONS_INIT;
+    tiny.struct_size = 1;
+    ctxpar_context *ctx_out = nullptr;
+    ctxpar_local_group *group_out = nullptr;
+    ctxpar_comm *comm_out = nullptr;
+    const struct {
+        const char *names;
+        std::function<ctxpar_status()> call;
+    } cases[] = {
+        {"comm is NULL", [&] { return ctxpar_comm_set_timeout(nullptr, 1.0); }},
+        {"timeout", [&] { return ctxpar_comm_set_timeout(f.comm, 0.0); }},
+        {"timeout", [&] { return ctxpar_comm_set_timeout(f.comm, NAN); }},
+        {"struct_size", [&] { return ctxpar_context_create(f.dev, f.comm, &tiny, &ctx_out); }},
+        {"ctx_out", [&] { return ctxpar_context_create(f.dev, f.comm, nullptr, nullptr); }},
+        {"stats_out", [&] { return ctxpar_context_memory_stats(f.ctx, nullptr); }},
+        {"ctx", [&] { return ctxpar_context_memory_stats(nullptr, &ms); }},
+        {"ctx is NULL", [&] { return ctxpar_context_reset_peak(nullptr); }},
+        {"bytes_out", [&] { return ctxpar_context_bytes_sent(f.ctx, nullptr); }},
+        {"ctx is NULL", [&] { return ctxpar_context_set_trace(nullptr, nullptr, nullptr); }},
+        {"stats_out", [&] { return ctxpar_context_work_stats(f.ctx, nullptr); }},
+        {"ctx is NULL", [&] { return ctxpar_context_reset_work_stats(nullptr); }},
+        {"algo_out",
+         [&] { return ctxpar_attn_choose_algo(f.ctx, &f.params, &f.tq, &f.tk, nullptr); }},
+        {"q is NULL",
+         [&] { return ctxpar_attn_choose_algo(f.ctx, &f.params, nullptr, &f.tk, &algo); }},
+        {"layout",
+         [&] { return ctxpar_positions(static_cast<ctxpar_layout>(7), 16, 0, 1, pos.data()); }},
+        {"rank", [&] { return ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 16, 2, 2, pos.data()); }},
+        {"pos_out", [&] { return ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 16, 0, 2, nullptr); }},
+        {"does not divide",
+         [&] { return ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 18, 0, 4, pos.data()); }},
+        {"global is NULL",
+         [&] { return ctxpar_shard(CTXPAR_LAYOUT_ZIGZAG, 0, 2, nullptr, &local); }},
+        {"local.shape[1]", [&] { return ctxpar_shard(CTXPAR_LAYOUT_ZIGZAG, 0, 4, &f.tq, &local); }},
+        {"local.dtype",
+         [&] { return ctxpar_unshard(CTXPAR_LAYOUT_ZIGZAG, 0, 2, &wrong_dtype, &f.tq); }},
+        {"device_out", [&] { return ctxpar_device_create_cpu(nullptr, nullptr); }},
+        {"group_out", [&] { return ctxpar_local_group_create(2, nullptr); }},
+        {"nranks", [&] { return ctxpar_local_group_create(0, &group_out); }},
+        {"rank", [&] { return ctxpar_comm_create_local(f.group, 5, nullptr, &comm_out); }},
+    };
+    for (const auto &c : cases) {
+        EXPECT_EQ(c.call(), CTXPAR_ERR_INVALID_ARG) << c.names << ": " << ctxpar_last_error();
+        EXPECT_NE(std::string(ctxpar_last_error()).find(c.names), std::string::npos)
+            << "want '" << c.names << "' in: " << ctxpar_last_error();
+    }
+    EXPECT_EQ(ctx_out, nullptr);
+    EXPECT_EQ(group_out, nullptr);
+    EXPECT_EQ(comm_out, nullptr);
+    EXPECT_EQ(bytes, 0u);
+    (void)ws;
+}
+
 // ---------------------------------------------------------------- ops tables
 
-ctxpar_status AllocStub(ctxpar_device *, size_t, ctxpar_mem_kind, void **) { return CTXPAR_OK; }
+ctxpar_status AllocStub(ctxpar_device *, size_t, ctxpar_mem_kind, void **) {
+    return CTXPAR_OK;
+}
 void DestroyStub(ctxpar_device *) {}
 
 struct ctxpar_device_ops FullDeviceTable() {
@@ -389,14 +461,11 @@ TEST(DeviceTable, AcceptsACompleteTableAndNamesEachMissingOp) {
 TEST(CommTable, NamesEachMissingOp) {
     const char *names[] = {"sendrecv", "allgather", "reduce_scatter", "alltoall",
                            "wait",     "cancel",    "allreduce_i64",  "barrier"};
-    const size_t offsets[] = {offsetof(ctxpar_comm_ops, sendrecv),
-                              offsetof(ctxpar_comm_ops, allgather),
-                              offsetof(ctxpar_comm_ops, reduce_scatter),
-                              offsetof(ctxpar_comm_ops, alltoall),
-                              offsetof(ctxpar_comm_ops, wait),
-                              offsetof(ctxpar_comm_ops, cancel),
-                              offsetof(ctxpar_comm_ops, allreduce_i64),
-                              offsetof(ctxpar_comm_ops, barrier)};
+    const size_t offsets[] = {
+        offsetof(ctxpar_comm_ops, sendrecv),       offsetof(ctxpar_comm_ops, allgather),
+        offsetof(ctxpar_comm_ops, reduce_scatter), offsetof(ctxpar_comm_ops, alltoall),
+        offsetof(ctxpar_comm_ops, wait),           offsetof(ctxpar_comm_ops, cancel),
+        offsetof(ctxpar_comm_ops, allreduce_i64),  offsetof(ctxpar_comm_ops, barrier)};
     auto full = [] {
         struct ctxpar_comm_ops ops;
         std::memset(&ops, 0, sizeof ops);
@@ -456,8 +525,7 @@ TEST(Layout, ZigzagAndStripedHoldTheDocumentedTokens) {
     EXPECT_EQ(pos, (std::vector<int64_t>{2, 3, 4, 5}));
     ASSERT_EQ(ctxpar_positions(CTXPAR_LAYOUT_STRIPED, 8, 1, 2, pos.data()), CTXPAR_OK);
     EXPECT_EQ(pos, (std::vector<int64_t>{1, 3, 5, 7}));
-    EXPECT_EQ(ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 6, 0, 2, pos.data()),
-              CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 6, 0, 2, pos.data()), CTXPAR_ERR_INVALID_ARG);
     EXPECT_EQ(ctxpar_positions(CTXPAR_LAYOUT_CONTIGUOUS, 8, 2, 2, pos.data()),
               CTXPAR_ERR_INVALID_ARG);
 }

@@ -9,13 +9,6 @@ static mpi_comm_impl *impl_of(ctxpar_comm *comm) {
     return (mpi_comm_impl *)comm->impl;
 }
 
-static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
-    if (!a || !b || na == 0 || nb == 0)
-        return 0;
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return x < y + nb && y < x + na;
-}
-
 // n * k, or INVALID_ARG when it overflows size_t.
 static ctxpar_status times(const char *op, size_t n, size_t k, size_t *out) {
     if (k != 0 && n > SIZE_MAX / k)
@@ -59,17 +52,7 @@ ctxpar_status ctxpar_mpi_sendrecv(ctxpar_comm *comm, const void *sendbuf, size_t
                                   ctxpar_stream *stream, ctxpar_request **req_out) {
     (void)stream; // host memory: MPI reads and writes the buffers directly
     mpi_comm_impl *c = impl_of(comm);
-    if (!req_out)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "sendrecv: req_out is NULL");
-    if (dst >= c->size || src >= c->size)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "sendrecv: dst (%d) and src (%d) must be < %d",
-                            dst, src, c->size);
-    if ((dst >= 0 && send_bytes > 0 && !sendbuf) || (src >= 0 && recv_bytes > 0 && !recvbuf))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                            "sendrecv: sendbuf (%p, %zu bytes) or recvbuf (%p, %zu bytes) is NULL",
-                            sendbuf, send_bytes, (void *)recvbuf, recv_bytes);
-    if (dst >= 0 && src >= 0 && overlaps(sendbuf, send_bytes, recvbuf, recv_bytes))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "sendrecv: sendbuf and recvbuf overlap");
+    // Arguments were checked by the dispatch (api/dispatch_comm.c).
     CTXPAR_CHECK(check_alive(c, "sendrecv", dst >= 0 ? dst : INT_MAX, src >= 0 ? src : INT_MAX));
     int ns = 0, nr = 0;
     if (dst >= 0)
@@ -128,29 +111,10 @@ static ctxpar_status exchange(mpi_comm_impl *c, mpi_kind kind, const void *sendb
     return CTXPAR_OK;
 }
 
-// The checks allgather / alltoall / reduce_scatter share; totals are the bytes each buffer spans.
-static ctxpar_status check_collective(const char *op, const void *sendbuf, size_t send_total,
-                                      const void *recvbuf, size_t recv_total,
-                                      ctxpar_request **req_out) {
-    if (!req_out)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: req_out is NULL", op);
-    if ((send_total > 0 && !sendbuf) || (recv_total > 0 && !recvbuf))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: sendbuf (%p) or recvbuf (%p) is NULL", op,
-                            sendbuf, recvbuf);
-    if (overlaps(sendbuf, send_total, recvbuf, recv_total))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                            "%s: sendbuf (%zu bytes) and recvbuf (%zu bytes) overlap", op,
-                            send_total, recv_total);
-    return CTXPAR_OK;
-}
-
 ctxpar_status ctxpar_mpi_allgather(ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
                                    size_t bytes, ctxpar_stream *stream, ctxpar_request **req_out) {
     (void)stream;
     mpi_comm_impl *c = impl_of(comm);
-    size_t total = 0;
-    CTXPAR_CHECK(times("allgather", bytes, (size_t)c->size, &total));
-    CTXPAR_CHECK(check_collective("allgather", sendbuf, bytes, recvbuf, total, req_out));
     struct ctxpar_request *req = NULL;
     CTXPAR_CHECK(exchange(c, KIND_ALLGATHER, sendbuf, 0, recvbuf, bytes, bytes, 0, &req));
     if (bytes > 0)
@@ -164,9 +128,6 @@ ctxpar_status ctxpar_mpi_alltoall(ctxpar_comm *comm, const void *sendbuf, void *
                                   size_t bytes, ctxpar_stream *stream, ctxpar_request **req_out) {
     (void)stream;
     mpi_comm_impl *c = impl_of(comm);
-    size_t total = 0;
-    CTXPAR_CHECK(times("alltoall", bytes, (size_t)c->size, &total));
-    CTXPAR_CHECK(check_collective("alltoall", sendbuf, total, recvbuf, total, req_out));
     struct ctxpar_request *req = NULL;
     CTXPAR_CHECK(exchange(c, KIND_ALLTOALL, sendbuf, bytes, recvbuf, bytes, bytes, 0, &req));
     size_t own = (size_t)c->rank * bytes;
@@ -182,10 +143,8 @@ ctxpar_status ctxpar_mpi_reduce_scatter(ctxpar_comm *comm, const float *sendbuf,
                                         ctxpar_request **req_out) {
     (void)stream;
     mpi_comm_impl *c = impl_of(comm);
-    size_t bytes = 0, total = 0;
-    CTXPAR_CHECK(times("reduce_scatter", count, sizeof(float), &bytes));
-    CTXPAR_CHECK(times("reduce_scatter", bytes, (size_t)c->size, &total));
-    CTXPAR_CHECK(check_collective("reduce_scatter", sendbuf, total, recvbuf, bytes, req_out));
+    // Sizes cannot overflow: the dispatch checked them.
+    size_t bytes = count * sizeof(float), total = bytes * (size_t)c->size;
     // Peers' contributions to this rank's block land in the request, [rank][count]; the sum runs
     // in rank order when all are there.
     struct ctxpar_request *req = NULL;

@@ -337,6 +337,8 @@ TEST(OtherEntryPoints, EachBadArgumentIsNamed) {
     ctxpar_context *ctx_out = nullptr;
     ctxpar_local_group *group_out = nullptr;
     ctxpar_comm *comm_out = nullptr;
+    ctxpar_cpu_peak peak = CTXPAR_CPU_PEAK_INIT, tiny_peak = CTXPAR_CPU_PEAK_INIT;
+    tiny_peak.struct_size = 8;
     const struct {
         const char *names;
         std::function<ctxpar_status()> call;
@@ -372,6 +374,9 @@ TEST(OtherEntryPoints, EachBadArgumentIsNamed) {
         {"group_out", [&] { return ctxpar_local_group_create(2, nullptr); }},
         {"nranks", [&] { return ctxpar_local_group_create(0, &group_out); }},
         {"rank", [&] { return ctxpar_comm_create_local(f.group, 5, nullptr, &comm_out); }},
+        {"peak is NULL", [&] { return ctxpar_cpu_measure_peak(f.dev, nullptr); }},
+        {"device is NULL", [&] { return ctxpar_cpu_measure_peak(nullptr, &peak); }},
+        {"struct_size", [&] { return ctxpar_cpu_measure_peak(f.dev, &tiny_peak); }},
     };
     for (const auto &c : cases) {
         EXPECT_EQ(c.call(), CTXPAR_ERR_INVALID_ARG) << c.names << ": " << ctxpar_last_error();
@@ -382,6 +387,9 @@ TEST(OtherEntryPoints, EachBadArgumentIsNamed) {
     EXPECT_EQ(group_out, nullptr);
     EXPECT_EQ(comm_out, nullptr);
     EXPECT_EQ(bytes, 0u);
+    EXPECT_EQ(peak.kernels, nullptr);
+    EXPECT_EQ(tiny_peak.struct_size, 8u);
+    EXPECT_EQ(tiny_peak.flops_per_core, 0.0);
     (void)ws;
 }
 
@@ -456,6 +464,18 @@ TEST(DeviceTable, AcceptsACompleteTableAndNamesEachMissingOp) {
     old.struct_size = offsetof(ctxpar_device_ops, cast);
     EXPECT_EQ(ctxpar_device_create(&old, nullptr, 1, &dev), CTXPAR_ERR_INVALID_ARG);
     EXPECT_NE(std::string(ctxpar_last_error()).find("'cast'"), std::string::npos);
+}
+
+TEST(DeviceTable, PeakProbeRefusesADeviceThatIsNotTheCpu) {
+    struct ctxpar_device_ops ops = FullDeviceTable();
+    ctxpar_device *dev = nullptr;
+    ASSERT_EQ(ctxpar_device_create(&ops, nullptr, 1, &dev), CTXPAR_OK) << ctxpar_last_error();
+    ctxpar_cpu_peak peak = CTXPAR_CPU_PEAK_INIT;
+    EXPECT_EQ(ctxpar_cpu_measure_peak(dev, &peak), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("not a CPU device"), std::string::npos)
+        << ctxpar_last_error();
+    EXPECT_EQ(peak.kernels, nullptr);
+    ctxpar_device_destroy(dev);
 }
 
 TEST(CommTable, NamesEachMissingOp) {

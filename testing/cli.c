@@ -11,7 +11,7 @@
 typedef enum opt_id {
     O_RANKS, O_BATCH, O_SEQ, O_HEADS, O_KV_HEADS, O_DIM, O_DTYPE, O_MASK, O_WINDOW, O_ALGO,
     O_LAYOUT, O_DOCS, O_BACKWARD, O_SEED, O_Q, O_K, O_V, O_DOUT, O_CU_SEQLENS, O_SAVE, O_THREADS,
-    O_WARMUP, O_REPEAT, O_CHECK, O_NO_CHECK, O_SWEEP, O_VERIFY, O_COMM, O_BACKEND, O_JSON,
+    O_WARMUP, O_REPEAT, O_CHECK, O_NO_CHECK, O_SWEEP, O_PEAK, O_VERIFY, O_COMM, O_BACKEND, O_JSON,
     O_TRACE,
 } opt_id;
 
@@ -56,6 +56,7 @@ static const opt options[] = {
     {"--no-check", O_NO_CHECK, B, 1, NULL, "no oracle (the default for bench)"},
     {"--sweep", O_SWEEP, B, 1, NULL,
      "run every --seq x --ranks value (comma lists) into one markdown table"},
+    {"--peak", O_PEAK, B, 1, NULL, "only measure and print the cores' FP32 FMA peak"},
     {"--verify-transfers", O_VERIFY, C | A | B, 1, NULL, "checksum every block sent between ranks"},
     {"--comm", O_COMM, C | A | B, 0, "local|mpi", "ranks as threads, or MPI processes"},
     {"--backend", O_BACKEND, C | A | B, 0, "cpu|cuda", "the device every rank computes on"},
@@ -146,7 +147,11 @@ static const char *const notes_bench =
     "with --window or --docs; backward 2.5 x forward, so forward + backward is 3.5 x forward.\n"
     "tokens/s: batch * seq / time. Memory: the library's peak per rank (the caller's tensors not\n"
     "counted). Compute, transfer and wait times come from the library's trace events; the\n"
-    "hidden fraction of transfers is 1 - wait / transfer.\n"
+    "hidden fraction of transfers is 1 - wait / transfer. Backward time: the fwd+bwd median\n"
+    "minus the forward median.\n"
+    "% of peak (CPU backend): FLOP/s over the measured FP32 FMA peak of one core (`--peak`\n"
+    "prints it; measured at the start of every bench) times the cores in use, that is\n"
+    "ranks x threads per rank, at most the cores of this machine (ranks are assumed to share it).\n"
     "--sweep: --seq and --ranks take comma lists (e.g. --seq 2048,4096 --ranks 1,2,4); one\n"
     "markdown table row per pair. Exit status: 0 ok, 1 a failed run (or out of tolerance with\n"
     "--check), 2 bad usage.\n";
@@ -320,6 +325,7 @@ static void set_flag(const opt *o, ctxpar_cli *cli) {
     case O_CHECK: cli->cfg.compare_oracle = cli->cfg.compare_single = 1; break;
     case O_NO_CHECK: cli->cfg.compare_oracle = cli->cfg.compare_single = 0; break;
     case O_SWEEP: cli->sweep = 1; break;
+    case O_PEAK: cli->peak = 1; break;
     default: break;
     }
 }
@@ -344,6 +350,10 @@ static int check_combination(const char *cmd, ctxpar_cli *cli, FILE *err) {
     if (cli->cmd == A && (!cli->q_path || !cli->k_path || !cli->v_path)) {
         fprintf(err, "ctxpar %s: --q, --k and --v are required (see ctxpar %s --help)\n", cmd,
                 cmd);
+        return CTXPAR_EXIT_USAGE;
+    }
+    if (cli->peak && cli->cfg.backend != CTXPAR_RUN_CPU) {
+        fprintf(err, "ctxpar %s: --peak measures the CPU cores: leave out --backend\n", cmd);
         return CTXPAR_EXIT_USAGE;
     }
     if (cli->cmd == A)

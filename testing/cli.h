@@ -31,6 +31,7 @@ typedef struct ctxpar_cli {
     const char *q_path, *k_path, *v_path, *dout_path, *cu_seqlens_path, *save_dir;
     /* bench */
     int sweep;              /* --sweep: every --seq x --ranks value, one table */
+    int peak;               /* --peak: only the FMA peak probe */
     int n_seqs, n_ranks;    /* values given to --seq and --ranks (at least 1 each) */
     int64_t seqs[CTXPAR_CLI_MAX_LIST];
     int ranks[CTXPAR_CLI_MAX_LIST];

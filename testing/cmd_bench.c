@@ -13,6 +13,8 @@ typedef struct bench_numbers {
     double fwd_s, fwd_bwd_s;      // median seconds per call; fwd_bwd_s NAN without backward
     double fwd_flops;             // per call, by the convention in the help
     double fwd_flops_per_s, fwd_bwd_flops_per_s, tokens_per_s, fwd_bwd_tokens_per_s;
+    double bwd_s, bwd_flops_per_s; // the backward alone: fwd_bwd_s - fwd_s
+    double peak_flops;             // of the cores these ranks use; NAN unknown
     size_t peak_bytes;            // max over ranks
     uint64_t bytes_sent;          // max over ranks, per call
     double compute_s, transfer_s, wait_s; // per call, mean over ranks
@@ -49,11 +51,13 @@ static double visible_pairs(const ctxpar_run_config *c) {
     return pairs;
 }
 
-static bench_numbers numbers(const ctxpar_run_config *c, int ranks, const ctxpar_run_result *r) {
+static bench_numbers numbers(const ctxpar_run_config *c, int ranks, const ctxpar_run_result *r,
+                             const ctxpar_peak_info *peak) {
     bench_numbers b;
     memset(&b, 0, sizeof b);
     b.ranks = ranks;
     b.threads = ctxpar_run_threads_per_rank(c, ranks);
+    b.peak_flops = ctxpar_peak_flops(peak, ranks, b.threads);
     b.fwd_s = r->time_fwd_s;
     b.fwd_bwd_s = c->backward ? r->time_s : NAN;
     b.fwd_flops = 4.0 * (double)c->batch * (double)c->heads * (double)c->head_dim *
@@ -63,6 +67,8 @@ static bench_numbers numbers(const ctxpar_run_config *c, int ranks, const ctxpar
     b.tokens_per_s = tokens / b.fwd_s;
     b.fwd_bwd_flops_per_s = 3.5 * b.fwd_flops / b.fwd_bwd_s; // backward = 2.5 x forward
     b.fwd_bwd_tokens_per_s = tokens / b.fwd_bwd_s;
+    b.bwd_s = b.fwd_bwd_s - b.fwd_s;
+    b.bwd_flops_per_s = 2.5 * b.fwd_flops / b.bwd_s;
     b.peak_bytes = r->peak_bytes_per_rank;
     double transfer = 0, wait = 0;
     const int n = ranks < 64 ? ranks : 64;
@@ -88,6 +94,10 @@ static void json_numbers(FILE *f, const bench_numbers *b, int backward) {
     ctxpar_json_num(f, b->fwd_flops);
     fputs(",\"fwd_flops_per_s\":", f);
     ctxpar_json_num(f, b->fwd_flops_per_s);
+    fputs(",\"peak_flops\":", f);
+    ctxpar_json_num(f, b->peak_flops);
+    fputs(",\"fwd_fraction_of_peak\":", f);
+    ctxpar_json_num(f, b->fwd_flops_per_s / b->peak_flops);
     fputs(",\"tokens_per_s\":", f);
     ctxpar_json_num(f, b->tokens_per_s);
     if (backward) {
@@ -97,6 +107,14 @@ static void json_numbers(FILE *f, const bench_numbers *b, int backward) {
         ctxpar_json_num(f, b->fwd_bwd_flops_per_s);
         fputs(",\"fwd_bwd_tokens_per_s\":", f);
         ctxpar_json_num(f, b->fwd_bwd_tokens_per_s);
+        fputs(",\"fwd_bwd_fraction_of_peak\":", f);
+        ctxpar_json_num(f, b->fwd_bwd_flops_per_s / b->peak_flops);
+        fputs(",\"bwd_time_s\":", f);
+        ctxpar_json_num(f, b->bwd_s);
+        fputs(",\"bwd_flops_per_s\":", f);
+        ctxpar_json_num(f, b->bwd_flops_per_s);
+        fputs(",\"bwd_fraction_of_peak\":", f);
+        ctxpar_json_num(f, b->bwd_flops_per_s / b->peak_flops);
     }
     fprintf(f, ",\"peak_bytes_per_rank\":%zu,\"bytes_sent_per_rank\":%llu,\"compute_s\":",
             b->peak_bytes, (unsigned long long)b->bytes_sent);
@@ -120,7 +138,7 @@ static double timed_s(const bench_numbers *b, int backward) {
 
 static void print_json(const ctxpar_run_config *c, const char *comm,
                        const ctxpar_run_result *r, const bench_numbers *p,
-                       const bench_numbers *base) {
+                       const bench_numbers *base, const ctxpar_peak_info *peak) {
     fprintf(stdout,
             "{\"ok\":%s,\"status\":\"%s\",\"config\":{\"ranks\":%d,\"batch\":%lld,\"seq\":%lld,"
             "\"heads\":%lld,\"kv_heads\":%lld,\"dim\":%lld,\"dtype\":\"%s\",\"mask\":\"%s\","
@@ -134,6 +152,8 @@ static void print_json(const ctxpar_run_config *c, const char *comm,
             ctxpar_algo_name(r->algo), ctxpar_layout_name(c->params.layout),
             c->backward ? "true" : "false", comm, ctxpar_run_backend_name(c->backend), c->warmup,
             c->repeat);
+    ctxpar_peak_json_members(stdout, peak);
+    fputc(',', stdout);
     json_numbers(stdout, p, c->backward);
     fputs(",\"speedup\":", stdout);
     ctxpar_json_num(stdout, timed_s(base, c->backward) / timed_s(p, c->backward));
@@ -155,8 +175,22 @@ static void ms_cell(char *buf, size_t n, double s) {
         snprintf(buf, n, "-");
 }
 
+// "62.1 %" of the peak, or "-" without one.
+static void pct_cell(char *buf, size_t n, double flops_per_s, double peak) {
+    if (isfinite(flops_per_s / peak))
+        snprintf(buf, n, "%.1f %%", 100 * flops_per_s / peak);
+    else
+        snprintf(buf, n, "-");
+}
+
+// One row of the table: the P-rank and the baseline cell.
+static void row(const char *label, const char *a, const char *b) {
+    printf("  %-26s %-16s %s\n", label, a, b);
+}
+
 static void print_table(const ctxpar_run_config *c, const char *comm, const ctxpar_run_result *r,
-                        const bench_numbers *p, const bench_numbers *base) {
+                        const bench_numbers *p, const bench_numbers *base,
+                        const ctxpar_peak_info *peak) {
     printf("ctxpar bench: %s (%s), %s layout, %s mask, %s, %s\n"
            "              batch %lld, seq %lld, heads %lld/%lld, dim %lld; %d ranks x %lld "
            "tokens\n"
@@ -167,6 +201,9 @@ static void print_table(const ctxpar_run_config *c, const char *comm, const ctxp
            (long long)c->batch, (long long)c->seq, (long long)c->heads, (long long)c->kv_heads,
            (long long)c->head_dim, c->ranks, (long long)(c->seq / c->ranks),
            ctxpar_run_backend_name(c->backend), comm, c->repeat, c->warmup);
+    if (peak->have)
+        printf("              peak: %.1f GFLOP/s per core (%s FMA, measured), %d cores\n\n",
+               peak->core.flops_per_core * 1e-9, peak->core.kernels, peak->cores);
     char h[32];
     snprintf(h, sizeof h, "%d rank%s", p->ranks, p->ranks > 1 ? "s" : "");
     printf("  %-26s %-16s %s\n", "", h, "1 rank (baseline)");
@@ -187,6 +224,20 @@ static void print_table(const ctxpar_run_config *c, const char *comm, const ctxp
     if (c->backward)
         printf("  %-26s %-16.2f %.2f\n", "fwd + bwd GFLOP/s", p->fwd_bwd_flops_per_s / 1e9,
                base->fwd_bwd_flops_per_s / 1e9);
+    pct_cell(a, sizeof a, p->fwd_flops_per_s, p->peak_flops);
+    pct_cell(b, sizeof b, base->fwd_flops_per_s, base->peak_flops);
+    row("forward % of peak", a, b);
+    if (c->backward) {
+        snprintf(a, sizeof a, "%.2f", p->bwd_flops_per_s / 1e9);
+        snprintf(b, sizeof b, "%.2f", base->bwd_flops_per_s / 1e9);
+        row("backward GFLOP/s", a, b);
+        pct_cell(a, sizeof a, p->bwd_flops_per_s, p->peak_flops);
+        pct_cell(b, sizeof b, base->bwd_flops_per_s, base->peak_flops);
+        row("backward % of peak", a, b);
+        pct_cell(a, sizeof a, p->fwd_bwd_flops_per_s, p->peak_flops);
+        pct_cell(b, sizeof b, base->fwd_bwd_flops_per_s, base->peak_flops);
+        row("fwd + bwd % of peak", a, b);
+    }
     printf("  %-26s %-16.0f %.0f\n", "tokens/s (forward)", p->tokens_per_s, base->tokens_per_s);
     printf("  %-26s %-16.2f %.2f\n", "peak memory per rank, MiB", p->peak_bytes / 1048576.0,
            base->peak_bytes / 1048576.0);
@@ -217,7 +268,8 @@ static void print_table(const ctxpar_run_config *c, const char *comm, const ctxp
     printf("  FLOPs: %s\n", flops_convention);
 }
 
-static void print_sweep_header(const ctxpar_run_config *c, const char *comm) {
+static void print_sweep_header(const ctxpar_run_config *c, const char *comm,
+                               const ctxpar_peak_info *peak) {
     printf("ctxpar bench --sweep: %s, %s layout, %s mask, %s, batch %lld, heads %lld/%lld, dim "
            "%lld, %s backend, %s comm, median of %d calls after %d warm-up. GFLOP/s: %s. "
            "Speedup: one rank's time / this time (%s).\n\n",
@@ -226,19 +278,26 @@ static void print_sweep_header(const ctxpar_run_config *c, const char *comm) {
            (long long)c->heads, (long long)c->kv_heads, (long long)c->head_dim,
            ctxpar_run_backend_name(c->backend), comm, c->repeat, c->warmup, flops_convention,
            c->backward ? "forward + backward" : "forward");
-    printf("| seq | ranks | threads/rank | fwd ms | fwd GFLOP/s |%s tokens/s | speedup | "
-           "peak MiB/rank | MiB sent/rank | hidden |\n",
-           c->backward ? " fwd+bwd ms | fwd+bwd GFLOP/s |" : "");
-    printf("|---:|---:|---:|---:|---:|%s---:|---:|---:|---:|---:|\n",
-           c->backward ? "---:|---:|" : "");
+    if (peak->have)
+        printf("Peak: %.1f GFLOP/s per core (%s FMA, measured) x the cores in use (at most %d).\n\n",
+               peak->core.flops_per_core * 1e-9, peak->core.kernels, peak->cores);
+    printf("| seq | ranks | threads/rank | fwd ms | fwd GFLOP/s | fwd %% of peak |%s tokens/s | "
+           "speedup | peak MiB/rank | MiB sent/rank | hidden |\n",
+           c->backward ? " fwd+bwd ms | fwd+bwd GFLOP/s | fwd+bwd %% of peak |" : "");
+    printf("|---:|---:|---:|---:|---:|---:|%s---:|---:|---:|---:|---:|\n",
+           c->backward ? "---:|---:|---:|" : "");
 }
 
 static void print_sweep_row(const ctxpar_run_config *c, const bench_numbers *p,
                             const bench_numbers *base) {
-    printf("| %lld | %d | %d | %.2f | %.2f |", (long long)c->seq, p->ranks, p->threads,
-           p->fwd_s * 1e3, p->fwd_flops_per_s / 1e9);
-    if (c->backward)
-        printf(" %.2f | %.2f |", p->fwd_bwd_s * 1e3, p->fwd_bwd_flops_per_s / 1e9);
+    char pct[16];
+    pct_cell(pct, sizeof pct, p->fwd_flops_per_s, p->peak_flops);
+    printf("| %lld | %d | %d | %.2f | %.2f | %s |", (long long)c->seq, p->ranks, p->threads,
+           p->fwd_s * 1e3, p->fwd_flops_per_s / 1e9, pct);
+    if (c->backward) {
+        pct_cell(pct, sizeof pct, p->fwd_bwd_flops_per_s, p->peak_flops);
+        printf(" %.2f | %.2f | %s |", p->fwd_bwd_s * 1e3, p->fwd_bwd_flops_per_s / 1e9, pct);
+    }
     char hidden[16] = "-";
     if (isfinite(p->hidden))
         snprintf(hidden, sizeof hidden, "%.0f %%", 100 * p->hidden);
@@ -256,7 +315,8 @@ typedef struct baseline {
     bench_numbers n;
 } baseline;
 
-static int run_baseline(ctxpar_session *s, const ctxpar_run_config *cfg, baseline *b) {
+static int run_baseline(ctxpar_session *s, const ctxpar_run_config *cfg, baseline *b,
+                        const ctxpar_peak_info *peak) {
     if (b->have)
         return CTXPAR_EXIT_OK;
     ctxpar_run_config c1 = *cfg;
@@ -270,7 +330,7 @@ static int run_baseline(ctxpar_session *s, const ctxpar_run_config *cfg, baselin
         ctxpar_session_error(s, "single-rank baseline: %s", b->r.message);
         return ctxpar_exit_code(&b->r);
     }
-    b->n = numbers(&c1, 1, &b->r);
+    b->n = numbers(&c1, 1, &b->r, peak);
     b->have = 1;
     return CTXPAR_EXIT_OK;
 }
@@ -279,8 +339,8 @@ static int run_baseline(ctxpar_session *s, const ctxpar_run_config *cfg, baselin
 // oracle to compare, which the baseline already measured. Prints the table, a sweep row or a JSON
 // object (`sep` before it). Returns the exit code.
 static int bench_one(ctxpar_session *s, const ctxpar_cli *cli, const ctxpar_run_config *cfg,
-                     baseline *base, const char *sep) {
-    int rc = run_baseline(s, cfg, base);
+                     baseline *base, const ctxpar_peak_info *peak, const char *sep) {
+    int rc = run_baseline(s, cfg, base, peak);
     if (rc != CTXPAR_EXIT_OK)
         return rc;
     ctxpar_run_result own, *r = &base->r;
@@ -299,15 +359,15 @@ static int bench_one(ctxpar_session *s, const ctxpar_cli *cli, const ctxpar_run_
     }
     if (s->rank == 0) {
         const char *comm = s->mpi ? "mpi" : "local";
-        bench_numbers p = reuse ? base->n : numbers(cfg, cfg->ranks, r);
+        bench_numbers p = reuse ? base->n : numbers(cfg, cfg->ranks, r, peak);
         if (cli->json) {
             fputs(sep, stdout);
-            print_json(cfg, comm, r, &p, &base->n);
+            print_json(cfg, comm, r, &p, &base->n, peak);
             fputs("\n", stdout);
         } else if (cli->sweep) {
             print_sweep_row(cfg, &p, &base->n);
         } else {
-            print_table(cfg, comm, r, &p, &base->n);
+            print_table(cfg, comm, r, &p, &base->n, peak);
         }
         fflush(stdout);
     }
@@ -324,12 +384,23 @@ int ctxpar_cmd_bench(int argc, char **argv) {
     ctxpar_session s;
     if ((rc = ctxpar_session_begin(&s, "bench", &cli)) >= 0)
         return rc;
+    // Only rank 0 reports; the probe's CPU-time clock ignores the other ranks waiting meanwhile.
+    // Without a peak (not the CPU backend, or the probe failed: said on stderr) the percentages
+    // are left out and the bench goes on.
+    ctxpar_peak_info peak = {0};
+    const int probed = s.rank == 0 && cli.cfg.backend == CTXPAR_RUN_CPU &&
+                       ctxpar_peak_measure(&s, cli.peak, &peak) == 0;
+    if (cli.peak) {
+        if (probed)
+            ctxpar_peak_print(stdout, &peak, cli.json);
+        return ctxpar_session_end(&s, probed || s.rank ? CTXPAR_EXIT_OK : CTXPAR_EXIT_FAIL);
+    }
     rc = CTXPAR_EXIT_OK;
     if (s.rank == 0 && cli.sweep) {
         if (cli.json)
             fputs("{\"sweep\":[\n", stdout);
         else
-            print_sweep_header(&cli.cfg, s.mpi ? "mpi" : "local");
+            print_sweep_header(&cli.cfg, s.mpi ? "mpi" : "local", &peak);
         fflush(stdout);
     }
     int n = 0;
@@ -344,7 +415,7 @@ int ctxpar_cmd_bench(int argc, char **argv) {
             if (cli.sweep)
                 snprintf(stage, sizeof stage, "seq %lld, ", (long long)c.seq);
             ctxpar_session_stage(&s, stage);
-            rc = bench_one(&s, &cli, &c, &base, n++ ? "," : "");
+            rc = bench_one(&s, &cli, &c, &base, &peak, n++ ? "," : "");
         }
     }
     if (s.rank == 0 && cli.sweep && cli.json)

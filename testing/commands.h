@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "ctxpar.h"
+#include "ctxpar_cpu.h"
 #include "runner.h"
 
 #ifdef __cplusplus
@@ -93,6 +94,31 @@ int ctxpar_session_end(ctxpar_session *s, int rc);
 /* The exit code for a result: 0 ok; 2 when the library rejected the call (bad argument or usage,
  * not supported); 1 for a wrong answer or a failed run. */
 int ctxpar_exit_code(const ctxpar_run_result *result);
+
+/* ---------------------------------------------------------------- bench: the cores' peak */
+
+/* The FP32 FMA peak that bench divides by (ctxpar_cpu_measure_peak). */
+typedef struct ctxpar_peak_info {
+    int have;             /* measured (bench on the CPU backend) */
+    ctxpar_cpu_peak core; /* one thread */
+    int have_all;
+    ctxpar_cpu_peak all;  /* one thread per core, side by side */
+    int cores;            /* online cores of this machine */
+} ctxpar_peak_info;
+
+/* Measures one core's peak, and also every core's at once when `all_cores`. Returns 0, or -1
+ * after a message through the session. */
+int ctxpar_peak_measure(ctxpar_session *s, int all_cores, ctxpar_peak_info *peak);
+
+/* The peak FLOP/s of `ranks` x `threads` threads: one core's peak times the cores they can use
+ * (at most this machine's); NAN when not measured. */
+double ctxpar_peak_flops(const ctxpar_peak_info *peak, int ranks, int threads);
+
+/* Prints what `bench --peak` shows: a few lines, or with `json` one object. */
+void ctxpar_peak_print(FILE *f, const ctxpar_peak_info *peak, int json);
+
+/* The members (no braces) "peak_kernels", "peak_vector_lanes", "peak_flops_per_core", "cores". */
+void ctxpar_peak_json_members(FILE *f, const ctxpar_peak_info *peak);
 
 /* ---------------------------------------------------------------- correctness report */
 

@@ -863,6 +863,22 @@ TEST_P(KernelTables, RowIndependenceAndDeterminism) {
     delete p;
 }
 
+// The peak probe measures with the device's own kernel table and threads.
+TEST_P(KernelTables, PeakProbeUsesTheTable) {
+    Device d(2, GetParam());
+    ASSERT_EQ(d.st, CTXPAR_OK);
+    ctxpar_cpu_peak p = CTXPAR_CPU_PEAK_INIT;
+    ASSERT_EQ(ctxpar_cpu_measure_peak(d.dev, &p), CTXPAR_OK) << ctxpar_last_error();
+    EXPECT_STREQ(p.kernels, GetParam());
+    const std::string name = GetParam();
+    EXPECT_EQ(p.vector_lanes, name == "avx512" ? 16 : name == "avx2" ? 8 : 4);
+    EXPECT_EQ(p.threads, 2);
+    EXPECT_TRUE(std::isfinite(p.flops_per_core) && p.flops_per_core > 0) << p.flops_per_core;
+    EXPECT_TRUE(std::isfinite(p.flops_all_threads) && p.flops_all_threads > 0);
+    EXPECT_GT(p.seconds, 0);
+    EXPECT_EQ(p.struct_size, sizeof p);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, KernelTables, ::testing::Values("generic", "avx2", "avx512"),
                          [](const ::testing::TestParamInfo<const char *> &i) {
                              return std::string(i.param);

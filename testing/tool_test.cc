@@ -718,6 +718,58 @@ TEST(Bench, JsonHasEveryFieldWithSaneValues) {
     EXPECT_EQ(j["config"]["comm"].str, "local");
 }
 
+// The percentages of peak, from numbers of the same JSON: FLOP/s over one core's measured peak
+// times the cores in use (ranks x threads, at most the machine's cores); the backward alone is
+// the fwd+bwd time minus the forward time, 2.5x the forward FLOPs.
+TEST(Bench, PercentOfPeakFollowsFromTheMeasuredPeak) {
+    Outcome o = Tool("bench --seq 256 --ranks 2 --threads 1 --heads 2 --dim 32 --backward "
+                    "--warmup 0 --repeat 1 --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    const double per_core = j["peak_flops_per_core"].num;
+    const double cores = j["cores"].num;
+    ASSERT_GT(per_core, 0);
+    ASSERT_GE(cores, 1);
+    EXPECT_EQ(j["peak_vector_lanes"].num, j["peak_kernels"].str == "avx512" ? 16
+                                          : j["peak_kernels"].str == "avx2" ? 8
+                                                                            : 4);
+    for (const Json *side : {static_cast<const Json *>(&j), &j["baseline"]}) {
+        const Json &n = *side;
+        const double used = std::min(n["ranks"].num * n["threads_per_rank"].num, cores);
+        EXPECT_NEAR(n["peak_flops"].num / (per_core * used), 1.0, 1e-9); // JSON: 12 digits
+        EXPECT_NEAR(n["fwd_fraction_of_peak"].num,
+                    n["fwd_flops_per_s"].num / (per_core * used), 1e-9);
+        EXPECT_NEAR(n["fwd_bwd_fraction_of_peak"].num,
+                    n["fwd_bwd_flops_per_s"].num / (per_core * used), 1e-9);
+        const double bwd_s = n["fwd_bwd_time_s"].num - n["fwd_time_s"].num;
+        EXPECT_NEAR(n["bwd_time_s"].num, bwd_s, 1e-9);
+        EXPECT_NEAR(n["bwd_flops_per_s"].num / (2.5 * n["fwd_flops"].num / bwd_s), 1.0, 1e-9);
+        EXPECT_NEAR(n["bwd_fraction_of_peak"].num * per_core * used, n["bwd_flops_per_s"].num,
+                    1e-6 * n["bwd_flops_per_s"].num);
+    }
+    EXPECT_EQ(j["threads_per_rank"].num, 1);
+    EXPECT_EQ(j["baseline"]["threads_per_rank"].num, 2);
+}
+
+TEST(Bench, PeakAloneMeasuresTheCores) {
+    Outcome o = Tool("bench --peak --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_GT(j["peak_flops_per_core"].num, 0);
+    EXPECT_GT(j["all_cores_flops"].num, 0);
+    EXPECT_GT(j["all_cores_flops_per_core"].num, 0);
+    EXPECT_GE(j["cores"].num, 1);
+    EXPECT_FALSE(j.Has("fwd_flops_per_s")); // no attention was run
+    o = Tool("bench --peak");
+    ASSERT_EQ(o.code, 0) << o.err;
+    EXPECT_NE(o.out.find("GFLOP/s"), std::string::npos) << o.out;
+    o = Tool("bench --peak --backend cuda");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("--peak"), std::string::npos) << o.err;
+}
+
 TEST(Bench, WindowCountsTheVisiblePairs) {
     Outcome o = Tool("bench --seq 128 --ranks 2 --heads 1 --dim 16 --mask none --window 10 "
                     "--layout contiguous --repeat 1 --warmup 0 --json");

@@ -8,9 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#endif
 
 #include "backends/cpu/cpu_internal.h"
 #include "ctxpar_cpu.h"
@@ -29,33 +26,6 @@ static void fill(float *x, size_t n, unsigned seed) {
         x[i] = (float)((seed >> 8) * (1.0 / 16777216.0)) - 0.5f;
     }
 }
-
-#if defined(__x86_64__) && defined(__GNUC__)
-// The core's FP32 FMA peak as measured: 12 independent 16-lane FMA chains in registers (enough
-// to cover the FMA latency on any AVX-512 core), 2 FLOPs per lane per FMA.
-__attribute__((target("avx512f"))) static double fma_peak_gflops(void) {
-    const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
-    __m512 x0 = _mm512_set1_ps(0.0f), x1 = _mm512_set1_ps(1.0f), x2 = _mm512_set1_ps(2.0f);
-    __m512 x3 = _mm512_set1_ps(3.0f), x4 = _mm512_set1_ps(4.0f), x5 = _mm512_set1_ps(5.0f);
-    __m512 x6 = _mm512_set1_ps(6.0f), x7 = _mm512_set1_ps(7.0f), x8 = _mm512_set1_ps(8.0f);
-    __m512 x9 = _mm512_set1_ps(9.0f), x10 = _mm512_set1_ps(10.0f), x11 = _mm512_set1_ps(11.0f);
-    const long iters = 50000000;
-    double t0 = cpu_now();
-    for (long it = 0; it < iters; it++) {
-        x0 = _mm512_fmadd_ps(x0, a, b), x1 = _mm512_fmadd_ps(x1, a, b);
-        x2 = _mm512_fmadd_ps(x2, a, b), x3 = _mm512_fmadd_ps(x3, a, b);
-        x4 = _mm512_fmadd_ps(x4, a, b), x5 = _mm512_fmadd_ps(x5, a, b);
-        x6 = _mm512_fmadd_ps(x6, a, b), x7 = _mm512_fmadd_ps(x7, a, b);
-        x8 = _mm512_fmadd_ps(x8, a, b), x9 = _mm512_fmadd_ps(x9, a, b);
-        x10 = _mm512_fmadd_ps(x10, a, b), x11 = _mm512_fmadd_ps(x11, a, b);
-    }
-    double t = cpu_now() - t0;
-    __m512 sum = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7 + x8 + x9 + x10 + x11;
-    if (_mm512_reduce_add_ps(sum) == 12345.0f) // keeps the loop alive
-        puts("");
-    return 2.0 * 16 * 12 * (double)iters / t * 1e-9;
-}
-#endif
 
 // Visible (query, key) pairs of one head with positions 0 .. seq-1 on both sides.
 static double visible_pairs(int64_t seq, int64_t window) {
@@ -141,11 +111,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("cpu kernels: %s, threads %d\n", ctxpar_cpu_kernels_name(dev), threads);
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx512f"))
-        printf("measured FP32 FMA peak (AVX-512, one thread): %.1f GFLOP/s per CPU-s\n",
-               fma_peak_gflops());
-#endif
+    ctxpar_cpu_peak peak = CTXPAR_CPU_PEAK_INIT;
+    if (ctxpar_cpu_measure_peak(dev, &peak) == CTXPAR_OK)
+        printf("measured FP32 FMA peak (%s, %d lanes): %.1f GFLOP/s per core-second\n",
+               peak.kernels, peak.vector_lanes, peak.flops_per_core * 1e-9);
     printf("mask: %s\n", window == 0 ? "none" : window < 0 ? "causal" : "causal + window");
     int rc = run(dev, seq, heads, 64, reps, window) || run(dev, seq, heads, 128, reps, window);
     ctxpar_device_destroy(dev);

@@ -159,6 +159,10 @@ ctxpar_status ctxpar_device_create_cpu(const ctxpar_cpu_options *options,
     return st;
 }
 
+const ctxpar_cpu_device *ctxpar_cpu_device_of(const ctxpar_device *dev) {
+    return dev && dev->ops == &cpu_ops ? dev->impl : NULL;
+}
+
 const char *ctxpar_cpu_kernels_name(const ctxpar_device *dev) {
     return ((const ctxpar_cpu_device *)dev->impl)->kern->name;
 }

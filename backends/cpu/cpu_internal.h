@@ -77,6 +77,9 @@ void ctxpar_cpu_merge_row(float *out, float *lse, const float *out_b, float lse_
 /* 64-byte aligned allocation of `bytes` (rounded up); free with free(). NULL on failure. */
 void *ctxpar_cpu_aligned_alloc(size_t bytes);
 
+/* dev's CPU state, or NULL when dev is NULL or not a CPU device. */
+const ctxpar_cpu_device *ctxpar_cpu_device_of(const ctxpar_device *dev);
+
 /* Name of the kernel table a CPU device uses ("avx512", ...): for tests and benchmarks. */
 const char *ctxpar_cpu_kernels_name(const ctxpar_device *dev);
 

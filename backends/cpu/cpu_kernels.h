@@ -59,7 +59,19 @@ typedef struct ctxpar_cpu_kernels {
 
     /* dst[i] = src[i] as F32 (exact for every storage dtype), i < n. */
     void (*to_f32)(float *dst, const void *src, ctxpar_dtype dtype, int64_t n);
+
+    /* The peak probe (cpu_peak.c): `iters` rounds of FMA_CHAINS independent multiply-add chains
+     * on this table's vectors, the instructions the kernels above are made of; each round does
+     * 2 * vector_lanes * FMA_CHAINS FLOPs. Returns a value that depends on every chain, so that
+     * the loop cannot be left out. */
+    int vector_lanes;
+    float (*fma_chains)(int64_t iters);
 } ctxpar_cpu_kernels;
+
+/* Independent chains in the peak probe: enough to cover the FMA latency times the FMA units of
+ * any current core (4 cycles x 2 units on Zen 4 and recent Intel), and few enough to stay in
+ * registers (16 vector registers with AVX2). */
+#define CTXPAR_CPU_FMA_CHAINS 12
 
 extern const ctxpar_cpu_kernels ctxpar_cpu_kernels_generic;
 #if defined(__x86_64__) && defined(__GNUC__)

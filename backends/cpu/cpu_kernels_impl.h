@@ -217,6 +217,28 @@ static void to_f32(float *dst, const void *src, ctxpar_dtype dtype, int64_t n) {
     }
 }
 
+// x = x * a + b in CTXPAR_CPU_FMA_CHAINS registers. a < 1 keeps every chain bounded (it tends to
+// b / (1 - a)), so no value overflows or turns subnormal however long the loop runs.
+static float fma_chains(int64_t iters) {
+    const vf a = v_set1(0.999f), b = v_set1(1e-3f);
+    vf x[CTXPAR_CPU_FMA_CHAINS];
+    for (int c = 0; c < CTXPAR_CPU_FMA_CHAINS; c++)
+        x[c] = v_set1((float)c);
+    for (int64_t it = 0; it < iters; it++)
+        for (int c = 0; c < CTXPAR_CPU_FMA_CHAINS; c++) // unrolled by the compiler: a constant trip
+            x[c] = v_fma(x[c], a, b);
+    vf sum = x[0];
+    for (int c = 1; c < CTXPAR_CPU_FMA_CHAINS; c++)
+        sum = sum + x[c];
+    float lanes[VL];
+    v_store(lanes, sum);
+    float total = 0.0f;
+    for (int l = 0; l < VL; l++)
+        total += lanes[l];
+    return total;
+}
+
 const ctxpar_cpu_kernels KERNELS_TABLE = {
     KERNELS_LABEL, MR *VL, scores, accum, softmax_step, exp2_sub, dsoftmax, to_f32,
+    VL, fma_chains,
 };

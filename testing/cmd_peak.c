@@ -1,0 +1,85 @@
+// The cores' FP32 FMA peak for `ctxpar bench`: measured by the CPU backend's probe, printed by
+// --peak, and the denominator of every "% of peak".
+#include <math.h>
+#include <unistd.h>
+
+#include "commands.h"
+
+static int measure(ctxpar_session *s, int threads, ctxpar_cpu_peak *out) {
+    ctxpar_cpu_options opt = CTXPAR_CPU_OPTIONS_INIT;
+    opt.num_threads = threads;
+    ctxpar_device *dev = NULL;
+    ctxpar_status st = ctxpar_device_create_cpu(&opt, &dev);
+    if (st == CTXPAR_OK) {
+        ctxpar_cpu_peak p = CTXPAR_CPU_PEAK_INIT;
+        st = ctxpar_cpu_measure_peak(dev, &p);
+        if (st == CTXPAR_OK)
+            *out = p;
+    }
+    if (st != CTXPAR_OK)
+        ctxpar_session_error(s, "peak probe: %s", ctxpar_cli_message(ctxpar_last_error()));
+    ctxpar_device_destroy(dev);
+    return st == CTXPAR_OK ? 0 : -1;
+}
+
+int ctxpar_peak_measure(ctxpar_session *s, int all_cores, ctxpar_peak_info *peak) {
+    ctxpar_peak_info p = {0};
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    p.cores = cores > 0 ? (int)cores : 1;
+    if (measure(s, 1, &p.core) != 0)
+        return -1;
+    p.have = 1;
+    if (all_cores) {
+        if (measure(s, p.cores, &p.all) != 0)
+            return -1;
+        p.have_all = 1;
+    }
+    *peak = p;
+    return 0;
+}
+
+double ctxpar_peak_flops(const ctxpar_peak_info *peak, int ranks, int threads) {
+    if (!peak->have)
+        return NAN;
+    const long used = (long)ranks * threads;
+    return peak->core.flops_per_core * (double)(used < peak->cores ? used : peak->cores);
+}
+
+void ctxpar_peak_json_members(FILE *f, const ctxpar_peak_info *peak) {
+    fputs("\"peak_kernels\":", f);
+    if (peak->have)
+        ctxpar_json_string(f, peak->core.kernels);
+    else
+        fputs("null", f);
+    fprintf(f, ",\"peak_vector_lanes\":%d,\"peak_flops_per_core\":",
+            peak->have ? peak->core.vector_lanes : 0);
+    ctxpar_json_num(f, peak->have ? peak->core.flops_per_core : NAN);
+    fprintf(f, ",\"cores\":%d", peak->cores);
+}
+
+void ctxpar_peak_print(FILE *f, const ctxpar_peak_info *peak, int json) {
+    const ctxpar_cpu_peak *c = &peak->core, *a = &peak->all;
+    if (json) {
+        fputc('{', f);
+        ctxpar_peak_json_members(f, peak);
+        fputs(",\"all_cores_flops\":", f);
+        ctxpar_json_num(f, peak->have_all ? a->flops_all_threads : NAN);
+        fputs(",\"all_cores_flops_per_core\":", f);
+        ctxpar_json_num(f, peak->have_all ? a->flops_per_core : NAN);
+        fputs("}\n", f);
+        return;
+    }
+    fprintf(f,
+            "ctxpar bench --peak: FP32 fused multiply-add peak, measured with the CPU kernels'\n"
+            "                     instructions (%s, %d lanes per vector)\n\n",
+            c->kernels, c->vector_lanes);
+    fprintf(f, "  one core                %8.1f GFLOP/s   (per second of the thread's CPU time)\n",
+            c->flops_per_core * 1e-9);
+    if (peak->have_all)
+        fprintf(f,
+                "  %2d cores at once        %8.1f GFLOP/s   (wall clock, all together; %.1f per "
+                "core per CPU-second)\n",
+                a->threads, a->flops_all_threads * 1e-9, a->flops_per_core * 1e-9);
+    fprintf(f, "\n  One core's figure is the denominator of bench's \"%% of peak\" (times the "
+               "cores in use).\n");
+}

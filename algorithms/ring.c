@@ -116,7 +116,10 @@ typedef struct ring_bwd {
     float *own;     // this rank's contribution to its own block (step 0)
     float *dloc[2]; // contributions at steps >= 1, alternating while one is in flight
     float *din;     // a partial sum arriving for the next step's block
-    float *dhome;   // this rank's own block's complete dK/dV, sent home by the last user
+    // This rank's own block's complete dK/dV, sent home by the last rank that uses it. It lands
+    // in `own`: own's one transfer (posted at step 0) is waited at step 1, before the receive of
+    // the finished sum is posted (at step >= 1), so the two never overlap in time.
+    float *dhome;
     size_t dkv_n, dkv_bytes;
 } ring_bwd;
 
@@ -138,11 +141,13 @@ static ctxpar_status bwd_alloc(ctxpar_buffers *buf, const ctxpar_problem *pb, ri
     if (P == 1)
         return CTXPAR_OK;
     CTXPAR_CHECK(ctxpar_buffers_alloc(buf, kv_bytes + CTXPAR_XFER_TRAILER, &w->kv[1]));
-    CTXPAR_CHECK(ctxpar_buffers_alloc(buf, tb, (void **)&w->dloc[0]));
+    // Steps 1 .. P-1 use dloc[s % 2]: with two ranks only dloc[1].
+    if (P > 2)
+        CTXPAR_CHECK(ctxpar_buffers_alloc(buf, tb, (void **)&w->dloc[0]));
     CTXPAR_CHECK(ctxpar_buffers_alloc(buf, tb, (void **)&w->dloc[1]));
     CTXPAR_CHECK(ctxpar_buffers_alloc(buf, tb, (void **)&w->din));
     if (w->plan.last[pb->rank] != pb->rank)
-        CTXPAR_CHECK(ctxpar_buffers_alloc(buf, tb, (void **)&w->dhome));
+        w->dhome = w->own;
     return CTXPAR_OK;
 }
 
@@ -227,8 +232,8 @@ ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xd), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xsend), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xhome), st, done);
-    // Own block: complete at step 0 when nobody else needs it, else it has come home.
-    const float *dkv = w.dhome ? w.dhome : w.own;
+    // Own block: complete at step 0 when nobody else needs it, else it has come home (into own).
+    const float *dkv = w.own;
     ctxpar_tensor dq_t = ctxpar_tensor_bshd(dq_acc, CTXPAR_DTYPE_F32, pb->batch, pb->seq_local,
                                             pb->heads_q, pb->head_dim);
     ctxpar_tensor dk_t = ctxpar_packed_kv((void *)dkv, CTXPAR_DTYPE_F32, pb, pb->seq_local, 0);

@@ -1,6 +1,9 @@
 // Block attention backward on CUDA cores in F32, deterministic: no atomics. dK/dV are owned by
 // key tiles that loop over the query tiles (and over the query heads of a GQA group in order);
 // dQ is owned by query tiles that loop over the key tiles. P and dS are recomputed in each.
+// Masked pairs are selected away, never multiplied by 0: P and dS are exactly 0 there by
+// selection, and every product (dV += P^T dO, dK += dS^T Q, dQ += dS K) keeps its accumulator as
+// it was for them, so a NaN or inf in a row the pair does not see (0 x NaN = NaN) never leaks.
 #include <math.h>
 
 #include "cuda_kernels.h"
@@ -34,12 +37,13 @@ __device__ __forceinline__ bwd_smem carve_bwd_smem(float *base, int ld) {
  * P and dS of one (32 query rows) x (32 keys) tile pair into sp/sds [query][key]:
  *   P = exp(scale q.k - lse) (0 where masked, for padding rows/keys and for rows with lse -inf)
  *   dS = P (dO.v - delta)
- * Thread (r, c) does query row r and keys c, c + 8, c + 16, c + 24. q0/k0 are the first local
- * rows of the tiles, for the bounds.
+ * and s_vis[query] (bit = key) the pairs that count: the products select on it. Thread (r, c)
+ * does query row r and keys c, c + 8, c + 16, c + 24. q0/k0 are the first local rows of the
+ * tiles, for the bounds.
  */
 __device__ __forceinline__ void p_ds_tile(const ctxpar_cuda_attn_args &a, const bwd_smem &s, int ld,
-                                          const float *s_lse, const float *s_delta, int cls,
-                                          const tile_rows<kSimtRows> &qrows,
+                                          const float *s_lse, const float *s_delta, uint32_t *s_vis,
+                                          int cls, const tile_rows<kSimtRows> &qrows,
                                           const tile_rows<kSimtRows> &krows, int64_t q0,
                                           int64_t k0) {
     const int D = (int)a.head_dim;
@@ -47,6 +51,7 @@ __device__ __forceinline__ void p_ds_tile(const ctxpar_cuda_attn_args &a, const 
     const bool row_ok = q0 + r < a.seq_q && s_lse[r] != -INFINITY;
     const float lse_log2 = s_lse[r] * kLog2e;
     const float scale_log2 = a.scale * kLog2e;
+    uint32_t seen = 0;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int j = c + 8 * i;
@@ -67,7 +72,12 @@ __device__ __forceinline__ void p_ds_tile(const ctxpar_cuda_attn_args &a, const 
         }
         s.sp[r * kPLd + j] = p;
         s.sds[r * kPLd + j] = ds;
+        // The 8 lanes of row r are lanes 8 (r % 4) .. 8 (r % 4) + 7 of this warp.
+        const uint32_t lanes = __ballot_sync(0xffffffffu, vis);
+        seen |= ((lanes >> (8 * (r % 4))) & 0xffu) << (8 * i);
     }
+    if (c == 0)
+        s_vis[r] = seen;
 }
 
 // lse and delta of query rows [q0, q0 + 32) of head h; padding rows get lse -inf (P = 0).
@@ -96,6 +106,7 @@ __global__ void __launch_bounds__(kSimtThreads)
     extern __shared__ float smem[];
     __shared__ tile_rows<kSimtRows> qrows, krows;
     __shared__ float s_lse[kSimtRows], s_delta[kSimtRows];
+    __shared__ uint32_t s_vis[kSimtRows];
     const int D = (int)a.head_dim, ld = simt_ld(D);
     const bwd_smem s = carve_bwd_smem(smem, ld);
     const int64_t k0 = (int64_t)blockIdx.x * kSimtRows;
@@ -134,16 +145,17 @@ __global__ void __launch_bounds__(kSimtThreads)
             load_rows_f32(s.sdo, dog, g.dout.stride[1], q0, a.seq_q, D);
             load_row_stats(s_lse, s_delta, a, g, b, h, q0);
             __syncthreads();
-            p_ds_tile(a, s, ld, s_lse, s_delta, cls, qrows, krows, q0, k0);
+            p_ds_tile(a, s, ld, s_lse, s_delta, s_vis, cls, qrows, krows, q0, k0);
             __syncthreads();
             for (int q = 0; q < kSimtRows; q++) {
                 const float p = s.sp[q * kPLd + kr], ds = s.sds[q * kPLd + kr];
+                const bool seen = (s_vis[q] >> kr) & 1u;
 #pragma unroll
                 for (int jj = 0; jj < kSimtMaxChunks; jj++) {
                     const int d = c + 8 * jj;
                     if (d < D) {
-                        dv[jj] = fmaf(p, s.sdo[q * ld + d], dv[jj]);
-                        dk[jj] = fmaf(ds, s.sq[q * ld + d], dk[jj]);
+                        dv[jj] = seen ? fmaf(p, s.sdo[q * ld + d], dv[jj]) : dv[jj];
+                        dk[jj] = seen ? fmaf(ds, s.sq[q * ld + d], dk[jj]) : dk[jj];
                     }
                 }
             }
@@ -179,6 +191,7 @@ __global__ void __launch_bounds__(kSimtThreads)
     extern __shared__ float smem[];
     __shared__ tile_rows<kSimtRows> qrows, krows;
     __shared__ float s_lse[kSimtRows], s_delta[kSimtRows];
+    __shared__ uint32_t s_vis[kSimtRows];
     const int D = (int)a.head_dim, ld = simt_ld(D);
     const bwd_smem s = carve_bwd_smem(smem, ld);
     const int64_t q0 = (int64_t)blockIdx.x * kSimtRows;
@@ -217,15 +230,16 @@ __global__ void __launch_bounds__(kSimtThreads)
         load_rows_f32(s.sk, kg, a.k.stride[1], k0, a.seq_k, D);
         load_rows_f32(s.sv, vg, a.v.stride[1], k0, a.seq_k, D);
         __syncthreads();
-        p_ds_tile(a, s, ld, s_lse, s_delta, cls, qrows, krows, q0, k0);
-        __syncwarp(); // row r's dS comes from the 8 lanes of this row, all in this warp
+        p_ds_tile(a, s, ld, s_lse, s_delta, s_vis, cls, qrows, krows, q0, k0);
+        __syncwarp(); // row r's dS and s_vis come from the 8 lanes of this row, all in this warp
+        const uint32_t seen = s_vis[r];
 #pragma unroll
         for (int jj = 0; jj < kSimtMaxChunks; jj++) {
             const int d = c + 8 * jj;
             if (d < D) {
                 float acc = dq[jj];
                 for (int j = 0; j < kSimtRows; j++)
-                    acc = fmaf(s.sds[r * kPLd + j], s.sk[j * ld + d], acc);
+                    acc = (seen >> j) & 1u ? fmaf(s.sds[r * kPLd + j], s.sk[j * ld + d], acc) : acc;
                 dq[jj] = acc;
             }
         }

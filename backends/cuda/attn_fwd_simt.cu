@@ -23,6 +23,9 @@ constexpr int kPLd = kSimtRows + 1; // row stride of the P tile
  * grid = (ceil(Sq / 32), Hq, B), block = 256: thread (r, c) owns query row r, the scores of keys
  * c, c + 8, c + 16, c + 24 and the output columns c, c + 8, ...
  * Dynamic shared memory: Q, K, V tiles [32][D | 1] F32 and the P tile [32][33].
+ * Masked pairs are selected away, never multiplied by 0: their score is -inf and their P exactly
+ * 0 by selection (whatever Q.K gave, NaN included), and P V keeps the accumulator as it was for
+ * them (0 x NaN or 0 x inf from a V row the query does not see would be NaN).
  */
 template <typename T>
 __global__ void __launch_bounds__(kSimtThreads)
@@ -72,6 +75,7 @@ __global__ void __launch_bounds__(kSimtThreads)
 
         float x[4];
         float mx = m_run;
+        uint32_t seen = 0; // bit j: this row sees key j of the tile
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int j = c + 8 * i;
@@ -79,16 +83,18 @@ __global__ void __launch_bounds__(kSimtThreads)
             float dot = 0.0f;
             for (int d = 0; d < D; d++)
                 dot = fmaf(qr[d], kr[d], dot);
-            float v = dot * scale_log2;
+            bool vis = true;
             if (cls == CTXPAR_BLOCK_PARTIAL || k0 + kSimtRows > Sk) {
-                bool vis = k0 + j < Sk;
+                vis = k0 + j < Sk;
                 if (vis && cls == CTXPAR_BLOCK_PARTIAL)
                     vis = visible(a.mask, qrows.pos[r], krows.pos[j], qrows.doc[r], krows.doc[j]);
-                if (!vis)
-                    v = -INFINITY;
             }
+            const float v = vis ? dot * scale_log2 : -INFINITY;
             x[i] = v;
             mx = fmaxf(mx, v);
+            // The 8 lanes of row r are lanes 8 (r % 4) .. 8 (r % 4) + 7 of this warp.
+            const uint32_t lanes = __ballot_sync(0xffffffffu, vis);
+            seen |= ((lanes >> (8 * (r % 4))) & 0xffu) << (8 * i);
         }
         mx = row_max8(mx);
         const float base = mx == -INFINITY ? 0.0f : mx;
@@ -97,7 +103,7 @@ __global__ void __launch_bounds__(kSimtThreads)
         float psum = 0.0f;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            float p = exp2f(x[i] - base);
+            const float p = (seen >> (c + 8 * i)) & 1u ? exp2f(x[i] - base) : 0.0f;
             sp[r * kPLd + c + 8 * i] = p;
             psum += p;
         }
@@ -110,7 +116,7 @@ __global__ void __launch_bounds__(kSimtThreads)
             if (d < D) {
                 float acc = o[jj] * alpha;
                 for (int j = 0; j < kSimtRows; j++)
-                    acc = fmaf(sp[r * kPLd + j], sv[j * ld + d], acc);
+                    acc = (seen >> j) & 1u ? fmaf(sp[r * kPLd + j], sv[j * ld + d], acc) : acc;
                 o[jj] = acc;
             }
         }
@@ -119,7 +125,7 @@ __global__ void __launch_bounds__(kSimtThreads)
     const float l = row_sum8(l_run);
     const int64_t row = q0 + r;
     const bool valid = row < Sq;
-    const bool empty = !(l > 0.0f);
+    const bool empty = l == 0.0f; // a NaN sum is a NaN row, not an empty one
     const float lse_b = empty ? -INFINITY : (m_run + log2f(l)) * kLn2;
     const float inv = empty ? 0.0f : 1.0f / l;
     float *lse_p = lse_acc + (b * a.heads_q + h) * Sq + row;
@@ -133,8 +139,11 @@ __global__ void __launch_bounds__(kSimtThreads)
 #pragma unroll
     for (int jj = 0; jj < kSimtMaxChunks; jj++) {
         const int d = c + 8 * jj;
-        if (d < D)
-            out_p[d] = merge ? merge_value(w, out_p[d], o[jj] * inv) : o[jj] * inv;
+        if (d < D) {
+            // A row that saw nothing gives exactly 0, whatever o holds.
+            const float val = empty ? 0.0f : o[jj] * inv;
+            out_p[d] = merge ? merge_value(w, out_p[d], val) : val;
+        }
     }
     if (c == 0)
         *lse_p = w.lse;

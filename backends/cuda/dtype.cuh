@@ -20,6 +20,24 @@ __device__ __forceinline__ float to_f32(__nv_bfloat16 x) {
     return __bfloat162float(x);
 }
 
+// A 16-bit value given by its bits, as F32.
+template <typename T> __device__ __forceinline__ float bits_to_f32(uint16_t u);
+template <> __device__ __forceinline__ float bits_to_f32<__half>(uint16_t u) {
+    return __half2float(__ushort_as_half(u));
+}
+template <> __device__ __forceinline__ float bits_to_f32<__nv_bfloat16>(uint16_t u) {
+    return __bfloat162float(__ushort_as_bfloat16(u));
+}
+
+// The exponent bits of a 16-bit type: a value is an infinity or a NaN when all of them are set.
+template <typename T> __device__ __forceinline__ uint16_t exponent_bits();
+template <> __device__ __forceinline__ uint16_t exponent_bits<__half>() {
+    return 0x7c00u;
+}
+template <> __device__ __forceinline__ uint16_t exponent_bits<__nv_bfloat16>() {
+    return 0x7f80u;
+}
+
 template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) {
     return x;

@@ -18,7 +18,9 @@ __device__ __forceinline__ merge_weights merge_weights_of(float lse_a, float lse
         return {1.0f, 0.0f, lse_a};
     if (lse_a == -INFINITY)
         return {0.0f, 1.0f, lse_b};
-    float hi = fmaxf(lse_a, lse_b), lo = fminf(lse_a, lse_b);
+    // Comparisons, not fmaxf/fminf (which drop a NaN): a NaN lse on either side gives NaN, as on
+    // the CPU device.
+    float hi = lse_a > lse_b ? lse_a : lse_b, lo = lse_a > lse_b ? lse_b : lse_a;
     float lse = hi + log1pf(expf(lo - hi));
     return {expf(lse_a - lse), expf(lse_b - lse), lse};
 }

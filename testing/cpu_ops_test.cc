@@ -42,17 +42,26 @@ constexpr double kTolMerge = 1e-6;
 const char *const kKernelsEnv = "CTXPAR_CPU_KERNELS";
 
 // A CPU device with `threads` threads and, if set, a forced kernel table.
+// The backward's schedules (cpu_attn_bwd.c): chosen from the shapes, or forced by the device's
+// environment at creation.
+const char *const kBwdEnv = "CTXPAR_CPU_BWD";
+const char *const kSchedules[] = {"fused", "two-pass"};
+
 struct Device {
     ctxpar_device *dev = nullptr;
     ctxpar_status st = CTXPAR_OK;
-    explicit Device(int threads = 0, const char *kernels = nullptr) {
+    explicit Device(int threads = 0, const char *kernels = nullptr, const char *bwd = nullptr) {
         if (kernels)
             setenv(kKernelsEnv, kernels, 1);
+        if (bwd)
+            setenv(kBwdEnv, bwd, 1);
         ctxpar_cpu_options opt = CTXPAR_CPU_OPTIONS_INIT;
         opt.num_threads = threads;
         st = ctxpar_device_create_cpu(&opt, &dev);
         if (kernels)
             unsetenv(kKernelsEnv);
+        if (bwd)
+            unsetenv(kBwdEnv);
     }
     ~Device() { ctxpar_device_destroy(dev); }
     Device(const Device &) = delete;
@@ -265,10 +274,11 @@ struct BwdResult {
 };
 
 // Forward, bwd_prep on the F32 output, then the block backward into zeroed accumulators.
-BwdResult RunBwd(const Problem &p, int threads = 0, const char *kernels = nullptr) {
+BwdResult RunBwd(const Problem &p, int threads = 0, const char *kernels = nullptr,
+                 const char *bwd = nullptr) {
     BwdResult r;
     r.fwd = RunFwd(p, threads, kernels);
-    Device d(threads, kernels);
+    Device d(threads, kernels, bwd);
     EXPECT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
     r.delta.assign(p.LseSize(), NAN);
     r.dq.assign(p.OutSize(), 0.0f);
@@ -609,7 +619,10 @@ TEST_P(BwdOracle, MatchesOracle) {
     SetMask(&p, prm.mask);
     p.pad = prm.hkv == 1 ? 3 : 0;
     p.Make();
-    CheckBwd(p, RunBwd(p));
+    for (const char *schedule : kSchedules) {
+        SCOPED_TRACE(schedule);
+        CheckBwd(p, RunBwd(p, 0, nullptr, schedule));
+    }
 }
 
 // Every mask x position x dtype; the GQA ratio cycles through 1, 2, Hq.
@@ -647,20 +660,25 @@ TEST_P(BwdHeadDim, MatchesOracle) {
     p.ks = {{0, 77, 1}};
     p.causal = 1;
     p.Make();
-    CheckBwd(p, RunBwd(p));
+    for (const char *schedule : kSchedules) {
+        SCOPED_TRACE(schedule);
+        CheckBwd(p, RunBwd(p, 0, nullptr, schedule));
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dims, BwdHeadDim, ::testing::Values(1, 3, 17, 64, 128, 256, 300));
 
 // Accumulators are added to, and a NULL one is simply not computed: the others keep their bits.
-TEST(Bwd, AccumulatesAndSkipsNullOutputs) {
+class BwdSchedule : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(BwdSchedule, AccumulatesAndSkipsNullOutputs) {
     Problem p;
     p.qs = {{0, 100, 1}};
-    p.ks = {{0, 100, 1}};
+    p.ks = {{0, 300, 1}};
     p.causal = 1;
     p.Make();
-    BwdResult all = RunBwd(p, 2);
-    Device d(2);
+    BwdResult all = RunBwd(p, 2, nullptr, GetParam());
+    Device d(2, nullptr, GetParam());
     ASSERT_EQ(d.st, CTXPAR_OK);
     ctxpar_attn_block blk = p.Block();
     std::vector<float> dq(p.OutSize(), 0.25f), dk(p.KvSize(), -0.5f), dv(p.KvSize(), 0.0f);
@@ -678,6 +696,59 @@ TEST(Bwd, AccumulatesAndSkipsNullOutputs) {
     ASSERT_EQ(ctxpar_dev_attn_block_bwd(d.dev, &blk, &p.dout->t, all.fwd.lse.data(),
                                         all.delta.data(), nullptr, nullptr, nullptr, nullptr),
               CTXPAR_OK);
+}
+
+// The fused schedule's dQ partial sums are device memory: counted while the call runs, and
+// returned by the end of it.
+TEST_P(BwdSchedule, LeavesNoDeviceMemoryBehind) {
+    Problem p;
+    p.B = 2;
+    p.Hkv = 2;
+    p.qs = {{0, 200, 1}};
+    p.ks = {{0, 600, 1}};
+    p.Make();
+    BwdResult all = RunBwd(p, 2, nullptr, GetParam());
+    Device d(2, nullptr, GetParam());
+    ASSERT_EQ(d.st, CTXPAR_OK);
+    ctxpar_attn_block blk = p.Block();
+    std::vector<float> dq(p.OutSize(), 0.0f), dk(p.KvSize(), 0.0f), dv(p.KvSize(), 0.0f);
+    ASSERT_EQ(ctxpar_dev_attn_block_bwd(d.dev, &blk, &p.dout->t, all.fwd.lse.data(),
+                                        all.delta.data(), dq.data(), dk.data(), dv.data(), nullptr),
+              CTXPAR_OK);
+    EXPECT_EQ(d.dev->mem_current, 0u);
+    if (std::string(GetParam()) == "fused")
+        EXPECT_GE(d.dev->mem_peak, p.OutSize() * sizeof(float)) << "one dQ-sized partial sum";
+    else
+        EXPECT_EQ(d.dev->mem_peak, 0u);
+    EXPECT_EQ(BitDiff(dq, all.dq), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, BwdSchedule, ::testing::ValuesIn(kSchedules),
+                         [](const ::testing::TestParamInfo<const char *> &i) {
+                             return std::string(i.param) == "fused" ? "fused" : "two_pass";
+                         });
+
+// Without a forced schedule the shapes choose: fused when (batch x K/V heads x key chunks) gives
+// enough items, two-pass for one K/V head and batch 1. Either way the same bits as forcing it.
+TEST(Bwd, ShapesChooseTheSchedule) {
+    struct Case {
+        int64_t B, Hkv;
+        const char *want;
+    };
+    for (const Case &c : {Case{2, 2, "fused"}, Case{1, 1, "two-pass"}}) {
+        Problem p;
+        p.B = c.B;
+        p.Hkv = c.Hkv;
+        p.qs = {{0, 150, 1}};
+        p.ks = {{0, 600, 1}};
+        p.causal = 1;
+        p.Make();
+        BwdResult chosen = RunBwd(p, 2), forced = RunBwd(p, 2, nullptr, c.want);
+        EXPECT_EQ(BitDiff(chosen.dq, forced.dq), 0u) << c.want;
+        EXPECT_EQ(BitDiff(chosen.dk, forced.dk), 0u) << c.want;
+        EXPECT_EQ(BitDiff(chosen.dv, forced.dv), 0u) << c.want;
+        CheckBwd(p, chosen);
+    }
 }
 
 TEST(BwdPrep, MatchesFloat64) {
@@ -726,6 +797,15 @@ Problem *DeterminismProblem(ctxpar_dtype dt) {
 TEST(Determinism, ThreadCountsGiveIdenticalBits) {
     for (ctxpar_dtype dt : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16}) {
         Problem *p = DeterminismProblem(dt);
+        for (const char *schedule : kSchedules) {
+            BwdResult ref = RunBwd(*p, 1, nullptr, schedule);
+            for (int threads : {2, 3}) {
+                BwdResult r = RunBwd(*p, threads, nullptr, schedule);
+                EXPECT_EQ(BitDiff(r.dq, ref.dq), 0u) << schedule << ", threads " << threads;
+                EXPECT_EQ(BitDiff(r.dk, ref.dk), 0u) << schedule << ", threads " << threads;
+                EXPECT_EQ(BitDiff(r.dv, ref.dv), 0u) << schedule << ", threads " << threads;
+            }
+        }
         BwdResult ref = RunBwd(*p, 1);
         std::vector<float> ref_o, ref_l; // the two-part merge on one thread
         for (int threads : {1, 2, 3}) {
@@ -1100,6 +1180,11 @@ TEST(Errors, DeviceOptions) {
     EXPECT_EQ(ctxpar_device_create_cpu(nullptr, nullptr), CTXPAR_ERR_INVALID_ARG);
     Device unknown(1, "sse9");
     EXPECT_EQ(unknown.st, CTXPAR_ERR_INVALID_ARG);
+    Device unknown_bwd(1, nullptr, "three-pass");
+    EXPECT_EQ(unknown_bwd.st, CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("CTXPAR_CPU_BWD=three-pass"),
+              std::string::npos)
+        << ctxpar_last_error();
     ctxpar_device_destroy(nullptr);
     Device ok(0);
     ASSERT_EQ(ok.st, CTXPAR_OK);

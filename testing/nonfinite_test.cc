@@ -345,8 +345,16 @@ TEST_P(NonFinite, ForwardPropagatesAsTheOracleSays) {
     Check(std::get<0>(GetParam()).fwd_known, 0, 2); // out, lse
 }
 
+// Both schedules of the CPU backward (fused dQ partial sums, and two passes) on every scenario.
 TEST_P(NonFinite, BackwardPropagatesAsTheOracleSays) {
-    Check(std::get<0>(GetParam()).bwd_known, 2, 5); // dq, dk, dv
+    for (const char *schedule : {"fused", "two-pass"}) {
+        SCOPED_TRACE(std::string("CTXPAR_CPU_BWD=") + schedule);
+        setenv("CTXPAR_CPU_BWD", schedule, 1); // read when the ranks create their devices
+        Check(std::get<0>(GetParam()).bwd_known, 2, 5); // dq, dk, dv
+        unsetenv("CTXPAR_CPU_BWD");
+        if (HasFatalFailure() || IsSkipped())
+            return;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, NonFinite,

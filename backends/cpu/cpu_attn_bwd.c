@@ -1,237 +1,39 @@
 /*
- * Block attention backward on the CPU.
+ * Block attention backward on the CPU (shapes and formulas: cpu_attn_bwd.h).
  *
- *   q, dout [B, Sq, Hq, D], k, v [B, Sk, Hkv, D]   one dtype (F32, F16, BF16), any row strides
- *   lse, delta [B, Hq, Sq]                          F32, dense: final forward LSE, rowsum(dO*O)
- *   dq_acc [B, Sq, Hq, D], dk_acc, dv_acc [B, Sk, Hkv, D]   F32, dense, accumulated (each may
- *                                                   be NULL)
- * With P = exp(scale*QK^T + mask - lse), dP = dO V^T, dS = P * (dP - delta):
- *   dq += scale dS K,   dk += scale dS^T Q,   dv += P^T dO
- *
- * Two passes, each a sum with one owner per output and a fixed order, no atomics:
- *  - dq: items (batch, query head, group of query tiles); query rows are the lanes (as in the
- *    forward); key tiles in increasing order, each loaded once for the group.
- *  - dk, dv: items (batch, K/V head, group of key tiles); key rows are the lanes; for each query
- *    head of the GQA group in order, query tiles in increasing order, each loaded once.
- * P is recomputed in both passes (base 2: Q or K is pre-scaled by scale*log2(e)). In a PARTIAL
- * tile every product selects the masked pairs away (dS is 0 there by selection, not P * (dP -
- * delta), and the sums skip them): a NaN or inf in a row a pair does not see never leaks in.
+ * Every output element has one owner and its sums a fixed order, so no atomics are needed and
+ * the bits do not depend on the thread count. Two schedules, chosen from the shapes alone:
+ *  - fused (the usual one): items (batch, K/V head, chunk of key tiles) own dK and dV of their
+ *    key rows, compute P and dS once per tile pair, and also add dS K into a dQ partial sum of
+ *    their own (one per chunk); the partial sums are then added in chunk order. Five products
+ *    per tile pair; extra memory: one F32 dQ-sized buffer per chunk.
+ *  - two-pass, when (batch x K/V heads) is too small for the fused items to keep threads busy
+ *    (few K/V heads, batch 1): a dq pass over (batch, query head, query tiles) items, then a
+ *    dk/dv pass; P and dP are computed in both, seven products per tile pair.
  */
-#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backends/cpu/cpu_internal.h"
+#include "backends/cpu/cpu_attn_bwd.h"
 
-#define LOG2E 1.44269504088896340736
+// Fused items wanted: enough for a few dozen threads with dynamic balancing.
+#define FUSED_ITEMS 32
+// Most key chunks (dQ partial sums) the fused schedule keeps, and the fewest items it accepts.
+#define FUSED_MAX_CHUNKS 4
+#define FUSED_MIN_ITEMS 8
 
-#define TQ CTXPAR_CPU_TILE_Q
-#define TK CTXPAR_CPU_TILE_K
-
-typedef struct bwd_args {
-    const ctxpar_cpu_plan *p;
-    const ctxpar_cpu_kernels *kern;
-    const ctxpar_tensor *dout;
-    const float *lse, *delta;
-    float *dq, *dk, *dv;
-} bwd_args;
-
-// Per-thread workspace of either pass. An item covers up to CTXPAR_CPU_GROUP tiles of its own
-// side (query tiles for dq, key tiles for dk/dv), each with up to 4 transposed [D, 64] tiles and
-// two [64] vectors; every tile of the other side is loaded once for the whole group.
-typedef struct bwd_ws {
-    float *t[CTXPAR_CPU_GROUP][4];   // [D, 64]
-    float *vec[CTXPAR_CPU_GROUP][2]; // [64]
-    float *s, *dp;                   // [64, 64]
-    uint32_t *vis;                   // [64, 64] visibility of a PARTIAL tile (cpu_kernels.h)
-    float *buf0, *buf1;              // [64, D]
-    float *row;                      // [D]
-} bwd_ws;
-
-static size_t round16(size_t n) {
-    return (n + 15) / 16 * 16;
-}
-
-// Lays the workspace out from base; with base NULL it only measures (*floats_out).
-static bwd_ws bwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
-    const size_t d = (size_t)dim;
-    size_t off = 0;
-    bwd_ws w;
-#define TAKE(ptr, n) ((ptr) = base ? (void *)(base + off) : NULL, off += round16(n))
-    for (int g = 0; g < CTXPAR_CPU_GROUP; g++) {
-        for (int i = 0; i < 4; i++)
-            TAKE(w.t[g][i], d * 64);
-        TAKE(w.vec[g][0], 64);
-        TAKE(w.vec[g][1], 64);
-    }
-    TAKE(w.s, 64 * 64);
-    TAKE(w.dp, 64 * 64);
-    TAKE(w.vis, 64 * 64); // 32-bit words, counted as floats
-    TAKE(w.buf0, 64 * d);
-    TAKE(w.buf1, 64 * d);
-    TAKE(w.row, d);
-#undef TAKE
-    *floats_out = off;
-    return w;
-}
-
-static int64_t tile_rows(int64_t seq, int64_t t, int64_t tile) {
-    return seq - t * tile < tile ? seq - t * tile : tile;
-}
-
-static int64_t lanes_for(const ctxpar_cpu_kernels *kern, int64_t rows) {
-    return (rows + kern->lane_block - 1) / kern->lane_block * kern->lane_block;
-}
-
-// dst[d*lanes + r] = rows r of t (b, s0 + r, h) times mul, r < n; 0 for n <= r < lanes.
-static void pack_t(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, int64_t b, int64_t s0,
-                   int64_t n, int64_t h, int64_t lanes, float mul, float *row, float *dst) {
-    const int64_t dim = t->shape[3];
-    for (int64_t r = 0; r < lanes; r++) {
-        if (r < n)
-            kern->to_f32(row, ctxpar_cpu_row(t, b, s0 + r, h), t->dtype, dim);
-        for (int64_t d = 0; d < dim; d++)
-            dst[d * lanes + r] = r < n ? row[d] * mul : 0.0f;
-    }
-}
-
-// lse in base 2 for exp2(s - lse2); an empty row (lse = -inf) gets +inf so that P = 0.
-static float lse_base2(float lse) {
-    return lse == -INFINITY ? INFINITY : (float)(lse * LOG2E);
-}
-
-// dq for query tiles qt0 .. qt0+ng-1 of (b, h); query rows are the lanes.
-static void dq_item(const bwd_args *a, const bwd_ws *w, int64_t b, int64_t h, int64_t qt0, int ng) {
-    const ctxpar_cpu_plan *p = a->p;
-    const ctxpar_cpu_kernels *kern = a->kern;
-    const ctxpar_attn_block *blk = p->blk;
-    const int64_t dim = p->dim, hk = h / p->group;
-    const float *krows[TK], *vrows[TK];
-    ctxpar_block_class cls[CTXPAR_CPU_GROUP];
-    for (int g = 0; g < ng; g++) { // t[g] = scaled Q^T, dO^T, dQ^T; vec[g] = lse2, delta
-        const int64_t i0 = (qt0 + g) * TQ, nq = tile_rows(p->seq_q, qt0 + g, TQ);
-        const int64_t lanes = lanes_for(kern, nq);
-        pack_t(kern, &blk->q, b, i0, nq, h, lanes, (float)(blk->scale * LOG2E), w->row, w->t[g][0]);
-        pack_t(kern, a->dout, b, i0, nq, h, lanes, 1.0f, w->row, w->t[g][1]);
-        memset(w->t[g][2], 0, (size_t)(dim * lanes) * sizeof(float));
-        for (int64_t r = 0; r < lanes; r++) {
-            int64_t li = (b * p->heads_q + h) * p->seq_q + i0 + r;
-            w->vec[g][0][r] = r < nq ? lse_base2(a->lse[li]) : INFINITY;
-            w->vec[g][1][r] = r < nq ? a->delta[li] : 0.0f;
-        }
-    }
-    for (int64_t kt = 0; kt < p->k_tiles; kt++) {
-        int any = 0;
-        for (int g = 0; g < ng; g++) {
-            cls[g] = ctxpar_cpu_plan_classify(p, qt0 + g, kt);
-            any |= cls[g] != CTXPAR_BLOCK_SKIP;
-        }
-        if (!any)
-            continue;
-        const int64_t j0 = kt * TK, nk = tile_rows(p->seq_k, kt, TK);
-        ctxpar_cpu_load_rows(kern, &blk->k, b, j0, nk, hk, w->buf0, krows);
-        ctxpar_cpu_load_rows(kern, &blk->v, b, j0, nk, hk, w->buf1, vrows);
-        for (int g = 0; g < ng; g++) {
-            if (cls[g] == CTXPAR_BLOCK_SKIP)
-                continue;
-            const int64_t i0 = (qt0 + g) * TQ, nq = tile_rows(p->seq_q, qt0 + g, TQ);
-            const int64_t lanes = lanes_for(kern, nq);
-            const uint32_t *vis = NULL; // FULL: nothing masked, no select
-            kern->scores(w->s, lanes, w->t[g][0], lanes, krows, nk, lanes, dim);
-            if (cls[g] == CTXPAR_BLOCK_PARTIAL) {
-                ctxpar_cpu_plan_mask(p, w->s, w->vis, lanes, i0, j0, nk, nq, 1);
-                vis = w->vis;
-            }
-            kern->exp2_sub(w->s, lanes, nk, lanes, w->vec[g][0], NULL);
-            kern->scores(w->dp, lanes, w->t[g][1], lanes, vrows, nk, lanes, dim);
-            kern->dsoftmax(w->dp, w->s, vis, lanes, nk, lanes, w->vec[g][1], NULL);
-            kern->accum(w->t[g][2], lanes, NULL, w->dp, vis, lanes, krows, nk, lanes, dim);
-        }
-    }
-    for (int g = 0; g < ng; g++) {
-        const int64_t i0 = (qt0 + g) * TQ, nq = tile_rows(p->seq_q, qt0 + g, TQ);
-        const int64_t lanes = lanes_for(kern, nq);
-        for (int64_t r = 0; r < nq; r++) {
-            float *dq = a->dq + ((b * p->seq_q + i0 + r) * p->heads_q + h) * dim;
-            for (int64_t d = 0; d < dim; d++)
-                dq[d] += blk->scale * w->t[g][2][d * lanes + r];
-        }
-    }
-}
-
-// dk, dv for key tiles kt0 .. kt0+ng-1 of (b, hk); key rows are the lanes. The query heads of the
-// GQA group, then the query tiles, are visited in increasing order.
-static void dkv_item(const bwd_args *a, const bwd_ws *w, int64_t b, int64_t hk, int64_t kt0,
-                     int ng) {
-    const ctxpar_cpu_plan *p = a->p;
-    const ctxpar_cpu_kernels *kern = a->kern;
-    const ctxpar_attn_block *blk = p->blk;
-    const int64_t dim = p->dim;
-    const float *qrows[TQ], *orows[TQ];
-    float *lse2 = w->vec[0][0], *dl = w->vec[0][1];
-    ctxpar_block_class cls[CTXPAR_CPU_GROUP];
-    for (int g = 0; g < ng; g++) { // t[g] = scaled K^T, V^T, dK^T, dV^T
-        const int64_t j0 = (kt0 + g) * TK, nk = tile_rows(p->seq_k, kt0 + g, TK);
-        const int64_t lanes = lanes_for(kern, nk);
-        pack_t(kern, &blk->k, b, j0, nk, hk, lanes, (float)(blk->scale * LOG2E), w->row,
-               w->t[g][0]);
-        pack_t(kern, &blk->v, b, j0, nk, hk, lanes, 1.0f, w->row, w->t[g][1]);
-        memset(w->t[g][2], 0, (size_t)(dim * lanes) * sizeof(float));
-        memset(w->t[g][3], 0, (size_t)(dim * lanes) * sizeof(float));
-    }
-    for (int64_t h = hk * p->group; h < (hk + 1) * p->group; h++) {
-        for (int64_t qt = 0; qt < p->q_tiles; qt++) {
-            int any = 0;
-            for (int g = 0; g < ng; g++) {
-                cls[g] = ctxpar_cpu_plan_classify(p, qt, kt0 + g);
-                any |= cls[g] != CTXPAR_BLOCK_SKIP;
-            }
-            if (!any)
-                continue;
-            const int64_t i0 = qt * TQ, nq = tile_rows(p->seq_q, qt, TQ);
-            ctxpar_cpu_load_rows(kern, &blk->q, b, i0, nq, h, w->buf0, qrows);
-            ctxpar_cpu_load_rows(kern, a->dout, b, i0, nq, h, w->buf1, orows);
-            for (int64_t r = 0; r < nq; r++) {
-                int64_t li = (b * p->heads_q + h) * p->seq_q + i0 + r;
-                lse2[r] = lse_base2(a->lse[li]);
-                dl[r] = a->delta[li];
-            }
-            for (int g = 0; g < ng; g++) {
-                if (cls[g] == CTXPAR_BLOCK_SKIP)
-                    continue;
-                const int64_t j0 = (kt0 + g) * TK, nk = tile_rows(p->seq_k, kt0 + g, TK);
-                const int64_t lanes = lanes_for(kern, nk);
-                const uint32_t *vis = NULL; // FULL: nothing masked, no select
-                kern->scores(w->s, lanes, w->t[g][0], lanes, qrows, nq, lanes, dim);
-                if (cls[g] == CTXPAR_BLOCK_PARTIAL) {
-                    ctxpar_cpu_plan_mask(p, w->s, w->vis, lanes, i0, j0, nq, nk, 0);
-                    vis = w->vis;
-                }
-                kern->exp2_sub(w->s, lanes, nq, lanes, NULL, lse2);
-                if (a->dv)
-                    kern->accum(w->t[g][3], lanes, NULL, w->s, vis, lanes, orows, nq, lanes, dim);
-                if (a->dk) {
-                    kern->scores(w->dp, lanes, w->t[g][1], lanes, orows, nq, lanes, dim);
-                    kern->dsoftmax(w->dp, w->s, vis, lanes, nq, lanes, NULL, dl);
-                    kern->accum(w->t[g][2], lanes, NULL, w->dp, vis, lanes, qrows, nq, lanes, dim);
-                }
-            }
-        }
-    }
-    for (int g = 0; g < ng; g++) {
-        const int64_t j0 = (kt0 + g) * TK, nk = tile_rows(p->seq_k, kt0 + g, TK);
-        const int64_t lanes = lanes_for(kern, nk);
-        for (int64_t r = 0; r < nk; r++) {
-            int64_t off = ((b * p->seq_k + j0 + r) * p->heads_kv + hk) * dim;
-            for (int64_t d = 0; d < dim; d++) {
-                if (a->dk)
-                    a->dk[off + d] += blk->scale * w->t[g][2][d * lanes + r];
-                if (a->dv)
-                    a->dv[off + d] += w->t[g][3][d * lanes + r];
-            }
-        }
-    }
+// Key chunks of the fused schedule, or 0 for the two-pass one. A function of the shapes (and of
+// the device's forced schedule) only, never of the thread count.
+static int64_t fused_chunks(const ctxpar_cpu_plan *p, ctxpar_cpu_bwd_schedule forced) {
+    const int64_t heads = p->batch * p->heads_kv;
+    const int64_t k_groups = (p->k_tiles + CTXPAR_CPU_GROUP - 1) / CTXPAR_CPU_GROUP;
+    int64_t c = (FUSED_ITEMS + heads - 1) / heads;
+    c = c < FUSED_MAX_CHUNKS ? c : FUSED_MAX_CHUNKS;
+    c = c < k_groups ? c : k_groups;
+    if (forced != CTXPAR_CPU_BWD_AUTO)
+        return forced == CTXPAR_CPU_BWD_FUSED ? c : 0;
+    return heads * c >= FUSED_MIN_ITEMS ? c : 0;
 }
 
 static ctxpar_status check_bwd(const ctxpar_cpu_plan *p, const ctxpar_tensor *dout,
@@ -253,6 +55,80 @@ static ctxpar_status check_bwd(const ctxpar_cpu_plan *p, const ctxpar_tensor *do
     return CTXPAR_OK;
 }
 
+// dq += scale * (sum of the chunks' partial sums, in chunk order), for query tile qt of (b, h).
+static void reduce_dq(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_t qt) {
+    const ctxpar_cpu_plan *p = a->p;
+    const int64_t dim = p->dim, i0 = qt * CTXPAR_CPU_TILE_Q;
+    const int64_t nq = ctxpar_bwd_tile_rows(p->seq_q, qt, CTXPAR_CPU_TILE_Q);
+    const size_t chunk = (size_t)(p->batch * p->heads_q * p->q_tiles * dim * 64);
+    const float *part = a->dq_part + (size_t)(((b * p->heads_q + h) * p->q_tiles + qt) * dim * 64);
+    for (int64_t r = 0; r < nq; r++) {
+        float *dq = a->dq + ((b * p->seq_q + i0 + r) * p->heads_q + h) * dim;
+        for (int64_t d = 0; d < dim; d++) {
+            float sum = part[d * 64 + r];
+            for (int64_t c = 1; c < a->chunks; c++)
+                sum += part[(size_t)c * chunk + (size_t)(d * 64 + r)];
+            dq[d] += p->blk->scale * sum;
+        }
+    }
+}
+
+// The fused schedule: items by decreasing chunk size first (a chunk's keys can be seen by more
+// or fewer queries), handed out dynamically: each item's outputs are its own, so which thread
+// runs it does not change a bit.
+static void run_fused(const ctxpar_bwd_args *a, float *ws, size_t per_thread, int nt) {
+    const ctxpar_cpu_plan *p = a->p;
+    const int64_t items = p->batch * p->heads_kv * a->chunks;
+    const int64_t q_items = a->dq ? p->batch * p->heads_q * p->q_tiles : 0;
+#pragma omp parallel num_threads(nt)
+    {
+        size_t unused;
+        ctxpar_bwd_ws w =
+            ctxpar_bwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, p->dim, &unused);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            const int64_t bh = it % (p->batch * p->heads_kv), c = it / (p->batch * p->heads_kv);
+            ctxpar_bwd_fused_item(a, &w, bh / p->heads_kv, bh % p->heads_kv, c);
+        }
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < q_items; it++) {
+            const int64_t qt = it % p->q_tiles, bh = it / p->q_tiles;
+            reduce_dq(a, bh / p->heads_q, bh % p->heads_q, qt);
+        }
+    }
+}
+
+// The two-pass schedule: static round-robin over dq items, then dk/dv items.
+static void run_two_pass(const ctxpar_bwd_args *a, float *ws, size_t per_thread, int nt) {
+    const ctxpar_cpu_plan *p = a->p;
+    const int64_t q_groups = (p->q_tiles + CTXPAR_CPU_GROUP - 1) / CTXPAR_CPU_GROUP;
+    const int64_t k_groups = (p->k_tiles + CTXPAR_CPU_GROUP - 1) / CTXPAR_CPU_GROUP;
+    const int64_t dq_items = a->dq ? p->batch * p->heads_q * q_groups : 0;
+    const int64_t dkv_items = a->dk || a->dv ? p->batch * p->heads_kv * k_groups : 0;
+#pragma omp parallel num_threads(nt)
+    {
+        size_t unused;
+        ctxpar_bwd_ws w =
+            ctxpar_bwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, p->dim, &unused);
+#pragma omp for schedule(static, 1)
+        for (int64_t it = 0; it < dq_items; it++) {
+            int64_t grp = it % q_groups, h = (it / q_groups) % p->heads_q;
+            int64_t qt0 = grp * CTXPAR_CPU_GROUP;
+            int ng = p->q_tiles - qt0 < CTXPAR_CPU_GROUP ? (int)(p->q_tiles - qt0)
+                                                         : CTXPAR_CPU_GROUP;
+            ctxpar_bwd_dq_item(a, &w, it / (q_groups * p->heads_q), h, qt0, ng);
+        }
+#pragma omp for schedule(static, 1)
+        for (int64_t it = 0; it < dkv_items; it++) {
+            int64_t grp = it % k_groups, hk = (it / k_groups) % p->heads_kv;
+            int64_t kt0 = grp * CTXPAR_CPU_GROUP;
+            int ng = p->k_tiles - kt0 < CTXPAR_CPU_GROUP ? (int)(p->k_tiles - kt0)
+                                                         : CTXPAR_CPU_GROUP;
+            ctxpar_bwd_dkv_item(a, &w, it / (k_groups * p->heads_kv), hk, kt0, ng, NULL);
+        }
+    }
+}
+
 ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_block *blk,
                                         const ctxpar_tensor *dout, const float *lse,
                                         const float *delta, float *dq_acc, float *dk_acc,
@@ -262,45 +138,46 @@ ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
     ctxpar_cpu_plan p;
     CTXPAR_CHECK(ctxpar_cpu_plan_init(blk, "attn_block_bwd", &p));
     ctxpar_status st = check_bwd(&p, dout, lse, delta);
-    const int64_t q_groups = (p.q_tiles + CTXPAR_CPU_GROUP - 1) / CTXPAR_CPU_GROUP;
-    const int64_t k_groups = (p.k_tiles + CTXPAR_CPU_GROUP - 1) / CTXPAR_CPU_GROUP;
-    const int64_t dq_items = dq_acc ? p.batch * p.heads_q * q_groups : 0;
-    const int64_t dkv_items = dk_acc || dv_acc ? p.batch * p.heads_kv * k_groups : 0;
+    float *ws = NULL, *dq_part = NULL;
+    size_t part_bytes = 0;
     if (st != CTXPAR_OK || p.whole == CTXPAR_BLOCK_SKIP || p.seq_q == 0 || p.seq_k == 0 ||
-        dq_items + dkv_items == 0)
+        p.batch * p.heads_q == 0 || (!dq_acc && !dk_acc && !dv_acc))
         goto done; // nothing visible: every gradient contribution is zero
+    ctxpar_bwd_args a = {&p, cpu->kern, dout, lse, delta, dq_acc, dk_acc, dv_acc, NULL, 0, 0};
+    // Fused only when it saves work (dk or dv wanted: dq alone is the dq pass).
+    a.chunks = dk_acc || dv_acc ? fused_chunks(&p, cpu->bwd) : 0;
+    if (a.chunks > 0) {
+        const int64_t k_groups = (p.k_tiles + CTXPAR_CPU_GROUP - 1) / CTXPAR_CPU_GROUP;
+        a.chunk_tiles = (k_groups + a.chunks - 1) / a.chunks * CTXPAR_CPU_GROUP;
+        a.chunks = (p.k_tiles + a.chunk_tiles - 1) / a.chunk_tiles; // none left empty
+        if (dq_acc) {
+            part_bytes = (size_t)(a.chunks * p.batch * p.heads_q * p.q_tiles * p.dim * 64) *
+                         sizeof(float);
+            // Through the device, so that the memory statistics count it.
+            st = ctxpar_dev_alloc(dev, part_bytes, CTXPAR_MEM_DEVICE, (void **)&dq_part);
+            if (st != CTXPAR_OK)
+                goto done;
+            a.dq_part = dq_part;
+        }
+    }
     const int nt = ctxpar_cpu_threads(cpu);
     size_t per_thread;
-    (void)bwd_ws_at(NULL, p.dim, &per_thread); // only measures
-    float *ws = ctxpar_cpu_aligned_alloc((size_t)nt * per_thread * sizeof(float));
+    (void)ctxpar_bwd_ws_at(NULL, p.dim, &per_thread); // only measures
+    ws = ctxpar_cpu_aligned_alloc((size_t)nt * per_thread * sizeof(float));
     if (!ws) {
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY,
                           "attn_block_bwd: cannot allocate %d workspaces of %zu bytes", nt,
                           per_thread * sizeof(float));
         goto done;
     }
-    const bwd_args a = {&p, cpu->kern, dout, lse, delta, dq_acc, dk_acc, dv_acc};
-#pragma omp parallel num_threads(nt)
-    {
-        size_t unused;
-        bwd_ws w = bwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, p.dim, &unused);
-#pragma omp for schedule(static, 1)
-        for (int64_t it = 0; it < dq_items; it++) {
-            int64_t grp = it % q_groups, h = (it / q_groups) % p.heads_q;
-            int64_t qt0 = grp * CTXPAR_CPU_GROUP;
-            int ng = p.q_tiles - qt0 < CTXPAR_CPU_GROUP ? (int)(p.q_tiles - qt0) : CTXPAR_CPU_GROUP;
-            dq_item(&a, &w, it / (q_groups * p.heads_q), h, qt0, ng);
-        }
-#pragma omp for schedule(static, 1)
-        for (int64_t it = 0; it < dkv_items; it++) {
-            int64_t grp = it % k_groups, hk = (it / k_groups) % p.heads_kv;
-            int64_t kt0 = grp * CTXPAR_CPU_GROUP;
-            int ng = p.k_tiles - kt0 < CTXPAR_CPU_GROUP ? (int)(p.k_tiles - kt0) : CTXPAR_CPU_GROUP;
-            dkv_item(&a, &w, it / (k_groups * p.heads_kv), hk, kt0, ng);
-        }
-    }
-    free(ws);
+    if (a.chunks > 0)
+        run_fused(&a, ws, per_thread, nt);
+    else
+        run_two_pass(&a, ws, per_thread, nt);
 done:
+    free(ws);
+    if (dq_part)
+        ctxpar_dev_free(dev, dq_part, part_bytes, CTXPAR_MEM_DEVICE);
     ctxpar_cpu_plan_release(&p);
     return st;
 }

@@ -9,6 +9,24 @@
 // Environment variable that forces a kernel table ("generic", "avx2", "avx512"); for tests and
 // for comparing instruction sets. Unset: the best the CPU supports.
 #define KERNELS_ENV "CTXPAR_CPU_KERNELS"
+// Forces the backward's schedule ("fused", "two-pass"; cpu_attn_bwd.c), for tests that cover
+// both on the same inputs and for comparing them. Unset: chosen from the shapes.
+#define BWD_ENV "CTXPAR_CPU_BWD"
+
+static ctxpar_status choose_bwd(ctxpar_cpu_bwd_schedule *out) {
+    const char *want = getenv(BWD_ENV);
+    *out = CTXPAR_CPU_BWD_AUTO;
+    if (!want || !*want)
+        return CTXPAR_OK;
+    if (!strcmp(want, "fused"))
+        *out = CTXPAR_CPU_BWD_FUSED;
+    else if (!strcmp(want, "two-pass"))
+        *out = CTXPAR_CPU_BWD_TWO_PASS;
+    else
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s=%s: unknown schedule (fused, two-pass)",
+                            BWD_ENV, want);
+    return CTXPAR_OK;
+}
 
 int ctxpar_cpu_threads(const ctxpar_cpu_device *cpu) {
     return cpu->num_threads > 0 ? cpu->num_threads : omp_get_max_threads();
@@ -148,11 +166,14 @@ ctxpar_status ctxpar_device_create_cpu(const ctxpar_cpu_options *options,
                             opt.num_threads);
     const ctxpar_cpu_kernels *kern = NULL;
     CTXPAR_CHECK(choose_kernels(&kern));
+    ctxpar_cpu_bwd_schedule bwd;
+    CTXPAR_CHECK(choose_bwd(&bwd));
     ctxpar_cpu_device *cpu = calloc(1, sizeof *cpu);
     if (!cpu)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "device_create_cpu: out of memory");
     cpu->num_threads = opt.num_threads;
     cpu->kern = kern;
+    cpu->bwd = bwd;
     ctxpar_status st = ctxpar_device_create(&cpu_ops, cpu, 1, device_out);
     if (st != CTXPAR_OK)
         free(cpu);

@@ -22,10 +22,18 @@ extern "C" {
  * tile of the other side is loaded once for the whole group. */
 #define CTXPAR_CPU_GROUP 4
 
+/* How the backward is scheduled (cpu_attn_bwd.c). */
+typedef enum ctxpar_cpu_bwd_schedule {
+    CTXPAR_CPU_BWD_AUTO = 0, /* from the shapes */
+    CTXPAR_CPU_BWD_FUSED,
+    CTXPAR_CPU_BWD_TWO_PASS,
+} ctxpar_cpu_bwd_schedule;
+
 /* The device's impl. */
 typedef struct ctxpar_cpu_device {
     int num_threads; /* 0 = OpenMP default */
     const ctxpar_cpu_kernels *kern;
+    ctxpar_cpu_bwd_schedule bwd;
 } ctxpar_cpu_device;
 
 /* Threads of a parallel region of this device (the size workspaces are made for). */

@@ -1,0 +1,77 @@
+/*
+ * cpu_attn_bwd.h - what the CPU backward's work items share (cpu_attn_bwd.c drives them).
+ *
+ *   q, dout [B, Sq, Hq, D], k, v [B, Sk, Hkv, D]   one dtype (F32, F16, BF16), any row strides
+ *   lse, delta [B, Hq, Sq]                          F32, dense: final forward LSE, rowsum(dO*O)
+ *   dq_acc [B, Sq, Hq, D], dk_acc, dv_acc [B, Sk, Hkv, D]   F32, dense, accumulated (each may
+ *                                                   be NULL)
+ * With P = exp(scale*QK^T + mask - lse), dP = dO V^T, dS = P * (dP - delta):
+ *   dq += scale dS K,   dk += scale dS^T Q,   dv += P^T dO
+ *
+ * P is computed in base 2 (Q or K pre-scaled by scale*log2(e)). In a PARTIAL tile every product
+ * selects the masked pairs away (dS is 0 there by selection, not P * (dP - delta), and the sums
+ * skip them): a NaN or inf in a row a pair does not see never leaks in.
+ */
+#ifndef CTXPAR_CPU_ATTN_BWD_H
+#define CTXPAR_CPU_ATTN_BWD_H
+
+#include "backends/cpu/cpu_internal.h"
+
+#define CTXPAR_CPU_LOG2E 1.44269504088896340736
+
+typedef struct ctxpar_bwd_args {
+    const ctxpar_cpu_plan *p;
+    const ctxpar_cpu_kernels *kern;
+    const ctxpar_tensor *dout;
+    const float *lse, *delta;
+    float *dq, *dk, *dv;
+    /* The fused items' dQ partial sums, one set per key chunk: chunk c, (b, h), query tile qt is
+     * the transposed tile dq_part + ((((c * B + b) * Hq + h) * q_tiles + qt) * D) * 64, [D, 64]. */
+    float *dq_part;
+    int64_t chunks, chunk_tiles; /* key chunks, and key tiles per chunk (the last may be short) */
+} ctxpar_bwd_args;
+
+/* Per-thread workspace. An item covers up to CTXPAR_CPU_GROUP tiles of its own side, each with
+ * up to 4 transposed [D, 64] tiles, two [64] vectors and (fused items) its K rows; every tile of
+ * the other side is loaded once for the whole group. */
+typedef struct ctxpar_bwd_ws {
+    float *t[CTXPAR_CPU_GROUP][4];   /* [D, 64] */
+    float *vec[CTXPAR_CPU_GROUP][2]; /* [64] */
+    float *krow[CTXPAR_CPU_GROUP];   /* [64, D] the key tile's rows, unscaled (fused) */
+    float *s, *dp, *dst;             /* [64, 64]; dst: dS transposed (fused) */
+    uint32_t *vis, *vist;            /* [64, 64] visibility of a PARTIAL tile, and transposed */
+    float *buf0, *buf1;              /* [64, D] */
+    float *row;                      /* [D] */
+} ctxpar_bwd_ws;
+
+/* Lays the workspace out from base; with base NULL it only measures (*floats_out). */
+ctxpar_bwd_ws ctxpar_bwd_ws_at(float *base, int64_t dim, size_t *floats_out);
+
+/* Rows in tile t of a side of `seq` rows; the lanes a kernel runs for `rows` rows. */
+int64_t ctxpar_bwd_tile_rows(int64_t seq, int64_t t, int64_t tile);
+int64_t ctxpar_bwd_lanes(const ctxpar_cpu_kernels *kern, int64_t rows);
+
+/* dst[d*lanes + r] = rows r of t (b, s0 + r, h) times mul, r < n; 0 for n <= r < lanes. */
+void ctxpar_bwd_pack_t(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, int64_t b,
+                       int64_t s0, int64_t n, int64_t h, int64_t lanes, float mul, float *row,
+                       float *dst);
+
+/* lse in base 2 for exp2(s - lse2); an empty row (lse = -inf) gets +inf so that P = 0. */
+float ctxpar_bwd_lse2(float lse);
+
+/* The work items (cpu_attn_bwd_items.c), each sum with one owner and a fixed order:
+ *  - dq for query tiles qt0 .. qt0+ng-1 of (b, h): query rows are the lanes; key tiles in
+ *    increasing order. Recomputes P and dP (the two-pass backward's second pass).
+ *  - dk, dv for key tiles kt0 .. kt0+ng-1 of (b, hk): key rows are the lanes; the query heads of
+ *    the GQA group, then the query tiles, in increasing order. With dq_chunk (a chunk's part of
+ *    dq_part, see ctxpar_bwd_args) it also adds dS K to the dQ partial sums, from the same dS.
+ *  - fused: the dk, dv items of every key tile group of chunk c of (b, hk) with dQ partial sums
+ *    (zeroed first): P and dP are computed once for all three gradients. */
+void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_t b, int64_t h,
+                        int64_t qt0, int ng);
+void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_t b,
+                         int64_t hk, int64_t kt0, int ng, float *dq_chunk);
+void ctxpar_bwd_fused_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_t b,
+                           int64_t hk, int64_t c);
+
+#endif /* CTXPAR_CPU_ATTN_BWD_H */

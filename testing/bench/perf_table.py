@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""The one performance table of docs/performance.md: CPU targets of the project, measured.
+
+Every number comes from `ctxpar bench --json` (ctxpar's time, FLOP/s and % of the FP32 FMA peak
+it measures, see `ctxpar bench --peak`) and from PyTorch's CPU scaled_dot_product_attention on
+the same shape and threads (timed by compare_torch.py's functions, in this process). Each case
+runs --rounds times, interleaved, and every time in the table is the best (lowest) of the
+rounds' medians: on a shared machine noise only ever makes a run slower. Ratios are formed from
+those best times. Cases under mpirun need Open MPI (as root: OMPI_ALLOW_RUN_AS_ROOT=1
+OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1).
+
+FLOPs (as `ctxpar bench --help`): forward 4 * batch * heads * head_dim * visible pairs (seq^2,
+half when causal); backward 2.5x forward; forward + backward 3.5x forward.
+
+Not part of CI. Needs numpy and PyTorch for the PyTorch column (without them it shows "-"):
+
+    bazel build //testing:ctxpar
+    /tmp/torchenv/bin/python testing/bench/perf_table.py --rounds 3
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_torch  # noqa: E402  (its PyTorch timing functions)
+
+KERNEL = ["--ranks", "1", "--seq", "4096", "--heads", "4", "--mask", "none", "--backward"]
+RING = ["--ranks", "2", "--threads", "1", "--seq", "8192", "--heads", "4", "--dim", "64",
+        "--mask", "causal", "--layout", "zigzag", "--backward"]
+
+# name: (how to launch, bench arguments)
+RUNS = {
+    "k64": ("local", KERNEL + ["--threads", "1", "--dim", "64"]),
+    "k128": ("local", KERNEL + ["--threads", "1", "--dim", "128"]),
+    "k128_bf16": ("local", KERNEL + ["--threads", "1", "--dim", "128", "--dtype", "bf16"]),
+    "k128_t2": ("local", KERNEL + ["--threads", "2", "--dim", "128"]),
+    "ring": ("local", RING + ["--algo", "ring"]),
+    "ring_mpi": ("mpi", RING + ["--algo", "ring"]),
+    "allgather": ("local", RING + ["--algo", "allgather"]),
+    "allgather_mpi": ("mpi", RING + ["--algo", "allgather"]),
+}
+
+# PyTorch on the same shapes: (seq, heads, dim, causal, threads)
+TORCH = {
+    "k64": (4096, 4, 64, False, 1),
+    "k128": (4096, 4, 128, False, 1),
+    "k128_t2": (4096, 4, 128, False, 2),
+    "causal8k": (8192, 4, 64, True, 2),
+}
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ctxpar", default="bazel-bin/testing/ctxpar")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3, help="timed calls per bench (median)")
+    ap.add_argument("--no-mpi", action="store_true", help="leave out the mpirun cases")
+    ap.add_argument("--no-torch", action="store_true", help="leave out PyTorch")
+    ap.add_argument("--json", action="store_true", help="also print every row as JSON")
+    return ap.parse_args()
+
+
+def bench(args, how, argv):
+    cmd = [args.ctxpar, "bench", "--json", "--warmup", "1", "--repeat", str(args.repeat)] + argv
+    if how == "mpi":
+        cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader",
+               "-np", "2"] + cmd + ["--comm", "mpi"]
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        sys.exit(f"perf_table: {' '.join(cmd)}: exit {out.returncode}: {out.stderr.strip()}")
+    return json.loads(out.stdout)
+
+
+def torch_times(torch, np, case, repeat):
+    seq, heads, dim, causal, threads = case
+    torch.set_num_threads(threads)
+    rng = np.random.default_rng(0)
+    q, k, v, dout = (rng.uniform(-1, 1, (1, seq, heads, dim)).astype(np.float32)
+                     for _ in range(4))
+    fwd, _ = compare_torch.torch_forward(torch, q, k, v, causal, repeat, 1)
+    fb, _ = compare_torch.torch_forward_backward(torch, q, k, v, dout, causal, repeat, 1)
+    return {"fwd": fwd, "fwd_bwd": fb}
+
+
+def keep_best(best, key, value):
+    if value is not None and (key not in best or value < best[key]):
+        best[key] = value
+
+
+def measure(args, torch, np):
+    """Best times over the rounds: best[(run, side, pass)] seconds; best[('torch', case, pass)];
+    and the last JSON of each run (for FLOPs and the peak)."""
+    best, last = {}, {}
+    runs = {n: r for n, r in RUNS.items() if not (args.no_mpi and r[0] == "mpi")}
+    for rnd in range(args.rounds):
+        for name, (how, argv) in runs.items():
+            j = bench(args, how, argv)
+            last[name] = j
+            for side, d in (("p", j), ("base", j["baseline"])):
+                keep_best(best, (name, side, "fwd"), d["fwd_time_s"])
+                keep_best(best, (name, side, "fwd_bwd"), d["fwd_bwd_time_s"])
+                keep_best(best, (name, side, "bwd"), d["bwd_time_s"])
+            print(f"round {rnd + 1}/{args.rounds}: {name} done", file=sys.stderr)
+        if torch is not None:
+            for case, shape in TORCH.items():
+                for p, t in torch_times(torch, np, shape, args.repeat).items():
+                    keep_best(best, ("torch", case, p), t)
+            print(f"round {rnd + 1}/{args.rounds}: PyTorch done", file=sys.stderr)
+    return best, last
+
+
+FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+PASS_NAME = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "fwd + bwd"}
+
+
+def row(best, last, run, side, pas, label, shape, torch_case=None, ref=None, target=None):
+    """One table row. ref: (run, side, label) whose time this one is compared with (same pass);
+    target: (column, minimum) with column "peak", "torch" or "ref"."""
+    if run not in last:
+        return None
+    j = last[run]
+    d = j if side == "p" else j["baseline"]
+    t = best[(run, side, pas)]
+    flops = FLOP_FACTOR[pas] * d["fwd_flops"] / t
+    peak = d["peak_flops"]
+    r = {"case": label, "shape": shape, "ranks": d["ranks"], "threads": d["threads_per_rank"],
+         "pass": PASS_NAME[pas], "ms": t * 1e3, "gflops": flops / 1e9,
+         "pct_peak": 100 * flops / peak if peak else None, "torch_ms": None, "vs_torch": None,
+         "vs_ref": None, "ref": None, "target": None, "met": None}
+    if torch_case and ("torch", torch_case, pas) in best:
+        r["torch_ms"] = best[("torch", torch_case, pas)] * 1e3
+        r["vs_torch"] = r["torch_ms"] / r["ms"]
+    if ref and ref[0] in last:
+        r["vs_ref"] = best[(ref[0], ref[1], pas)] / t
+        r["ref"] = ref[2]
+    if target:
+        col, minimum = target
+        value = {"peak": r["pct_peak"], "torch": r["vs_torch"], "ref": r["vs_ref"]}[col]
+        r["target"] = (f">= {minimum:g} %" if col == "peak" else f">= {minimum:g}x") + \
+            {"peak": " of peak", "torch": " PyTorch", "ref": " " + (r["ref"] or "")}[col]
+        r["met"] = None if value is None else value >= minimum
+    return r
+
+
+def rows(best, last):
+    k = "seq 4096, 4 heads, d={}, no mask, f32"
+    c = "seq 8192, 4 heads, d=64, causal zigzag, f32"
+    out = []
+    for pas, tgt128, tgt64 in (("fwd", 60, 50), ("bwd", 40, None), ("fwd_bwd", None, None)):
+        out.append(row(best, last, "k128", "p", pas, "block kernel, 1 thread", k.format(128),
+                       "k128", target=("peak", tgt128) if tgt128 else
+                       (("torch", 1.0) if pas != "bwd" else None)))
+        out.append(row(best, last, "k64", "p", pas, "block kernel, 1 thread", k.format(64),
+                       "k64", target=("peak", tgt64) if tgt64 else
+                       (("torch", 1.0) if pas == "fwd_bwd" else None)))
+    for pas in ("fwd", "fwd_bwd"):
+        out.append(row(best, last, "k128_t2", "p", pas, "block kernel, 2 threads", k.format(128),
+                       "k128_t2", ref=("k128", "p", "1 thread"), target=("ref", 1.8)))
+    for pas in ("fwd", "fwd_bwd"):
+        out.append(row(best, last, "k128_bf16", "p", pas, "BF16 storage, 1 thread",
+                       k.format(128).replace("f32", "bf16"), ref=("k128", "p", "F32"),
+                       target=("ref", 0.85)))
+    for pas in ("fwd", "fwd_bwd"):
+        out.append(row(best, last, "ring", "base", pas, "P = 1 (one rank, 2 threads)", c,
+                       "causal8k", target=("torch", 1.0)))
+    for run, label in (("ring", "ring P = 2, threads"), ("ring_mpi", "ring P = 2, mpirun"),
+                       ("allgather", "all-gather P = 2, threads"),
+                       ("allgather_mpi", "all-gather P = 2, mpirun")):
+        for pas in ("fwd", "fwd_bwd"):
+            out.append(row(best, last, run, "p", pas, label, c, "causal8k",
+                           ref=(run, "base", "P = 1"), target=("ref", 0.9)))
+    return [r for r in out if r is not None]
+
+
+def fmt(x, spec, suffix=""):
+    return "-" if x is None else format(x, spec) + suffix
+
+
+def main():
+    args = parse_args()
+    torch = np = None
+    if not args.no_torch:
+        try:
+            import numpy as np
+            import torch
+        except ImportError as e:
+            print(f"perf_table: no PyTorch column ({e})", file=sys.stderr)
+    if not os.access(args.ctxpar, os.X_OK):
+        sys.exit(f"perf_table: {args.ctxpar} not found: bazel build //testing:ctxpar")
+    best, last = measure(args, torch, np)
+    j0 = next(iter(last.values()))
+    print(f"ctxpar {compare_torch.run([args.ctxpar, '--version']).split()[-1]}"
+          + (f", PyTorch {torch.__version__}" if torch else "")
+          + f"; peak {j0['peak_flops_per_core'] / 1e9:.1f} GFLOP/s per core "
+          f"({j0['peak_kernels']} FMA, measured), {j0['cores']} cores; best of {args.rounds} "
+          f"rounds, each the median of {args.repeat} calls\n")
+    print("| case | shape | ranks x threads | pass | ms | GFLOP/s | % of peak | PyTorch ms | "
+          "vs PyTorch | vs reference | target | met |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|")
+    table = rows(best, last)
+    for r in table:
+        ref = "-" if r["vs_ref"] is None else f"{r['vs_ref']:.2f}x {r['ref']}"
+        met = "-" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        print(f"| {r['case']} | {r['shape']} | {r['ranks']} x {r['threads']} | {r['pass']} | "
+              f"{r['ms']:.1f} | {r['gflops']:.1f} | {fmt(r['pct_peak'], '.1f', ' %')} | "
+              f"{fmt(r['torch_ms'], '.1f')} | {fmt(r['vs_torch'], '.2f', 'x')} | {ref} | "
+              f"{r['target'] or '-'} | {met} |")
+    if args.json:
+        for r in table:
+            print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

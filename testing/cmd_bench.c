@@ -384,17 +384,16 @@ int ctxpar_cmd_bench(int argc, char **argv) {
     ctxpar_session s;
     if ((rc = ctxpar_session_begin(&s, "bench", &cli)) >= 0)
         return rc;
-    // Every rank probes at once, though only rank 0 reports: a rank spinning in MPI while rank 0
-    // measured would slow the probe where the two share a physical core (virtual machines).
-    // Without a peak (not the CPU backend, or the probe failed: said on stderr) the percentages
-    // are left out and the bench goes on.
+    // Rank 0 measures and reports (the others wait). Without a peak (not the CPU backend, or
+    // the probe failed: said on stderr) the percentages are left out and the bench goes on.
     ctxpar_peak_info peak = {0};
     const int probed = cli.cfg.backend == CTXPAR_RUN_CPU &&
                        ctxpar_peak_measure(&s, cli.peak, &peak) == 0;
     if (cli.peak) {
-        if (probed && s.rank == 0)
+        if (probed)
             ctxpar_peak_print(stdout, &peak, cli.json);
-        return ctxpar_session_end(&s, probed ? CTXPAR_EXIT_OK : CTXPAR_EXIT_FAIL);
+        // Rank 0's verdict is everyone's (ctxpar_session_end).
+        return ctxpar_session_end(&s, probed || s.rank ? CTXPAR_EXIT_OK : CTXPAR_EXIT_FAIL);
     }
     rc = CTXPAR_EXIT_OK;
     if (s.rank == 0 && cli.sweep) {

@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "runner_mpi.h"
+
+static int measure_all(ctxpar_session *s, int all_cores, ctxpar_peak_info *peak);
 
 static int measure(ctxpar_session *s, int threads, ctxpar_cpu_peak *out) {
     ctxpar_cpu_options opt = CTXPAR_CPU_OPTIONS_INIT;
@@ -22,7 +25,17 @@ static int measure(ctxpar_session *s, int threads, ctxpar_cpu_peak *out) {
     return st == CTXPAR_OK ? 0 : -1;
 }
 
+// Rank 0 measures while the other ranks of an MPI job wait in a barrier that sleeps: a rank that
+// spins, or probes at the same time, takes cycles from the probe where ranks share cores (and
+// on virtual machines even its per-thread CPU time reads low).
 int ctxpar_peak_measure(ctxpar_session *s, int all_cores, ctxpar_peak_info *peak) {
+    int rc = s->rank == 0 ? measure_all(s, all_cores, peak) : -1;
+    if (s->mpi && ctxpar_run_mpi_quiet_barrier() != 0)
+        rc = -1;
+    return rc;
+}
+
+static int measure_all(ctxpar_session *s, int all_cores, ctxpar_peak_info *peak) {
     ctxpar_peak_info p = {0};
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     p.cores = cores > 0 ? (int)cores : 1;

@@ -106,8 +106,9 @@ typedef struct ctxpar_peak_info {
     int cores;            /* online cores of this machine */
 } ctxpar_peak_info;
 
-/* Measures one core's peak, and also every core's at once when `all_cores`. Returns 0, or -1
- * after a message through the session. */
+/* Rank 0 measures one core's peak, and also every core's at once when `all_cores`, while the
+ * other MPI ranks wait without spinning. Returns 0 on rank 0 when measured; -1 on the other
+ * ranks, or after a message through the session. */
 int ctxpar_peak_measure(ctxpar_session *s, int all_cores, ctxpar_peak_info *peak);
 
 /* The peak FLOP/s of `ranks` x `threads` threads: one core's peak times the cores they can use

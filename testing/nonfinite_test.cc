@@ -23,6 +23,7 @@
 #include "ctxpar_cpu.h"
 #include "ctxpar_local.h"
 #include "data.h"
+#include "expect_nonfinite.h"
 #include "oracle.h"
 #include "tolerance.h"
 
@@ -265,37 +266,7 @@ const char *const kTensorName[5] = {"out", "lse", "dq", "dk", "dv"};
 // within the F32 tolerance of the largest finite reference value.
 void ExpectSameNonFinite(const std::vector<float> &got, const std::vector<double> &ref,
                          const char *name) {
-    ASSERT_EQ(got.size(), ref.size());
-    double max_ref = 0.0, max_err = 0.0;
-    int64_t nan_missing = 0, nan_extra = 0, inf_wrong = 0, first = -1;
-    for (size_t i = 0; i < ref.size(); i++) {
-        if (std::isfinite(ref[i]))
-            max_ref = std::fmax(max_ref, std::fabs(ref[i]));
-    }
-    for (size_t i = 0; i < ref.size(); i++) {
-        const double g = got[i], r = ref[i];
-        bool bad = false;
-        if (std::isnan(r) != std::isnan(g)) {
-            (std::isnan(r) ? nan_missing : nan_extra)++;
-            bad = true;
-        } else if (std::isinf(r) || std::isinf(g)) {
-            bad = g != r;
-            inf_wrong += bad;
-        } else if (!std::isnan(r)) {
-            max_err = std::fmax(max_err, std::fabs(g - r));
-        }
-        if (bad && first < 0)
-            first = static_cast<int64_t>(i);
-    }
-    const double tol = ctxpar_tolerance(CTXPAR_DTYPE_F32, name);
-    EXPECT_EQ(nan_missing, 0) << name << ": NaN in the oracle but not in the result";
-    EXPECT_EQ(nan_extra, 0) << name << ": NaN in the result where the oracle is not NaN";
-    EXPECT_EQ(inf_wrong, 0) << name << ": infinities differ";
-    if (first >= 0)
-        ADD_FAILURE() << name << ": first mismatch at flat index " << first << ": got "
-                      << got[first] << ", oracle " << ref[first];
-    EXPECT_LE(max_err, tol * std::fmax(max_ref, 1e-30))
-        << name << ": finite values differ by " << max_err << " (max |oracle| " << max_ref << ")";
+    ::ExpectSameNonFinite(got, ref, ctxpar_tolerance(CTXPAR_DTYPE_F32, name), name);
 }
 
 int64_t CountNonFinite(const std::vector<double> &x) {

@@ -19,8 +19,10 @@
 
 // Fused items wanted: enough for a few dozen threads with dynamic balancing.
 #define FUSED_ITEMS 32
-// Most key chunks (dQ partial sums) the fused schedule keeps, and the fewest items it accepts.
-#define FUSED_MAX_CHUNKS 4
+// Most key chunks, each one dQ-sized F32 partial sum: 4 ran no faster than 2 on the benchmark
+// shapes (seq 4096-8192, 4 K/V heads) and held twice the memory (a long-sequence audit feels it).
+#define FUSED_MAX_CHUNKS 2
+// Fewest items the fused schedule accepts; below, the two-pass one keeps more threads busy.
 #define FUSED_MIN_ITEMS 8
 
 // Key chunks of the fused schedule, or 0 for the two-pass one. A function of the shapes (and of
@@ -55,6 +57,12 @@ static ctxpar_status check_bwd(const ctxpar_cpu_plan *p, const ctxpar_tensor *do
     return CTXPAR_OK;
 }
 
+// This thread's part of the workspaces.
+static ctxpar_bwd_ws thread_ws(float *ws, size_t per_thread, int64_t dim) {
+    size_t unused;
+    return ctxpar_bwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, dim, &unused);
+}
+
 // dq += scale * (sum of the chunks' partial sums, in chunk order), for query tile qt of (b, h).
 static void reduce_dq(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_t qt) {
     const ctxpar_cpu_plan *p = a->p;
@@ -82,9 +90,7 @@ static void run_fused(const ctxpar_bwd_args *a, float *ws, size_t per_thread, in
     const int64_t q_items = a->dq ? p->batch * p->heads_q * p->q_tiles : 0;
 #pragma omp parallel num_threads(nt)
     {
-        size_t unused;
-        ctxpar_bwd_ws w =
-            ctxpar_bwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, p->dim, &unused);
+        ctxpar_bwd_ws w = thread_ws(ws, per_thread, p->dim);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             const int64_t bh = it % (p->batch * p->heads_kv), c = it / (p->batch * p->heads_kv);
@@ -107,9 +113,7 @@ static void run_two_pass(const ctxpar_bwd_args *a, float *ws, size_t per_thread,
     const int64_t dkv_items = a->dk || a->dv ? p->batch * p->heads_kv * k_groups : 0;
 #pragma omp parallel num_threads(nt)
     {
-        size_t unused;
-        ctxpar_bwd_ws w =
-            ctxpar_bwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, p->dim, &unused);
+        ctxpar_bwd_ws w = thread_ws(ws, per_thread, p->dim);
 #pragma omp for schedule(static, 1)
         for (int64_t it = 0; it < dq_items; it++) {
             int64_t grp = it % q_groups, h = (it / q_groups) % p->heads_q;

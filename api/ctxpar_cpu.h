@@ -36,7 +36,7 @@ typedef struct ctxpar_cpu_peak {
     int vector_lanes;      /* FP32 lanes per vector instruction */
     int threads;           /* threads measured at once (the device's thread count) */
     /* FLOP/s of one core: per thread, FLOPs over the thread's own CPU time (so time the OS gave
-     * to other processes does not count), best of a few rounds; the mean over the threads. */
+     * to other processes does not count), best of 10 rounds; the mean over the threads. */
     double flops_per_core;
     /* FLOP/s of all threads together, per wall-clock second (less than threads x flops_per_core
      * when threads share cores or other processes run). */
@@ -47,7 +47,7 @@ typedef struct ctxpar_cpu_peak {
 #define CTXPAR_CPU_PEAK_INIT { sizeof(ctxpar_cpu_peak), NULL, 0, 0, 0.0, 0.0, 0.0 }
 
 /* Measures the peak of `device` (a CPU device) with its kernels and thread count; takes about
- * 0.1-0.3 s. peak->struct_size must be set (CTXPAR_CPU_PEAK_INIT); *peak is written only on
+ * 0.1-0.2 s. peak->struct_size must be set (CTXPAR_CPU_PEAK_INIT); *peak is written only on
  * success. */
 ctxpar_status ctxpar_cpu_measure_peak(const ctxpar_device *device, ctxpar_cpu_peak *peak);
 

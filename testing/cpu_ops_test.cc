@@ -1110,6 +1110,39 @@ TEST(Memory, AllocCopyMemset) {
     EXPECT_EQ(ctxpar_dev_has_streams(d.dev), 0);
 }
 
+// A freed block comes back for the next request of its size (the algorithms allocate the same
+// buffers every call; fresh pages would fault again), aligned and whole; more blocks than the
+// cache keeps are returned, and the device gives everything back at destroy (ASan and valgrind
+// check that no block leaks).
+TEST(Memory, FreedBlocksAreReused) {
+    Device d(1);
+    ASSERT_EQ(d.st, CTXPAR_OK);
+    void *a = nullptr, *b = nullptr, *c = nullptr;
+    ASSERT_EQ(ctxpar_dev_alloc(d.dev, 100000, CTXPAR_MEM_DEVICE, &a), CTXPAR_OK);
+    std::memset(a, 1, 100000);
+    ctxpar_dev_free(d.dev, a, 100000, CTXPAR_MEM_DEVICE);
+    ASSERT_EQ(ctxpar_dev_alloc(d.dev, 100000, CTXPAR_MEM_DEVICE, &b), CTXPAR_OK);
+    ASSERT_EQ(ctxpar_dev_alloc(d.dev, 100000, CTXPAR_MEM_DEVICE, &c), CTXPAR_OK);
+#if !defined(__SANITIZE_ADDRESS__) // the cache is off under ASan, to catch a use after free
+    EXPECT_EQ(b, a);
+#endif
+    EXPECT_NE(c, b);
+    for (void *p : {b, c}) {
+        EXPECT_EQ((uintptr_t)p % 64, 0u);
+        std::memset(p, 2, 100000);
+    }
+    ctxpar_dev_free(d.dev, b, 100000, CTXPAR_MEM_DEVICE);
+    ctxpar_dev_free(d.dev, c, 100000, CTXPAR_MEM_DEVICE);
+    std::vector<void *> many(40);
+    for (size_t i = 0; i < many.size(); i++) {
+        ASSERT_EQ(ctxpar_dev_alloc(d.dev, 4096 * (i + 1), CTXPAR_MEM_HOST, &many[i]), CTXPAR_OK);
+        std::memset(many[i], 3, 4096 * (i + 1));
+    }
+    for (size_t i = 0; i < many.size(); i++)
+        ctxpar_dev_free(d.dev, many[i], 4096 * (i + 1), CTXPAR_MEM_HOST);
+    EXPECT_EQ(d.dev->mem_current, 0u);
+}
+
 // ---------------------------------------------------------------- errors
 
 TEST(Errors, BadArgumentsAreReportedAndOutputsUntouched) {

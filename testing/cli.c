@@ -3,16 +3,18 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "tensor_format.h"
 
 typedef enum opt_id {
     O_RANKS, O_BATCH, O_SEQ, O_HEADS, O_KV_HEADS, O_DIM, O_DTYPE, O_MASK, O_WINDOW, O_ALGO,
     O_LAYOUT, O_DOCS, O_BACKWARD, O_SEED, O_Q, O_K, O_V, O_DOUT, O_CU_SEQLENS, O_SAVE, O_THREADS,
     O_WARMUP, O_REPEAT, O_CHECK, O_NO_CHECK, O_SWEEP, O_PEAK, O_VERIFY, O_COMM, O_BACKEND, O_JSON,
-    O_TRACE,
+    O_TRACE, O_INPUTS, O_AGAINST, O_SHARDS, O_FORMAT, O_LSE_BASE, O_LSE_LAYOUT, O_MAX_RATIO,
 } opt_id;
 
 enum { C = CTXPAR_CMD_CHECK, A = CTXPAR_CMD_AUDIT, B = CTXPAR_CMD_BENCH };
@@ -39,7 +41,18 @@ static const opt options[] = {
     {"--dout", O_DOUT, A, 0, "DO.npy", "gradient of the output, the shape of q: runs backward"},
     {"--cu-seqlens", O_CU_SEQLENS, A, 0, "CU.npy",
      "packed documents: int32/int64 [docs + 1], 0 ... seq"},
-    {"--save", O_SAVE, A, 0, "DIR", "write out.npy, lse.npy (and dq, dk, dv.npy) to DIR"},
+    {"--inputs", O_INPUTS, A, 0, "SRC",
+     "q, k, v (dout, cu_seqlens): a .safetensors file or a folder of NAME.npy"},
+    {"--against", O_AGAINST, A, 0, "SRC",
+     "judge results computed elsewhere: out, lse, dq, dk, dv in a .safetensors or a folder"},
+    {"--shards", O_SHARDS, A, 0, "PATTERN",
+     "per-rank files, e.g. dump/{name}.rank{rank}.npy, for tensors not given otherwise"},
+    {"--format", O_FORMAT, A, 0, "bshd|bhsd|sbhd|thd", "order of every tensor's dimensions"},
+    {"--lse-layout", O_LSE_LAYOUT, A, 0, "bhs|bsh|ht", "order of the lse's dimensions"},
+    {"--lse-base", O_LSE_BASE, A, 0, "e|2", "logarithm base of the lse"},
+    {"--max-ratio", O_MAX_RATIO, A, 0, "R",
+     "--against: consistent when each error is at most R x ctxpar's own at the same dtype"},
+    {"--save", O_SAVE, A, 0, "DIR", "write ctxpar's results to DIR, stored like the inputs"},
     {"--dtype", O_DTYPE, C | A | B, 0, "f32|f16|bf16", "storage dtype of q, k, v, out"},
     {"--mask", O_MASK, C | A | B, 0, "none|causal", "attention mask"},
     {"--window", O_WINDOW, C | A | B, 0, "W", "sliding window: query i sees keys k, i-k < W"},
@@ -81,6 +94,7 @@ static void defaults(int cmd, ctxpar_cli *cli) {
     memset(cli, 0, sizeof *cli);
     cli->cmd = cmd;
     ctxpar_run_config_default(&cli->cfg);
+    cli->max_ratio = 2.0;
     if (cmd == B) {
         // Timing wants a warm cache and several samples; the oracle is opt-in (--check), and the
         // bench runs its single-rank baseline itself.
@@ -116,6 +130,10 @@ static void default_text(const opt *o, const ctxpar_cli *d, char *buf, size_t n)
     case O_REPEAT: snprintf(buf, n, "%d", c->repeat > 0 ? c->repeat : 1); break;
     case O_COMM: snprintf(buf, n, "mpi under mpirun, else local"); break;
     case O_BACKEND: snprintf(buf, n, "cpu"); break;
+    case O_FORMAT: snprintf(buf, n, "bshd"); break;
+    case O_LSE_LAYOUT: snprintf(buf, n, "bhs"); break;
+    case O_LSE_BASE: snprintf(buf, n, "e"); break;
+    case O_MAX_RATIO: snprintf(buf, n, "%g", d->max_ratio); break;
     default: break;
     }
 }
@@ -127,16 +145,22 @@ static const char *const notes_check =
     "Exit status: 0 within tolerance, 1 out of tolerance or a failed run, 2 bad usage.\n";
 
 static const char *const notes_audit =
-    "Runs context-parallel attention on your own global tensors: .npy files (format 1.0/2.0,\n"
-    "little-endian float32 or float16, C order) in BSHD order [batch, seq, heads, head_dim]; K\n"
-    "and V may have fewer heads (GQA). The shapes give batch, seq, heads, kv-heads and dim. The\n"
-    "inputs are sharded by --layout over the ranks, the results gathered back to global order and\n"
-    "compared with float64 attention and with one rank, as `ctxpar check` does. --dtype other\n"
-    "than the files' converts them first (rounding to nearest even).\n"
-    "--save DIR writes out.npy (the input dtype, [batch, seq, heads, head_dim]), lse.npy\n"
-    "(float32, [batch, heads, seq], natural log) and with --dout dq.npy, dk.npy, dv.npy.\n"
-    "Exit status: 0 within tolerance, 1 out of tolerance or a failed run, 2 bad usage or a bad\n"
-    "input file (one line names the file and the problem).\n";
+    "Runs context-parallel attention on your own global tensors and compares the gathered\n"
+    "result with float64 attention and with one rank, as `ctxpar check` does; with --against,\n"
+    "also judges results computed elsewhere (PyTorch, TransformerEngine, your own kernels).\n"
+    "Files: .npy (format 1.0/2.0, C order; float32, float16, bfloat16 as ml_dtypes saves it\n"
+    "('<V2'), int32/int64 for cu_seqlens) or .safetensors (F32, F16, BF16, I32, I64); --inputs\n"
+    "takes q, k, v and optional dout (runs backward) and cu_seqlens (packed documents). Every\n"
+    "tensor is in --format order (thd: [tokens, heads, dim], batch 1); K and V may have fewer\n"
+    "heads (GQA). --shards assembles per-rank files into global order by --layout/--ranks.\n"
+    "--against: for each of out, lse, dq, dk, dv given, its error vs float64, ctxpar's own error\n"
+    "at the same dtype (the results' dtype unless --dtype), their ratio, and the worst rows\n"
+    "(position, head, and the rank holding it under --layout/--ranks). Consistent when every\n"
+    "ratio is at most --max-ratio.\n"
+    "--save DIR writes ctxpar's out, lse (float32) and with dout dq, dk, dv stored like the\n"
+    "inputs: NAME.npy, one ctxpar_results.safetensors, or shards named as --shards names them.\n"
+    "Exit status: 0 within tolerance (and consistent), 1 out of tolerance, not consistent or a\n"
+    "failed run, 2 bad usage or a bad input file (one line names the file and the problem).\n";
 
 static const char *const notes_bench =
     "Times context-parallel attention (median of --repeat calls after --warmup) and, in the\n"
@@ -293,6 +317,25 @@ static int set_value(const opt *o, const char *val, ctxpar_cli *cli) {
     case O_DOUT: cli->dout_path = val; return 1;
     case O_CU_SEQLENS: cli->cu_seqlens_path = val; return 1;
     case O_SAVE: cli->save_dir = val; return 1;
+    case O_INPUTS: cli->inputs_path = val; return 1;
+    case O_AGAINST: cli->against_path = val; return 1;
+    case O_SHARDS: cli->shards_pattern = val; return 1;
+    case O_FORMAT: return pick(val, ctxpar_tformat_names, 4, &cli->format);
+    case O_LSE_LAYOUT: return pick(val, ctxpar_lse_layout_names, 3, &cli->lse_layout);
+    case O_LSE_BASE:
+        if (strcmp(val, "e") && strcmp(val, "2"))
+            return 0;
+        cli->lse_base2 = val[0] == '2';
+        return 1;
+    case O_MAX_RATIO: {
+        char *end;
+        errno = 0;
+        double r = strtod(val, &end);
+        if (errno || end == val || *end || !(r >= 1.0) || !isfinite(r))
+            return 0;
+        cli->max_ratio = r;
+        return 1;
+    }
     case O_TRACE: cli->trace_path = val; return 1;
     default: break;
     }
@@ -347,8 +390,17 @@ static int check_combination(const char *cmd, ctxpar_cli *cli, FILE *err) {
         fprintf(err, "ctxpar %s: --trace records one run: leave out --sweep\n", cmd);
         return CTXPAR_EXIT_USAGE;
     }
-    if (cli->cmd == A && (!cli->q_path || !cli->k_path || !cli->v_path)) {
-        fprintf(err, "ctxpar %s: --q, --k and --v are required (see ctxpar %s --help)\n", cmd,
+    int some_qkv = cli->q_path || cli->k_path || cli->v_path;
+    if (cli->cmd == A && (some_qkv || (!cli->inputs_path && !cli->shards_pattern)) &&
+        (!cli->q_path || !cli->k_path || !cli->v_path)) {
+        fprintf(err,
+                "ctxpar %s: --q, --k and --v are required, or --inputs or --shards (see ctxpar "
+                "%s --help)\n",
+                cmd, cmd);
+        return CTXPAR_EXIT_USAGE;
+    }
+    if (cli->cmd == A && some_qkv && cli->inputs_path) {
+        fprintf(err, "ctxpar %s: give the inputs by --inputs or by --q, --k, --v, not both\n",
                 cmd);
         return CTXPAR_EXIT_USAGE;
     }
@@ -356,8 +408,6 @@ static int check_combination(const char *cmd, ctxpar_cli *cli, FILE *err) {
         fprintf(err, "ctxpar %s: --peak measures the CPU cores: leave out --backend\n", cmd);
         return CTXPAR_EXIT_USAGE;
     }
-    if (cli->cmd == A)
-        cli->cfg.backward = cli->dout_path != NULL;
     if (!ctxpar_run_backend_available(cli->cfg.backend)) {
         fprintf(err, "ctxpar %s: backend '%s' is not built into this binary\n", cmd,
                 ctxpar_run_backend_name(cli->cfg.backend));

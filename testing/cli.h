@@ -29,6 +29,11 @@ typedef struct ctxpar_cli {
     int dtype_set;          /* --dtype was given (audit: else the files' dtype) */
     /* audit: the input files and where to save the results */
     const char *q_path, *k_path, *v_path, *dout_path, *cu_seqlens_path, *save_dir;
+    /* audit: --inputs, --against, --shards; the files' tensor_format.h conventions; the
+     * verdict's --max-ratio */
+    const char *inputs_path, *against_path, *shards_pattern;
+    int format, lse_layout, lse_base2;
+    double max_ratio;
     /* bench */
     int sweep;              /* --sweep: every --seq x --ranks value, one table */
     int peak;               /* --peak: only the FMA peak probe */

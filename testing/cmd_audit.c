@@ -1,308 +1,266 @@
-// `ctxpar audit`: context-parallel attention on the user's own global tensors (.npy files),
-// compared with the fp64 oracle and with P = 1 like check; --save writes the results.
-#include <errno.h>
-#include <math.h>
+// `ctxpar audit`: context-parallel attention on the user's own tensors (.npy, .safetensors, or
+// per-rank shards, in any of tensor_format.h's orders), compared with the fp64 oracle and with
+// P = 1 like check; --against judges results computed elsewhere on the same inputs; --save writes
+// ctxpar's results stored like the inputs.
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "audit.h"
 #include "commands.h"
 #include "data.h"
-#include "npy.h"
 
-typedef struct audit_inputs {
-    ctxpar_npy_array a[4]; // q, k, v, dout (dout.data NULL when absent)
-    ctxpar_npy_array cu;
-    ctxpar_dtype file_dtype;
-    void *converted[4]; // the arrays in the run's dtype when --dtype differs from the files'
-    int32_t *cu_seqlens;
-    int64_t num_docs;
-    ctxpar_run_inputs inputs;
-} audit_inputs;
+enum { IN_Q, IN_K, IN_V, IN_DOUT, N_IN };
+static const char *const in_names[N_IN] = {"q", "k", "v", "dout"};
 
-enum { IN_Q, IN_K, IN_V, IN_DOUT };
-static const char *const in_names[4] = {"q", "k", "v", "dout"};
-
-static void inputs_free(audit_inputs *in) {
-    for (int i = 0; i < 4; i++) {
-        ctxpar_npy_free(&in->a[i]);
-        free(in->converted[i]);
+void ctxpar_audit_state_free(ctxpar_audit_state *a) {
+    for (int i = 0; i < N_IN; i++) {
+        ctxpar_audit_tensor_free(&a->in[i]);
+        free(a->converted[i]);
+        ctxpar_audit_src_close(&a->files[i]);
     }
-    ctxpar_npy_free(&in->cu);
-    free(in->cu_seqlens);
-    memset(in, 0, sizeof *in);
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++)
+        ctxpar_audit_tensor_free(&a->res[i]);
+    ctxpar_audit_src_close(&a->files[N_IN]);
+    ctxpar_audit_src_close(&a->inputs_src);
+    ctxpar_audit_src_close(&a->shards);
+    ctxpar_audit_src_close(&a->against);
+    free(a->cu_seqlens);
+    memset(a, 0, sizeof *a);
 }
 
-// "(1, 4096, 8, 64)"
-static const char *shape_text(const ctxpar_npy_array *a, char *buf, size_t n) {
-    size_t off = (size_t)snprintf(buf, n, "(");
-    for (int d = 0; d < a->ndim && off < n; d++)
-        off += (size_t)snprintf(buf + off, n - off, "%s%lld", d ? ", " : "",
-                                (long long)a->shape[d]);
-    if (off < n)
-        snprintf(buf + off, n - off, a->ndim == 1 ? ",)" : ")");
-    return buf;
+static int fail(char *msg, size_t n) {
+    snprintf(msg, n, "%s", ctxpar_cli_message(ctxpar_last_error()));
+    return 0;
 }
 
-static const char *npy_type_text(ctxpar_npy_dtype t) {
-    switch (t) {
-    case CTXPAR_NPY_F32: return "float32";
-    case CTXPAR_NPY_F16: return "float16";
-    case CTXPAR_NPY_I32: return "int32";
-    case CTXPAR_NPY_I64: return "int64";
-    }
-    return "?";
+static int open_src(ctxpar_audit_src *s, const char *path, char *msg, size_t n) {
+    return !path || ctxpar_audit_src_open(s, path) == CTXPAR_OK || fail(msg, n);
 }
 
-// One tensor file: 4 dimensions, float32 or float16, nothing empty. 0 and msg on failure.
-static int check_tensor(const char *path, const char *what, const ctxpar_npy_array *a, char *msg,
-                        size_t n) {
-    char sh[128];
-    if (a->dtype != CTXPAR_NPY_F32 && a->dtype != CTXPAR_NPY_F16) {
-        snprintf(msg, n, "%s: %s has dtype %s; want float32 ('<f4') or float16 ('<f2')", path,
-                 what, npy_type_text(a->dtype));
-        return 0;
-    }
-    if (a->ndim != 4) {
-        snprintf(msg, n, "%s: %s has shape %s; want 4 dimensions [batch, seq, heads, head_dim]",
-                 path, what, shape_text(a, sh, sizeof sh));
-        return 0;
-    }
-    for (int d = 0; d < 4; d++)
-        if (a->shape[d] == 0) {
-            snprintf(msg, n, "%s: %s has an empty dimension: shape %s", path, what,
-                     shape_text(a, sh, sizeof sh));
-            return 0;
-        }
-    return 1;
+// The source holding `name`: the first of `order` that has it, or NULL.
+static const ctxpar_audit_src *find(const ctxpar_audit_src *const *order, int count,
+                                    const char *name) {
+    for (int i = 0; i < count; i++)
+        if (order[i] && order[i]->kind != CTXPAR_AUDIT_SRC_NONE &&
+            ctxpar_audit_src_has(order[i], name))
+            return order[i];
+    return NULL;
 }
 
-// The shapes must agree: k and v alike; batch, seq and head_dim as q's; q's heads a multiple of
-// k's; dout like q; one dtype for all.
-static int check_shapes(const ctxpar_cli *cli, const audit_inputs *in, char *msg, size_t n) {
-    const char *paths[4] = {cli->q_path, cli->k_path, cli->v_path, cli->dout_path};
-    const ctxpar_npy_array *q = &in->a[IN_Q], *k = &in->a[IN_K];
-    char s1[128], s2[128];
-    for (int i = IN_K; i <= IN_DOUT; i++) {
-        const ctxpar_npy_array *a = &in->a[i];
-        if (!a->data)
+// k and v alike; batch, seq and head_dim as q's; q's heads a multiple of k's; dout like q; one
+// dtype for all.
+static int check_inputs(const ctxpar_audit_state *a, char *msg, size_t n) {
+    const ctxpar_audit_tensor *q = &a->in[IN_Q], *k = &a->in[IN_K];
+    for (int i = IN_K; i < N_IN; i++) {
+        const ctxpar_audit_tensor *t = &a->in[i];
+        if (!t->data)
             continue;
-        if (a->dtype != q->dtype) {
-            snprintf(msg, n, "%s: %s is %s but q is %s (give every input one dtype)", paths[i],
-                     in_names[i], npy_type_text(a->dtype), npy_type_text(q->dtype));
-            return 0;
-        }
-        const ctxpar_npy_array *like = i == IN_V ? k : q;
-        const char *like_name = i == IN_V ? "k" : "q";
-        int same = 1;
+        const ctxpar_audit_tensor *like = i == IN_V ? k : q;
+        int same = t->dtype == q->dtype;
         for (int d = 0; d < 4; d++)
-            same &= a->shape[d] == like->shape[d] || (i == IN_K && d == 2);
+            same &= t->dims[d] == like->dims[d] || (i == IN_K && d == 2);
         if (!same) {
-            snprintf(msg, n, "%s: %s has shape %s, which does not match %s's %s%s", paths[i],
-                     in_names[i], shape_text(a, s1, sizeof s1), like_name,
-                     shape_text(like, s2, sizeof s2),
+            snprintf(msg, n,
+                     "%s: %s is %s [%lld, %lld, %lld, %lld] (batch, seq, heads, dim), which does "
+                     "not match %s's %s [%lld, %lld, %lld, %lld]%s",
+                     t->where, in_names[i], ctxpar_st_dtype_name(t->dtype),
+                     (long long)t->dims[0], (long long)t->dims[1], (long long)t->dims[2],
+                     (long long)t->dims[3], i == IN_V ? "k" : "q",
+                     ctxpar_st_dtype_name(like->dtype), (long long)like->dims[0],
+                     (long long)like->dims[1], (long long)like->dims[2], (long long)like->dims[3],
                      i == IN_K ? " (only the heads may differ)" : "");
             return 0;
         }
     }
-    if (q->shape[2] % k->shape[2] != 0) {
-        snprintf(msg, n, "%s: k has %lld heads, which does not divide q's %lld heads", paths[IN_K],
-                 (long long)k->shape[2], (long long)q->shape[2]);
+    if (q->dims[2] % k->dims[2] != 0) {
+        snprintf(msg, n, "%s: k has %lld heads, which does not divide q's %lld heads", k->where,
+                 (long long)k->dims[2], (long long)q->dims[2]);
         return 0;
     }
     return 1;
 }
 
 // cu_seqlens: 1-D int32 or int64, 0 = c[0] < c[1] < ... < c[docs] = seq, each fitting int32.
-static int check_cu_seqlens(const char *path, audit_inputs *in, int64_t seq, char *msg,
-                            size_t n) {
-    const ctxpar_npy_array *a = &in->cu;
-    char sh[128];
-    if (a->dtype != CTXPAR_NPY_I32 && a->dtype != CTXPAR_NPY_I64) {
-        snprintf(msg, n, "%s: cu_seqlens has dtype %s; want int32 or int64", path,
-                 npy_type_text(a->dtype));
-        return 0;
-    }
-    if (a->ndim != 1 || a->shape[0] < 2) {
-        snprintf(msg, n, "%s: cu_seqlens has shape %s; want [documents + 1] with at least 2 "
-                         "entries",
-                 path, shape_text(a, sh, sizeof sh));
-        return 0;
-    }
-    in->num_docs = a->shape[0] - 1;
-    in->cu_seqlens = malloc((size_t)a->shape[0] * sizeof *in->cu_seqlens);
-    if (!in->cu_seqlens) {
-        snprintf(msg, n, "%s: cannot allocate %lld entries", path, (long long)a->shape[0]);
-        return 0;
-    }
-    for (int64_t i = 0; i < a->shape[0]; i++) {
-        int64_t v = a->dtype == CTXPAR_NPY_I32 ? ((const int32_t *)a->data)[i]
-                                               : ((const int64_t *)a->data)[i];
-        if (v < INT32_MIN || v > INT32_MAX) {
-            snprintf(msg, n, "%s: cu_seqlens[%lld] = %lld does not fit in int32", path,
-                     (long long)i, (long long)v);
-            return 0;
+static int read_cu_seqlens(const ctxpar_audit_src *src, ctxpar_audit_state *a, int64_t seq,
+                           char *msg, size_t n) {
+    char where[4096];
+    ctxpar_npy_array c;
+    if (ctxpar_audit_read_raw(src, "cu_seqlens", 0, &c, where, sizeof where) != CTXPAR_OK)
+        return fail(msg, n);
+    int ok = 0;
+    if (c.dtype != CTXPAR_NPY_I32 && c.dtype != CTXPAR_NPY_I64) {
+        snprintf(msg, n, "%s: cu_seqlens has dtype %s; want int32 or int64", where,
+                 ctxpar_st_dtype_name(c.dtype));
+    } else if (c.ndim != 1 || c.shape[0] < 2) {
+        snprintf(msg, n, "%s: cu_seqlens has %d dimensions and %zu entries; want [documents + 1] "
+                         "with at least 2 entries",
+                 where, c.ndim, c.count);
+    } else if (!(a->cu_seqlens = malloc(c.count * sizeof *a->cu_seqlens))) {
+        snprintf(msg, n, "%s: cannot allocate %zu entries", where, c.count);
+    } else {
+        a->num_docs = (int64_t)c.count - 1;
+        ok = 1;
+        for (size_t i = 0; ok && i < c.count; i++) {
+            int64_t v = c.dtype == CTXPAR_NPY_I32 ? ((const int32_t *)c.data)[i]
+                                                  : ((const int64_t *)c.data)[i];
+            if (v < INT32_MIN || v > INT32_MAX || (i == 0 && v != 0) ||
+                (i > 0 && v <= a->cu_seqlens[i - 1])) {
+                snprintf(msg, n, "%s: cu_seqlens[%zu] = %lld; want 0 first, then increasing "
+                                 "int32 values",
+                         where, i, (long long)v);
+                ok = 0;
+            } else {
+                a->cu_seqlens[i] = (int32_t)v;
+            }
         }
-        if ((i == 0 && v != 0) || (i > 0 && v <= in->cu_seqlens[i - 1])) {
-            snprintf(msg, n, "%s: cu_seqlens[%lld] = %lld; want 0 first, then increasing", path,
-                     (long long)i, (long long)v);
-            return 0;
+        if (ok && a->cu_seqlens[a->num_docs] != seq) {
+            snprintf(msg, n, "%s: cu_seqlens ends at %d, but the sequence has %lld tokens", where,
+                     a->cu_seqlens[a->num_docs], (long long)seq);
+            ok = 0;
         }
-        in->cu_seqlens[i] = (int32_t)v;
     }
-    if (in->cu_seqlens[in->num_docs] != seq) {
-        snprintf(msg, n, "%s: cu_seqlens ends at %d, but the sequence (q's dimension 1) has %lld "
-                         "tokens",
-                 path, in->cu_seqlens[in->num_docs], (long long)seq);
-        return 0;
-    }
-    return 1;
+    ctxpar_npy_free(&c);
+    return ok;
 }
 
-static ctxpar_dtype npy_to_dtype(ctxpar_npy_dtype t) {
-    return t == CTXPAR_NPY_F16 ? CTXPAR_DTYPE_F16 : CTXPAR_DTYPE_F32;
-}
-
-// Copies a dense [B, S, H, D] tensor into another dtype (rounding to nearest even).
-static void convert(const void *src, ctxpar_dtype from, void *dst, ctxpar_dtype to,
-                    const int64_t shape[4]) {
-    ctxpar_tensor s = ctxpar_tensor_bshd((void *)src, from, shape[0], shape[1], shape[2],
-                                         shape[3]);
-    ctxpar_tensor d = ctxpar_tensor_bshd(dst, to, shape[0], shape[1], shape[2], shape[3]);
-    for (int64_t b = 0; b < shape[0]; b++)
-        for (int64_t t = 0; t < shape[1]; t++)
-            for (int64_t h = 0; h < shape[2]; h++)
-                for (int64_t e = 0; e < shape[3]; e++)
-                    ctxpar_test_set(&d, b, t, h, e, ctxpar_test_get(&s, b, t, h, e));
-}
-
-// Reads and checks every file, converts to the run's dtype and fills cfg. 0 and msg on failure.
-static int load(ctxpar_cli *cli, audit_inputs *in, char *msg, size_t n) {
-    const char *paths[4] = {cli->q_path, cli->k_path, cli->v_path, cli->dout_path};
-    for (int i = 0; i < 4; i++) {
-        if (!paths[i])
-            continue;
-        if (ctxpar_npy_read(paths[i], &in->a[i]) != CTXPAR_OK) {
-            snprintf(msg, n, "%s", ctxpar_cli_message(ctxpar_last_error()));
-            return 0;
-        }
-        if (!check_tensor(paths[i], in_names[i], &in->a[i], msg, n))
-            return 0;
-    }
-    if (!check_shapes(cli, in, msg, n))
-        return 0;
-    const int64_t *qs = in->a[IN_Q].shape;
-    if (cli->cu_seqlens_path) {
-        if (ctxpar_npy_read(cli->cu_seqlens_path, &in->cu) != CTXPAR_OK) {
-            snprintf(msg, n, "%s", ctxpar_cli_message(ctxpar_last_error()));
-            return 0;
-        }
-        if (!check_cu_seqlens(cli->cu_seqlens_path, in, qs[1], msg, n))
-            return 0;
-    }
-    in->file_dtype = npy_to_dtype(in->a[IN_Q].dtype);
-    ctxpar_run_config *c = &cli->cfg;
-    if (!cli->dtype_set)
-        c->dtype = in->file_dtype;
-    const void *data[4];
-    for (int i = 0; i < 4; i++) {
-        data[i] = in->a[i].data;
-        if (!data[i] || c->dtype == in->file_dtype)
-            continue;
-        size_t count = in->a[i].count;
-        in->converted[i] = malloc(count * ctxpar_dtype_size(c->dtype) + 1);
-        if (!in->converted[i]) {
-            snprintf(msg, n, "cannot allocate %zu elements to convert %s to %s", count,
-                     in_names[i], ctxpar_dtype_name(c->dtype));
-            return 0;
-        }
-        convert(data[i], in->file_dtype, in->converted[i], c->dtype, in->a[i].shape);
-        data[i] = in->converted[i];
-    }
-    in->inputs = (ctxpar_run_inputs){data[IN_Q], data[IN_K], data[IN_V], data[IN_DOUT]};
-    c->inputs = &in->inputs;
-    c->batch = qs[0];
-    c->seq = qs[1];
-    c->heads = qs[2];
-    c->head_dim = qs[3];
-    c->kv_heads = in->a[IN_K].shape[2];
-    c->backward = in->a[IN_DOUT].data != NULL;
-    c->params.cu_seqlens = in->cu_seqlens;
-    c->params.num_docs = in->cu_seqlens ? in->num_docs : 0;
-    return 1;
-}
-
-// Writes one global result to dir/name.npy in the files' dtype. 0 and msg on failure.
-static int save_one(const char *dir, const char *name, const ctxpar_run_config *c,
-                    ctxpar_dtype file_dtype, const void *data, int64_t heads, char *msg,
-                    size_t n) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s.npy", dir, name);
-    int64_t shape[4] = {c->batch, c->seq, heads, c->head_dim};
-    void *conv = NULL;
-    if (c->dtype != file_dtype) {
-        size_t count = (size_t)(shape[0] * shape[1] * shape[2] * shape[3]);
-        conv = malloc(count * ctxpar_dtype_size(file_dtype) + 1);
-        if (!conv) {
-            snprintf(msg, n, "cannot allocate %zu elements for %.900s", count, path);
-            return 0;
-        }
-        convert(data, c->dtype, conv, file_dtype, shape);
-        data = conv;
-    }
-    ctxpar_npy_dtype t = file_dtype == CTXPAR_DTYPE_F16 ? CTXPAR_NPY_F16 : CTXPAR_NPY_F32;
-    ctxpar_status st = ctxpar_npy_write(path, t, 4, shape, data);
-    free(conv);
-    if (st != CTXPAR_OK)
-        snprintf(msg, n, "%s", ctxpar_cli_message(ctxpar_last_error()));
-    return st == CTXPAR_OK;
-}
-
-static int save(const char *dir, const ctxpar_run_config *c, const audit_inputs *in,
-                const ctxpar_run_result *r, char *msg, size_t n) {
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-        snprintf(msg, n, "%s: cannot create the directory: %s", dir, strerror(errno));
-        return 0;
-    }
-    int64_t lse_shape[3] = {c->batch, c->heads, c->seq};
-    char path[4096];
-    snprintf(path, sizeof path, "%s/lse.npy", dir);
-    if (ctxpar_npy_write(path, CTXPAR_NPY_F32, 3, lse_shape, r->outputs.t[CTXPAR_T_LSE]) !=
-        CTXPAR_OK) {
-        snprintf(msg, n, "%s", ctxpar_cli_message(ctxpar_last_error()));
-        return 0;
-    }
-    static const char *const names[CTXPAR_RUN_TENSORS] = {"out", "lse", "dq", "dk", "dv"};
+// The results to judge: each must have the shape ctxpar's would have; one dtype but for lse.
+static int read_results(const ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t n) {
+    const ctxpar_audit_src *order[1] = {cli->against_path ? &a->against : &a->shards};
+    const ctxpar_audit_tensor *q = &a->in[IN_Q], *k = &a->in[IN_K];
     for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
-        if (i == CTXPAR_T_LSE || !r->outputs.t[i])
+        const char *name = ctxpar_run_tensor_name((ctxpar_run_tensor)i);
+        const ctxpar_audit_src *s = find(order, 1, name);
+        if (!s)
             continue;
-        int64_t heads = i == CTXPAR_T_DK || i == CTXPAR_T_DV ? c->kv_heads : c->heads;
-        if (!save_one(dir, names[i], c, in->file_dtype, r->outputs.t[i], heads, msg, n))
+        int lse = i == CTXPAR_T_LSE;
+        ctxpar_audit_tensor *t = &a->res[i];
+        if (ctxpar_audit_read(s, name, lse, &a->lay, t) != CTXPAR_OK)
+            return fail(msg, n);
+        a->has_against = 1;
+        const ctxpar_audit_tensor *like = i == CTXPAR_T_DK || i == CTXPAR_T_DV ? k : q;
+        int64_t want[4] = {like->dims[0], like->dims[1], like->dims[2], like->dims[3]};
+        if (lse)
+            want[1] = q->dims[2], want[2] = q->dims[1], want[3] = 1;
+        if (memcmp(want, t->dims, sizeof want) != 0) {
+            snprintf(msg, n,
+                     "%s: %s has dims [%lld, %lld, %lld, %lld], but the inputs give [%lld, %lld, "
+                     "%lld, %lld] (%s)",
+                     t->where, name, (long long)t->dims[0], (long long)t->dims[1],
+                     (long long)t->dims[2], (long long)t->dims[3], (long long)want[0],
+                     (long long)want[1], (long long)want[2], (long long)want[3],
+                     lse ? "batch, heads, seq" : "batch, seq, heads, dim");
             return 0;
+        }
+        if (i >= CTXPAR_T_DQ && !a->in[IN_DOUT].data) {
+            snprintf(msg, n, "%s: holds %s, but the inputs have no dout to run the backward pass",
+                     t->where, name);
+            return 0;
+        }
+        if (!lse && a->result_dtype_set && t->dtype != a->result_dtype) {
+            snprintf(msg, n, "%s: %s is %s, but the other results are %s", t->where, name,
+                     ctxpar_st_dtype_name(t->dtype), ctxpar_st_dtype_name(a->result_dtype));
+            return 0;
+        }
+        if (!lse)
+            a->result_dtype = t->dtype, a->result_dtype_set = 1;
+    }
+    if (cli->against_path && !a->has_against) {
+        snprintf(msg, n, "%s: holds none of out, lse, dq, dk, dv", cli->against_path);
+        return 0;
     }
     return 1;
 }
 
-static void print_json(const ctxpar_cli *cli, const ctxpar_run_result *r, const char *saved) {
-    fputc('{', stdout);
-    ctxpar_report_json_members(stdout, &cli->cfg, r);
-    const char *paths[5] = {cli->q_path, cli->k_path, cli->v_path, cli->dout_path,
-                            cli->cu_seqlens_path};
-    static const char *const keys[5] = {"q", "k", "v", "dout", "cu_seqlens"};
-    fputs(",\"inputs\":{", stdout);
-    for (int i = 0, first = 1; i < 5; i++) {
-        if (!paths[i])
+// Converts the inputs to the run's dtype and fills cfg.
+static int configure(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t n) {
+    ctxpar_run_config *c = &cli->cfg;
+    ctxpar_dtype file_dtype, run;
+    ctxpar_dtype_of_npy(a->in[IN_Q].dtype, &file_dtype);
+    a->file_dtype = file_dtype;
+    run = file_dtype;
+    if (cli->dtype_set)
+        run = c->dtype;
+    else if (a->result_dtype_set)
+        ctxpar_dtype_of_npy(a->result_dtype, &run); // ctxpar's own error at the results' dtype
+    c->dtype = run;
+    const void *data[N_IN];
+    for (int i = 0; i < N_IN; i++) {
+        ctxpar_audit_tensor *t = &a->in[i];
+        data[i] = t->data;
+        if (!t->data || run == file_dtype)
             continue;
-        printf("%s\"%s\":", first ? "" : ",", keys[i]);
-        ctxpar_json_string(stdout, paths[i]);
-        first = 0;
+        a->converted[i] = malloc((size_t)(t->dims[0] * t->dims[1] * t->dims[2] * t->dims[3]) *
+                                     ctxpar_dtype_size(run) +
+                                 1);
+        if (!a->converted[i]) {
+            snprintf(msg, n, "cannot allocate memory to convert %s to %s", in_names[i],
+                     ctxpar_dtype_name(run));
+            return 0;
+        }
+        ctxpar_tensor s = ctxpar_tensor_bshd(t->data, file_dtype, t->dims[0], t->dims[1],
+                                             t->dims[2], t->dims[3]);
+        ctxpar_tensor d = ctxpar_tensor_bshd(a->converted[i], run, t->dims[0], t->dims[1],
+                                             t->dims[2], t->dims[3]);
+        ctxpar_tensor_copy(&s, &d);
+        data[i] = a->converted[i];
     }
-    fputs("},\"saved_to\":", stdout);
-    if (saved)
-        ctxpar_json_string(stdout, saved);
-    else
-        fputs("null", stdout);
-    fputs("}\n", stdout);
+    const int64_t *qd = a->in[IN_Q].dims;
+    a->inputs = (ctxpar_run_inputs){data[IN_Q], data[IN_K], data[IN_V], data[IN_DOUT]};
+    c->inputs = &a->inputs;
+    c->batch = qd[0];
+    c->seq = qd[1];
+    c->heads = qd[2];
+    c->head_dim = qd[3];
+    c->kv_heads = a->in[IN_K].dims[2];
+    c->backward = a->in[IN_DOUT].data != NULL;
+    c->params.cu_seqlens = a->cu_seqlens;
+    c->params.num_docs = a->cu_seqlens ? a->num_docs : 0;
+    c->keep_oracle = a->has_against;
+    return 1;
+}
+
+int ctxpar_audit_load(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t n) {
+    a->lay = (ctxpar_audit_layout){(ctxpar_tformat)cli->format,
+                                   (ctxpar_lse_layout)cli->lse_layout, cli->lse_base2,
+                                   cli->cfg.ranks, cli->cfg.params.layout};
+    const char *paths[N_IN + 1] = {cli->q_path, cli->k_path, cli->v_path, cli->dout_path,
+                                   cli->cu_seqlens_path};
+    for (int i = 0; i <= N_IN; i++)
+        if (!open_src(&a->files[i], paths[i], msg, n))
+            return 0;
+    if (!open_src(&a->inputs_src, cli->inputs_path, msg, n) ||
+        !open_src(&a->shards, cli->shards_pattern, msg, n) ||
+        !open_src(&a->against, cli->against_path, msg, n))
+        return 0;
+    for (int i = 0; i < N_IN; i++) {
+        const ctxpar_audit_src *order[3] = {&a->files[i], &a->inputs_src, &a->shards};
+        const ctxpar_audit_src *s = find(order, 3, in_names[i]);
+        if (!s && paths[i])
+            s = &a->files[i]; // let the read say what is wrong with the file
+        if (!s && i == IN_DOUT)
+            continue;
+        if (!s) {
+            snprintf(msg, n, "%s: no %s here%s%s", cli->inputs_path ? cli->inputs_path
+                                                   : cli->shards_pattern,
+                     in_names[i], cli->inputs_path && cli->shards_pattern ? " nor in " : "",
+                     cli->inputs_path && cli->shards_pattern ? cli->shards_pattern : "");
+            return 0;
+        }
+        if (i == IN_Q)
+            a->like = s;
+        if (ctxpar_audit_read(s, in_names[i], 0, &a->lay, &a->in[i]) != CTXPAR_OK)
+            return fail(msg, n);
+    }
+    if (!check_inputs(a, msg, n))
+        return 0;
+    const ctxpar_audit_src *cu_order[2] = {&a->files[N_IN], &a->inputs_src};
+    const ctxpar_audit_src *cu = cli->cu_seqlens_path ? &a->files[N_IN]
+                                                      : find(cu_order, 2, "cu_seqlens");
+    if (cu && !read_cu_seqlens(cu, a, a->in[IN_Q].dims[1], msg, n))
+        return 0;
+    if ((cli->against_path || cli->shards_pattern) && !read_results(cli, a, msg, n))
+        return 0;
+    return configure(cli, a, msg, n);
 }
 
 int ctxpar_cmd_audit(int argc, char **argv) {
@@ -313,44 +271,45 @@ int ctxpar_cmd_audit(int argc, char **argv) {
     ctxpar_session s;
     if ((rc = ctxpar_session_begin(&s, "audit", &cli)) >= 0)
         return rc;
-    audit_inputs in;
-    memset(&in, 0, sizeof in);
+    ctxpar_audit_state a;
+    memset(&a, 0, sizeof a);
     char msg[1024] = "";
     // Every rank reads the files (they hold the global tensors and shard them itself).
-    if (!ctxpar_session_agree(&s, load(&cli, &in, msg, sizeof msg), msg)) {
-        inputs_free(&in);
+    if (!ctxpar_session_agree(&s, ctxpar_audit_load(&cli, &a, msg, sizeof msg), msg)) {
+        ctxpar_audit_state_free(&a);
         return ctxpar_session_end(&s, CTXPAR_EXIT_USAGE);
     }
     ctxpar_run_result r;
     if (ctxpar_session_run(&s, &cli.cfg, 1, &r) != CTXPAR_OK) {
-        inputs_free(&in);
+        ctxpar_audit_state_free(&a);
         return ctxpar_session_end(&s, CTXPAR_EXIT_USAGE);
     }
     rc = ctxpar_exit_code(&r);
     if (r.status != CTXPAR_OK)
         ctxpar_session_error(&s, "%s", r.message);
+    ctxpar_audit_report rep;
+    memset(&rep, 0, sizeof rep);
+    if (s.rank == 0 && r.status == CTXPAR_OK && a.has_against) {
+        if (ctxpar_audit_judge_all(&cli, &a, &r, &rep) != CTXPAR_OK) {
+            ctxpar_session_error(&s, "%s", ctxpar_cli_message(ctxpar_last_error()));
+            rc = CTXPAR_EXIT_FAIL;
+        } else if (!rep.consistent && rc == CTXPAR_EXIT_OK) {
+            rc = CTXPAR_EXIT_FAIL;
+        }
+    }
     const char *saved = NULL;
     if (s.rank == 0 && r.status == CTXPAR_OK && cli.save_dir) {
-        if (save(cli.save_dir, &cli.cfg, &in, &r, msg, sizeof msg)) {
+        if (ctxpar_audit_save(&cli, &a, &r) == CTXPAR_OK) {
             saved = cli.save_dir;
         } else {
-            ctxpar_session_error(&s, "%s", msg);
+            ctxpar_session_error(&s, "%s", ctxpar_cli_message(ctxpar_last_error()));
             rc = CTXPAR_EXIT_USAGE;
         }
     }
-    if (s.rank == 0 && r.status == CTXPAR_OK) {
-        if (cli.json) {
-            print_json(&cli, &r, saved);
-        } else {
-            ctxpar_report_table(stdout, "audit", &cli.cfg, &r);
-            if (saved)
-                printf("  saved out.npy, lse.npy%s to %s\n",
-                       cli.cfg.backward ? ", dq.npy, dk.npy, dv.npy" : "", saved);
-        }
-    } else if (s.rank == 0 && cli.json) {
-        print_json(&cli, &r, NULL);
-    }
+    if (s.rank == 0)
+        ctxpar_audit_print(stdout, &cli, &a, &r, &rep, saved);
+    ctxpar_audit_report_free(&rep);
     ctxpar_run_result_free(&r);
-    inputs_free(&in);
+    ctxpar_audit_state_free(&a);
     return ctxpar_session_end(&s, rc);
 }

@@ -31,6 +31,7 @@ size_t ctxpar_npy_dtype_size(ctxpar_npy_dtype dtype) {
     case CTXPAR_NPY_I32:
         return 4;
     case CTXPAR_NPY_F16:
+    case CTXPAR_NPY_BF16:
         return 2;
     case CTXPAR_NPY_I64:
         return 8;
@@ -48,6 +49,8 @@ const char *ctxpar_npy_dtype_descr(ctxpar_npy_dtype dtype) {
         return "<i4";
     case CTXPAR_NPY_I64:
         return "<i8";
+    case CTXPAR_NPY_BF16:
+        return "<V2";
     }
     return "?";
 }
@@ -250,7 +253,11 @@ static ctxpar_status parse_shape(hparser *p, npy_meta *m) {
 static ctxpar_status parse_descr(hparser *p, npy_meta *m) {
     char descr[16];
     CTXPAR_CHECK(parse_string(p, descr, sizeof descr));
-    for (int t = CTXPAR_NPY_F32; t <= CTXPAR_NPY_I64; t++) {
+    if (strcmp(descr, "|V2") == 0) { // the same 2-byte void, written without a byte order
+        m->dtype = CTXPAR_NPY_BF16;
+        return CTXPAR_OK;
+    }
+    for (int t = CTXPAR_NPY_F32; t <= CTXPAR_NPY_BF16; t++) {
         if (strcmp(descr, ctxpar_npy_dtype_descr((ctxpar_npy_dtype)t)) == 0) {
             m->dtype = (ctxpar_npy_dtype)t;
             return CTXPAR_OK;
@@ -258,12 +265,13 @@ static ctxpar_status parse_descr(hparser *p, npy_meta *m) {
     }
     if (descr[0] == '>')
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                            "%s: big-endian dtype '%s' not supported (want '<f4', '<f2', '<i4' "
-                            "or '<i8')",
+                            "%s: big-endian dtype '%s' not supported (want '<f4', '<f2', '<V2', "
+                            "'<i4' or '<i8')",
                             p->name, descr);
     return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                        "%s: dtype '%s' not supported (want '<f4', '<f2', '<i4' or '<i8')", p->name,
-                        descr);
+                        "%s: dtype '%s' not supported (want '<f4', '<f2', '<V2' (bfloat16), "
+                        "'<i4' or '<i8')",
+                        p->name, descr);
 }
 
 // The dict: exactly the keys descr, fortran_order, shape, in any order, each once.

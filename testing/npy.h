@@ -2,8 +2,10 @@
  * npy.h - a small, strict reader and writer for NumPy .npy files.
  *
  * Formats 1.0 and 2.0. Header: a Python dict literal with exactly the keys 'descr',
- * 'fortran_order' and 'shape'. Supported dtypes: little-endian '<f4', '<f2', '<i4', '<i8'
- * (the host must be little-endian: data is copied as is). Rejected, with CTXPAR_ERR_INVALID_ARG
+ * 'fortran_order' and 'shape'. Supported dtypes: little-endian '<f4', '<f2', '<i4', '<i8', and
+ * bfloat16 as ml_dtypes saves it: '<V2' (NumPy has no bfloat16; ml_dtypes' type is stored as a
+ * 2-byte void, which no other common type is; '|V2' is read too). The host must be
+ * little-endian: data is copied as is. Rejected, with CTXPAR_ERR_INVALID_ARG
  * and a ctxpar_last_error() message naming the file and the problem: bad magic, other versions,
  * truncated header or data, bytes after the data, malformed or duplicate or missing keys,
  * big-endian or other dtypes, fortran_order True, negative dimensions, more than
@@ -29,6 +31,7 @@ typedef enum ctxpar_npy_dtype {
     CTXPAR_NPY_F16 = 1, /* '<f2' (IEEE half, as uint16_t bits) */
     CTXPAR_NPY_I32 = 2, /* '<i4' */
     CTXPAR_NPY_I64 = 3, /* '<i8' */
+    CTXPAR_NPY_BF16 = 4, /* '<V2' (bfloat16 bits as uint16_t, as ml_dtypes writes them) */
 } ctxpar_npy_dtype;
 
 /* Bytes per element (0 for an unknown dtype) and the 'descr' string ("<f4"; "?" if unknown). */

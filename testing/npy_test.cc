@@ -2,6 +2,7 @@
 // must each give CTXPAR_ERR_INVALID_ARG with a message naming the file and the problem.
 #include "testing/npy.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,6 +54,30 @@ Bytes FloatData(size_t n) {
         std::memcpy(&d[i * 4], &f, 4);
     }
     return d;
+}
+
+// The bytes ml_dtypes 0.5 writes for np.save(f, np.array([1.0, -2.5, 3.140625],
+// dtype=ml_dtypes.bfloat16)): a 2-byte void, little-endian bfloat16 bits.
+TEST(NpyRead, MlDtypesBfloat16) {
+    std::string dict = "{'descr': '<V2', 'fortran_order': False, 'shape': (3,), }";
+    std::string header = dict + std::string(118 - dict.size() - 1, ' ') + "\n";
+    Bytes file = Build(1, 0, header, Bytes("\x80\x3f\x20\xc0\x49\x40", 6));
+    ASSERT_EQ(file.size() - 6, 128u); // data at byte 128, as NumPy aligns it
+    ctxpar_npy_array a;
+    ASSERT_EQ(ctxpar_npy_read_mem(file.data(), file.size(), "bf16.npy", &a), CTXPAR_OK);
+    EXPECT_EQ(a.dtype, CTXPAR_NPY_BF16);
+    ASSERT_EQ(a.count, 3u);
+    const uint16_t *bits = static_cast<const uint16_t *>(a.data);
+    // bfloat16 is the high half of a float32.
+    const float want[3] = {1.0f, -2.5f, 3.140625f};
+    for (int i = 0; i < 3; i++) {
+        uint32_t u = (uint32_t)bits[i] << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        EXPECT_EQ(f, want[i]) << i;
+    }
+    ctxpar_npy_free(&a);
+    EXPECT_STREQ(ctxpar_npy_dtype_descr(CTXPAR_NPY_BF16), "<V2");
 }
 
 TEST(NpyRead, ValidVersion1) {
@@ -184,6 +209,7 @@ INSTANTIATE_TEST_SUITE_P(
                       RoundTrip{CTXPAR_NPY_F32, {7}}, RoundTrip{CTXPAR_NPY_F32, {2, 3, 4, 5}},
                       RoundTrip{CTXPAR_NPY_F16, {3, 5}}, RoundTrip{CTXPAR_NPY_I32, {4, 1, 2}},
                       RoundTrip{CTXPAR_NPY_I64, {1, 1, 1, 1, 1, 1, 1, 9}},
+                      RoundTrip{CTXPAR_NPY_BF16, {2, 3}},
                       RoundTrip{CTXPAR_NPY_F32, {1000, 1000}}));
 
 // Each malformed image: INVALID_ARG, the file name and `why` in the message, nothing leaked.

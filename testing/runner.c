@@ -281,6 +281,11 @@ ctxpar_status ctxpar_run_evaluate(const ctxpar_run_config *cfg, const ctxpar_run
         }
         res->ok = res->ok && res->within_tol[i] && res->ratio_ok[i];
     }
+    if (cfg->keep_oracle) // handed over to the result
+        for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+            res->oracle[i] = o.t[i];
+            o.t[i] = NULL;
+        }
     oracle_free(&o);
     return CTXPAR_OK;
 }
@@ -385,4 +390,10 @@ ctxpar_status ctxpar_run(const ctxpar_run_config *cfg_in, ctxpar_run_result *res
     return st;
 }
 
-void ctxpar_run_result_free(ctxpar_run_result *res) { ctxpar_run_outputs_free(&res->outputs); }
+void ctxpar_run_result_free(ctxpar_run_result *res) {
+    ctxpar_run_outputs_free(&res->outputs);
+    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+        free(res->oracle[i]);
+        res->oracle[i] = NULL;
+    }
+}

@@ -61,6 +61,7 @@ typedef struct ctxpar_run_config {
     int threads;            /* OpenMP threads per rank's device; 0 = cores / ranks (at least 1) */
     int compare_single;     /* also run P = 1 and compare (error ratio, bitwise) */
     int compare_oracle;     /* compute the fp64 oracle and the errors */
+    int keep_oracle;        /* with compare_oracle: keep its tensors in the result (audit) */
     int verify_transfers;   /* context option */
     int repeat;             /* timed repetitions of the call (median reported); 0 = 1 */
     int warmup;             /* untimed calls before the timed ones (not traced, not counted) */
@@ -118,6 +119,9 @@ typedef struct ctxpar_run_result {
     size_t single_rank_peak_bytes;
     ctxpar_run_rank_stats rank[64]; /* first min(ranks, 64) */
     ctxpar_run_outputs outputs;     /* owned; freed by ctxpar_run_result_free */
+    /* With keep_oracle: the fp64 oracle's global tensors (the layout of outputs), else NULL;
+     * owned, freed by ctxpar_run_result_free. */
+    double *oracle[CTXPAR_RUN_TENSORS];
 } ctxpar_run_result;
 
 /* Runs cfg with cfg->ranks in-process ranks (threads, the local comm, cfg->backend's device).

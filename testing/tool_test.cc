@@ -34,54 +34,19 @@
 #include "testing/npy.h"
 #include "testing/oracle.h"
 #include "testing/tolerance.h"
+#include "testing/tool_run.h"
 
 namespace {
 
 // ---------------------------------------------------------------- running the binary
 
-std::string TempDir() {
-    const char *d = std::getenv("TEST_TMPDIR");
-    return d ? d : "/tmp";
-}
-
-std::string Binary() {
-    const char *srcdir = std::getenv("TEST_SRCDIR");
-    const char *ws = std::getenv("TEST_WORKSPACE");
-    return std::string(srcdir ? srcdir : ".") + "/" + (ws ? ws : "ctxpar") + "/testing/ctxpar";
-}
-
-struct Outcome {
-    int code = -1;       // exit status; -1 when the process did not exit normally (a crash)
-    std::string out, err;
-};
-
-std::string ReadAll(const std::string &path) {
-    std::ifstream f(path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
-// Runs `prefix BINARY args` through the shell; stdout and stderr captured separately.
-Outcome RunWith(const std::string &prefix, const std::string &args) {
-    static int n = 0;
-    std::string err_path = TempDir() + "/stderr_" + std::to_string(n++) + ".txt";
-    std::string cmd = prefix + "'" + Binary() + "' " + args + " 2>'" + err_path + "'";
-    Outcome o;
-    FILE *p = popen(cmd.c_str(), "r");
-    if (!p)
-        return o;
-    char buf[4096];
-    size_t got;
-    while ((got = fread(buf, 1, sizeof buf, p)) > 0)
-        o.out.append(buf, got);
-    int status = pclose(p);
-    o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    o.err = ReadAll(err_path);
-    return o;
-}
-
-Outcome Tool(const std::string &args) { return RunWith("", args); }
+using ctxpar_tool::Binary;
+using ctxpar_tool::Lines;
+using ctxpar_tool::Outcome;
+using ctxpar_tool::ReadAll;
+using ctxpar_tool::RunWith;
+using ctxpar_tool::TempDir;
+using ctxpar_tool::Tool;
 
 std::string Mpirun() {
     for (const char *p : {"/usr/bin/mpirun", "/usr/local/bin/mpirun"}) {
@@ -112,13 +77,6 @@ std::string MpiPrefix(int np) {
     return env + "TMPDIR='" + TempDir() + "' '" + Mpirun() + "' -np " + std::to_string(np) +
            " --oversubscribe --bind-to none --mca btl self,vader" +
            " --mca btl_vader_backing_directory '" + TempDir() + "' ";
-}
-
-int Lines(const std::string &s) {
-    int n = 0;
-    for (char c : s)
-        n += c == '\n';
-    return n;
 }
 
 // ---------------------------------------------------------------- a small JSON reader

@@ -1,0 +1,87 @@
+/*
+ * audit_io.h - the tensors of `ctxpar audit`, read from and written to the files users have:
+ * a folder of .npy files (NAME.npy), one .safetensors file (tensors by NAME), or per-rank shards
+ * (a pattern with {rank} and optionally {name}, each file .npy or .safetensors), in any order of
+ * tensor_format.h. Everything is brought to one global form: dense [B, S, H, D] in the file's
+ * dtype, and LSE as float [B, H, S] in natural log. Shards are placed by the layout's positions.
+ *
+ * Every failure is CTXPAR_ERR_INVALID_ARG (or OUT_OF_MEMORY) with a ctxpar_last_error() message
+ * that names the file (and the rank for a shard) and the problem.
+ */
+#ifndef CTXPAR_TESTING_AUDIT_IO_H
+#define CTXPAR_TESTING_AUDIT_IO_H
+
+#include <stddef.h>
+
+#include "ctxpar.h"
+#include "testing/npy.h"
+#include "testing/safetensors.h"
+#include "testing/tensor_format.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ctxpar_audit_src_kind {
+    CTXPAR_AUDIT_SRC_NONE = 0,
+    CTXPAR_AUDIT_SRC_NPY_DIR = 1,     /* path/NAME.npy */
+    CTXPAR_AUDIT_SRC_SAFETENSORS = 2, /* one file, tensors by name */
+    CTXPAR_AUDIT_SRC_NPY_FILE = 3,    /* one .npy file for one tensor (--q Q.npy) */
+    CTXPAR_AUDIT_SRC_SHARDS = 4,      /* pattern with {rank} (and {name}) */
+} ctxpar_audit_src_kind;
+
+typedef struct ctxpar_audit_src {
+    ctxpar_audit_src_kind kind;
+    const char *path; /* folder, file or pattern (borrowed) */
+    ctxpar_st_file st; /* SAFETENSORS: read once at open */
+} ctxpar_audit_src;
+
+/* How the files are laid out, and how shards map to global positions. */
+typedef struct ctxpar_audit_layout {
+    ctxpar_tformat format;
+    ctxpar_lse_layout lse_layout;
+    int lse_base2;
+    int ranks;
+    ctxpar_layout layout;
+} ctxpar_audit_layout;
+
+/* A tensor in global form. lse: dims = {B, H, S, 1}, data float natural log. */
+typedef struct ctxpar_audit_tensor {
+    ctxpar_npy_dtype dtype; /* as stored (lse: float after loading) */
+    int64_t dims[4];
+    void *data;             /* NULL: absent */
+    char where[512];        /* the file (or shard pattern) it came from, for messages */
+} ctxpar_audit_tensor;
+
+/* Opens a source: a pattern with "{rank}" is SHARDS; a path ending in .safetensors is read now;
+ * one ending in .npy is NPY_FILE; anything else is a folder. */
+ctxpar_status ctxpar_audit_src_open(ctxpar_audit_src *src, const char *path);
+void ctxpar_audit_src_close(ctxpar_audit_src *src);
+
+/* Whether the source holds tensor `name` (SHARDS: rank 0's file for it exists). */
+int ctxpar_audit_src_has(const ctxpar_audit_src *src, const char *name);
+
+/* Reads tensor `name` in global form. `lse` selects the LSE conventions of lay; otherwise the
+ * tensor must be F32, F16 or BF16 in lay->format. cu_seqlens-like 1-D integer tensors: use
+ * ctxpar_audit_read_raw. */
+ctxpar_status ctxpar_audit_read(const ctxpar_audit_src *src, const char *name, int lse,
+                                const ctxpar_audit_layout *lay, ctxpar_audit_tensor *out);
+
+/* The array `name` as stored (of `rank` for SHARDS); its file in where. */
+ctxpar_status ctxpar_audit_read_raw(const ctxpar_audit_src *src, const char *name, int rank,
+                                    ctxpar_npy_array *out, char *where, size_t where_len);
+
+void ctxpar_audit_tensor_free(ctxpar_audit_tensor *t);
+
+/* Writes tensors in global form (names[i], t[i]; lse[i] set for an LSE) the way `like` stores
+ * its tensors: NPY_DIR/NPY_FILE -> dir/NAME.npy; SAFETENSORS -> dir/ctxpar_results.safetensors; SHARDS ->
+ * dir/<like's pattern's file part> per rank. `dir` is created if needed. */
+ctxpar_status ctxpar_audit_write(const ctxpar_audit_src *like, const char *dir, int count,
+                                 const char *const *names, const ctxpar_audit_tensor *t,
+                                 const int *lse, const ctxpar_audit_layout *lay);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CTXPAR_TESTING_AUDIT_IO_H */

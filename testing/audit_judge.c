@@ -1,0 +1,105 @@
+// The verdict of `ctxpar audit --against` on one tensor (see audit_judge.h).
+#include "testing/audit_judge.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctxpar_backend.h"
+#include "testing/data.h"
+#include "testing/metrics.h"
+
+int ctxpar_audit_within_bound(const ctxpar_audit_verdict *v, const ctxpar_audit_bound *bound) {
+    return isfinite(v->error) && v->ratio <= bound->max_ratio;
+}
+
+void ctxpar_audit_verdict_free(ctxpar_audit_verdict *v) {
+    free(v->rank_error);
+    memset(v, 0, sizeof *v);
+}
+
+ctxpar_status ctxpar_audit_owners(ctxpar_layout layout, int64_t seq, int ranks, int *owner) {
+    int64_t *pos = malloc((size_t)(seq / ranks) * sizeof *pos + 1);
+    if (!pos)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
+    ctxpar_status st = CTXPAR_OK;
+    for (int r = 0; st == CTXPAR_OK && r < ranks; r++) {
+        st = ctxpar_positions(layout, seq, r, ranks, pos);
+        for (int64_t i = 0; st == CTXPAR_OK && i < seq / ranks; i++)
+            owner[pos[i]] = r;
+    }
+    free(pos);
+    return st;
+}
+
+// Keeps row in the list of the worst rows (sorted, worst first).
+static void keep_worst(ctxpar_audit_verdict *v, const ctxpar_audit_row *row) {
+    if (!(row->error > 0) && !isnan(row->error))
+        return;
+    int n = v->n_worst, at = n;
+    while (at > 0 && !(v->worst[at - 1].error >= row->error))
+        at--;
+    if (at >= CTXPAR_AUDIT_WORST_ROWS)
+        return;
+    if (n == CTXPAR_AUDIT_WORST_ROWS)
+        n--;
+    memmove(&v->worst[at + 1], &v->worst[at], (size_t)(n - at) * sizeof *row);
+    v->worst[at] = *row;
+    v->n_worst = n + 1;
+}
+
+static void account(ctxpar_audit_verdict *v, ctxpar_audit_row *row, double max_abs,
+                    double max_ref) {
+    row->error = max_ref > 0 ? max_abs / max_ref : max_abs;
+    if (row->error > v->rank_error[row->rank] || isnan(row->error))
+        v->rank_error[row->rank] = isnan(row->error) ? INFINITY : row->error;
+    keep_worst(v, row);
+}
+
+ctxpar_status ctxpar_audit_judge(const ctxpar_tensor *got, const float *got_lse,
+                                 const int64_t dims[4], const double *ref,
+                                 double reference_error, const int *owner, int ranks,
+                                 const ctxpar_audit_bound *bound, ctxpar_audit_verdict *v) {
+    memset(v, 0, sizeof *v);
+    v->ranks = ranks;
+    v->rank_error = calloc((size_t)ranks, sizeof *v->rank_error);
+    if (!v->rank_error)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %d rank errors", ranks);
+    const int64_t B = dims[0], n = dims[0] * dims[1] * dims[2] * dims[3];
+    ctxpar_error_stats all = got ? ctxpar_compare_tensor(got, ref)
+                                 : ctxpar_compare_f32(got_lse, ref, (size_t)n);
+    v->error = all.rel;
+    v->nonfinite = all.nonfinite;
+    if (got) { // rows of H * D elements: one position, every head
+        const int64_t S = dims[1], H = dims[2], D = dims[3];
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t s = 0; s < S; s++) {
+                int64_t off = (b * S + s) * H * D;
+                ctxpar_tensor row = *got;
+                row.data = (char *)got->data +
+                           (b * got->stride[0] + s * got->stride[1]) *
+                               (int64_t)ctxpar_dtype_size(got->dtype);
+                row.shape[0] = row.shape[1] = 1;
+                ctxpar_error_stats e = ctxpar_compare_tensor(&row, ref + off);
+                int64_t w = e.worst < 0 ? 0 : e.worst;
+                ctxpar_audit_row r = {b, s, w / D, owner[s], 0, 0, ref[off + w]};
+                r.got = ctxpar_test_get(&row, 0, 0, w / D, w % D);
+                account(v, &r, e.nonfinite ? INFINITY : e.max_abs, all.max_ref);
+            }
+    } else { // [B, H, S]: one value per row
+        const int64_t H = dims[1], S = dims[2];
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t s = 0; s < S; s++) {
+                    int64_t i = (b * H + h) * S + s;
+                    ctxpar_error_stats e = ctxpar_compare_f32(got_lse + i, ref + i, 1);
+                    ctxpar_audit_row r = {b, s, h, owner[s], 0, got_lse[i], ref[i]};
+                    account(v, &r, e.nonfinite ? INFINITY : e.max_abs, all.max_ref);
+                }
+    }
+    v->reference_error = reference_error;
+    v->ratio = reference_error > 0 ? v->error / reference_error
+                                   : (v->error > 0 ? INFINITY : 1.0);
+    v->consistent = ctxpar_audit_within_bound(v, bound);
+    return CTXPAR_OK;
+}

@@ -1,0 +1,650 @@
+// `ctxpar audit --against` as users run it: results made here the way another implementation
+// would make them (correct, or with one planted bug of the kind context parallelism breeds) are
+// judged by the tool, which must say consistent (exit 0) or not (exit 1) and name the rank that
+// holds the bad rows. Inputs and every "third-party" result are computed here with the float64
+// oracle (testing/oracle.c) on inputs made here; the zigzag positions are written out here too.
+// Also: base-2 LSE, every tensor order and file kind read as declared, per-rank shards, and
+// malformed files (exit 2, one line naming the file).
+#include <jansson.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include "testing/data.h"
+#include "testing/npy.h"
+#include "testing/oracle.h"
+#include "testing/safetensors.h"
+#include "testing/tool_run.h"
+
+namespace {
+
+using ctxpar_tool::Lines;
+using ctxpar_tool::Outcome;
+using ctxpar_tool::TempDir;
+using ctxpar_tool::Tool;
+
+constexpr int64_t kB = 1, kS = 64, kH = 2, kD = 16;
+constexpr int kP = 4;
+constexpr int64_t kChunk = kS / (2 * kP); // zigzag: 2P chunks, rank r holds r and 2P-1-r
+
+std::vector<int64_t> Zigzag(int r) {
+    std::vector<int64_t> pos;
+    for (int64_t c : {(int64_t)r, (int64_t)(2 * kP - 1 - r)})
+        for (int64_t i = 0; i < kChunk; i++)
+            pos.push_back(c * kChunk + i);
+    return pos;
+}
+
+std::vector<int64_t> AllBut(const std::vector<int64_t> &drop) {
+    std::vector<int64_t> keep;
+    for (int64_t s = 0; s < kS; s++)
+        if (std::find(drop.begin(), drop.end(), s) == drop.end())
+            keep.push_back(s);
+    return keep;
+}
+
+using Vec = std::vector<double>;
+
+size_t Row(int64_t s) { return static_cast<size_t>(s * kH * kD); } // [1, S, H, D], batch 1
+
+// Values in [-1, 1) rounded to dtype.
+Vec Input(ctxpar_dtype dtype, uint64_t id) {
+    Vec v(static_cast<size_t>(kB * kS * kH * kD));
+    for (size_t i = 0; i < v.size(); i++)
+        v[i] = ctxpar_test_round(dtype, ctxpar_test_value(7, id, i));
+    return v;
+}
+
+struct Problem {
+    ctxpar_dtype dtype;
+    Vec q, k, v, dout;
+    Vec out, lse, dq, dk, dv; // the oracle: out/dq/dk/dv [B, S, H, D], lse [B, H, S]
+};
+
+double Scale() { return (double)(1.0f / std::sqrt((float)kD)); }
+
+ctxpar_mask_desc Causal() { return ctxpar_mask_desc{1, 0, nullptr, 0}; }
+
+Vec Gather(const Vec &t, const std::vector<int64_t> &pos) {
+    Vec g;
+    for (int64_t s : pos)
+        g.insert(g.end(), t.begin() + Row(s), t.begin() + Row(s + 1));
+    return g;
+}
+
+// Causal attention of the queries at qpos over the keys at kpos: out rows [qpos, H, D] and lse
+// [H, qpos].
+void Attend(const Problem &p, const std::vector<int64_t> &qpos, const std::vector<int64_t> &kpos,
+            Vec *out, Vec *lse) {
+    ctxpar_oracle_shape sh = {kB, (int64_t)qpos.size(), (int64_t)kpos.size(), kH, kH, kD};
+    Vec q = Gather(p.q, qpos), k = Gather(p.k, kpos), v = Gather(p.v, kpos);
+    out->assign(q.size(), 0);
+    lse->assign(qpos.size() * kH, 0);
+    ctxpar_mask_desc m = Causal();
+    ctxpar_oracle_fwd(&sh, q.data(), k.data(), v.data(), qpos.data(), kpos.data(), &m, Scale(),
+                      out->data(), lse->data());
+}
+
+Problem MakeProblem(ctxpar_dtype dtype, bool backward) {
+    Problem p{dtype, Input(dtype, 1), Input(dtype, 2), Input(dtype, 3), {}, {}, {}, {}, {}, {}};
+    ctxpar_oracle_shape sh = {kB, kS, kS, kH, kH, kD};
+    ctxpar_mask_desc m = Causal();
+    p.out.resize(p.q.size());
+    p.lse.resize(static_cast<size_t>(kH * kS));
+    ctxpar_oracle_fwd(&sh, p.q.data(), p.k.data(), p.v.data(), nullptr, nullptr, &m, Scale(),
+                      p.out.data(), p.lse.data());
+    if (backward) {
+        p.dout = Input(dtype, 4);
+        p.dq.resize(p.q.size());
+        p.dk.resize(p.q.size());
+        p.dv.resize(p.q.size());
+        ctxpar_oracle_bwd(&sh, p.q.data(), p.k.data(), p.v.data(), nullptr, nullptr, &m, Scale(),
+                          p.dout.data(), p.dq.data(), p.dk.data(), p.dv.data());
+    }
+    return p;
+}
+
+// ---------------------------------------------------------------- files
+
+std::string Dir(const std::string &name) {
+    std::string d = TempDir() + "/audit_" + name;
+    mkdir(d.c_str(), 0777);
+    return d;
+}
+
+// One named tensor: values, dims as stored, and the dtype to store them in.
+struct Named {
+    std::string name;
+    Vec v;
+    std::vector<int64_t> shape;
+    ctxpar_dtype dtype;
+};
+
+// Stored bytes of doubles in dtype (rounded to nearest even).
+std::vector<unsigned char> Bytes(const Vec &v, ctxpar_dtype dtype) {
+    std::vector<unsigned char> raw(v.size() * ctxpar_dtype_size(dtype) + 1);
+    ctxpar_tensor t = ctxpar_tensor_bshd(raw.data(), dtype, 1, (int64_t)v.size(), 1, 1);
+    for (size_t i = 0; i < v.size(); i++)
+        ctxpar_test_set(&t, 0, (int64_t)i, 0, 0, v[i]);
+    return raw;
+}
+
+ctxpar_npy_dtype NpyType(ctxpar_dtype d) {
+    return d == CTXPAR_DTYPE_BF16 ? CTXPAR_NPY_BF16
+           : d == CTXPAR_DTYPE_F16 ? CTXPAR_NPY_F16
+                                   : CTXPAR_NPY_F32;
+}
+
+void WriteSafetensors(const std::string &path, const std::vector<Named> &ts) {
+    std::vector<std::vector<unsigned char>> bytes;
+    std::vector<ctxpar_st_tensor> st;
+    for (const Named &t : ts)
+        bytes.push_back(Bytes(t.v, t.dtype));
+    for (size_t i = 0; i < ts.size(); i++) {
+        ctxpar_npy_array a{};
+        a.dtype = NpyType(ts[i].dtype);
+        a.ndim = (int)ts[i].shape.size();
+        for (int d = 0; d < a.ndim; d++)
+            a.shape[d] = ts[i].shape[d];
+        a.count = ts[i].v.size();
+        a.data = bytes[i].data();
+        st.push_back(ctxpar_st_tensor{const_cast<char *>(ts[i].name.c_str()), a});
+    }
+    ASSERT_EQ(ctxpar_st_write(path.c_str(), (int)st.size(), st.data()), CTXPAR_OK)
+        << ctxpar_last_error();
+}
+
+void WriteNpy(const std::string &path, const Named &t) {
+    std::vector<unsigned char> b = Bytes(t.v, t.dtype);
+    ASSERT_EQ(ctxpar_npy_write(path.c_str(), NpyType(t.dtype), (int)t.shape.size(),
+                               t.shape.data(), b.data()),
+              CTXPAR_OK)
+        << ctxpar_last_error();
+}
+
+const std::vector<int64_t> kBSHD = {kB, kS, kH, kD}, kBHS = {kB, kH, kS};
+
+std::string WriteInputs(const std::string &dir, const Problem &p) {
+    std::vector<Named> ts = {{"q", p.q, kBSHD, p.dtype},
+                             {"k", p.k, kBSHD, p.dtype},
+                             {"v", p.v, kBSHD, p.dtype}};
+    if (!p.dout.empty())
+        ts.push_back({"dout", p.dout, kBSHD, p.dtype});
+    std::string path = dir + "/inputs.safetensors";
+    WriteSafetensors(path, ts);
+    return path;
+}
+
+// A third party's results: out and lse, and dq, dk, dv when given.
+struct Results {
+    Vec out, lse, dq, dk, dv;
+};
+
+Results Correct(const Problem &p) { return Results{p.out, p.lse, p.dq, p.dk, p.dv}; }
+
+std::string WriteResults(const std::string &dir, const Problem &p, const Results &r) {
+    std::vector<Named> ts = {{"out", r.out, kBSHD, p.dtype},
+                             {"lse", r.lse, kBHS, CTXPAR_DTYPE_F32}};
+    if (!r.dq.empty()) {
+        ts.push_back({"dq", r.dq, kBSHD, p.dtype});
+        ts.push_back({"dk", r.dk, kBSHD, p.dtype});
+        ts.push_back({"dv", r.dv, kBSHD, p.dtype});
+    }
+    std::string path = dir + "/results.safetensors";
+    WriteSafetensors(path, ts);
+    return path;
+}
+
+// ---------------------------------------------------------------- the tool's verdict
+
+struct Verdict {
+    Outcome o;
+    json_t *root = nullptr;
+    ~Verdict() { json_decref(root); }
+    bool Consistent() const { return json_is_true(json_object_get(root, "consistent")); }
+    json_t *Tensor(const char *name) const {
+        return json_object_get(json_object_get(root, "against"), name);
+    }
+    bool TensorOk(const char *name) const {
+        return json_is_true(json_object_get(Tensor(name), "consistent"));
+    }
+    int WorstRank(const char *name) const {
+        json_t *r = json_object_get(json_object_get(Tensor(name), "worst"), "rank");
+        return json_is_integer(r) ? (int)json_integer_value(r) : -1;
+    }
+    // The rank with the largest error in error_by_rank.
+    int WorstRankByError(const char *name) const {
+        json_t *a = json_object_get(Tensor(name), "error_by_rank");
+        int best = -1;
+        double e = -1;
+        for (size_t i = 0; i < json_array_size(a); i++)
+            if (json_number_value(json_array_get(a, i)) > e)
+                e = json_number_value(json_array_get(a, i)), best = (int)i;
+        return best;
+    }
+};
+
+void Judge(const std::string &args, Verdict *v) {
+    v->o = Tool("audit --ranks 4 --layout zigzag --mask causal --json " + args);
+    json_error_t err;
+    v->root = json_loads(v->o.out.c_str(), 0, &err);
+    ASSERT_NE(v->root, nullptr) << "stdout is not JSON: " << err.text << "\n"
+                                << v->o.out << v->o.err;
+}
+
+// The tool's judgement of results r on problem p.
+void JudgeResults(const std::string &name, const Problem &p, const Results &r, Verdict *v,
+                  const std::string &extra = "") {
+    std::string dir = Dir(name);
+    std::string in = WriteInputs(dir, p), res = WriteResults(dir, p, r);
+    Judge("--inputs '" + in + "' --against '" + res + "' " + extra, v);
+}
+
+// ---------------------------------------------------------------- correct results
+
+TEST(AuditAgainst, CorrectResultsRoundedToTheDtypeAreConsistent) {
+    for (ctxpar_dtype dtype : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16}) {
+        SCOPED_TRACE(ctxpar_dtype_name(dtype));
+        Problem p = MakeProblem(dtype, true);
+        Verdict v;
+        JudgeResults(std::string("correct_") + ctxpar_dtype_name(dtype), p, Correct(p), &v);
+        EXPECT_EQ(v.o.code, 0) << v.o.out << v.o.err;
+        EXPECT_TRUE(v.Consistent()) << v.o.out;
+        for (const char *t : {"out", "lse", "dq", "dk", "dv"}) {
+            EXPECT_TRUE(v.TensorOk(t)) << t << ": " << v.o.out;
+            json_t *e = json_object_get(v.Tensor(t), "error");
+            EXPECT_TRUE(json_is_number(e)) << t;
+        }
+        EXPECT_STREQ(json_string_value(json_object_get(json_object_get(v.root, "config"),
+                                                       "dtype")),
+                     ctxpar_dtype_name(dtype));
+    }
+}
+
+// ---------------------------------------------------------------- planted bugs
+
+// Rank 2 never got the keys of ring step 1 (rank 1's block).
+TEST(AuditAgainst, OneRingStepsKeysMissingOnOneRank) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, false);
+    Results r = Correct(p);
+    std::vector<int64_t> mine = Zigzag(2);
+    Vec o, l;
+    Attend(p, mine, AllBut(Zigzag(1)), &o, &l);
+    for (size_t i = 0; i < mine.size(); i++) {
+        std::copy(o.begin() + Row((int64_t)i), o.begin() + Row((int64_t)i + 1),
+                  r.out.begin() + Row(mine[i]));
+        for (int64_t h = 0; h < kH; h++)
+            r.lse[h * kS + mine[i]] = l[h * mine.size() + i];
+    }
+    Verdict v;
+    JudgeResults("missing_step", p, r, &v);
+    EXPECT_EQ(v.o.code, 1) << v.o.out << v.o.err;
+    EXPECT_FALSE(v.Consistent());
+    EXPECT_FALSE(v.TensorOk("out"));
+    EXPECT_EQ(v.WorstRank("out"), 2) << v.o.out;
+    EXPECT_EQ(v.WorstRankByError("out"), 2) << v.o.out;
+    EXPECT_EQ(v.WorstRank("lse"), 2) << v.o.out;
+}
+
+// Merging partial results (o_a, lse_a), (o_b, lse_b): out = o_a e^(lse_a - lse) +
+// o_b e^(lse_b - lse). Rank 1 flips the sign of the exponent of ring step 1's term (the keys of
+// rank 0, which every row of rank 1 sees).
+TEST(AuditAgainst, LseMergedWithTheWrongSignOnOneStep) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, false);
+    Results r = Correct(p);
+    std::vector<int64_t> mine = Zigzag(1);
+    Vec oa, la, ob, lb;
+    Attend(p, mine, AllBut(Zigzag(0)), &oa, &la);
+    Attend(p, mine, Zigzag(0), &ob, &lb);
+    for (size_t i = 0; i < mine.size(); i++)
+        for (int64_t h = 0; h < kH; h++) {
+            double a = la[h * mine.size() + i], b = lb[h * mine.size() + i];
+            ASSERT_TRUE(std::isfinite(a) && std::isfinite(b));
+            double m = std::max(a, b), lse = m + std::log(std::exp(a - m) + std::exp(b - m));
+            for (int64_t d = 0; d < kD; d++) {
+                size_t j = Row((int64_t)i) + (size_t)(h * kD + d);
+                r.out[Row(mine[i]) + (size_t)(h * kD + d)] =
+                    oa[j] * std::exp(a - lse) + ob[j] * std::exp(lse - b); // the bug: lse - b
+            }
+        }
+    Verdict v;
+    JudgeResults("merge_sign", p, r, &v);
+    EXPECT_EQ(v.o.code, 1) << v.o.out << v.o.err;
+    EXPECT_FALSE(v.TensorOk("out"));
+    EXPECT_TRUE(v.TensorOk("lse")) << v.o.out;
+    EXPECT_EQ(v.WorstRank("out"), 1) << v.o.out;
+    EXPECT_EQ(v.WorstRankByError("out"), 1) << v.o.out;
+}
+
+// Rank 3's two zigzag chunks (3 and 4) come back in each other's place.
+TEST(AuditAgainst, TwoZigzagChunksSwapped) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, false);
+    Results r = Correct(p);
+    for (int64_t i = 0; i < kChunk; i++) {
+        int64_t a = 3 * kChunk + i, b = 4 * kChunk + i;
+        std::swap_ranges(r.out.begin() + Row(a), r.out.begin() + Row(a + 1),
+                         r.out.begin() + Row(b));
+        for (int64_t h = 0; h < kH; h++)
+            std::swap(r.lse[h * kS + a], r.lse[h * kS + b]);
+    }
+    Verdict v;
+    JudgeResults("chunks_swapped", p, r, &v);
+    EXPECT_EQ(v.o.code, 1) << v.o.out << v.o.err;
+    EXPECT_EQ(v.WorstRank("out"), 3) << v.o.out;
+    EXPECT_EQ(v.WorstRankByError("out"), 3) << v.o.out;
+    EXPECT_EQ(v.WorstRank("lse"), 3) << v.o.out;
+}
+
+// Rank 2 rounds each ring step's partial output to BF16 before merging (in an F32 run).
+TEST(AuditAgainst, PartialsRoundedToBf16BeforeMerging) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, false);
+    Results r = Correct(p);
+    std::vector<int64_t> mine = Zigzag(2);
+    Vec acc(mine.size() * (size_t)(kH * kD), 0.0), lse(mine.size() * (size_t)kH, -INFINITY);
+    std::vector<Vec> parts_o, parts_l;
+    for (int step = 0; step < kP; step++) {
+        Vec o, l;
+        Attend(p, mine, Zigzag((2 - step + kP) % kP), &o, &l);
+        parts_o.push_back(o);
+        parts_l.push_back(l);
+        for (size_t i = 0; i < l.size(); i++)
+            if (std::isfinite(l[i]))
+                lse[i] = std::isfinite(lse[i])
+                             ? std::max(lse[i], l[i]) +
+                                   std::log1p(std::exp(-std::fabs(lse[i] - l[i])))
+                             : l[i];
+    }
+    for (size_t s = 0; s < parts_o.size(); s++)
+        for (size_t i = 0; i < mine.size(); i++)
+            for (int64_t h = 0; h < kH; h++) {
+                double l = parts_l[s][h * mine.size() + i];
+                if (!std::isfinite(l))
+                    continue; // no visible key in this step
+                double w = std::exp(l - lse[h * mine.size() + i]);
+                for (int64_t d = 0; d < kD; d++) {
+                    size_t j = Row((int64_t)i) + (size_t)(h * kD + d);
+                    acc[j] += ctxpar_test_round(CTXPAR_DTYPE_BF16, parts_o[s][j]) * w;
+                }
+            }
+    for (size_t i = 0; i < mine.size(); i++)
+        std::copy(acc.begin() + Row((int64_t)i), acc.begin() + Row((int64_t)i + 1),
+                  r.out.begin() + Row(mine[i]));
+    Verdict v;
+    JudgeResults("bf16_partials", p, r, &v);
+    EXPECT_EQ(v.o.code, 1) << v.o.out << v.o.err;
+    EXPECT_FALSE(v.TensorOk("out"));
+    EXPECT_EQ(v.WorstRank("out"), 2) << v.o.out;
+    EXPECT_EQ(v.WorstRankByError("out"), 2) << v.o.out;
+}
+
+// The dK/dV of the keys rank 0 holds lack the contribution of rank 3's queries.
+TEST(AuditAgainst, DkDvMissingOneRanksContribution) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, true);
+    Results r = Correct(p);
+    // Zero dout on rank 3's rows: their queries then add nothing to dK and dV (dS = 0 there).
+    Vec dout = p.dout;
+    for (int64_t s : Zigzag(3))
+        std::fill(dout.begin() + Row(s), dout.begin() + Row(s + 1), 0.0);
+    ctxpar_oracle_shape sh = {kB, kS, kS, kH, kH, kD};
+    ctxpar_mask_desc m = Causal();
+    Vec dq(p.q.size()), dk(p.q.size()), dv(p.q.size());
+    ctxpar_oracle_bwd(&sh, p.q.data(), p.k.data(), p.v.data(), nullptr, nullptr, &m, Scale(),
+                      dout.data(), dq.data(), dk.data(), dv.data());
+    for (int64_t s : Zigzag(0)) {
+        std::copy(dk.begin() + Row(s), dk.begin() + Row(s + 1), r.dk.begin() + Row(s));
+        std::copy(dv.begin() + Row(s), dv.begin() + Row(s + 1), r.dv.begin() + Row(s));
+    }
+    Verdict v;
+    JudgeResults("dkdv_missing", p, r, &v);
+    EXPECT_EQ(v.o.code, 1) << v.o.out << v.o.err;
+    for (const char *t : {"out", "lse", "dq"})
+        EXPECT_TRUE(v.TensorOk(t)) << t << ": " << v.o.out;
+    for (const char *t : {"dk", "dv"}) {
+        EXPECT_FALSE(v.TensorOk(t)) << t;
+        EXPECT_EQ(v.WorstRank(t), 0) << t << ": " << v.o.out;
+        EXPECT_EQ(v.WorstRankByError(t), 0) << t << ": " << v.o.out;
+    }
+}
+
+// ---------------------------------------------------------------- LSE base 2
+
+TEST(AuditAgainst, Base2LseConsistentOnlyWhenDeclared) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, false);
+    Results r = Correct(p);
+    for (double &x : r.lse)
+        x /= std::log(2.0);
+    {
+        Verdict v;
+        JudgeResults("lse_base2", p, r, &v, "--lse-base 2");
+        EXPECT_EQ(v.o.code, 0) << v.o.out << v.o.err;
+        EXPECT_TRUE(v.TensorOk("lse"));
+    }
+    Verdict v;
+    JudgeResults("lse_base2_undeclared", p, r, &v);
+    EXPECT_EQ(v.o.code, 1) << v.o.out << v.o.err;
+    EXPECT_FALSE(v.TensorOk("lse"));
+    EXPECT_TRUE(v.TensorOk("out"));
+}
+
+// ---------------------------------------------------------------- orders and file kinds
+
+// dims [B, S, H, D] as stored in `format`; values permuted here, independently of the tool.
+Named Stored(const std::string &name, const Vec &bshd, const std::string &format,
+             ctxpar_dtype dtype) {
+    Named t{name, Vec(bshd.size()), {}, dtype};
+    for (int64_t s = 0; s < kS; s++)
+        for (int64_t h = 0; h < kH; h++)
+            for (int64_t d = 0; d < kD; d++) {
+                double x = bshd[Row(s) + (size_t)(h * kD + d)];
+                size_t i = format == "bhsd" ? (size_t)((h * kS + s) * kD + d)
+                                            : Row(s) + (size_t)(h * kD + d); // bshd, sbhd, thd
+                t.v[i] = x;
+            }
+    t.shape = format == "bhsd"   ? std::vector<int64_t>{kB, kH, kS, kD}
+              : format == "sbhd" ? std::vector<int64_t>{kS, kB, kH, kD}
+              : format == "thd"  ? std::vector<int64_t>{kS, kH, kD}
+                                 : kBSHD;
+    return t;
+}
+
+Named StoredLse(const Vec &bhs, const std::string &layout) {
+    Named t{"lse", Vec(bhs.size()), {}, CTXPAR_DTYPE_F32};
+    for (int64_t h = 0; h < kH; h++)
+        for (int64_t s = 0; s < kS; s++)
+            t.v[layout == "bsh" ? (size_t)(s * kH + h) : (size_t)(h * kS + s)] = bhs[h * kS + s];
+    t.shape = layout == "bsh" ? std::vector<int64_t>{kB, kS, kH}
+              : layout == "ht" ? std::vector<int64_t>{kH, kS}
+                               : kBHS;
+    return t;
+}
+
+TEST(AuditAgainst, EveryOrderAndFileKindIsReadAsDeclared) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, true);
+    const char *lse_for[4][2] = {{"bshd", "bhs"}, {"bhsd", "bsh"}, {"sbhd", "bhs"}, {"thd", "ht"}};
+    for (auto &fl : lse_for) {
+        std::string f = fl[0], l = fl[1];
+        for (bool st : {true, false}) {
+            SCOPED_TRACE(f + " " + l + (st ? " safetensors" : " npy"));
+            std::string dir = Dir("order_" + f + (st ? "_st" : "_npy"));
+            std::vector<Named> in = {Stored("q", p.q, f, p.dtype), Stored("k", p.k, f, p.dtype),
+                                     Stored("v", p.v, f, p.dtype),
+                                     Stored("dout", p.dout, f, p.dtype)};
+            std::vector<Named> res = {Stored("out", p.out, f, p.dtype), StoredLse(p.lse, l),
+                                      Stored("dq", p.dq, f, p.dtype),
+                                      Stored("dk", p.dk, f, p.dtype),
+                                      Stored("dv", p.dv, f, p.dtype)};
+            std::string args = " --format " + f + " --lse-layout " + l;
+            if (st) {
+                WriteSafetensors(dir + "/in.safetensors", in);
+                WriteSafetensors(dir + "/res.safetensors", res);
+                args += " --inputs '" + dir + "/in.safetensors' --against '" + dir +
+                        "/res.safetensors' --save '" + dir + "/saved'";
+            } else {
+                mkdir((dir + "/in").c_str(), 0777);
+                mkdir((dir + "/res").c_str(), 0777);
+                for (const Named &t : in)
+                    WriteNpy(dir + "/in/" + t.name + ".npy", t);
+                for (const Named &t : res)
+                    WriteNpy(dir + "/res/" + t.name + ".npy", t);
+                args += " --inputs '" + dir + "/in' --against '" + dir + "/res'";
+            }
+            Verdict v;
+            Judge(args, &v);
+            EXPECT_EQ(v.o.code, 0) << v.o.out << v.o.err;
+            EXPECT_TRUE(v.Consistent()) << v.o.out;
+            if (!st)
+                continue;
+            // --save stored ctxpar's results the same way: as results they are consistent too.
+            Verdict again;
+            Judge(" --format " + f + " --lse-layout " + l + " --inputs '" + dir +
+                      "/in.safetensors' --against '" + dir +
+                      "/saved/ctxpar_results.safetensors'",
+                  &again);
+            EXPECT_EQ(again.o.code, 0) << again.o.out << again.o.err;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- per-rank shards
+
+TEST(AuditAgainst, PerRankShardsAssembledByTheLayout) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, true);
+    std::string dir = Dir("shards");
+    std::vector<Named> globals = {{"q", p.q, kBSHD, p.dtype},       {"k", p.k, kBSHD, p.dtype},
+                                  {"v", p.v, kBSHD, p.dtype},       {"dout", p.dout, kBSHD, p.dtype},
+                                  {"out", p.out, kBSHD, p.dtype},   {"dq", p.dq, kBSHD, p.dtype},
+                                  {"dk", p.dk, kBSHD, p.dtype},     {"dv", p.dv, kBSHD, p.dtype}};
+    for (int r = 0; r < kP; r++) {
+        std::vector<int64_t> mine = Zigzag(r);
+        for (const Named &g : globals) {
+            Named t{g.name, Gather(g.v, mine), {kB, (int64_t)mine.size(), kH, kD}, g.dtype};
+            WriteNpy(dir + "/" + g.name + ".rank" + std::to_string(r) + ".npy", t);
+        }
+        Named l{"lse", {}, {kB, kH, (int64_t)mine.size()}, CTXPAR_DTYPE_F32};
+        for (int64_t h = 0; h < kH; h++)
+            for (int64_t s : mine)
+                l.v.push_back(p.lse[h * kS + s]);
+        WriteNpy(dir + "/lse.rank" + std::to_string(r) + ".npy", l);
+    }
+    std::string pattern = "'" + dir + "/{name}.rank{rank}.npy'";
+    Verdict v;
+    Judge("--shards " + pattern + " --save '" + dir + "/saved'", &v);
+    EXPECT_EQ(v.o.code, 0) << v.o.out << v.o.err;
+    EXPECT_TRUE(v.Consistent()) << v.o.out;
+    // Saved as shards named like the inputs' (one per rank and tensor).
+    ctxpar_npy_array a;
+    ASSERT_EQ(ctxpar_npy_read((dir + "/saved/out.rank3.npy").c_str(), &a), CTXPAR_OK);
+    EXPECT_EQ(a.shape[1], kS / kP);
+    ctxpar_npy_free(&a);
+
+    // Assembled under another layout, the same shards are wrong.
+    Verdict wrong;
+    Judge("--shards " + pattern + " --layout contiguous", &wrong);
+    EXPECT_EQ(wrong.o.code, 1) << wrong.o.out << wrong.o.err;
+
+    // A shard that does not fit: exit 2, one line naming the rank.
+    Named bad{"out", Vec(static_cast<size_t>(3 * kH * kD), 0.0), {kB, 3, kH, kD},
+              CTXPAR_DTYPE_F32};
+    WriteNpy(dir + "/out.rank2.npy", bad);
+    Outcome o = Tool("audit --ranks 4 --layout zigzag --mask causal --shards " + pattern);
+    EXPECT_EQ(o.code, 2) << o.out << o.err;
+    EXPECT_EQ(Lines(o.err), 1) << o.err;
+    EXPECT_NE(o.err.find("rank 2"), std::string::npos) << o.err;
+    EXPECT_NE(o.err.find("out.rank2.npy"), std::string::npos) << o.err;
+    // One missing: exit 2 naming it.
+    std::remove((dir + "/out.rank2.npy").c_str());
+    o = Tool("audit --ranks 4 --layout zigzag --mask causal --shards " + pattern);
+    EXPECT_EQ(o.code, 2) << o.out << o.err;
+    EXPECT_NE(o.err.find("rank 2's shard of out is missing"), std::string::npos) << o.err;
+}
+
+// ---------------------------------------------------------------- malformed files
+
+std::string Le64(uint64_t n) {
+    std::string b(8, '\0');
+    for (int i = 0; i < 8; i++)
+        b[i] = (char)(n >> (8 * i) & 0xff);
+    return b;
+}
+
+std::string StFile(const std::string &header, const std::string &data) {
+    return Le64(header.size()) + header + data;
+}
+
+TEST(AuditAgainst, MalformedSafetensorsExit2WithOneLine) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, false);
+    std::string dir = Dir("malformed");
+    std::string in = WriteInputs(dir, p);
+    const std::string d8(8, '\0');
+    const std::string ok = R"({"out":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+    struct Case {
+        const char *label;
+        std::string bytes, why;
+    } cases[] = {
+        {"header_length", Le64(1000) + ok + d8, "header length 1000 runs past the end"},
+        {"offsets_past_end",
+         StFile(R"({"out":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "abcd"),
+         "past the end of the data"},
+        {"overlap",
+         StFile(R"({"out":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                R"("lse":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                d8),
+         "overlap"},
+        {"unknown_dtype",
+         StFile(R"({"out":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", d8),
+         "dtype 'F64' not supported"},
+        {"truncated", StFile(ok, "abcd").substr(0, 8 + ok.size() + 2),
+         "past the end of the data"},
+        {"not_json", StFile("{\"out\": [", d8), "not valid JSON"},
+        {"size_mismatch",
+         StFile(R"({"out":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", d8),
+         "needs 12"},
+    };
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.label);
+        std::string path = dir + "/" + c.label + ".safetensors";
+        FILE *f = std::fopen(path.c_str(), "wb");
+        ASSERT_NE(f, nullptr);
+        std::fwrite(c.bytes.data(), 1, c.bytes.size(), f);
+        std::fclose(f);
+        for (std::string flag : {"--against", "--inputs"}) {
+            std::string args = flag == "--inputs" ? "--inputs '" + path + "'"
+                                                  : "--inputs '" + in + "' --against '" + path +
+                                                        "'";
+            Outcome o = Tool("audit --ranks 4 " + args);
+            EXPECT_EQ(o.code, 2) << flag << o.out << o.err;
+            EXPECT_EQ(Lines(o.err), 1) << o.err;
+            EXPECT_NE(o.err.find(path), std::string::npos) << o.err;
+            EXPECT_NE(o.err.find(c.why), std::string::npos) << o.err;
+        }
+    }
+}
+
+TEST(AuditAgainst, ResultsOfTheWrongShapeOrWithoutDoutExit2) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, false);
+    std::string dir = Dir("wrong_shape");
+    std::string in = WriteInputs(dir, p);
+    WriteSafetensors(dir + "/short.safetensors",
+                     {{"out", Vec(p.out.begin(), p.out.begin() + Row(kS / 2)),
+                       {kB, kS / 2, kH, kD}, CTXPAR_DTYPE_F32}});
+    Outcome o = Tool("audit --ranks 4 --inputs '" + in + "' --against '" + dir +
+                     "/short.safetensors'");
+    EXPECT_EQ(o.code, 2) << o.out << o.err;
+    EXPECT_EQ(Lines(o.err), 1) << o.err;
+    EXPECT_NE(o.err.find("short.safetensors: out has dims"), std::string::npos) << o.err;
+    WriteSafetensors(dir + "/dq.safetensors", {{"dq", p.out, kBSHD, CTXPAR_DTYPE_F32}});
+    o = Tool("audit --ranks 4 --inputs '" + in + "' --against '" + dir + "/dq.safetensors'");
+    EXPECT_EQ(o.code, 2) << o.out << o.err;
+    EXPECT_NE(o.err.find("no dout"), std::string::npos) << o.err;
+}
+
+} // namespace

@@ -21,12 +21,12 @@ typedef struct ctxpar_audit_state {
     ctxpar_audit_src inputs_src, shards, against;
     const ctxpar_audit_src *like; /* where q came from: --save stores results the same way */
     ctxpar_audit_layout lay;
-    ctxpar_audit_tensor in[4];                    /* q, k, v, dout in global form */
-    ctxpar_audit_tensor res[CTXPAR_RUN_TENSORS];  /* the results to judge (data NULL: absent) */
+    ctxpar_audit_tensor in[4];                   /* q, k, v, dout in global form */
+    ctxpar_audit_tensor res[CTXPAR_RUN_TENSORS]; /* the results to judge (data NULL: absent) */
     int has_against;
     ctxpar_npy_dtype result_dtype; /* of out, dq, dk, dv (lse may differ) */
     int result_dtype_set;
-    ctxpar_dtype file_dtype;       /* the inputs' */
+    ctxpar_dtype file_dtype; /* the inputs' */
     void *converted[4];
     int32_t *cu_seqlens;
     int64_t num_docs;

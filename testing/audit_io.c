@@ -141,9 +141,9 @@ ctxpar_status ctxpar_audit_read_raw(const ctxpar_audit_src *src, const char *nam
         f = &shard;
     }
     const ctxpar_npy_array *a = ctxpar_st_find(f, name);
-    ctxpar_status s = a ? copy_array(a, out)
-                        : CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: holds no tensor '%s'", where,
-                                       name);
+    ctxpar_status s =
+        a ? copy_array(a, out)
+          : CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: holds no tensor '%s'", where, name);
     ctxpar_st_free(&shard);
     return s;
 }
@@ -153,19 +153,7 @@ void ctxpar_audit_tensor_free(ctxpar_audit_tensor *t) {
     memset(t, 0, sizeof *t);
 }
 
-static const char *npy_type_text(ctxpar_npy_dtype t) {
-    switch (t) {
-    case CTXPAR_NPY_F32: return "float32";
-    case CTXPAR_NPY_F16: return "float16";
-    case CTXPAR_NPY_BF16: return "bfloat16";
-    case CTXPAR_NPY_I32: return "int32";
-    case CTXPAR_NPY_I64: return "int64";
-    }
-    return "?";
-}
-
-// "(1, 4096, 8, 64)"
-static const char *shape_text(int ndim, const int64_t *shape, char *buf, size_t n) {
+const char *ctxpar_audit_shape_text(int ndim, const int64_t *shape, char *buf, size_t n) {
     size_t off = (size_t)snprintf(buf, n, "(");
     for (int d = 0; d < ndim && off < n; d++)
         off += (size_t)snprintf(buf + off, n - off, "%s%lld", d ? ", " : "", (long long)shape[d]);
@@ -182,30 +170,35 @@ static ctxpar_status raw_dims(const ctxpar_npy_array *a, int lse, const ctxpar_a
     if (!ctxpar_dtype_of_npy(a->dtype, &dt))
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "%s: %s has dtype %s; want float32, float16 or bfloat16", where, name,
-                            npy_type_text(a->dtype));
-    int ok = lse ? ctxpar_lse_dims(lay->lse_layout, a->ndim, a->shape, &dims[0], &dims[1],
-                                   &dims[2])
+                            ctxpar_npy_dtype_text(a->dtype));
+    int ok = lse ? ctxpar_lse_dims(lay->lse_layout, a->ndim, a->shape, &dims[0], &dims[1], &dims[2])
                  : ctxpar_tformat_dims(lay->format, a->ndim, a->shape, dims);
     if (lse)
         dims[3] = 1;
+    static const char *const want_t[4] = {
+        "4 dimensions [batch, seq, heads, head_dim]", "4 dimensions [batch, heads, seq, head_dim]",
+        "4 dimensions [seq, batch, heads, head_dim]", "3 dimensions [tokens, heads, head_dim]"};
+    static const char *const want_l[3] = {"3 dimensions [batch, heads, seq]",
+                                          "3 dimensions [batch, seq, heads]",
+                                          "2 dimensions [heads, tokens]"};
     if (!ok)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s has shape %s, which is not --%s %s",
-                            where, name, shape_text(a->ndim, a->shape, sh, sizeof sh),
-                            lse ? "lse-layout" : "format",
-                            lse ? ctxpar_lse_layout_names[lay->lse_layout]
-                                : ctxpar_tformat_names[lay->format]);
+        return CTXPAR_ERROR(
+            CTXPAR_ERR_INVALID_ARG, "%s: %s has shape %s; want %s (--%s %s)", where, name,
+            ctxpar_audit_shape_text(a->ndim, a->shape, sh, sizeof sh),
+            lse ? want_l[lay->lse_layout] : want_t[lay->format], lse ? "lse-layout" : "format",
+            lse ? ctxpar_lse_layout_names[lay->lse_layout] : ctxpar_tformat_names[lay->format]);
     for (int d = 0; d < 4; d++)
         if (dims[d] == 0)
             return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s has an empty dimension: shape %s",
-                                where, name, shape_text(a->ndim, a->shape, sh, sizeof sh));
+                                where, name,
+                                ctxpar_audit_shape_text(a->ndim, a->shape, sh, sizeof sh));
     return CTXPAR_OK;
 }
 
 // A raw array (dims from raw_dims) into global form at `rows` of dst: all rows when pos is NULL,
 // else local row i goes to global row pos[i] (dst has dst_seq rows).
 static ctxpar_status place(const ctxpar_npy_array *a, int lse, const ctxpar_audit_layout *lay,
-                           const int64_t dims[4], const int64_t *pos, int64_t dst_seq,
-                           void *dst) {
+                           const int64_t dims[4], const int64_t *pos, int64_t dst_seq, void *dst) {
     if (lse) {
         const int64_t B = dims[0], H = dims[1], S = dims[2];
         float *tmp = pos ? malloc((size_t)(B * H * S) * sizeof *tmp + 1) : dst;
@@ -283,8 +276,8 @@ static ctxpar_status read_shards(const ctxpar_audit_src *src, const char *name, 
         ctxpar_npy_array a;
         int64_t dims[4] = {0};
         if (!file_for(src, name, r, where, sizeof where, &st_kind) || !file_exists(where)) {
-            st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: rank %d's shard of %s is missing",
-                              where, r, name);
+            st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: rank %d's shard of %s is missing", where,
+                              r, name);
             break;
         }
         CTXPAR_CHECK_GOTO(ctxpar_audit_read_raw(src, name, r, &a, where, sizeof where), st, done);
@@ -311,8 +304,8 @@ static ctxpar_status read_shards(const ctxpar_audit_src *src, const char *name, 
             st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                               "%s: rank %d's shard of %s (%s, %lld rows) does not fit the layout "
                               "of rank 0's (%s, %lld rows)",
-                              where, r, name, npy_type_text(a.dtype), (long long)seq,
-                              npy_type_text(dtype), (long long)(lse ? local[2] : local[1]));
+                              where, r, name, ctxpar_npy_dtype_text(a.dtype), (long long)seq,
+                              ctxpar_npy_dtype_text(dtype), (long long)(lse ? local[2] : local[1]));
         if (st == CTXPAR_OK)
             st = ctxpar_positions(lay->layout, seq * P, r, P, pos);
         if (st == CTXPAR_OK)
@@ -368,8 +361,8 @@ static ctxpar_status to_file(const ctxpar_audit_tensor *t, int lse, const ctxpar
     ctxpar_dtype dt;
     ctxpar_dtype_of_npy(t->dtype, &dt);
     size_t es = ctxpar_dtype_size(dt);
-    ctxpar_tensor g = ctxpar_tensor_bshd(t->data, dt, t->dims[0], t->dims[1], t->dims[2],
-                                         t->dims[3]);
+    ctxpar_tensor g =
+        ctxpar_tensor_bshd(t->data, dt, t->dims[0], t->dims[1], t->dims[2], t->dims[3]);
     ctxpar_tensor f = ctxpar_tformat_view(lay->format, a->data, dt, d);
     for (int64_t i = 0; i < rows; i++) {
         ctxpar_tensor g1 = g, f1 = f;
@@ -399,9 +392,9 @@ static ctxpar_status write_file(const char *path, int count, const char *const *
 }
 
 // The tensors of `rank` (-1: global) into `path_pattern`; one file per name when it has {name}.
-static ctxpar_status write_group(const char *pattern, int rank, int count,
-                                 const char *const *names, const ctxpar_audit_tensor *t,
-                                 const int *lse, const ctxpar_audit_layout *lay) {
+static ctxpar_status write_group(const char *pattern, int rank, int count, const char *const *names,
+                                 const ctxpar_audit_tensor *t, const int *lse,
+                                 const ctxpar_audit_layout *lay) {
     ctxpar_npy_array arrays[16];
     int n = 0;
     ctxpar_status st = CTXPAR_OK;

@@ -32,7 +32,7 @@ typedef enum ctxpar_audit_src_kind {
 
 typedef struct ctxpar_audit_src {
     ctxpar_audit_src_kind kind;
-    const char *path; /* folder, file or pattern (borrowed) */
+    const char *path;  /* folder, file or pattern (borrowed) */
     ctxpar_st_file st; /* SAFETENSORS: read once at open */
 } ctxpar_audit_src;
 
@@ -49,8 +49,8 @@ typedef struct ctxpar_audit_layout {
 typedef struct ctxpar_audit_tensor {
     ctxpar_npy_dtype dtype; /* as stored (lse: float after loading) */
     int64_t dims[4];
-    void *data;             /* NULL: absent */
-    char where[512];        /* the file (or shard pattern) it came from, for messages */
+    void *data;      /* NULL: absent */
+    char where[512]; /* the file (or shard pattern) it came from, for messages */
 } ctxpar_audit_tensor;
 
 /* Opens a source: a pattern with "{rank}" is SHARDS; a path ending in .safetensors is read now;
@@ -73,9 +73,12 @@ ctxpar_status ctxpar_audit_read_raw(const ctxpar_audit_src *src, const char *nam
 
 void ctxpar_audit_tensor_free(ctxpar_audit_tensor *t);
 
+/* "(1, 4096, 8, 64)" ("(3,)" for one dimension) into buf. */
+const char *ctxpar_audit_shape_text(int ndim, const int64_t *shape, char *buf, size_t n);
+
 /* Writes tensors in global form (names[i], t[i]; lse[i] set for an LSE) the way `like` stores
- * its tensors: NPY_DIR/NPY_FILE -> dir/NAME.npy; SAFETENSORS -> dir/ctxpar_results.safetensors; SHARDS ->
- * dir/<like's pattern's file part> per rank. `dir` is created if needed. */
+ * its tensors: NPY_DIR/NPY_FILE -> dir/NAME.npy; SAFETENSORS -> dir/ctxpar_results.safetensors;
+ * SHARDS -> dir/<like's pattern's file part> per rank. `dir` is created if needed. */
 ctxpar_status ctxpar_audit_write(const ctxpar_audit_src *like, const char *dir, int count,
                                  const char *const *names, const ctxpar_audit_tensor *t,
                                  const int *lse, const ctxpar_audit_layout *lay);

@@ -57,17 +57,17 @@ static void account(ctxpar_audit_verdict *v, ctxpar_audit_row *row, double max_a
 }
 
 ctxpar_status ctxpar_audit_judge(const ctxpar_tensor *got, const float *got_lse,
-                                 const int64_t dims[4], const double *ref,
-                                 double reference_error, const int *owner, int ranks,
-                                 const ctxpar_audit_bound *bound, ctxpar_audit_verdict *v) {
+                                 const int64_t dims[4], const double *ref, double reference_error,
+                                 const int *owner, int ranks, const ctxpar_audit_bound *bound,
+                                 ctxpar_audit_verdict *v) {
     memset(v, 0, sizeof *v);
     v->ranks = ranks;
     v->rank_error = calloc((size_t)ranks, sizeof *v->rank_error);
     if (!v->rank_error)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %d rank errors", ranks);
     const int64_t B = dims[0], n = dims[0] * dims[1] * dims[2] * dims[3];
-    ctxpar_error_stats all = got ? ctxpar_compare_tensor(got, ref)
-                                 : ctxpar_compare_f32(got_lse, ref, (size_t)n);
+    ctxpar_error_stats all =
+        got ? ctxpar_compare_tensor(got, ref) : ctxpar_compare_f32(got_lse, ref, (size_t)n);
     v->error = all.rel;
     v->nonfinite = all.nonfinite;
     if (got) { // rows of H * D elements: one position, every head
@@ -76,9 +76,8 @@ ctxpar_status ctxpar_audit_judge(const ctxpar_tensor *got, const float *got_lse,
             for (int64_t s = 0; s < S; s++) {
                 int64_t off = (b * S + s) * H * D;
                 ctxpar_tensor row = *got;
-                row.data = (char *)got->data +
-                           (b * got->stride[0] + s * got->stride[1]) *
-                               (int64_t)ctxpar_dtype_size(got->dtype);
+                row.data = (char *)got->data + (b * got->stride[0] + s * got->stride[1]) *
+                                                   (int64_t)ctxpar_dtype_size(got->dtype);
                 row.shape[0] = row.shape[1] = 1;
                 ctxpar_error_stats e = ctxpar_compare_tensor(&row, ref + off);
                 int64_t w = e.worst < 0 ? 0 : e.worst;
@@ -98,8 +97,7 @@ ctxpar_status ctxpar_audit_judge(const ctxpar_tensor *got, const float *got_lse,
                 }
     }
     v->reference_error = reference_error;
-    v->ratio = reference_error > 0 ? v->error / reference_error
-                                   : (v->error > 0 ? INFINITY : 1.0);
+    v->ratio = reference_error > 0 ? v->error / reference_error : (v->error > 0 ? INFINITY : 1.0);
     v->consistent = ctxpar_audit_within_bound(v, bound);
     return CTXPAR_OK;
 }

@@ -40,20 +40,20 @@ typedef struct ctxpar_audit_verdict {
     double reference_error; /* ctxpar's own, same inputs and dtype */
     double ratio;           /* error / reference_error (inf when only ctxpar's is 0) */
     int consistent;
-    int64_t nonfinite;      /* elements whose error is infinite */
+    int64_t nonfinite;                               /* elements whose error is infinite */
     ctxpar_audit_row worst[CTXPAR_AUDIT_WORST_ROWS]; /* the worst rows, worst first */
     int n_worst;
     int ranks;
-    double *rank_error;     /* [ranks]: the error over the rows each rank held (malloc'ed) */
+    double *rank_error; /* [ranks]: the error over the rows each rank held (malloc'ed) */
 } ctxpar_audit_verdict;
 
 /* Judges a global tensor: got is a dense [B, S, H, D] tensor (lse: NULL and got_lse a float
  * [B, H, S] array, dims = {B, H, S, 1}); ref the oracle's doubles in the same order; owner[s] the
  * rank holding position s. OUT_OF_MEMORY is the only failure. */
 ctxpar_status ctxpar_audit_judge(const ctxpar_tensor *got, const float *got_lse,
-                                 const int64_t dims[4], const double *ref,
-                                 double reference_error, const int *owner, int ranks,
-                                 const ctxpar_audit_bound *bound, ctxpar_audit_verdict *v);
+                                 const int64_t dims[4], const double *ref, double reference_error,
+                                 const int *owner, int ranks, const ctxpar_audit_bound *bound,
+                                 ctxpar_audit_verdict *v);
 
 /* The verdict's rule, alone (ctxpar_audit_judge applies it). */
 int ctxpar_audit_within_bound(const ctxpar_audit_verdict *v, const ctxpar_audit_bound *bound);

@@ -29,8 +29,8 @@ ctxpar_status ctxpar_audit_judge_all(const ctxpar_cli *cli, const ctxpar_audit_s
         }
         ctxpar_dtype dt = CTXPAR_DTYPE_F32;
         ctxpar_dtype_of_npy(t->dtype, &dt);
-        ctxpar_tensor got = ctxpar_tensor_bshd(t->data, dt, t->dims[0], t->dims[1], t->dims[2],
-                                               t->dims[3]);
+        ctxpar_tensor got =
+            ctxpar_tensor_bshd(t->data, dt, t->dims[0], t->dims[1], t->dims[2], t->dims[3]);
         int lse = i == CTXPAR_T_LSE;
         st = ctxpar_audit_judge(lse ? NULL : &got, lse ? t->data : NULL, t->dims, r->oracle[i],
                                 r->error[i], owner, c->ranks, &bound, &rep->v[i]);
@@ -173,11 +173,11 @@ static void print_json(FILE *f, const ctxpar_cli *cli, const ctxpar_run_result *
                        const ctxpar_audit_report *rep, const char *saved) {
     fputc('{', f);
     ctxpar_report_json_members(f, &cli->cfg, r);
-    const char *paths[8] = {cli->inputs_path, cli->q_path,    cli->k_path,
-                            cli->v_path,      cli->dout_path, cli->cu_seqlens_path,
+    const char *paths[8] = {cli->inputs_path,    cli->q_path,      cli->k_path,
+                            cli->v_path,         cli->dout_path,   cli->cu_seqlens_path,
                             cli->shards_pattern, cli->against_path};
-    static const char *const keys[8] = {"file",   "q",          "k",      "v",
-                                        "dout",   "cu_seqlens", "shards", "against"};
+    static const char *const keys[8] = {"file", "q",          "k",      "v",
+                                        "dout", "cu_seqlens", "shards", "against"};
     fputs(",\"inputs\":{", f);
     for (int i = 0, first = 1; i < 8; i++) {
         if (!paths[i])

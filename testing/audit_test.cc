@@ -54,7 +54,9 @@ std::vector<int64_t> AllBut(const std::vector<int64_t> &drop) {
 
 using Vec = std::vector<double>;
 
-size_t Row(int64_t s) { return static_cast<size_t>(s * kH * kD); } // [1, S, H, D], batch 1
+size_t Row(int64_t s) {
+    return static_cast<size_t>(s * kH * kD);
+} // [1, S, H, D], batch 1
 
 // Values in [-1, 1) rounded to dtype.
 Vec Input(ctxpar_dtype dtype, uint64_t id) {
@@ -70,9 +72,13 @@ struct Problem {
     Vec out, lse, dq, dk, dv; // the oracle: out/dq/dk/dv [B, S, H, D], lse [B, H, S]
 };
 
-double Scale() { return (double)(1.0f / std::sqrt((float)kD)); }
+double Scale() {
+    return (double)(1.0f / std::sqrt((float)kD));
+}
 
-ctxpar_mask_desc Causal() { return ctxpar_mask_desc{1, 0, nullptr, 0}; }
+ctxpar_mask_desc Causal() {
+    return ctxpar_mask_desc{1, 0, nullptr, 0};
+}
 
 Vec Gather(const Vec &t, const std::vector<int64_t> &pos) {
     Vec g;
@@ -139,7 +145,7 @@ std::vector<unsigned char> Bytes(const Vec &v, ctxpar_dtype dtype) {
 }
 
 ctxpar_npy_dtype NpyType(ctxpar_dtype d) {
-    return d == CTXPAR_DTYPE_BF16 ? CTXPAR_NPY_BF16
+    return d == CTXPAR_DTYPE_BF16  ? CTXPAR_NPY_BF16
            : d == CTXPAR_DTYPE_F16 ? CTXPAR_NPY_F16
                                    : CTXPAR_NPY_F32;
 }
@@ -165,8 +171,8 @@ void WriteSafetensors(const std::string &path, const std::vector<Named> &ts) {
 
 void WriteNpy(const std::string &path, const Named &t) {
     std::vector<unsigned char> b = Bytes(t.v, t.dtype);
-    ASSERT_EQ(ctxpar_npy_write(path.c_str(), NpyType(t.dtype), (int)t.shape.size(),
-                               t.shape.data(), b.data()),
+    ASSERT_EQ(ctxpar_npy_write(path.c_str(), NpyType(t.dtype), (int)t.shape.size(), t.shape.data(),
+                               b.data()),
               CTXPAR_OK)
         << ctxpar_last_error();
 }
@@ -174,9 +180,8 @@ void WriteNpy(const std::string &path, const Named &t) {
 const std::vector<int64_t> kBSHD = {kB, kS, kH, kD}, kBHS = {kB, kH, kS};
 
 std::string WriteInputs(const std::string &dir, const Problem &p) {
-    std::vector<Named> ts = {{"q", p.q, kBSHD, p.dtype},
-                             {"k", p.k, kBSHD, p.dtype},
-                             {"v", p.v, kBSHD, p.dtype}};
+    std::vector<Named> ts = {
+        {"q", p.q, kBSHD, p.dtype}, {"k", p.k, kBSHD, p.dtype}, {"v", p.v, kBSHD, p.dtype}};
     if (!p.dout.empty())
         ts.push_back({"dout", p.dout, kBSHD, p.dtype});
     std::string path = dir + "/inputs.safetensors";
@@ -189,7 +194,9 @@ struct Results {
     Vec out, lse, dq, dk, dv;
 };
 
-Results Correct(const Problem &p) { return Results{p.out, p.lse, p.dq, p.dk, p.dv}; }
+Results Correct(const Problem &p) {
+    return Results{p.out, p.lse, p.dq, p.dk, p.dv};
+}
 
 std::string WriteResults(const std::string &dir, const Problem &p, const Results &r) {
     std::vector<Named> ts = {{"out", r.out, kBSHD, p.dtype},
@@ -264,8 +271,7 @@ TEST(AuditAgainst, CorrectResultsRoundedToTheDtypeAreConsistent) {
             json_t *e = json_object_get(v.Tensor(t), "error");
             EXPECT_TRUE(json_is_number(e)) << t;
         }
-        EXPECT_STREQ(json_string_value(json_object_get(json_object_get(v.root, "config"),
-                                                       "dtype")),
+        EXPECT_STREQ(json_string_value(json_object_get(json_object_get(v.root, "config"), "dtype")),
                      ctxpar_dtype_name(dtype));
     }
 }
@@ -358,10 +364,9 @@ TEST(AuditAgainst, PartialsRoundedToBf16BeforeMerging) {
         parts_l.push_back(l);
         for (size_t i = 0; i < l.size(); i++)
             if (std::isfinite(l[i]))
-                lse[i] = std::isfinite(lse[i])
-                             ? std::max(lse[i], l[i]) +
-                                   std::log1p(std::exp(-std::fabs(lse[i] - l[i])))
-                             : l[i];
+                lse[i] = std::isfinite(lse[i]) ? std::max(lse[i], l[i]) +
+                                                     std::log1p(std::exp(-std::fabs(lse[i] - l[i])))
+                                               : l[i];
     }
     for (size_t s = 0; s < parts_o.size(); s++)
         for (size_t i = 0; i < mine.size(); i++)
@@ -461,7 +466,7 @@ Named StoredLse(const Vec &bhs, const std::string &layout) {
     for (int64_t h = 0; h < kH; h++)
         for (int64_t s = 0; s < kS; s++)
             t.v[layout == "bsh" ? (size_t)(s * kH + h) : (size_t)(h * kS + s)] = bhs[h * kS + s];
-    t.shape = layout == "bsh" ? std::vector<int64_t>{kB, kS, kH}
+    t.shape = layout == "bsh"  ? std::vector<int64_t>{kB, kS, kH}
               : layout == "ht" ? std::vector<int64_t>{kH, kS}
                                : kBHS;
     return t;
@@ -506,8 +511,7 @@ TEST(AuditAgainst, EveryOrderAndFileKindIsReadAsDeclared) {
             // --save stored ctxpar's results the same way: as results they are consistent too.
             Verdict again;
             Judge(" --format " + f + " --lse-layout " + l + " --inputs '" + dir +
-                      "/in.safetensors' --against '" + dir +
-                      "/saved/ctxpar_results.safetensors'",
+                      "/in.safetensors' --against '" + dir + "/saved/ctxpar_results.safetensors'",
                   &again);
             EXPECT_EQ(again.o.code, 0) << again.o.out << again.o.err;
         }
@@ -519,10 +523,10 @@ TEST(AuditAgainst, EveryOrderAndFileKindIsReadAsDeclared) {
 TEST(AuditAgainst, PerRankShardsAssembledByTheLayout) {
     Problem p = MakeProblem(CTXPAR_DTYPE_F32, true);
     std::string dir = Dir("shards");
-    std::vector<Named> globals = {{"q", p.q, kBSHD, p.dtype},       {"k", p.k, kBSHD, p.dtype},
-                                  {"v", p.v, kBSHD, p.dtype},       {"dout", p.dout, kBSHD, p.dtype},
-                                  {"out", p.out, kBSHD, p.dtype},   {"dq", p.dq, kBSHD, p.dtype},
-                                  {"dk", p.dk, kBSHD, p.dtype},     {"dv", p.dv, kBSHD, p.dtype}};
+    std::vector<Named> globals = {{"q", p.q, kBSHD, p.dtype},     {"k", p.k, kBSHD, p.dtype},
+                                  {"v", p.v, kBSHD, p.dtype},     {"dout", p.dout, kBSHD, p.dtype},
+                                  {"out", p.out, kBSHD, p.dtype}, {"dq", p.dq, kBSHD, p.dtype},
+                                  {"dk", p.dk, kBSHD, p.dtype},   {"dv", p.dv, kBSHD, p.dtype}};
     for (int r = 0; r < kP; r++) {
         std::vector<int64_t> mine = Zigzag(r);
         for (const Named &g : globals) {
@@ -552,8 +556,7 @@ TEST(AuditAgainst, PerRankShardsAssembledByTheLayout) {
     EXPECT_EQ(wrong.o.code, 1) << wrong.o.out << wrong.o.err;
 
     // A shard that does not fit: exit 2, one line naming the rank.
-    Named bad{"out", Vec(static_cast<size_t>(3 * kH * kD), 0.0), {kB, 3, kH, kD},
-              CTXPAR_DTYPE_F32};
+    Named bad{"out", Vec(static_cast<size_t>(3 * kH * kD), 0.0), {kB, 3, kH, kD}, CTXPAR_DTYPE_F32};
     WriteNpy(dir + "/out.rank2.npy", bad);
     Outcome o = Tool("audit --ranks 4 --layout zigzag --mask causal --shards " + pattern);
     EXPECT_EQ(o.code, 2) << o.out << o.err;
@@ -599,14 +602,11 @@ TEST(AuditAgainst, MalformedSafetensorsExit2WithOneLine) {
                 R"("lse":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
                 d8),
          "overlap"},
-        {"unknown_dtype",
-         StFile(R"({"out":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", d8),
+        {"unknown_dtype", StFile(R"({"out":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", d8),
          "dtype 'F64' not supported"},
-        {"truncated", StFile(ok, "abcd").substr(0, 8 + ok.size() + 2),
-         "past the end of the data"},
+        {"truncated", StFile(ok, "abcd").substr(0, 8 + ok.size() + 2), "past the end of the data"},
         {"not_json", StFile("{\"out\": [", d8), "not valid JSON"},
-        {"size_mismatch",
-         StFile(R"({"out":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", d8),
+        {"size_mismatch", StFile(R"({"out":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", d8),
          "needs 12"},
     };
     for (const Case &c : cases) {
@@ -617,9 +617,9 @@ TEST(AuditAgainst, MalformedSafetensorsExit2WithOneLine) {
         std::fwrite(c.bytes.data(), 1, c.bytes.size(), f);
         std::fclose(f);
         for (std::string flag : {"--against", "--inputs"}) {
-            std::string args = flag == "--inputs" ? "--inputs '" + path + "'"
-                                                  : "--inputs '" + in + "' --against '" + path +
-                                                        "'";
+            std::string args = flag == "--inputs"
+                                   ? "--inputs '" + path + "'"
+                                   : "--inputs '" + in + "' --against '" + path + "'";
             Outcome o = Tool("audit --ranks 4 " + args);
             EXPECT_EQ(o.code, 2) << flag << o.out << o.err;
             EXPECT_EQ(Lines(o.err), 1) << o.err;
@@ -633,11 +633,12 @@ TEST(AuditAgainst, ResultsOfTheWrongShapeOrWithoutDoutExit2) {
     Problem p = MakeProblem(CTXPAR_DTYPE_F32, false);
     std::string dir = Dir("wrong_shape");
     std::string in = WriteInputs(dir, p);
-    WriteSafetensors(dir + "/short.safetensors",
-                     {{"out", Vec(p.out.begin(), p.out.begin() + Row(kS / 2)),
-                       {kB, kS / 2, kH, kD}, CTXPAR_DTYPE_F32}});
-    Outcome o = Tool("audit --ranks 4 --inputs '" + in + "' --against '" + dir +
-                     "/short.safetensors'");
+    WriteSafetensors(dir + "/short.safetensors", {{"out",
+                                                   Vec(p.out.begin(), p.out.begin() + Row(kS / 2)),
+                                                   {kB, kS / 2, kH, kD},
+                                                   CTXPAR_DTYPE_F32}});
+    Outcome o =
+        Tool("audit --ranks 4 --inputs '" + in + "' --against '" + dir + "/short.safetensors'");
     EXPECT_EQ(o.code, 2) << o.out << o.err;
     EXPECT_EQ(Lines(o.err), 1) << o.err;
     EXPECT_NE(o.err.find("short.safetensors: out has dims"), std::string::npos) << o.err;

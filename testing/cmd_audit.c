@@ -49,25 +49,31 @@ static const ctxpar_audit_src *find(const ctxpar_audit_src *const *order, int co
 
 // k and v alike; batch, seq and head_dim as q's; q's heads a multiple of k's; dout like q; one
 // dtype for all.
-static int check_inputs(const ctxpar_audit_state *a, char *msg, size_t n) {
+static int check_inputs(const ctxpar_audit_state *a, const ctxpar_audit_layout *lay, char *msg,
+                        size_t n) {
     const ctxpar_audit_tensor *q = &a->in[IN_Q], *k = &a->in[IN_K];
+    char s1[160], s2[160];
+    int64_t f1[4], f2[4];
     for (int i = IN_K; i < N_IN; i++) {
         const ctxpar_audit_tensor *t = &a->in[i];
         if (!t->data)
             continue;
+        if (t->dtype != q->dtype) {
+            snprintf(msg, n, "%s: %s is %s but q is %s (give every input one dtype)", t->where,
+                     in_names[i], ctxpar_npy_dtype_text(t->dtype), ctxpar_npy_dtype_text(q->dtype));
+            return 0;
+        }
         const ctxpar_audit_tensor *like = i == IN_V ? k : q;
-        int same = t->dtype == q->dtype;
+        int same = 1;
         for (int d = 0; d < 4; d++)
             same &= t->dims[d] == like->dims[d] || (i == IN_K && d == 2);
         if (!same) {
-            snprintf(msg, n,
-                     "%s: %s is %s [%lld, %lld, %lld, %lld] (batch, seq, heads, dim), which does "
-                     "not match %s's %s [%lld, %lld, %lld, %lld]%s",
-                     t->where, in_names[i], ctxpar_st_dtype_name(t->dtype),
-                     (long long)t->dims[0], (long long)t->dims[1], (long long)t->dims[2],
-                     (long long)t->dims[3], i == IN_V ? "k" : "q",
-                     ctxpar_st_dtype_name(like->dtype), (long long)like->dims[0],
-                     (long long)like->dims[1], (long long)like->dims[2], (long long)like->dims[3],
+            // Shapes as the files hold them (global tensors; a shard pattern's assembled ones).
+            int nd = ctxpar_tformat_shape(lay->format, t->dims, f1);
+            ctxpar_tformat_shape(lay->format, like->dims, f2);
+            snprintf(msg, n, "%s: %s has shape %s, which does not match %s's %s%s", t->where,
+                     in_names[i], ctxpar_audit_shape_text(nd, f1, s1, sizeof s1),
+                     i == IN_V ? "k" : "q", ctxpar_audit_shape_text(nd, f2, s2, sizeof s2),
                      i == IN_K ? " (only the heads may differ)" : "");
             return 0;
         }
@@ -90,10 +96,11 @@ static int read_cu_seqlens(const ctxpar_audit_src *src, ctxpar_audit_state *a, i
     int ok = 0;
     if (c.dtype != CTXPAR_NPY_I32 && c.dtype != CTXPAR_NPY_I64) {
         snprintf(msg, n, "%s: cu_seqlens has dtype %s; want int32 or int64", where,
-                 ctxpar_st_dtype_name(c.dtype));
+                 ctxpar_npy_dtype_text(c.dtype));
     } else if (c.ndim != 1 || c.shape[0] < 2) {
-        snprintf(msg, n, "%s: cu_seqlens has %d dimensions and %zu entries; want [documents + 1] "
-                         "with at least 2 entries",
+        snprintf(msg, n,
+                 "%s: cu_seqlens has %d dimensions and %zu entries; want [documents + 1] "
+                 "with at least 2 entries",
                  where, c.ndim, c.count);
     } else if (!(a->cu_seqlens = malloc(c.count * sizeof *a->cu_seqlens))) {
         snprintf(msg, n, "%s: cannot allocate %zu entries", where, c.count);
@@ -103,11 +110,13 @@ static int read_cu_seqlens(const ctxpar_audit_src *src, ctxpar_audit_state *a, i
         for (size_t i = 0; ok && i < c.count; i++) {
             int64_t v = c.dtype == CTXPAR_NPY_I32 ? ((const int32_t *)c.data)[i]
                                                   : ((const int64_t *)c.data)[i];
-            if (v < INT32_MIN || v > INT32_MAX || (i == 0 && v != 0) ||
-                (i > 0 && v <= a->cu_seqlens[i - 1])) {
-                snprintf(msg, n, "%s: cu_seqlens[%zu] = %lld; want 0 first, then increasing "
-                                 "int32 values",
-                         where, i, (long long)v);
+            if (v < INT32_MIN || v > INT32_MAX) {
+                snprintf(msg, n, "%s: cu_seqlens[%zu] = %lld does not fit in int32", where, i,
+                         (long long)v);
+                ok = 0;
+            } else if ((i == 0 && v != 0) || (i > 0 && v <= a->cu_seqlens[i - 1])) {
+                snprintf(msg, n, "%s: cu_seqlens[%zu] = %lld; want 0 first, then increasing", where,
+                         i, (long long)v);
                 ok = 0;
             } else {
                 a->cu_seqlens[i] = (int32_t)v;
@@ -158,7 +167,7 @@ static int read_results(const ctxpar_cli *cli, ctxpar_audit_state *a, char *msg,
         }
         if (!lse && a->result_dtype_set && t->dtype != a->result_dtype) {
             snprintf(msg, n, "%s: %s is %s, but the other results are %s", t->where, name,
-                     ctxpar_st_dtype_name(t->dtype), ctxpar_st_dtype_name(a->result_dtype));
+                     ctxpar_npy_dtype_text(t->dtype), ctxpar_npy_dtype_text(a->result_dtype));
             return 0;
         }
         if (!lse)
@@ -197,8 +206,8 @@ static int configure(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t n
                      ctxpar_dtype_name(run));
             return 0;
         }
-        ctxpar_tensor s = ctxpar_tensor_bshd(t->data, file_dtype, t->dims[0], t->dims[1],
-                                             t->dims[2], t->dims[3]);
+        ctxpar_tensor s =
+            ctxpar_tensor_bshd(t->data, file_dtype, t->dims[0], t->dims[1], t->dims[2], t->dims[3]);
         ctxpar_tensor d = ctxpar_tensor_bshd(a->converted[i], run, t->dims[0], t->dims[1],
                                              t->dims[2], t->dims[3]);
         ctxpar_tensor_copy(&s, &d);
@@ -220,9 +229,8 @@ static int configure(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t n
 }
 
 int ctxpar_audit_load(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t n) {
-    a->lay = (ctxpar_audit_layout){(ctxpar_tformat)cli->format,
-                                   (ctxpar_lse_layout)cli->lse_layout, cli->lse_base2,
-                                   cli->cfg.ranks, cli->cfg.params.layout};
+    a->lay = (ctxpar_audit_layout){(ctxpar_tformat)cli->format, (ctxpar_lse_layout)cli->lse_layout,
+                                   cli->lse_base2, cli->cfg.ranks, cli->cfg.params.layout};
     const char *paths[N_IN + 1] = {cli->q_path, cli->k_path, cli->v_path, cli->dout_path,
                                    cli->cu_seqlens_path};
     for (int i = 0; i <= N_IN; i++)
@@ -240,9 +248,9 @@ int ctxpar_audit_load(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t 
         if (!s && i == IN_DOUT)
             continue;
         if (!s) {
-            snprintf(msg, n, "%s: no %s here%s%s", cli->inputs_path ? cli->inputs_path
-                                                   : cli->shards_pattern,
-                     in_names[i], cli->inputs_path && cli->shards_pattern ? " nor in " : "",
+            snprintf(msg, n, "%s: no %s here%s%s",
+                     cli->inputs_path ? cli->inputs_path : cli->shards_pattern, in_names[i],
+                     cli->inputs_path && cli->shards_pattern ? " nor in " : "",
                      cli->inputs_path && cli->shards_pattern ? cli->shards_pattern : "");
             return 0;
         }
@@ -251,11 +259,11 @@ int ctxpar_audit_load(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t 
         if (ctxpar_audit_read(s, in_names[i], 0, &a->lay, &a->in[i]) != CTXPAR_OK)
             return fail(msg, n);
     }
-    if (!check_inputs(a, msg, n))
+    if (!check_inputs(a, &a->lay, msg, n))
         return 0;
     const ctxpar_audit_src *cu_order[2] = {&a->files[N_IN], &a->inputs_src};
-    const ctxpar_audit_src *cu = cli->cu_seqlens_path ? &a->files[N_IN]
-                                                      : find(cu_order, 2, "cu_seqlens");
+    const ctxpar_audit_src *cu =
+        cli->cu_seqlens_path ? &a->files[N_IN] : find(cu_order, 2, "cu_seqlens");
     if (cu && !read_cu_seqlens(cu, a, a->in[IN_Q].dims[1], msg, n))
         return 0;
     if ((cli->against_path || cli->shards_pattern) && !read_results(cli, a, msg, n))

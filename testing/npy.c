@@ -55,6 +55,17 @@ const char *ctxpar_npy_dtype_descr(ctxpar_npy_dtype dtype) {
     return "?";
 }
 
+const char *ctxpar_npy_dtype_text(ctxpar_npy_dtype dtype) {
+    switch (dtype) {
+    case CTXPAR_NPY_F32: return "float32";
+    case CTXPAR_NPY_F16: return "float16";
+    case CTXPAR_NPY_BF16: return "bfloat16";
+    case CTXPAR_NPY_I32: return "int32";
+    case CTXPAR_NPY_I64: return "int64";
+    }
+    return "?";
+}
+
 // What the header says, and the data size it implies.
 typedef struct npy_meta {
     ctxpar_npy_dtype dtype;

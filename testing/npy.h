@@ -37,6 +37,8 @@ typedef enum ctxpar_npy_dtype {
 /* Bytes per element (0 for an unknown dtype) and the 'descr' string ("<f4"; "?" if unknown). */
 size_t ctxpar_npy_dtype_size(ctxpar_npy_dtype dtype);
 const char *ctxpar_npy_dtype_descr(ctxpar_npy_dtype dtype);
+/* "float32", "float16", "bfloat16", "int32", "int64" ("?" if unknown), for messages. */
+const char *ctxpar_npy_dtype_text(ctxpar_npy_dtype dtype);
 
 /* An array read from a file: C order, `count` elements of `dtype` in `data` (malloc'ed, owned by
  * the struct; never NULL after a successful read, even for zero elements). ndim 0 is a scalar

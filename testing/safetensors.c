@@ -124,8 +124,8 @@ static ctxpar_status parse_entry(const char *key, json_t *v, const char *file, s
            *off = json_object_get(v, "data_offsets");
     if (!dt || !sh || !off || json_object_size(v) != 3)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                            "%s: tensor '%s' must have exactly dtype, shape and data_offsets",
-                            file, key);
+                            "%s: tensor '%s' must have exactly dtype, shape and data_offsets", file,
+                            key);
     CTXPAR_CHECK(parse_dtype(dt, file, key, &e->a.dtype));
     CTXPAR_CHECK(parse_shape(sh, file, key, &e->a));
     CTXPAR_CHECK(parse_offsets(off, file, e));
@@ -294,8 +294,8 @@ static ctxpar_status read_source(const st_source *src, uint64_t total, ctxpar_st
     if (st == CTXPAR_OK)
         st = parse_header(text, hlen, data_size, src->name, &root, &e, &n);
     if (st == CTXPAR_OK && !(t = calloc(n + 1, sizeof *t)))
-        st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu tensors", src->name,
-                          n);
+        st =
+            CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu tensors", src->name, n);
     for (; st == CTXPAR_OK && (size_t)done < n; done++) {
         size_t bytes = (size_t)(e[done].end - e[done].begin);
         size_t nlen = strlen(e[done].name) + 1; // strdup is not C11
@@ -408,8 +408,7 @@ static ctxpar_status build_head(int count, const ctxpar_st_tensor *t, char **hea
         json_object_set_new(e, "data_offsets", off);
         if (json_object_set_new(root, t[i].name, e) != 0)
             st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                              "safetensors write: tensor name '%s' is not valid UTF-8",
-                              t[i].name);
+                              "safetensors write: tensor name '%s' is not valid UTF-8", t[i].name);
     }
     char *text = st == CTXPAR_OK ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
@@ -483,8 +482,7 @@ ctxpar_status ctxpar_st_write(const char *path, int count, const ctxpar_st_tenso
     free(head);
     if (!ok) {
         remove(path);
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: write failed: %s", path,
-                            strerror(errno));
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: write failed: %s", path, strerror(errno));
     }
     return CTXPAR_OK;
 }

@@ -96,10 +96,17 @@ ctxpar_npy_dtype ctxpar_npy_of_dtype(ctxpar_dtype dtype) {
 
 int ctxpar_dtype_of_npy(ctxpar_npy_dtype t, ctxpar_dtype *out) {
     switch (t) {
-    case CTXPAR_NPY_F32: *out = CTXPAR_DTYPE_F32; return 1;
-    case CTXPAR_NPY_F16: *out = CTXPAR_DTYPE_F16; return 1;
-    case CTXPAR_NPY_BF16: *out = CTXPAR_DTYPE_BF16; return 1;
-    default: return 0;
+    case CTXPAR_NPY_F32:
+        *out = CTXPAR_DTYPE_F32;
+        return 1;
+    case CTXPAR_NPY_F16:
+        *out = CTXPAR_DTYPE_F16;
+        return 1;
+    case CTXPAR_NPY_BF16:
+        *out = CTXPAR_DTYPE_BF16;
+        return 1;
+    default:
+        return 0;
     }
 }
 
@@ -143,9 +150,12 @@ static int64_t lse_index(ctxpar_lse_layout layout, int64_t H, int64_t S, int64_t
 
 static double load_float(const void *src, ctxpar_npy_dtype t, int64_t i) {
     switch (t) {
-    case CTXPAR_NPY_F16: return ctxpar_f16_to_f32(((const uint16_t *)src)[i]);
-    case CTXPAR_NPY_BF16: return ctxpar_bf16_to_f32(((const uint16_t *)src)[i]);
-    default: return ((const float *)src)[i];
+    case CTXPAR_NPY_F16:
+        return ctxpar_f16_to_f32(((const uint16_t *)src)[i]);
+    case CTXPAR_NPY_BF16:
+        return ctxpar_bf16_to_f32(((const uint16_t *)src)[i]);
+    default:
+        return ((const float *)src)[i];
     }
 }
 

@@ -55,7 +55,9 @@ inline Outcome RunWith(const std::string &prefix, const std::string &args) {
     return o;
 }
 
-inline Outcome Tool(const std::string &args) { return RunWith("", args); }
+inline Outcome Tool(const std::string &args) {
+    return RunWith("", args);
+}
 
 inline int Lines(const std::string &s) {
     int n = 0;

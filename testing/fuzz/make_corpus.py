@@ -151,6 +151,38 @@ def validate_seeds():
     return seeds
 
 
+# ------------------------------------------------------------------ safetensors_fuzz
+
+
+def st(header, data=b""):
+    """A .safetensors image: 8-byte little-endian header length, the JSON header, the data."""
+    text = header.encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def st_seeds():
+    one = '{"out":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
+    return {
+        "f32_2": st(one, floats(2)),
+        "three_dtypes": st('{"c":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},'
+                           '"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},'
+                           '"b":{"dtype":"BF16","shape":[1,2],"data_offsets":[16,20]}}  ',
+                           struct.pack("<q", 7) + floats(2) + b"\x80\x3f\x20\xc0"),
+        "metadata_f16_i32": st('{"__metadata__":{"format":"pt"},'
+                               '"h":{"dtype":"F16","shape":[2,1],"data_offsets":[0,4]},'
+                               '"cu":{"dtype":"I32","shape":[2],"data_offsets":[4,12]}}',
+                               struct.pack("<2H2i", 0x3C00, 0xBC00, 0, 5)),
+        "empty_tensor": st('{"e":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]}}'),
+        "bad_header_length": struct.pack("<Q", 1000) + one.encode(),
+        "bad_offsets_past_end": st(one, b"abcd"),
+        "bad_overlap": st('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
+                          '"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', floats(2)),
+        "bad_dtype": st('{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}', floats(2)),
+        "bad_duplicate": st('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{}}',
+                            floats(1)),
+    }
+
+
 def write(target, seeds):
     folder = os.path.join(HERE, "corpus", target)
     os.makedirs(folder, exist_ok=True)
@@ -165,4 +197,5 @@ def write(target, seeds):
 
 if __name__ == "__main__":
     write("npy_fuzz", npy_seeds())
+    write("safetensors_fuzz", st_seeds())
     write("validate_fuzz", validate_seeds())

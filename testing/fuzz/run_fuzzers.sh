@@ -6,15 +6,16 @@
 # crash, sanitizer report, leak or broken property; the input is left in $build/artifacts.
 #
 #   testing/fuzz/run_fuzzers.sh [SECONDS]      needs: clang libclang-rt-14-dev libomp-14-dev
+#                                              libjansson-dev
 #
 # Environment: CTXPAR_FUZZ_BUILD (build folder, default out/fuzz), CTXPAR_FUZZ_TARGETS (default
-# "npy_fuzz validate_fuzz"), CLANG (default clang).
+# "npy_fuzz safetensors_fuzz validate_fuzz"), CLANG (default clang).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 seconds=${1:-60}
 build=${CTXPAR_FUZZ_BUILD:-out/fuzz}
-targets=${CTXPAR_FUZZ_TARGETS:-npy_fuzz validate_fuzz}
+targets=${CTXPAR_FUZZ_TARGETS:-npy_fuzz safetensors_fuzz validate_fuzz}
 cc=${CLANG:-clang}
 
 if ! command -v "$cc" >/dev/null; then
@@ -27,7 +28,7 @@ lib_srcs=(api/*.c algorithms/*.c comm/local/*.c)
 for f in backends/cpu/*.c; do
     [ "$f" = backends/cpu/cpu_bench.c ] || lib_srcs+=("$f")
 done
-lib_srcs+=(testing/npy.c testing/data.c testing/oracle.c testing/metrics.c testing/tolerance.c)
+lib_srcs+=(testing/npy.c testing/safetensors.c testing/data.c testing/oracle.c testing/metrics.c testing/tolerance.c)
 fuzz_srcs=(testing/fuzz/fuzz_problem.c testing/fuzz/cpu_supports_shim.c)
 
 common=(-std=c11 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined
@@ -67,7 +68,7 @@ for f in "${fuzz_srcs[@]}"; do compile "$f" "${strict[@]}"; done
 
 for t in $targets; do
     "$cc" "${common[@]}" "${strict[@]}" -fsanitize=fuzzer "testing/fuzz/$t.c" "${objs[@]}" \
-        -lm -pthread -o "$build/$t"
+        -ljansson -lm -pthread -o "$build/$t"
 done
 
 export OMP_NUM_THREADS=1

@@ -44,6 +44,50 @@ static int file_exists(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+// TransformerEngine's THD zigzag: each document in 2P chunks, rank r holding r and 2P-1-r.
+static int per_document(const ctxpar_audit_layout *lay) {
+    return lay->format == CTXPAR_TFORMAT_THD && lay->layout == CTXPAR_LAYOUT_ZIGZAG &&
+           lay->cu_seqlens && lay->num_docs > 0;
+}
+
+ctxpar_status ctxpar_audit_positions(const ctxpar_audit_layout *lay, int64_t seq, int rank,
+                                     int64_t *pos_out) {
+    if (!per_document(lay))
+        return ctxpar_positions(lay->layout, seq, rank, lay->ranks, pos_out);
+    const int64_t two_p = 2 * (int64_t)lay->ranks;
+    int64_t n = 0;
+    for (int64_t d = 0; d < lay->num_docs; d++) {
+        int64_t start = lay->cu_seqlens[d], len = lay->cu_seqlens[d + 1] - start;
+        if (len % two_p != 0)
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                                "document %lld has %lld tokens: THD zigzag over %d ranks splits "
+                                "each document into %lld equal chunks",
+                                (long long)d, (long long)len, lay->ranks, (long long)two_p);
+        int64_t c = len / two_p, chunks[2] = {rank, two_p - 1 - rank};
+        for (int k = 0; k < 2; k++)
+            for (int64_t i = 0; i < c; i++)
+                pos_out[n++] = start + chunks[k] * c + i;
+    }
+    return n == seq / lay->ranks ? CTXPAR_OK
+                                 : CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                                                "the documents hold %lld tokens per rank, not %lld",
+                                                (long long)n, (long long)(seq / lay->ranks));
+}
+
+ctxpar_status ctxpar_audit_owners(const ctxpar_audit_layout *lay, int64_t seq, int *owner) {
+    int64_t *pos = malloc((size_t)(seq / lay->ranks) * sizeof *pos + 1);
+    if (!pos)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
+    ctxpar_status st = CTXPAR_OK;
+    for (int r = 0; st == CTXPAR_OK && r < lay->ranks; r++) {
+        st = ctxpar_audit_positions(lay, seq, r, pos);
+        for (int64_t i = 0; st == CTXPAR_OK && i < seq / lay->ranks; i++)
+            owner[pos[i]] = r;
+    }
+    free(pos);
+    return st;
+}
+
 ctxpar_status ctxpar_audit_src_open(ctxpar_audit_src *src, const char *path) {
     memset(src, 0, sizeof *src);
     src->path = path;
@@ -307,7 +351,7 @@ static ctxpar_status read_shards(const ctxpar_audit_src *src, const char *name, 
                               where, r, name, ctxpar_npy_dtype_text(a.dtype), (long long)seq,
                               ctxpar_npy_dtype_text(dtype), (long long)(lse ? local[2] : local[1]));
         if (st == CTXPAR_OK)
-            st = ctxpar_positions(lay->layout, seq * P, r, P, pos);
+            st = ctxpar_audit_positions(lay, seq * P, r, pos);
         if (st == CTXPAR_OK)
             st = place(&a, lse, lay, dims, pos, seq * P, out->data);
         ctxpar_npy_free(&a);
@@ -406,7 +450,7 @@ static ctxpar_status write_group(const char *pattern, int rank, int count, const
             rows = seq / lay->ranks;
             free(pos);
             pos = malloc((size_t)rows * sizeof *pos + 1);
-            st = pos ? ctxpar_positions(lay->layout, seq, rank, lay->ranks, pos)
+            st = pos ? ctxpar_audit_positions(lay, seq, rank, pos)
                      : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
         }
         if (st == CTXPAR_OK)

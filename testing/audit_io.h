@@ -36,14 +36,26 @@ typedef struct ctxpar_audit_src {
     ctxpar_st_file st; /* SAFETENSORS: read once at open */
 } ctxpar_audit_src;
 
-/* How the files are laid out, and how shards map to global positions. */
+/* How the files are laid out, and how shards map to global positions. With format thd, layout
+ * zigzag and documents, every document is split into 2 x ranks chunks on its own, rank r holding
+ * chunks r and 2 x ranks - 1 - r of each (TransformerEngine's THD DualChunkSwap); otherwise the
+ * layout is ctxpar's over the whole sequence. */
 typedef struct ctxpar_audit_layout {
     ctxpar_tformat format;
     ctxpar_lse_layout lse_layout;
     int lse_base2;
     int ranks;
     ctxpar_layout layout;
+    const int32_t *cu_seqlens; /* NULL: one sequence */
+    int64_t num_docs;
 } ctxpar_audit_layout;
+
+/* The seq / ranks global positions rank `rank` holds, in its local order. */
+ctxpar_status ctxpar_audit_positions(const ctxpar_audit_layout *lay, int64_t seq, int rank,
+                                     int64_t *pos_out);
+
+/* owner[s] for s in [0, seq): the rank holding position s. */
+ctxpar_status ctxpar_audit_owners(const ctxpar_audit_layout *lay, int64_t seq, int *owner);
 
 /* A tensor in global form. lse: dims = {B, H, S, 1}, data float natural log. */
 typedef struct ctxpar_audit_tensor {

@@ -18,20 +18,6 @@ void ctxpar_audit_verdict_free(ctxpar_audit_verdict *v) {
     memset(v, 0, sizeof *v);
 }
 
-ctxpar_status ctxpar_audit_owners(ctxpar_layout layout, int64_t seq, int ranks, int *owner) {
-    int64_t *pos = malloc((size_t)(seq / ranks) * sizeof *pos + 1);
-    if (!pos)
-        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
-    ctxpar_status st = CTXPAR_OK;
-    for (int r = 0; st == CTXPAR_OK && r < ranks; r++) {
-        st = ctxpar_positions(layout, seq, r, ranks, pos);
-        for (int64_t i = 0; st == CTXPAR_OK && i < seq / ranks; i++)
-            owner[pos[i]] = r;
-    }
-    free(pos);
-    return st;
-}
-
 // Keeps row in the list of the worst rows (sorted, worst first).
 static void keep_worst(ctxpar_audit_verdict *v, const ctxpar_audit_row *row) {
     if (!(row->error > 0) && !isnan(row->error))

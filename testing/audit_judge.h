@@ -60,9 +60,6 @@ int ctxpar_audit_within_bound(const ctxpar_audit_verdict *v, const ctxpar_audit_
 
 void ctxpar_audit_verdict_free(ctxpar_audit_verdict *v);
 
-/* owner[s] for s in [0, seq): the rank holding position s under layout over ranks. */
-ctxpar_status ctxpar_audit_owners(ctxpar_layout layout, int64_t seq, int ranks, int *owner);
-
 #ifdef __cplusplus
 }
 #endif

@@ -15,7 +15,7 @@ ctxpar_status ctxpar_audit_judge_all(const ctxpar_cli *cli, const ctxpar_audit_s
     if (!owner)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %lld owners",
                             (long long)c->seq);
-    ctxpar_status st = ctxpar_audit_owners(c->params.layout, c->seq, c->ranks, owner);
+    ctxpar_status st = ctxpar_audit_owners(&a->lay, c->seq, owner);
     ctxpar_audit_bound bound = {cli->max_ratio};
     rep->consistent = 1;
     for (int i = 0; st == CTXPAR_OK && i < CTXPAR_RUN_TENSORS; i++) {

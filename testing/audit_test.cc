@@ -80,6 +80,23 @@ ctxpar_mask_desc Causal() {
     return ctxpar_mask_desc{1, 0, nullptr, 0};
 }
 
+// Two packed documents (THD) for the TransformerEngine-style tests: 16 and 48 tokens, each a
+// multiple of 2P so that each splits into 2P chunks.
+const int32_t kCu[3] = {0, 16, 64};
+
+// Rank r's positions under TransformerEngine's THD zigzag: chunks r and 2P-1-r of every
+// document.
+std::vector<int64_t> ZigzagPerDoc(int r) {
+    std::vector<int64_t> pos;
+    for (int d = 0; d < 2; d++) {
+        int64_t c = (kCu[d + 1] - kCu[d]) / (2 * kP);
+        for (int64_t chunk : {(int64_t)r, (int64_t)(2 * kP - 1 - r)})
+            for (int64_t i = 0; i < c; i++)
+                pos.push_back(kCu[d] + chunk * c + i);
+    }
+    return pos;
+}
+
 Vec Gather(const Vec &t, const std::vector<int64_t> &pos) {
     Vec g;
     for (int64_t s : pos)
@@ -100,10 +117,12 @@ void Attend(const Problem &p, const std::vector<int64_t> &qpos, const std::vecto
                       out->data(), lse->data());
 }
 
-Problem MakeProblem(ctxpar_dtype dtype, bool backward) {
+Problem MakeProblem(ctxpar_dtype dtype, bool backward, bool docs = false) {
     Problem p{dtype, Input(dtype, 1), Input(dtype, 2), Input(dtype, 3), {}, {}, {}, {}, {}, {}};
     ctxpar_oracle_shape sh = {kB, kS, kS, kH, kH, kD};
     ctxpar_mask_desc m = Causal();
+    if (docs)
+        m.cu_seqlens = kCu, m.num_docs = 2;
     p.out.resize(p.q.size());
     p.lse.resize(static_cast<size_t>(kH * kS));
     ctxpar_oracle_fwd(&sh, p.q.data(), p.k.data(), p.v.data(), nullptr, nullptr, &m, Scale(),
@@ -568,6 +587,52 @@ TEST(AuditAgainst, PerRankShardsAssembledByTheLayout) {
     o = Tool("audit --ranks 4 --layout zigzag --mask causal --shards " + pattern);
     EXPECT_EQ(o.code, 2) << o.out << o.err;
     EXPECT_NE(o.err.find("rank 2's shard of out is missing"), std::string::npos) << o.err;
+}
+
+// TransformerEngine's THD context parallelism: per-rank dumps of packed tokens [T/P, H, D] and
+// LSE [H, T/P], each document zigzagged on its own; cu_seqlens global.
+TEST(AuditAgainst, ThdShardsZigzaggedPerDocument) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, false, true);
+    std::string dir = Dir("thd_shards");
+    std::vector<int64_t> cu64(kCu, kCu + 3);
+    ASSERT_EQ(ctxpar_npy_write((dir + "/cu_seqlens.npy").c_str(), CTXPAR_NPY_I64, 1,
+                               std::vector<int64_t>{3}.data(), cu64.data()),
+              CTXPAR_OK);
+    auto write_shards = [&](const Results &r) {
+        for (int rank = 0; rank < kP; rank++) {
+            std::vector<int64_t> mine = ZigzagPerDoc(rank);
+            const int64_t n = (int64_t)mine.size();
+            for (auto &[name, v] : std::map<std::string, const Vec *>{
+                     {"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"out", &r.out}}) {
+                Named t{name, Gather(*v, mine), {n, kH, kD}, CTXPAR_DTYPE_F32};
+                WriteNpy(dir + "/" + name + "_" + std::to_string(rank) + ".npy", t);
+            }
+            Named l{"lse", {}, {kH, n}, CTXPAR_DTYPE_F32};
+            for (int64_t h = 0; h < kH; h++)
+                for (int64_t s : mine)
+                    l.v.push_back(r.lse[h * kS + s]);
+            WriteNpy(dir + "/lse_" + std::to_string(rank) + ".npy", l);
+        }
+    };
+    const std::string args = "--format thd --lse-layout ht --cu-seqlens '" + dir +
+                             "/cu_seqlens.npy' --shards '" + dir + "/{name}_{rank}.npy'";
+    Results r = Correct(p);
+    write_shards(r);
+    Verdict v;
+    Judge(args, &v);
+    EXPECT_EQ(v.o.code, 0) << v.o.out << v.o.err;
+    EXPECT_EQ(json_integer_value(json_object_get(json_object_get(v.root, "config"), "docs")), 2);
+    // Rank 1 returns its second document's rows shifted by one token.
+    std::vector<int64_t> mine = ZigzagPerDoc(1);
+    for (size_t i = 4; i + 1 < mine.size(); i++)
+        std::copy(p.out.begin() + Row(mine[i + 1]), p.out.begin() + Row(mine[i + 1] + 1),
+                  r.out.begin() + Row(mine[i]));
+    write_shards(r);
+    Verdict bad;
+    Judge(args, &bad);
+    EXPECT_EQ(bad.o.code, 1) << bad.o.out << bad.o.err;
+    EXPECT_EQ(bad.WorstRank("out"), 1) << bad.o.out;
+    EXPECT_EQ(bad.WorstRankByError("out"), 1) << bad.o.out;
 }
 
 // ---------------------------------------------------------------- malformed files

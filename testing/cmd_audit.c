@@ -86,12 +86,12 @@ static int check_inputs(const ctxpar_audit_state *a, const ctxpar_audit_layout *
     return 1;
 }
 
-// cu_seqlens: 1-D int32 or int64, 0 = c[0] < c[1] < ... < c[docs] = seq, each fitting int32.
-static int read_cu_seqlens(const ctxpar_audit_src *src, ctxpar_audit_state *a, int64_t seq,
-                           char *msg, size_t n) {
-    char where[4096];
+// cu_seqlens: 1-D int32 or int64, 0 = c[0] < c[1] < ... < c[docs], each fitting int32 (that it
+// ends at seq is checked once q is read: shards of q are placed by it).
+static int read_cu_seqlens(const ctxpar_audit_src *src, ctxpar_audit_state *a, char *where,
+                           size_t where_len, char *msg, size_t n) {
     ctxpar_npy_array c;
-    if (ctxpar_audit_read_raw(src, "cu_seqlens", 0, &c, where, sizeof where) != CTXPAR_OK)
+    if (ctxpar_audit_read_raw(src, "cu_seqlens", 0, &c, where, where_len) != CTXPAR_OK)
         return fail(msg, n);
     int ok = 0;
     if (c.dtype != CTXPAR_NPY_I32 && c.dtype != CTXPAR_NPY_I64) {
@@ -121,11 +121,6 @@ static int read_cu_seqlens(const ctxpar_audit_src *src, ctxpar_audit_state *a, i
             } else {
                 a->cu_seqlens[i] = (int32_t)v;
             }
-        }
-        if (ok && a->cu_seqlens[a->num_docs] != seq) {
-            snprintf(msg, n, "%s: cu_seqlens ends at %d, but the sequence has %lld tokens", where,
-                     a->cu_seqlens[a->num_docs], (long long)seq);
-            ok = 0;
         }
     }
     ctxpar_npy_free(&c);
@@ -229,8 +224,13 @@ static int configure(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t n
 }
 
 int ctxpar_audit_load(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t n) {
-    a->lay = (ctxpar_audit_layout){(ctxpar_tformat)cli->format, (ctxpar_lse_layout)cli->lse_layout,
-                                   cli->lse_base2, cli->cfg.ranks, cli->cfg.params.layout};
+    a->lay = (ctxpar_audit_layout){(ctxpar_tformat)cli->format,
+                                   (ctxpar_lse_layout)cli->lse_layout,
+                                   cli->lse_base2,
+                                   cli->cfg.ranks,
+                                   cli->cfg.params.layout,
+                                   NULL,
+                                   0};
     const char *paths[N_IN + 1] = {cli->q_path, cli->k_path, cli->v_path, cli->dout_path,
                                    cli->cu_seqlens_path};
     for (int i = 0; i <= N_IN; i++)
@@ -240,6 +240,14 @@ int ctxpar_audit_load(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t 
         !open_src(&a->shards, cli->shards_pattern, msg, n) ||
         !open_src(&a->against, cli->against_path, msg, n))
         return 0;
+    const ctxpar_audit_src *cu_order[2] = {&a->files[N_IN], &a->inputs_src};
+    const ctxpar_audit_src *cu =
+        cli->cu_seqlens_path ? &a->files[N_IN] : find(cu_order, 2, "cu_seqlens");
+    char cu_where[4096] = "";
+    if (cu && !read_cu_seqlens(cu, a, cu_where, sizeof cu_where, msg, n))
+        return 0;
+    a->lay.cu_seqlens = a->cu_seqlens;
+    a->lay.num_docs = a->cu_seqlens ? a->num_docs : 0;
     for (int i = 0; i < N_IN; i++) {
         const ctxpar_audit_src *order[3] = {&a->files[i], &a->inputs_src, &a->shards};
         const ctxpar_audit_src *s = find(order, 3, in_names[i]);
@@ -261,11 +269,12 @@ int ctxpar_audit_load(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t 
     }
     if (!check_inputs(a, &a->lay, msg, n))
         return 0;
-    const ctxpar_audit_src *cu_order[2] = {&a->files[N_IN], &a->inputs_src};
-    const ctxpar_audit_src *cu =
-        cli->cu_seqlens_path ? &a->files[N_IN] : find(cu_order, 2, "cu_seqlens");
-    if (cu && !read_cu_seqlens(cu, a, a->in[IN_Q].dims[1], msg, n))
+    if (a->cu_seqlens && a->cu_seqlens[a->num_docs] != a->in[IN_Q].dims[1]) {
+        snprintf(msg, n,
+                 "%s: cu_seqlens ends at %d, but the sequence (q's dimension 1) has %lld tokens",
+                 cu_where, a->cu_seqlens[a->num_docs], (long long)a->in[IN_Q].dims[1]);
         return 0;
+    }
     if ((cli->against_path || cli->shards_pattern) && !read_results(cli, a, msg, n))
         return 0;
     return configure(cli, a, msg, n);

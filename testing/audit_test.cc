@@ -711,6 +711,13 @@ TEST(AuditAgainst, ResultsOfTheWrongShapeOrWithoutDoutExit2) {
     o = Tool("audit --ranks 4 --inputs '" + in + "' --against '" + dir + "/dq.safetensors'");
     EXPECT_EQ(o.code, 2) << o.out << o.err;
     EXPECT_NE(o.err.find("no dout"), std::string::npos) << o.err;
+    // One .npy file cannot stand for several results.
+    WriteNpy(dir + "/out.npy", {"out", p.out, kBSHD, CTXPAR_DTYPE_F32});
+    o = Tool("audit --ranks 4 --inputs '" + in + "' --against '" + dir + "/out.npy'");
+    EXPECT_EQ(o.code, 2) << o.out << o.err;
+    EXPECT_NE(o.err.find("out.npy: give a folder of NAME.npy files or a .safetensors file"),
+              std::string::npos)
+        << o.err;
 }
 
 } // namespace

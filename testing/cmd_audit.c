@@ -240,6 +240,14 @@ int ctxpar_audit_load(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t 
         !open_src(&a->shards, cli->shards_pattern, msg, n) ||
         !open_src(&a->against, cli->against_path, msg, n))
         return 0;
+    // One .npy file holds one tensor: it cannot stand for the several that these name.
+    const ctxpar_audit_src *several[2] = {&a->inputs_src, &a->against};
+    for (int i = 0; i < 2; i++)
+        if (several[i]->kind == CTXPAR_AUDIT_SRC_NPY_FILE) {
+            snprintf(msg, n, "%s: give a folder of NAME.npy files or a .safetensors file",
+                     several[i]->path);
+            return 0;
+        }
     const ctxpar_audit_src *cu_order[2] = {&a->files[N_IN], &a->inputs_src};
     const ctxpar_audit_src *cu =
         cli->cu_seqlens_path ? &a->files[N_IN] : find(cu_order, 2, "cu_seqlens");

@@ -9,6 +9,10 @@
 
 #include "ctxpar.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // Unique ids of the tensors the caller binds in the variant pack.
 enum {
     CTXPAR_CUDNN_UID_Q = 1,
@@ -70,5 +74,9 @@ int64_t ctxpar_cudnn_configs_to_try(int64_t reported);
 ctxpar_status ctxpar_cudnn_plan_build(cudnnHandle_t handle, ctxpar_cudnn_form form,
                                       const ctxpar_cudnn_shape *shape, ctxpar_cudnn_plan *out);
 void ctxpar_cudnn_plan_free(ctxpar_cudnn_plan *p);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif // CTXPAR_CUDNN_GRAPH_H

@@ -157,6 +157,12 @@ static ctxpar_status make_pool(ctxpar_cuda_impl *impl) {
     CTXPAR_CUDA_CHECK(cudaMemPoolCreate(&impl->pool, &props));
     uint64_t keep = UINT64_MAX;
     CTXPAR_CUDA_CHECK(cudaMemPoolSetAttribute(impl->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    // A synchronous alloc must not wait for unrelated work: the pool may hand out memory whose
+    // fenced free has completed (or follows an event the stream already waits on), but may not
+    // make the allocating stream wait for a free still pending.
+    int no = 0;
+    CTXPAR_CUDA_CHECK(
+        cudaMemPoolSetAttribute(impl->pool, cudaMemPoolReuseAllowInternalDependencies, &no));
     return grant_peers(impl);
 }
 

@@ -179,17 +179,17 @@ build_from_source() {
         echo "ctxpar: not built from source (no mpicc for MPI headers); bench steps will skip"
     fi
 
-    # GoogleTest: given (GTEST_ROOT), installed, or compiled from the sources stage.sh carried
-    # (or the system's /usr/src/googletest): gtest-all.cc and gtest_main.cc, no CMake needed.
+    # GoogleTest: given (GTEST_ROOT), else compiled from the sources stage.sh carried, else the
+    # system's (installed, or its sources): gtest-all.cc and gtest_main.cc, no CMake needed.
     local gt_inc="" gt_lib="" gt_src=""
     if [ -n "${GTEST_ROOT:-}" ]; then
         gt_inc="$GTEST_ROOT/include" gt_lib="$GTEST_ROOT/lib"
+    elif [ -f "$STAGE/googletest/src/gtest-all.cc" ]; then
+        gt_src="$STAGE/googletest"
     elif [ -f /usr/include/gtest/gtest.h ] && [ -f /usr/lib/x86_64-linux-gnu/libgtest.a ]; then
         gt_inc=/usr/include gt_lib=/usr/lib/x86_64-linux-gnu
-    else
-        for d in "$STAGE/googletest" /usr/src/googletest/googletest; do
-            [ -f "$d/src/gtest-all.cc" ] && gt_src="$d" && break
-        done
+    elif [ -f /usr/src/googletest/googletest/src/gtest-all.cc ]; then
+        gt_src=/usr/src/googletest/googletest
     fi
     if [ -n "$gt_src" ]; then
         echo "GoogleTest: compiling $gt_src"
@@ -205,8 +205,10 @@ build_from_source() {
         echo "GoogleTest not found (run stage.sh, or set GTEST_ROOT): no tests built"
         return 1
     fi
+    local gt_flag="-isystem $gt_inc"
+    [ "$gt_inc" = /usr/include ] && gt_flag="" # already searched; -isystem would reorder it
     for t in testing/cuda_ops_test testing/gpu/nccl_comm_test testing/gpu/e2e_cuda_test; do
-        g++ -std=c++17 -O2 -fopenmp $inc -isystem "$gt_inc" "$ROOT/$t.cc" $LIBS -L"$gt_lib" \
+        g++ -std=c++17 -O2 -fopenmp $inc $gt_flag "$ROOT/$t.cc" $LIBS -L"$gt_lib" \
             -lgtest_main -lgtest -o "$B/bin/$(basename $t)" || return 1
     done
 }

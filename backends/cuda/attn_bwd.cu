@@ -305,30 +305,18 @@ template <typename T> cudaError_t allowed_smem(size_t *bytes) {
 
 extern "C" cudaError_t ctxpar_cuda_simt_bwd_configure(size_t limit, size_t *set_out) {
     using namespace ctxpar_cuda;
-    size_t bytes = ctxpar_cuda_simt_bwd_smem(CTXPAR_CUDA_MAX_HEAD_DIM);
-    if (bytes > limit)
-        bytes = limit;
-    const ctxpar_dtype all[3] = {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_F16, CTXPAR_DTYPE_BF16};
-    for (int i = 0; i < 3; i++) {
-        cudaError_t e = CTXPAR_CUDA_DISPATCH_DTYPE(all[i], allow_smem, bytes);
-        if (e != cudaSuccess)
-            return e;
-    }
-    *set_out = bytes;
-    return cudaSuccess;
+    const size_t need = ctxpar_cuda_simt_bwd_smem(CTXPAR_CUDA_MAX_HEAD_DIM);
+    const size_t bytes = need < limit ? need : limit;
+    cudaError_t e = for_each_dtype([&](auto t) { return allow_smem<decltype(t)>(bytes); });
+    if (e == cudaSuccess)
+        *set_out = bytes;
+    return e;
 }
 
-// For ctxpar_cuda_simt_smem_allowed (attn_fwd_simt.cu): lowers *bytes to the smallest limit of
-// the backward kernels.
+// For ctxpar_cuda_simt_smem_allowed (attn_fwd_simt.cu).
 cudaError_t ctxpar_cuda_simt_bwd_allowed(size_t *bytes) {
     using namespace ctxpar_cuda;
-    const ctxpar_dtype all[3] = {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_F16, CTXPAR_DTYPE_BF16};
-    for (int i = 0; i < 3; i++) {
-        cudaError_t e = CTXPAR_CUDA_DISPATCH_DTYPE(all[i], allowed_smem, bytes);
-        if (e != cudaSuccess)
-            return e;
-    }
-    return cudaSuccess;
+    return for_each_dtype([&](auto t) { return allowed_smem<decltype(t)>(bytes); });
 }
 
 extern "C" size_t ctxpar_cuda_simt_bwd_smem(int64_t head_dim) {

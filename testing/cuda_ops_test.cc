@@ -1620,8 +1620,9 @@ TEST_F(Gpu, MergeOfTwoEmptyRowsZeroesLikeTheCpu) {
 
 // A device free neither blocks the host nor releases memory still in use: with a stream held
 // up (a host function waiting for the test) after a fill of buffer `a`, freeing `a` returns at
-// once, and a buffer allocated next is not overwritten when the held fill finally runs. On the
-// legacy (NULL) stream and on a caller's non-blocking stream.
+// once, and a buffer allocated next is not overwritten when the held fill finally runs. On a
+// caller's non-blocking stream, on the legacy (NULL) stream, and on a stream whose wrapper was
+// released before the free (its pending work still counts).
 struct Gate {
     std::atomic<int> open{0};
     std::atomic<int> saw_open{0};
@@ -1647,16 +1648,29 @@ TEST_F(Gpu, FreeIsStreamOrderedAndNeverBlocks) {
     ctxpar_stream *held = nullptr, *other = nullptr;
     ASSERT_EQ(ctxpar_cuda_stream_wrap(d.dev, held_raw, &held), CTXPAR_OK);
     ASSERT_EQ(ctxpar_cuda_stream_wrap(d.dev, other_raw, &other), CTXPAR_OK);
+    cudaStream_t gone_raw = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&gone_raw, cudaStreamNonBlocking), cudaSuccess);
     const size_t n = 1 << 22, bytes = n * sizeof(float);
-    for (int legacy = 0; legacy < 2; legacy++) {
-        SCOPED_TRACE(legacy ? "legacy stream held" : "caller's non-blocking stream held");
-        ctxpar_stream *s = legacy ? nullptr : held;
-        cudaStream_t raw = legacy ? cudaStreamLegacy : held_raw;
+    const char *modes[3] = {"caller's non-blocking stream held", "legacy stream held",
+                            "released wrapper's stream held"};
+    for (int mode = 0; mode < 3; mode++) {
+        SCOPED_TRACE(modes[mode]);
+        ctxpar_stream *s = held;
+        cudaStream_t raw = held_raw;
+        if (mode == 1) {
+            s = nullptr;
+            raw = cudaStreamLegacy;
+        } else if (mode == 2) {
+            ASSERT_EQ(ctxpar_cuda_stream_wrap(d.dev, gone_raw, &s), CTXPAR_OK);
+            raw = gone_raw;
+        }
         void *a = nullptr, *b = nullptr;
         ASSERT_EQ(ctxpar_dev_alloc(d.dev, bytes, CTXPAR_MEM_DEVICE, &a), CTXPAR_OK);
         Gate gate;
         ASSERT_EQ(cudaLaunchHostFunc(raw, WaitForGate, &gate), cudaSuccess);
         ASSERT_EQ(ctxpar_dev_fill(d.dev, (float *)a, 1.0f, n, s), CTXPAR_OK);
+        if (mode == 2)
+            ctxpar_cuda_stream_release(s); // the stream leaves the device's list, work pending
         ctxpar_dev_free(d.dev, a, bytes, CTXPAR_MEM_DEVICE); // must return with the gate shut
         ASSERT_EQ(ctxpar_dev_alloc(d.dev, bytes, CTXPAR_MEM_DEVICE, &b), CTXPAR_OK);
         ASSERT_EQ(ctxpar_dev_fill(d.dev, (float *)b, 2.0f, n, other), CTXPAR_OK);
@@ -1678,6 +1692,7 @@ TEST_F(Gpu, FreeIsStreamOrderedAndNeverBlocks) {
     ctxpar_cuda_stream_release(other);
     EXPECT_EQ(cudaStreamDestroy(held_raw), cudaSuccess);
     EXPECT_EQ(cudaStreamDestroy(other_raw), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(gone_raw), cudaSuccess);
 }
 
 // ---------------------------------------------------------------- errors

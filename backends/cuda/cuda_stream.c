@@ -27,6 +27,14 @@ void ctxpar_cuda_stream_unregister(ctxpar_cuda_impl *impl, ctxpar_stream *s) {
     s->owner = NULL;
 }
 
+// A stream leaving the list hands its pending work to util_stream first: a free after the
+// stream is gone must still wait for what was enqueued on it.
+static void retire(ctxpar_cuda_impl *impl, ctxpar_stream *s) {
+    if (cudaEventRecord(s->fence, s->stream) == cudaSuccess)
+        (void)cudaStreamWaitEvent(impl->util_stream, s->fence, 0);
+    ctxpar_cuda_stream_unregister(impl, s);
+}
+
 // A device free may not know which stream last used the buffer: it orders the release after
 // every stream the device made (non-blocking, so the legacy stream does not cover them) and
 // after the legacy stream, which itself waits for every blocking stream. Only events and
@@ -70,10 +78,12 @@ void ctxpar_cuda_stream_destroy(struct ctxpar_device *dev, ctxpar_stream *stream
     if (!stream)
         return;
     if (stream->owned) {
-        ctxpar_cuda_stream_unregister(ctxpar_cuda_impl_of(dev), stream);
         if (ctxpar_cuda_enter(dev) == CTXPAR_OK) {
+            retire(ctxpar_cuda_impl_of(dev), stream);
             (void)cudaEventDestroy(stream->fence);
             (void)cudaStreamDestroy(stream->stream); // pending work still completes
+        } else {
+            ctxpar_cuda_stream_unregister(ctxpar_cuda_impl_of(dev), stream);
         }
     }
     free(stream);
@@ -153,7 +163,7 @@ void ctxpar_cuda_stream_release(ctxpar_stream *stream) {
         return;
     if (stream->owner) {
         (void)cudaSetDevice(stream->owner->ordinal);
-        ctxpar_cuda_stream_unregister(stream->owner, stream);
+        retire(stream->owner, stream);
     }
     (void)cudaEventDestroy(stream->fence);
     free(stream);

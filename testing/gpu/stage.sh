@@ -4,9 +4,10 @@
 # by git, carried with the working tree; under 64 MiB in all):
 #
 #   gpu_stage/bin/         cuda_ops_test nccl_comm_test e2e_cuda_test cuda_bench ctxpar
-#   gpu_stage/lib/         the ctxpar tool's non-CUDA shared libraries the GPU machine may lack
-#                          (OpenMPI and its dependencies: the tool links MPI, which the in-process
-#                          comm never initialises)
+#   gpu_stage/lib/         non-CUDA shared libraries the GPU machine may lack: the ctxpar tool's
+#                          OpenMPI and its dependencies (the tool links MPI, which the in-process
+#                          comm never initialises) and GCC's OpenMP runtime; run.sh puts this
+#                          directory last on the library path, so the machine's own come first
 #   gpu_stage/googletest/  GoogleTest's sources (Debian's /usr/src/googletest), for run.sh's
 #                          from-source fallback: the GPU machine has no GoogleTest
 #   gpu_stage/COMMIT, gpu_stage/MANIFEST
@@ -35,12 +36,12 @@ for t in "${targets[@]}"; do
     strip --strip-debug "$dst" # line tables only help a debugger; size travels
 done
 
-# Shared libraries of the ctxpar tool outside glibc, the compiler runtime and CUDA: OpenMPI and
-# what it pulls in.
+# Shared libraries of the ctxpar tool outside glibc, the C++ runtime and CUDA: OpenMPI and what
+# it pulls in, and libgomp (every binary's; a machine with nvcc usually has it).
 ldd "$STAGE/bin/ctxpar" | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do
     case "$name" in
         libc.so.* | libm.so.* | libdl.so.* | librt.so.* | libpthread.so.* | libstdc++.so.* | \
-            libgcc_s.so.* | libgomp.so.* | libcud* | libnccl*) continue ;;
+            libgcc_s.so.* | libcud* | libnccl*) continue ;;
     esac
     cp -fL "$path" "$STAGE/lib/$name"
 done

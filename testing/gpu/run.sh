@@ -281,7 +281,9 @@ for t in "${TESTS[@]}"; do
     say "$t:"
     if [ "$t" = cuda_ops_test ]; then
         # Suite by suite: "Construct.", "All/FwdOracle.", ... from the test list.
-        for suite in $("${BIN[$t]}" --gtest_list_tests 2>/dev/null | grep -v '^ ' | grep '\.$'); do
+        suites=$("${BIN[$t]}" --gtest_list_tests 2>>"$log" | grep -v '^ ' | grep '\.$')
+        [ -n "$suites" ] || fail "$t: lists no test suite (see $t.log)"
+        for suite in $suites; do
             run_gtest "$t" "$log" "${suite}*"
         done
     else

@@ -23,10 +23,14 @@ TEST(CudaOps, NotBuilt) {
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <ostream>
 #include <vector>
 
@@ -34,6 +38,10 @@ TEST(CudaOps, NotBuilt) {
 #include "ctxpar_cpu.h"
 #include "ctxpar_cuda.h"
 #include "ctxpar_half.h"
+#include "backends/cuda/ctxpar_cuda_diag.h"
+#ifndef CTXPAR_TEST_NO_CUDNN
+#include "backends/cuda/cudnn_graph.h"
+#endif
 #include "testing/data.h"
 #include "testing/expect_nonfinite.h"
 #include "testing/metrics.h"
@@ -754,6 +762,17 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, Merge,
 
 // ---------------------------------------------------------------- cuDNN
 
+// "cuDNN <version> (<graph form>)" when the latest forward block ran on cuDNN, else
+// "native (cuDNN: <why>)": what the tests print and what they report on a failure.
+std::string CudnnOutcome(ctxpar_device *dev) {
+    ctxpar_cuda_diag dg;
+    if (ctxpar_cuda_device_diag(dev, &dg) != CTXPAR_OK)
+        return std::string("diag failed: ") + ctxpar_last_error();
+    if (dg.cudnn_reason[0])
+        return std::string("native (cuDNN: ") + dg.cudnn_reason + ")";
+    return "cuDNN " + std::to_string(dg.cudnn_version) + " (" + dg.cudnn_graph + ")";
+}
+
 struct CudnnParam {
     ctxpar_dtype dtype;
     int64_t d, hkv;
@@ -784,7 +803,10 @@ TEST_P(Cudnn, RunsWhereItAppliesAndMatchesOracle) {
     uint64_t n_cudnn = 0, n_native = 0;
     FwdResult r = RunFwd(&d, p);
     ASSERT_EQ(ctxpar_cuda_device_fwd_counts(d.dev, &n_cudnn, &n_native), CTXPAR_OK);
-    EXPECT_EQ(n_cudnn, 1u) << "cuDNN did not take the block: it has no plan for this shape";
+    const std::string how = CudnnOutcome(d.dev);
+    std::printf("cuda_ops_test: %s %s d=%lld: %s\n", Name(prm.dtype),
+                prm.causal ? "causal" : "full", (long long)prm.d, how.c_str());
+    EXPECT_EQ(n_cudnn, 1u) << "cuDNN did not take the block: " << how;
     ExpectClose(r.out, ref_out, tol, "cudnn out");
     ExpectClose(r.lse, ref_lse, tol_lse, "cudnn lse");
 
@@ -1370,6 +1392,307 @@ TEST_F(Gpu, StreamsAndEventsOrderWork) {
     ctxpar_dev_event_destroy(d.dev, ev);
     ctxpar_dev_stream_destroy(d.dev, s1);
     ctxpar_dev_stream_destroy(d.dev, s2);
+}
+
+// ---------------------------------------------------------------- cuDNN plan logic (no GPU)
+
+#ifndef CTXPAR_TEST_NO_CUDNN
+// The graph forms tried for a shape follow the cuDNN version running: the decomposed graph
+// first before 9.21 (the SDPA operation, from 9.13, as the fallback), the operation first from
+// 9.21 on; causal blocks only in the decomposed form (the operation's mask subgraph is not
+// built). Host logic: runs everywhere.
+TEST(CudnnPlanLogic, FormsFollowTheRunningVersion) {
+    ctxpar_cudnn_form f[2];
+    const bool op_in_headers = CUDNN_VERSION >= CTXPAR_CUDNN_SDPA_OP_VERSION;
+    ASSERT_EQ(ctxpar_cudnn_forms(91200, 0, f), 1);
+    EXPECT_EQ(f[0], CTXPAR_CUDNN_DECOMPOSED);
+    ASSERT_EQ(ctxpar_cudnn_forms(91900, 0, f), op_in_headers ? 2 : 1);
+    EXPECT_EQ(f[0], CTXPAR_CUDNN_DECOMPOSED);
+    if (op_in_headers) {
+        EXPECT_EQ(f[1], CTXPAR_CUDNN_SDPA_OP);
+    }
+    ASSERT_EQ(ctxpar_cudnn_forms(92800, 0, f), op_in_headers ? 2 : 1);
+    EXPECT_EQ(f[0], op_in_headers ? CTXPAR_CUDNN_SDPA_OP : CTXPAR_CUDNN_DECOMPOSED);
+    for (size_t v : {90800u, 91900u, 92100u, 92800u}) {
+        ASSERT_EQ(ctxpar_cudnn_forms(v, 1, f), 1) << v;
+        EXPECT_EQ(f[0], CTXPAR_CUDNN_DECOMPOSED) << v;
+    }
+    EXPECT_STREQ(ctxpar_cudnn_form_name(CTXPAR_CUDNN_SDPA_OP), "sdpa operation");
+    EXPECT_STREQ(ctxpar_cudnn_form_name(CTXPAR_CUDNN_DECOMPOSED), "decomposed");
+}
+
+// cuDNN reports how many engine configs it has, which may exceed the descriptors made for them:
+// only those are read.
+TEST(CudnnPlanLogic, EngineConfigCountIsClamped) {
+    EXPECT_EQ(ctxpar_cudnn_configs_to_try(0), 0);
+    EXPECT_EQ(ctxpar_cudnn_configs_to_try(-3), 0);
+    EXPECT_EQ(ctxpar_cudnn_configs_to_try(3), 3);
+    EXPECT_EQ(ctxpar_cudnn_configs_to_try(CTXPAR_CUDNN_MAX_ENGINE_CFGS),
+              CTXPAR_CUDNN_MAX_ENGINE_CFGS);
+    EXPECT_EQ(ctxpar_cudnn_configs_to_try(CTXPAR_CUDNN_MAX_ENGINE_CFGS + 40),
+              CTXPAR_CUDNN_MAX_ENGINE_CFGS);
+}
+#endif
+
+// ---------------------------------------------------------------- device plumbing
+
+// The reason a block does not run on cuDNN is kept and reported: a block cuDNN takes leaves it
+// empty and names the graph form; F32, a mask it cannot express, or cuDNN off each say so.
+TEST_F(Gpu, CudnnReasonIsKeptAndReported) {
+    Device off(true, CTXPAR_CUDA_CUDNN_OFF);
+    ASSERT_EQ(off.st, CTXPAR_OK) << ctxpar_last_error();
+    EXPECT_NE(CudnnOutcome(off.dev).find("native (cuDNN: off"), std::string::npos)
+        << CudnnOutcome(off.dev);
+    Device on(true, CTXPAR_CUDA_CUDNN_ON);
+    ASSERT_EQ(on.st, CTXPAR_OK) << ctxpar_last_error();
+    Problem p;
+    p.dtype = CTXPAR_DTYPE_BF16;
+    p.D = 128;
+    p.qs = {{0, 256, 1}};
+    p.ks = {{0, 256, 1}};
+    p.Make();
+    std::vector<double> ref_out, ref_lse;
+    p.OracleFwd(&ref_out, &ref_lse);
+    FwdResult r = RunFwd(&on, p);
+    const std::string how = CudnnOutcome(on.dev);
+    std::printf("cuda_ops_test: bf16 d=128 unmasked block: %s\n", how.c_str());
+    EXPECT_EQ(how.find("native"), std::string::npos) << how;
+    ExpectClose(r.out, ref_out, ctxpar_tolerance(p.dtype, "out"), "out");
+    ctxpar_cuda_diag dg;
+    ASSERT_EQ(ctxpar_cuda_device_diag(on.dev, &dg), CTXPAR_OK);
+    EXPECT_GE(dg.cudnn_version, 90800);
+
+    Problem f32;
+    f32.dtype = CTXPAR_DTYPE_F32;
+    f32.D = 128;
+    f32.qs = p.qs;
+    f32.ks = p.ks;
+    f32.Make();
+    RunFwd(&on, f32);
+    EXPECT_NE(CudnnOutcome(on.dev).find("F32"), std::string::npos) << CudnnOutcome(on.dev);
+    Problem striped;
+    striped.dtype = CTXPAR_DTYPE_BF16;
+    striped.D = 128;
+    striped.qs = {{1, 100, 4}};
+    striped.ks = {{0, 100, 4}};
+    striped.causal = 1;
+    striped.Make();
+    RunFwd(&on, striped);
+    EXPECT_NE(CudnnOutcome(on.dev).find("mask"), std::string::npos) << CudnnOutcome(on.dev);
+    ctxpar_cuda_diag bad;
+    EXPECT_EQ(ctxpar_cuda_device_diag(on.dev, nullptr), CTXPAR_ERR_INVALID_ARG);
+    Device cpu(false);
+    EXPECT_EQ(ctxpar_cuda_device_diag(cpu.dev, &bad), CTXPAR_ERR_INVALID_ARG);
+}
+
+// The pool is used where the GPU supports it and grants access to every peer that can reach
+// this GPU; CTXPAR_CUDA_POOL=0 (and GPUs without pools) use cudaMalloc, with the same results.
+TEST_F(Gpu, PoolSupportPeersAndFallback) {
+    int supported = 0, count = 0, peers = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, 0), cudaSuccess);
+    ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+    for (int other = 1; other < count; other++) {
+        int can = 0;
+        ASSERT_EQ(cudaDeviceCanAccessPeer(&can, other, 0), cudaSuccess);
+        peers += can;
+    }
+    Problem p;
+    p.qs = {{0, 90, 1}};
+    p.ks = {{0, 120, 1}};
+    p.causal = 1;
+    p.Make();
+    std::vector<double> ref_out, ref_lse;
+    p.OracleFwd(&ref_out, &ref_lse);
+    {
+        Device d(true);
+        ASSERT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
+        ctxpar_cuda_diag dg;
+        ASSERT_EQ(ctxpar_cuda_device_diag(d.dev, &dg), CTXPAR_OK);
+        EXPECT_EQ(dg.uses_pool, supported);
+        EXPECT_EQ(dg.peers_granted, supported ? peers : 0);
+        std::printf("cuda_ops_test: pool %d, %d of %d other GPUs granted access\n", dg.uses_pool,
+                    dg.peers_granted, count - 1);
+        ExpectClose(RunFwd(&d, p).out, ref_out, kTolF32, "out with the pool");
+    }
+    ASSERT_EQ(setenv("CTXPAR_CUDA_POOL", "0", 1), 0);
+    {
+        Device d(true);
+        ASSERT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
+        ctxpar_cuda_diag dg;
+        ASSERT_EQ(ctxpar_cuda_device_diag(d.dev, &dg), CTXPAR_OK);
+        EXPECT_EQ(dg.uses_pool, 0);
+        EXPECT_EQ(dg.peers_granted, 0);
+        ExpectClose(RunFwd(&d, p).out, ref_out, kTolF32, "out without the pool");
+        BwdResult b = RunBwd(&d, p, ref_out, ref_lse);
+        std::vector<double> dq, dk, dv;
+        p.OracleBwd(&dq, &dk, &dv);
+        ExpectClose(b.dq, dq, kTolF32, "dq without the pool");
+    }
+    unsetenv("CTXPAR_CUDA_POOL");
+}
+
+// The SIMT kernels' shared-memory limit is set once, at creation, for the largest head_dim (or
+// the GPU's opt-in limit): what the kernels report equals it, and launches with small head
+// dims do not lower it (they used to set it before every launch, process-wide).
+TEST_F(Gpu, SharedMemoryLimitIsSetOnceAtCreation) {
+    Device d(true);
+    ASSERT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
+    ctxpar_cuda_diag dg;
+    ASSERT_EQ(ctxpar_cuda_device_diag(d.dev, &dg), CTXPAR_OK);
+    EXPECT_EQ(dg.smem_fwd_set, std::min(dg.smem_fwd_need_max, dg.smem_optin));
+    EXPECT_EQ(dg.smem_bwd_set, std::min(dg.smem_bwd_need_max, dg.smem_optin));
+    EXPECT_EQ(dg.smem_fwd_allowed, dg.smem_fwd_set);
+    EXPECT_EQ(dg.smem_bwd_allowed, dg.smem_bwd_set);
+    for (int64_t dim : {8, 256}) {
+        Problem p;
+        p.B = 1;
+        p.D = dim;
+        p.qs = {{0, 40, 1}};
+        p.ks = {{0, 50, 1}};
+        p.causal = 1;
+        p.Make();
+        std::vector<double> ref_out, ref_lse, dq, dk, dv;
+        p.OracleFwd(&ref_out, &ref_lse);
+        p.OracleBwd(&dq, &dk, &dv);
+        ExpectClose(RunFwd(&d, p).out, ref_out, kTolF32, "F32 out d=" + std::to_string(dim));
+        ExpectClose(RunBwd(&d, p, ref_out, ref_lse).dk, dk, kTolF32,
+                    "dk d=" + std::to_string(dim));
+        ctxpar_cuda_diag after;
+        ASSERT_EQ(ctxpar_cuda_device_diag(d.dev, &after), CTXPAR_OK);
+        EXPECT_EQ(after.smem_fwd_allowed, dg.smem_fwd_set) << "after d=" << dim;
+        EXPECT_EQ(after.smem_bwd_allowed, dg.smem_bwd_set) << "after d=" << dim;
+    }
+    // A second device on the same GPU (a second rank) leaves the limits as they are.
+    Device second(true);
+    ASSERT_EQ(second.st, CTXPAR_OK) << ctxpar_last_error();
+    ctxpar_cuda_diag again;
+    ASSERT_EQ(ctxpar_cuda_device_diag(d.dev, &again), CTXPAR_OK);
+    EXPECT_EQ(again.smem_fwd_allowed, dg.smem_fwd_set);
+}
+
+// Merging two empty rows (lse -inf on both sides) gives out 0 and lse -inf whatever the
+// accumulator held, on the GPU as on the CPU (the fp64 oracle's empty row): through attn_merge,
+// and through a forward block with merge = 1 whose first rows see no key.
+TEST_F(Gpu, MergeOfTwoEmptyRowsZeroesLikeTheCpu) {
+    Device g(true), c(false);
+    ASSERT_EQ(g.st, CTXPAR_OK) << ctxpar_last_error();
+    const int64_t B = 1, S = 7, H = 2, D = 24;
+    const size_t n = (size_t)(B * S * H * D), rows = (size_t)(B * H * S);
+    std::vector<float> acc(n, 3.5f), acc_lse(rows, -INFINITY), part(n, -1.25f),
+        part_lse(rows, -INFINITY);
+    acc_lse[1] = 0.25f; // one row with something in it: merging an empty row keeps it
+    Space sp(&g);
+    float *o = sp.Put(acc), *l = sp.Put(acc_lse), *ob = sp.Put(part), *lb = sp.Put(part_lse);
+    ASSERT_EQ(ctxpar_dev_attn_merge(g.dev, o, l, ob, lb, B, S, H, D, nullptr), CTXPAR_OK)
+        << ctxpar_last_error();
+    std::vector<float> go = sp.Get(o, n), gl = sp.Get(l, rows);
+    std::vector<float> co = acc, cl = acc_lse;
+    ASSERT_EQ(ctxpar_dev_attn_merge(c.dev, co.data(), cl.data(), part.data(), part_lse.data(), B,
+                                    S, H, D, nullptr),
+              CTXPAR_OK);
+    EXPECT_EQ(BitDiff(go, co), 0u) << "GPU and CPU merges differ";
+    EXPECT_EQ(BitDiff(gl, cl), 0u);
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t h = 0; h < H; h++) {
+            const size_t li = (size_t)(h * S + s);
+            const float want = li == 1 ? 3.5f : 0.0f; // [b, s, h, d] row of lse index li
+            for (int64_t d = 0; d < D; d++)
+                ASSERT_EQ(go[(size_t)((s * H + h) * D + d)], want) << "s" << s << " h" << h;
+            ASSERT_EQ(gl[li], li == 1 ? 0.25f : -INFINITY);
+        }
+
+    // Forward with merge = 1: queries 0..39, keys 20..59, causal: rows 0..19 see no key.
+    Problem p;
+    p.qs = {{0, 40, 1}};
+    p.ks = {{20, 40, 1}};
+    p.causal = 1;
+    p.Make();
+    std::vector<double> ref_out, ref_lse;
+    p.OracleFwd(&ref_out, &ref_lse);
+    FwdResult stale;
+    stale.out.assign(p.OutSize(), 9.0f);
+    stale.lse.assign(p.LseSize(), -INFINITY);
+    FwdResult gr = RunFwd(&g, p, 1, &stale), cr = RunFwd(&c, p, 1, &stale);
+    ExpectClose(gr.out, ref_out, kTolF32, "merged forward out vs oracle");
+    ExpectEmptyRows(p, gr, ref_lse);
+    ExpectClose(gr.out, F64(cr.out), kTolF32, "merged forward out vs cpu");
+}
+
+// A device free neither blocks the host nor releases memory still in use: with a stream held
+// up (a host function waiting for the test) after a fill of buffer `a`, freeing `a` returns at
+// once, and a buffer allocated next is not overwritten when the held fill finally runs. On a
+// caller's non-blocking stream, on the legacy (NULL) stream, and on a stream whose wrapper was
+// released before the free (its pending work still counts).
+struct Gate {
+    std::atomic<int> open{0};
+    std::atomic<int> saw_open{0};
+};
+
+void CUDART_CB WaitForGate(void *arg) {
+    Gate *g = static_cast<Gate *>(arg);
+    for (int i = 0; i < 20000 && !g->open.load(); i++)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    g->saw_open.store(g->open.load());
+}
+
+TEST_F(Gpu, FreeIsStreamOrderedAndNeverBlocks) {
+    Device d(true);
+    ASSERT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
+    ctxpar_cuda_diag dg;
+    ASSERT_EQ(ctxpar_cuda_device_diag(d.dev, &dg), CTXPAR_OK);
+    if (!dg.uses_pool)
+        GTEST_SKIP() << "skipped: this GPU has no memory pools (frees are cudaFree)";
+    cudaStream_t held_raw = nullptr, other_raw = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&held_raw, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&other_raw, cudaStreamNonBlocking), cudaSuccess);
+    ctxpar_stream *held = nullptr, *other = nullptr;
+    ASSERT_EQ(ctxpar_cuda_stream_wrap(d.dev, held_raw, &held), CTXPAR_OK);
+    ASSERT_EQ(ctxpar_cuda_stream_wrap(d.dev, other_raw, &other), CTXPAR_OK);
+    cudaStream_t gone_raw = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&gone_raw, cudaStreamNonBlocking), cudaSuccess);
+    const size_t n = 1 << 22, bytes = n * sizeof(float);
+    const char *modes[3] = {"caller's non-blocking stream held", "legacy stream held",
+                            "released wrapper's stream held"};
+    for (int mode = 0; mode < 3; mode++) {
+        SCOPED_TRACE(modes[mode]);
+        ctxpar_stream *s = held;
+        cudaStream_t raw = held_raw;
+        if (mode == 1) {
+            s = nullptr;
+            raw = cudaStreamLegacy;
+        } else if (mode == 2) {
+            ASSERT_EQ(ctxpar_cuda_stream_wrap(d.dev, gone_raw, &s), CTXPAR_OK);
+            raw = gone_raw;
+        }
+        void *a = nullptr, *b = nullptr;
+        ASSERT_EQ(ctxpar_dev_alloc(d.dev, bytes, CTXPAR_MEM_DEVICE, &a), CTXPAR_OK);
+        Gate gate;
+        ASSERT_EQ(cudaLaunchHostFunc(raw, WaitForGate, &gate), cudaSuccess);
+        ASSERT_EQ(ctxpar_dev_fill(d.dev, (float *)a, 1.0f, n, s), CTXPAR_OK);
+        if (mode == 2)
+            ctxpar_cuda_stream_release(s); // the stream leaves the device's list, work pending
+        ctxpar_dev_free(d.dev, a, bytes, CTXPAR_MEM_DEVICE); // must return with the gate shut
+        ASSERT_EQ(ctxpar_dev_alloc(d.dev, bytes, CTXPAR_MEM_DEVICE, &b), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_dev_fill(d.dev, (float *)b, 2.0f, n, other), CTXPAR_OK);
+        ASSERT_EQ(cudaStreamSynchronize(other_raw), cudaSuccess);
+        gate.open.store(1);
+        ASSERT_EQ(cudaStreamSynchronize(raw), cudaSuccess);
+        EXPECT_EQ(gate.saw_open.load(), 1) << "the free (or the alloc after it) waited for the "
+                                              "held stream";
+        std::vector<float> got(n);
+        ASSERT_EQ(cudaMemcpy(got.data(), b, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+        size_t bad = 0;
+        for (float x : got)
+            bad += x != 2.0f;
+        EXPECT_EQ(bad, 0u) << "the held fill of the freed buffer landed in the new one";
+        ctxpar_dev_free(d.dev, b, bytes, CTXPAR_MEM_DEVICE);
+    }
+    ASSERT_EQ(ctxpar_dev_stream_sync(d.dev, nullptr), CTXPAR_OK);
+    ctxpar_cuda_stream_release(held);
+    ctxpar_cuda_stream_release(other);
+    EXPECT_EQ(cudaStreamDestroy(held_raw), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(other_raw), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(gone_raw), cudaSuccess);
 }
 
 // ---------------------------------------------------------------- errors

@@ -260,13 +260,10 @@ __global__ void __launch_bounds__(kSimtThreads)
 template <typename T>
 cudaError_t launch_bwd(const ctxpar_cuda_attn_args *a, const ctxpar_cuda_bwd_args *g,
                        cudaStream_t stream) {
+    // The shared-memory limit was raised once at device creation (simt_bwd_configure).
     const size_t smem = ctxpar_cuda_simt_bwd_smem(a->head_dim);
     cudaError_t e;
     if (g->dk || g->dv) {
-        e = cudaFuncSetAttribute(attn_bwd_dkdv_kernel<T>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess)
-            return e;
         dim3 grid((unsigned)((a->seq_k + kSimtRows - 1) / kSimtRows), (unsigned)a->heads_kv,
                   (unsigned)a->batch);
         attn_bwd_dkdv_kernel<T><<<grid, kSimtThreads, smem, stream>>>(*a, *g);
@@ -274,10 +271,6 @@ cudaError_t launch_bwd(const ctxpar_cuda_attn_args *a, const ctxpar_cuda_bwd_arg
             return e;
     }
     if (g->dq) {
-        e = cudaFuncSetAttribute(attn_bwd_dq_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem);
-        if (e != cudaSuccess)
-            return e;
         dim3 grid((unsigned)((a->seq_q + kSimtRows - 1) / kSimtRows), (unsigned)a->heads_q,
                   (unsigned)a->batch);
         attn_bwd_dq_kernel<T><<<grid, kSimtThreads, smem, stream>>>(*a, *g);
@@ -287,8 +280,44 @@ cudaError_t launch_bwd(const ctxpar_cuda_attn_args *a, const ctxpar_cuda_bwd_arg
     return cudaSuccess;
 }
 
+template <typename T> cudaError_t allow_smem(size_t bytes) {
+    cudaError_t e = cudaFuncSetAttribute(attn_bwd_dkdv_kernel<T>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e != cudaSuccess)
+        return e;
+    return cudaFuncSetAttribute(attn_bwd_dq_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)bytes);
+}
+
+template <typename T> cudaError_t allowed_smem(size_t *bytes) {
+    cudaFuncAttributes fa[2];
+    cudaError_t e = cudaFuncGetAttributes(&fa[0], attn_bwd_dkdv_kernel<T>);
+    if (e == cudaSuccess)
+        e = cudaFuncGetAttributes(&fa[1], attn_bwd_dq_kernel<T>);
+    for (int i = 0; e == cudaSuccess && i < 2; i++)
+        if ((size_t)fa[i].maxDynamicSharedSizeBytes < *bytes)
+            *bytes = (size_t)fa[i].maxDynamicSharedSizeBytes;
+    return e;
+}
+
 } // namespace
 } // namespace ctxpar_cuda
+
+extern "C" cudaError_t ctxpar_cuda_simt_bwd_configure(size_t limit, size_t *set_out) {
+    using namespace ctxpar_cuda;
+    const size_t need = ctxpar_cuda_simt_bwd_smem(CTXPAR_CUDA_MAX_HEAD_DIM);
+    const size_t bytes = need < limit ? need : limit;
+    cudaError_t e = for_each_dtype([&](auto t) { return allow_smem<decltype(t)>(bytes); });
+    if (e == cudaSuccess)
+        *set_out = bytes;
+    return e;
+}
+
+// For ctxpar_cuda_simt_smem_allowed (attn_fwd_simt.cu).
+cudaError_t ctxpar_cuda_simt_bwd_allowed(size_t *bytes) {
+    using namespace ctxpar_cuda;
+    return for_each_dtype([&](auto t) { return allowed_smem<decltype(t)>(bytes); });
+}
 
 extern "C" size_t ctxpar_cuda_simt_bwd_smem(int64_t head_dim) {
     using namespace ctxpar_cuda;

@@ -152,19 +152,53 @@ __global__ void __launch_bounds__(kSimtThreads)
 template <typename T>
 cudaError_t launch_simt(const ctxpar_cuda_attn_args *a, float *out, float *lse, int merge,
                         cudaStream_t stream) {
+    // The shared-memory limit was raised once at device creation (simt_fwd_configure).
     const size_t smem = ctxpar_cuda_simt_fwd_smem(a->head_dim);
-    cudaError_t e = cudaFuncSetAttribute(attn_fwd_simt_kernel<T>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess)
-        return e;
     dim3 grid((unsigned)((a->seq_q + kSimtRows - 1) / kSimtRows), (unsigned)a->heads_q,
               (unsigned)a->batch);
     attn_fwd_simt_kernel<T><<<grid, kSimtThreads, smem, stream>>>(*a, out, lse, merge);
     return cudaGetLastError();
 }
 
+template <typename T> cudaError_t allow_smem(size_t bytes) {
+    return cudaFuncSetAttribute(attn_fwd_simt_kernel<T>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+template <typename T> cudaError_t allowed_smem(size_t *bytes) {
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaFuncGetAttributes(&fa, attn_fwd_simt_kernel<T>);
+    if (e == cudaSuccess && (size_t)fa.maxDynamicSharedSizeBytes < *bytes)
+        *bytes = (size_t)fa.maxDynamicSharedSizeBytes;
+    return e;
+}
+
 } // namespace
 } // namespace ctxpar_cuda
+
+extern "C" cudaError_t ctxpar_cuda_simt_fwd_configure(size_t limit, size_t *set_out) {
+    using namespace ctxpar_cuda;
+    const size_t need = ctxpar_cuda_simt_fwd_smem(CTXPAR_CUDA_MAX_HEAD_DIM);
+    const size_t bytes = need < limit ? need : limit;
+    cudaError_t e = for_each_dtype([&](auto t) { return allow_smem<decltype(t)>(bytes); });
+    if (e == cudaSuccess)
+        *set_out = bytes;
+    return e;
+}
+
+// In attn_bwd.cu: lowers *bytes to the smallest limit of the backward kernels.
+cudaError_t ctxpar_cuda_simt_bwd_allowed(size_t *bytes);
+
+extern "C" cudaError_t ctxpar_cuda_simt_smem_allowed(size_t *fwd_out, size_t *bwd_out) {
+    using namespace ctxpar_cuda;
+    size_t fwd = SIZE_MAX, bwd = SIZE_MAX;
+    cudaError_t e = for_each_dtype([&](auto t) { return allowed_smem<decltype(t)>(&fwd); });
+    if (e == cudaSuccess)
+        e = ctxpar_cuda_simt_bwd_allowed(&bwd);
+    if (e == cudaSuccess)
+        *fwd_out = fwd, *bwd_out = bwd;
+    return e;
+}
 
 extern "C" size_t ctxpar_cuda_simt_fwd_smem(int64_t head_dim) {
     using namespace ctxpar_cuda;

@@ -1,5 +1,6 @@
 // The attention ops of the CUDA device: pick cuDNN or a kernel for each block, launch, count.
 #include <math.h>
+#include <stdio.h>
 
 #include "cuda_args.h"
 #include "cuda_cudnn.h"
@@ -15,14 +16,15 @@ static ctxpar_status write_empty(const ctxpar_cuda_attn_args *a, float *out_acc,
 }
 
 // The SIMT kernels keep whole tiles in shared memory; a GPU with less than they need for this
-// head_dim cannot run them.
+// head_dim cannot run them. `allowed` is what creation let the kernels use (the need at the
+// largest head_dim, or the GPU's opt-in limit when smaller).
 static ctxpar_status check_smem(const ctxpar_cuda_impl *impl, const char *op, size_t need,
-                                int64_t head_dim) {
-    if (need > impl->smem_optin)
+                                size_t allowed, int64_t head_dim) {
+    if (need > allowed)
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
                             "%s: head_dim %lld needs %zu bytes of shared "
                             "memory per block; CUDA device %d allows %zu",
-                            op, (long long)head_dim, need, impl->ordinal, impl->smem_optin);
+                            op, (long long)head_dim, need, impl->ordinal, allowed);
     return CTXPAR_OK;
 }
 
@@ -40,11 +42,14 @@ static ctxpar_status run_fwd(struct ctxpar_device *dev, ctxpar_cuda_block *b, fl
             impl->fwd_cudnn++;
             return CTXPAR_OK;
         }
+    } else if (impl->cudnn) {
+        snprintf(impl->cudnn_reason, sizeof impl->cudnn_reason, "%s",
+                 "mask: the block is neither unmasked nor an aligned causal diagonal");
     }
     const int tensor_cores = a->dtype != CTXPAR_DTYPE_F32 && a->head_dim % 8 == 0;
     if (!tensor_cores)
         CTXPAR_CHECK(check_smem(impl, "attn_block_fwd", ctxpar_cuda_simt_fwd_smem(a->head_dim),
-                                a->head_dim));
+                                impl->smem_fwd, a->head_dim));
     CTXPAR_CUDA_CHECK(
         ctxpar_cuda_launch_attn_fwd(a, tensor_cores ? CTXPAR_CUDA_FWD_MMA : CTXPAR_CUDA_FWD_SIMT,
                                     out_acc, lse_acc, merge, stream));
@@ -152,8 +157,9 @@ ctxpar_status ctxpar_cuda_attn_block_bwd(struct ctxpar_device *dev, const ctxpar
     CTXPAR_CHECK(ctxpar_cuda_block_prepare(dev, "attn_block_bwd", blk, s, &b));
     ctxpar_status st = CTXPAR_OK;
     if (b.cls != CTXPAR_BLOCK_SKIP) {
-        st = check_smem(ctxpar_cuda_impl_of(dev), "attn_block_bwd",
-                        ctxpar_cuda_simt_bwd_smem(b.args.head_dim), b.args.head_dim);
+        const ctxpar_cuda_impl *impl = ctxpar_cuda_impl_of(dev);
+        st = check_smem(impl, "attn_block_bwd", ctxpar_cuda_simt_bwd_smem(b.args.head_dim),
+                        impl->smem_bwd, b.args.head_dim);
         if (st == CTXPAR_OK) {
             ctxpar_cuda_bwd_args g = {
                 ctxpar_cuda_view_of(dout), lse, delta, dq_acc, dk_acc, dv_acc};

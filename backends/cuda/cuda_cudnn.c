@@ -1,13 +1,14 @@
 // cuDNN on a CUDA device: the handle, a small cache of execution plans per shape, and running a
 // forward block through it into ctxpar's F32 accumulators.
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_cudnn.h"
 #include "cudnn_graph.h"
 
-// The backend graph API without a handle in the graph and plan needs cuDNN 9.8.
+// Device-property descriptors (given to the heuristics and the plan) need cuDNN 9.8.
 #define MIN_CUDNN_VERSION 90800
 #define PLAN_CACHE 16 // shapes remembered per device; a ring uses two or three
 
@@ -15,11 +16,14 @@ typedef struct cache_entry {
     int used;
     int supported; // 0: cuDNN has no plan for this shape; do not ask again
     ctxpar_cudnn_shape shape;
+    ctxpar_cudnn_form form; // of the plan, when supported
     ctxpar_cudnn_plan plan;
+    char reason[256]; // when not supported: why, for every form tried (fits the device reason)
 } cache_entry;
 
 struct ctxpar_cudnn {
     cudnnHandle_t handle;
+    size_t version; // cudnnGetVersion(): the library running, not the headers built against
     cache_entry cache[PLAN_CACHE];
     int next; // slot replaced next when the cache is full
 };
@@ -57,8 +61,13 @@ ctxpar_status ctxpar_cudnn_create(int ordinal, ctxpar_cudnn **cudnn_out) {
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "cuDNN cannot start on CUDA device %d: %s",
                             ordinal, cudnnGetErrorString(st));
     }
+    c->version = version;
     *cudnn_out = c;
     return CTXPAR_OK;
+}
+
+int ctxpar_cudnn_runtime_version(const ctxpar_cudnn *c) {
+    return c ? (int)c->version : 0;
 }
 
 void ctxpar_cudnn_destroy(ctxpar_cudnn *c) {
@@ -91,8 +100,17 @@ static ctxpar_cudnn_shape shape_of(const ctxpar_cuda_attn_args *a, int causal) {
     return s;
 }
 
-// The cache entry for a shape, building its plan on first sight. A shape cuDNN rejects is
-// remembered as unsupported (the reason is dropped: falling back is the normal outcome).
+// Appends "form: message" to a cache entry's reason.
+static void add_reason(cache_entry *e, ctxpar_cudnn_form form, const char *msg) {
+    size_t n = strlen(e->reason);
+    snprintf(e->reason + n, sizeof e->reason - n, "%s%s: %s", n ? "; " : "",
+             ctxpar_cudnn_form_name(form), msg);
+}
+
+// The cache entry for a shape, building its plan on first sight: each form the running cuDNN
+// has, in the order ctxpar_cudnn_forms gives. A shape cuDNN rejects in every form is remembered
+// as unsupported, with cuDNN's reasons (falling back is a normal outcome, not an error; the
+// reason is shown through ctxpar_cuda_device_diag).
 static ctxpar_status lookup(ctxpar_cudnn *c, const ctxpar_cudnn_shape *s, cache_entry **out) {
     for (int i = 0; i < PLAN_CACHE; i++) {
         if (c->cache[i].used && same_shape(&c->cache[i].shape, s)) {
@@ -104,17 +122,25 @@ static ctxpar_status lookup(ctxpar_cudnn *c, const ctxpar_cudnn_shape *s, cache_
     c->next = (c->next + 1) % PLAN_CACHE;
     ctxpar_cudnn_plan_free(&e->plan);
     memset(e, 0, sizeof *e);
-    ctxpar_cudnn_plan plan;
-    memset(&plan, 0, sizeof plan);
-    ctxpar_status st = ctxpar_cudnn_plan_build(s, &plan);
-    if (st == CTXPAR_ERR_OUT_OF_MEMORY)
-        return st;
-    if (st != CTXPAR_OK)
-        ctxpar_clear_error();
+    ctxpar_cudnn_form forms[2];
+    const int n_forms = ctxpar_cudnn_forms(c->version, s->causal, forms);
+    for (int f = 0; f < n_forms && !e->supported; f++) {
+        ctxpar_cudnn_plan plan;
+        memset(&plan, 0, sizeof plan);
+        ctxpar_status st = ctxpar_cudnn_plan_build(c->handle, forms[f], s, &plan);
+        if (st == CTXPAR_ERR_OUT_OF_MEMORY)
+            return st; // the entry stays unused
+        if (st == CTXPAR_OK) {
+            e->supported = 1;
+            e->form = forms[f];
+            e->plan = plan;
+        } else {
+            add_reason(e, forms[f], ctxpar_last_error());
+            ctxpar_clear_error();
+        }
+    }
     e->used = 1;
-    e->supported = st == CTXPAR_OK;
     e->shape = *s;
-    e->plan = plan;
     *out = e;
     return CTXPAR_OK;
 }
@@ -184,18 +210,39 @@ static ctxpar_status execute(struct ctxpar_device *dev, ctxpar_cudnn *c, const c
     return st;
 }
 
+// Records why block `a` does not run on cuDNN (the device shows it through the diag query).
+static void not_taken(struct ctxpar_device *dev, const char *fmt, const char *detail) {
+    ctxpar_cuda_impl *impl = ctxpar_cuda_impl_of(dev);
+    snprintf(impl->cudnn_reason, sizeof impl->cudnn_reason, fmt, detail);
+}
+
 ctxpar_status ctxpar_cudnn_attn_fwd(struct ctxpar_device *dev, ctxpar_cudnn *c,
                                     const ctxpar_cuda_attn_args *a, int causal, float *out_acc,
                                     float *lse_acc, int merge, cudaStream_t stream, int *ran_out) {
     *ran_out = 0;
-    if (a->dtype == CTXPAR_DTYPE_F32 || a->head_dim % 8 != 0 || !a->aligned16)
+    if (a->dtype == CTXPAR_DTYPE_F32) {
+        not_taken(dev, "%s", "F32 inputs (cuDNN's fused attention takes F16/BF16)");
         return CTXPAR_OK;
+    }
+    if (a->head_dim % 8 != 0) {
+        not_taken(dev, "%s", "head_dim is not a multiple of 8");
+        return CTXPAR_OK;
+    }
+    if (!a->aligned16) {
+        not_taken(dev, "%s", "q, k or v rows are not 16-byte aligned");
+        return CTXPAR_OK;
+    }
     ctxpar_cudnn_shape s = shape_of(a, causal);
     cache_entry *e = NULL;
     CTXPAR_CHECK(lookup(c, &s, &e));
-    if (!e->supported)
+    if (!e->supported) {
+        not_taken(dev, "no plan for this shape: %s", e->reason);
         return CTXPAR_OK;
+    }
     CTXPAR_CHECK(execute(dev, c, e, a, out_acc, lse_acc, merge, stream));
+    ctxpar_cuda_impl *impl = ctxpar_cuda_impl_of(dev);
+    impl->cudnn_reason[0] = '\0';
+    impl->cudnn_graph = ctxpar_cudnn_form_name(e->form);
     *ran_out = 1;
     return CTXPAR_OK;
 }

@@ -1,7 +1,9 @@
 // The CUDA device: construction, the ops table, queries, and the helpers every op uses.
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctxpar_cuda_diag.h"
 #include "cuda_cudnn.h"
 #include "cuda_internal.h"
 
@@ -19,31 +21,54 @@ ctxpar_status ctxpar_cuda_enter(struct ctxpar_device *dev) {
 
 ctxpar_status ctxpar_cuda_scratch_alloc(struct ctxpar_device *dev, size_t bytes,
                                         cudaStream_t stream, void **ptr_out) {
+    ctxpar_cuda_impl *impl = ctxpar_cuda_impl_of(dev);
     void *p = NULL;
-    CTXPAR_CUDA_CHECK(
-        cudaMallocFromPoolAsync(&p, bytes ? bytes : 1, ctxpar_cuda_impl_of(dev)->pool, stream));
+    if (impl->pool)
+        CTXPAR_CUDA_CHECK(cudaMallocFromPoolAsync(&p, bytes ? bytes : 1, impl->pool, stream));
+    else
+        CTXPAR_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
     *ptr_out = p;
     return CTXPAR_OK;
 }
 
 void ctxpar_cuda_scratch_free(struct ctxpar_device *dev, void *ptr, cudaStream_t stream) {
-    (void)dev;
-    if (ptr)
+    if (!ptr)
+        return;
+    if (ctxpar_cuda_impl_of(dev)->pool)
         (void)cudaFreeAsync(ptr, stream); // an error here resurfaces at the next sync
+    else
+        (void)cudaFree(ptr); // no pool: cudaFree waits for the device itself
+}
+
+void ctxpar_cuda_drain(ctxpar_cuda_impl *impl) {
+    for (struct ctxpar_stream *s = impl->live; s; s = s->next)
+        (void)cudaStreamSynchronize(s->stream);
+    (void)cudaStreamSynchronize(cudaStreamLegacy);
+    if (impl->util_stream)
+        (void)cudaStreamSynchronize(impl->util_stream);
+    if (impl->alloc_stream)
+        (void)cudaStreamSynchronize(impl->alloc_stream);
 }
 
 static void impl_release(ctxpar_cuda_impl *impl) {
     if (!impl)
         return;
     (void)cudaSetDevice(impl->ordinal);
-    (void)cudaDeviceSynchronize(); // nothing of ours may still run when its memory goes
+    ctxpar_cuda_drain(impl);
+    // Streams still wrapped or not destroyed forget the device (their release must not touch it).
+    while (impl->live)
+        ctxpar_cuda_stream_unregister(impl, impl->live);
     ctxpar_cudnn_destroy(impl->cudnn);
+    if (impl->legacy_fence)
+        (void)cudaEventDestroy(impl->legacy_fence);
     if (impl->checksum_dev)
         (void)cudaFree(impl->checksum_dev);
     if (impl->checksum_host)
         (void)cudaFreeHost(impl->checksum_host);
     if (impl->util_stream)
         (void)cudaStreamDestroy(impl->util_stream);
+    if (impl->alloc_stream)
+        (void)cudaStreamDestroy(impl->alloc_stream);
     if (impl->pool)
         (void)cudaMemPoolDestroy(impl->pool);
     free(impl);
@@ -81,8 +106,49 @@ static ctxpar_status probe_gpu(ctxpar_cuda_impl *impl) {
     return CTXPAR_OK;
 }
 
+// Whether to use a memory pool: the GPU and driver must support pools; CTXPAR_CUDA_POOL=0 turns
+// it off (the cudaMalloc path, for tests and for environments where pool memory is a problem).
+static int want_pool(int ordinal) {
+    const char *env = getenv("CTXPAR_CUDA_POOL");
+    if (env && strcmp(env, "0") == 0)
+        return 0;
+    int supported = 0;
+    if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, ordinal) !=
+        cudaSuccess) {
+        (void)cudaGetLastError(); // an old driver without the attribute: no pools
+        return 0;
+    }
+    return supported;
+}
+
+// Pool memory is private to its GPU unless access is granted: every GPU that can reach this one
+// (cudaDeviceCanAccessPeer) gets read/write access, so that peers in the same process (NCCL's
+// intra-process transport, kernels reading a peer's buffer) can use buffers from it.
+static ctxpar_status grant_peers(ctxpar_cuda_impl *impl) {
+    int count = 0;
+    CTXPAR_CUDA_CHECK(cudaGetDeviceCount(&count));
+    for (int peer = 0; peer < count; peer++) {
+        int can = 0;
+        if (peer == impl->ordinal)
+            continue;
+        CTXPAR_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, peer, impl->ordinal));
+        if (!can)
+            continue;
+        struct cudaMemAccessDesc access;
+        memset(&access, 0, sizeof access);
+        access.location.type = cudaMemLocationTypeDevice;
+        access.location.id = peer;
+        access.flags = cudaMemAccessFlagsProtReadWrite;
+        CTXPAR_CUDA_CHECK(cudaMemPoolSetAccess(impl->pool, &access, 1));
+        impl->peers_granted++;
+    }
+    return CTXPAR_OK;
+}
+
 // A private pool that keeps freed scratch for reuse instead of returning it to the driver.
 static ctxpar_status make_pool(ctxpar_cuda_impl *impl) {
+    if (!want_pool(impl->ordinal))
+        return CTXPAR_OK; // impl->pool stays NULL: cudaMalloc/cudaFree
     struct cudaMemPoolProps props;
     memset(&props, 0, sizeof props);
     props.allocType = cudaMemAllocationTypePinned;
@@ -91,11 +157,26 @@ static ctxpar_status make_pool(ctxpar_cuda_impl *impl) {
     CTXPAR_CUDA_CHECK(cudaMemPoolCreate(&impl->pool, &props));
     uint64_t keep = UINT64_MAX;
     CTXPAR_CUDA_CHECK(cudaMemPoolSetAttribute(impl->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    // A synchronous alloc must not wait for unrelated work: the pool may hand out memory whose
+    // fenced free has completed (or follows an event the stream already waits on), but may not
+    // make the allocating stream wait for a free still pending.
+    int no = 0;
+    CTXPAR_CUDA_CHECK(
+        cudaMemPoolSetAttribute(impl->pool, cudaMemPoolReuseAllowInternalDependencies, &no));
+    return grant_peers(impl);
+}
+
+// The SIMT kernels' dynamic shared-memory limit, once for this GPU (cuda_kernels.h).
+static ctxpar_status configure_kernels(ctxpar_cuda_impl *impl) {
+    CTXPAR_CUDA_CHECK(ctxpar_cuda_simt_fwd_configure(impl->smem_optin, &impl->smem_fwd));
+    CTXPAR_CUDA_CHECK(ctxpar_cuda_simt_bwd_configure(impl->smem_optin, &impl->smem_bwd));
     return CTXPAR_OK;
 }
 
 static ctxpar_status make_buffers(ctxpar_cuda_impl *impl) {
     CTXPAR_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->util_stream, cudaStreamNonBlocking));
+    CTXPAR_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->alloc_stream, cudaStreamNonBlocking));
+    CTXPAR_CUDA_CHECK(cudaEventCreateWithFlags(&impl->legacy_fence, cudaEventDisableTiming));
     CTXPAR_CUDA_CHECK(cudaMalloc((void **)&impl->checksum_dev, sizeof(uint64_t)));
     CTXPAR_CUDA_CHECK(cudaMallocHost((void **)&impl->checksum_host, sizeof(uint64_t)));
     return CTXPAR_OK;
@@ -134,12 +215,20 @@ ctxpar_status ctxpar_device_create_cuda(const ctxpar_cuda_options *options,
     ctxpar_device *dev = NULL;
     CTXPAR_CHECK_GOTO(make_pool(impl), st, fail);
     CTXPAR_CHECK_GOTO(make_buffers(impl), st, fail);
+    CTXPAR_CHECK_GOTO(configure_kernels(impl), st, fail);
+    snprintf(impl->cudnn_reason, sizeof impl->cudnn_reason, "off (use_cudnn = OFF)");
     if (opt.use_cudnn != CTXPAR_CUDA_CUDNN_OFF) {
         st = ctxpar_cudnn_create(impl->ordinal, &impl->cudnn);
         if (st != CTXPAR_OK && opt.use_cudnn == CTXPAR_CUDA_CUDNN_ON)
             goto fail; // the error names why cuDNN is unavailable
-        if (st != CTXPAR_OK)
-            ctxpar_clear_error(); // AUTO: run without it
+        if (st != CTXPAR_OK) {
+            // AUTO: run without it, and keep the reason for ctxpar_cuda_device_diag.
+            snprintf(impl->cudnn_reason, sizeof impl->cudnn_reason, "unavailable: %s",
+                     ctxpar_last_error());
+            ctxpar_clear_error();
+        } else {
+            impl->cudnn_reason[0] = '\0';
+        }
         st = CTXPAR_OK;
     }
     CTXPAR_CHECK_GOTO(ctxpar_device_create(&ctxpar_cuda_device_ops, impl, 0, &dev), st, fail);
@@ -188,6 +277,30 @@ ctxpar_status ctxpar_cuda_device_fwd_counts(const ctxpar_device *device, uint64_
                             (void *)cudnn_out, (void *)native_out);
     *cudnn_out = impl->fwd_cudnn;
     *native_out = impl->fwd_native;
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_cuda_device_diag(const ctxpar_device *device, ctxpar_cuda_diag *out) {
+    ctxpar_cuda_impl *impl = NULL;
+    CTXPAR_CHECK(own_impl(device, "ctxpar_cuda_device_diag", &impl));
+    if (!out)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "out is NULL");
+    ctxpar_cuda_diag d;
+    memset(&d, 0, sizeof d);
+    CTXPAR_CHECK(ctxpar_cuda_enter((ctxpar_device *)device));
+    d.uses_pool = impl->pool != NULL;
+    d.peers_granted = impl->peers_granted;
+    d.smem_fwd_set = impl->smem_fwd;
+    d.smem_bwd_set = impl->smem_bwd;
+    CTXPAR_CUDA_CHECK(ctxpar_cuda_simt_smem_allowed(&d.smem_fwd_allowed, &d.smem_bwd_allowed));
+    d.smem_fwd_need_max = ctxpar_cuda_simt_fwd_smem(CTXPAR_CUDA_MAX_HEAD_DIM);
+    d.smem_bwd_need_max = ctxpar_cuda_simt_bwd_smem(CTXPAR_CUDA_MAX_HEAD_DIM);
+    d.smem_optin = impl->smem_optin;
+    d.cudnn_version = ctxpar_cudnn_runtime_version(impl->cudnn);
+    snprintf(d.cudnn_graph, sizeof d.cudnn_graph, "%s",
+             impl->cudnn_graph ? impl->cudnn_graph : "");
+    snprintf(d.cudnn_reason, sizeof d.cudnn_reason, "%s", impl->cudnn_reason);
+    *out = d;
     return CTXPAR_OK;
 }
 

@@ -11,16 +11,27 @@
 
 typedef struct ctxpar_cudnn ctxpar_cudnn; // cuda_cudnn.h
 
+#define CTXPAR_CUDA_REASON_LEN 320
+
 typedef struct ctxpar_cuda_impl {
     int ordinal;
     int cc_major, cc_minor;
-    size_t smem_optin;        // largest dynamic shared memory a block may opt in to
-    cudaMemPool_t pool;       // stream-ordered scratch (uploads, cuDNN outputs and workspace)
-    cudaStream_t util_stream; // device-owned: allocations outside any caller stream
-    uint64_t *checksum_dev;   // one word of device memory for the checksum kernel
-    uint64_t *checksum_host;  // pinned
-    ctxpar_cudnn *cudnn;      // NULL when cuDNN is off or unavailable
+    size_t smem_optin;          // largest dynamic shared memory a block may opt in to
+    size_t smem_fwd, smem_bwd;  // what the SIMT kernels were allowed at creation
+    cudaMemPool_t pool;         // stream-ordered memory; NULL: cudaMalloc (no pool support)
+    int peers_granted;          // other GPUs given read/write access to the pool
+    cudaStream_t util_stream;   // device-owned: frees outside any caller stream, after fences
+    cudaStream_t alloc_stream;  // device-owned: allocations outside any caller stream
+    cudaEvent_t legacy_fence;   // recorded on the legacy stream by every free
+    struct ctxpar_stream *live; // the device's own streams (stream_create), for frees to fence
+    uint64_t *checksum_dev;     // one word of device memory for the checksum kernel
+    uint64_t *checksum_host;    // pinned
+    ctxpar_cudnn *cudnn;        // NULL when cuDNN is off or unavailable
     uint64_t fwd_cudnn, fwd_native;
+    // Why the latest forward block did not run on cuDNN ("" when it did); with cuDNN off or
+    // unavailable, why it is.
+    char cudnn_reason[CTXPAR_CUDA_REASON_LEN];
+    const char *cudnn_graph; // the graph form of the latest cuDNN plan used, NULL before one
 } ctxpar_cuda_impl;
 
 // The ops table of the backend (cuda_device.c), to recognise our own devices.
@@ -47,9 +58,25 @@ ctxpar_status ctxpar_cuda_enter(struct ctxpar_device *dev);
 
 // Stream-ordered scratch from the device pool: usable by work enqueued on `stream` after the
 // call; ctxpar_cuda_scratch_free enqueues the release after the work already on `stream`.
+// Without a pool (GPUs or drivers without memory-pool support) these are cudaMalloc/cudaFree,
+// which order themselves against the whole device.
 ctxpar_status ctxpar_cuda_scratch_alloc(struct ctxpar_device *dev, size_t bytes,
                                         cudaStream_t stream, void **ptr_out);
 void ctxpar_cuda_scratch_free(struct ctxpar_device *dev, void *ptr, cudaStream_t stream);
+
+// Makes util_stream wait for everything already enqueued on the legacy stream (and so on every
+// blocking stream) and on every stream of the device: work after it may reuse what that work
+// used. Does not block the host.
+ctxpar_status ctxpar_cuda_fence_util(struct ctxpar_device *dev);
+
+// Blocks until every stream of the device (its own, the wrapped ones, the legacy stream, the
+// util and alloc streams) is idle: for destruction. Not cudaDeviceSynchronize: other devices on
+// the same GPU (ranks sharing it) keep running.
+void ctxpar_cuda_drain(ctxpar_cuda_impl *impl);
+
+// The registry of the device's streams (cuda_stream.c).
+void ctxpar_cuda_stream_register(ctxpar_cuda_impl *impl, struct ctxpar_stream *s);
+void ctxpar_cuda_stream_unregister(ctxpar_cuda_impl *impl, struct ctxpar_stream *s);
 
 // Ops implemented in the other files, gathered into the table by cuda_device.c.
 ctxpar_status ctxpar_cuda_alloc(struct ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,

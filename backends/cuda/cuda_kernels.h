@@ -76,6 +76,18 @@ typedef enum ctxpar_cuda_fwd_path {
 size_t ctxpar_cuda_simt_fwd_smem(int64_t head_dim);
 size_t ctxpar_cuda_simt_bwd_smem(int64_t head_dim);
 
+// Lets the SIMT kernels (every dtype) of the current GPU use min(limit, the need at
+// CTXPAR_CUDA_MAX_HEAD_DIM) bytes of dynamic shared memory, and returns that size. The
+// attribute belongs to the kernel in the GPU's context, shared by every thread of the process:
+// it is set once per device at creation, never before a launch (another thread may be
+// launching the same kernel at that moment).
+cudaError_t ctxpar_cuda_simt_fwd_configure(size_t limit, size_t *set_out);
+cudaError_t ctxpar_cuda_simt_bwd_configure(size_t limit, size_t *set_out);
+
+// The smallest dynamic shared memory the SIMT kernels of the current GPU are allowed now (what
+// cudaFuncGetAttributes reports), for the forward and the backward kernels.
+cudaError_t ctxpar_cuda_simt_smem_allowed(size_t *fwd_out, size_t *bwd_out);
+
 // out_acc/lse_acc = (merge ? merge with : overwrite by) attention over this block.
 cudaError_t ctxpar_cuda_launch_attn_fwd(const ctxpar_cuda_attn_args *a, ctxpar_cuda_fwd_path path,
                                         float *out_acc, float *lse_acc, int merge,

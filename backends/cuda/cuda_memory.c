@@ -1,10 +1,13 @@
 // Memory ops of the CUDA device: allocation, copies and memset.
 #include "cuda_internal.h"
 
-// Device memory comes from the device's pool on its own stream, then that stream is synchronised
-// so that any stream may use the buffer. Freeing first waits for the whole device: the op has
-// no stream, and work on any stream may still read the buffer (cudaFree would wait the same
-// way); the memory then returns to the pool, not to the driver, so the next alloc is cheap.
+// Device memory comes from the device's pool on alloc_stream, which is then synchronised so
+// that any stream may use the buffer (alloc_stream carries nothing else: the wait is only for
+// the allocation, or for earlier work on memory the pool hands out again).
+// Freeing never blocks the host: the op has no stream, and work on any stream may still use the
+// buffer, so the release is enqueued on util_stream after a fence on every stream of the device
+// and on the legacy stream (ctxpar_cuda_fence_util); the pool reuses the memory once that work
+// is done. Without a pool, cudaMalloc and cudaFree (which waits for the device itself).
 ctxpar_status ctxpar_cuda_alloc(struct ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
                                 void **ptr_out) {
     ctxpar_cuda_impl *impl = ctxpar_cuda_impl_of(dev);
@@ -13,10 +16,10 @@ ctxpar_status ctxpar_cuda_alloc(struct ctxpar_device *dev, size_t bytes, ctxpar_
     if (kind == CTXPAR_MEM_HOST) {
         CTXPAR_CUDA_CHECK(cudaMallocHost(&p, bytes));
     } else if (kind == CTXPAR_MEM_DEVICE) {
-        CTXPAR_CHECK(ctxpar_cuda_scratch_alloc(dev, bytes, impl->util_stream, &p));
-        cudaError_t e = cudaStreamSynchronize(impl->util_stream);
+        CTXPAR_CHECK(ctxpar_cuda_scratch_alloc(dev, bytes, impl->alloc_stream, &p));
+        cudaError_t e = impl->pool ? cudaStreamSynchronize(impl->alloc_stream) : cudaSuccess;
         if (e != cudaSuccess) {
-            ctxpar_cuda_scratch_free(dev, p, impl->util_stream);
+            ctxpar_cuda_scratch_free(dev, p, impl->alloc_stream);
             return ctxpar_cuda_fail(e, __FILE__, __LINE__, "cudaStreamSynchronize(alloc)");
         }
     } else {
@@ -31,11 +34,16 @@ void ctxpar_cuda_free(struct ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind
     if (!ptr || ctxpar_cuda_enter(dev) != CTXPAR_OK)
         return;
     if (kind == CTXPAR_MEM_HOST) {
-        (void)cudaFreeHost(ptr); // waits for the device itself
+        (void)cudaFreeHost(ptr); // pinned host memory: waits for the device itself
         return;
     }
     ctxpar_cuda_impl *impl = ctxpar_cuda_impl_of(dev);
-    (void)cudaDeviceSynchronize();
+    if (impl->pool && ctxpar_cuda_fence_util(dev) != CTXPAR_OK) {
+        // The fence could not be enqueued (a broken context): wait for the device's streams
+        // here, the one case where a free blocks, rather than release memory still in use.
+        ctxpar_clear_error();
+        ctxpar_cuda_drain(impl);
+    }
     ctxpar_cuda_scratch_free(dev, ptr, impl->util_stream);
 }
 

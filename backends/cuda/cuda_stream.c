@@ -7,6 +7,49 @@ struct ctxpar_event {
     cudaEvent_t event;
 };
 
+void ctxpar_cuda_stream_register(ctxpar_cuda_impl *impl, ctxpar_stream *s) {
+    s->owner = impl;
+    s->prev = NULL;
+    s->next = impl->live;
+    if (impl->live)
+        impl->live->prev = s;
+    impl->live = s;
+}
+
+void ctxpar_cuda_stream_unregister(ctxpar_cuda_impl *impl, ctxpar_stream *s) {
+    if (s->prev)
+        s->prev->next = s->next;
+    else if (impl->live == s)
+        impl->live = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    s->prev = s->next = NULL;
+    s->owner = NULL;
+}
+
+// A stream leaving the list hands its pending work to util_stream first: a free after the
+// stream is gone must still wait for what was enqueued on it.
+static void retire(ctxpar_cuda_impl *impl, ctxpar_stream *s) {
+    if (cudaEventRecord(s->fence, s->stream) == cudaSuccess)
+        (void)cudaStreamWaitEvent(impl->util_stream, s->fence, 0);
+    ctxpar_cuda_stream_unregister(impl, s);
+}
+
+// A device free may not know which stream last used the buffer: it orders the release after
+// every stream the device made (non-blocking, so the legacy stream does not cover them) and
+// after the legacy stream, which itself waits for every blocking stream. Only events and
+// stream waits: the host never blocks.
+ctxpar_status ctxpar_cuda_fence_util(struct ctxpar_device *dev) {
+    ctxpar_cuda_impl *impl = ctxpar_cuda_impl_of(dev);
+    CTXPAR_CUDA_CHECK(cudaEventRecord(impl->legacy_fence, cudaStreamLegacy));
+    CTXPAR_CUDA_CHECK(cudaStreamWaitEvent(impl->util_stream, impl->legacy_fence, 0));
+    for (ctxpar_stream *s = impl->live; s; s = s->next) {
+        CTXPAR_CUDA_CHECK(cudaEventRecord(s->fence, s->stream));
+        CTXPAR_CUDA_CHECK(cudaStreamWaitEvent(impl->util_stream, s->fence, 0));
+    }
+    return CTXPAR_OK;
+}
+
 ctxpar_status ctxpar_cuda_stream_create(struct ctxpar_device *dev, ctxpar_stream **stream_out) {
     CTXPAR_CHECK(ctxpar_cuda_enter(dev));
     ctxpar_stream *s = calloc(1, sizeof *s);
@@ -19,7 +62,14 @@ ctxpar_status ctxpar_cuda_stream_create(struct ctxpar_device *dev, ctxpar_stream
         free(s);
         return ctxpar_cuda_fail(e, __FILE__, __LINE__, "cudaStreamCreateWithFlags");
     }
+    e = cudaEventCreateWithFlags(&s->fence, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        (void)cudaStreamDestroy(s->stream);
+        free(s);
+        return ctxpar_cuda_fail(e, __FILE__, __LINE__, "cudaEventCreateWithFlags(fence)");
+    }
     s->owned = 1;
+    ctxpar_cuda_stream_register(ctxpar_cuda_impl_of(dev), s);
     *stream_out = s;
     return CTXPAR_OK;
 }
@@ -27,8 +77,15 @@ ctxpar_status ctxpar_cuda_stream_create(struct ctxpar_device *dev, ctxpar_stream
 void ctxpar_cuda_stream_destroy(struct ctxpar_device *dev, ctxpar_stream *stream) {
     if (!stream)
         return;
-    if (stream->owned && ctxpar_cuda_enter(dev) == CTXPAR_OK)
-        (void)cudaStreamDestroy(stream->stream); // pending work still completes
+    if (stream->owned) {
+        if (ctxpar_cuda_enter(dev) == CTXPAR_OK) {
+            retire(ctxpar_cuda_impl_of(dev), stream);
+            (void)cudaEventDestroy(stream->fence);
+            (void)cudaStreamDestroy(stream->stream); // pending work still completes
+        } else {
+            ctxpar_cuda_stream_unregister(ctxpar_cuda_impl_of(dev), stream);
+        }
+    }
     free(stream);
 }
 
@@ -84,16 +141,30 @@ ctxpar_status ctxpar_cuda_stream_wrap(ctxpar_device *device, cudaStream_t stream
     CTXPAR_CHECK(ctxpar_cuda_device_ordinal(device, &ordinal));
     if (!stream_out)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "stream_out is NULL");
+    CTXPAR_CHECK(ctxpar_cuda_enter(device));
     ctxpar_stream *s = calloc(1, sizeof *s);
     if (!s)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate a stream wrapper");
+    // The caller's stream may be non-blocking: device frees fence it like the device's own.
+    cudaError_t e = cudaEventCreateWithFlags(&s->fence, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        free(s);
+        return ctxpar_cuda_fail(e, __FILE__, __LINE__, "cudaEventCreateWithFlags(fence)");
+    }
     s->stream = stream;
     s->owned = 0;
+    ctxpar_cuda_stream_register(ctxpar_cuda_impl_of(device), s);
     *stream_out = s;
     return CTXPAR_OK;
 }
 
 void ctxpar_cuda_stream_release(ctxpar_stream *stream) {
-    if (stream && !stream->owned)
-        free(stream);
+    if (!stream || stream->owned)
+        return;
+    if (stream->owner) {
+        (void)cudaSetDevice(stream->owner->ordinal);
+        retire(stream->owner, stream);
+    }
+    (void)cudaEventDestroy(stream->fence);
+    free(stream);
 }

@@ -14,6 +14,11 @@ extern "C" {
 struct ctxpar_stream {
     cudaStream_t stream;
     int owned; // made by stream_create (destroy it) or wrapped (the caller's)
+    // The fence a device free records here, and the links of the device's list of live
+    // streams (its own and the callers' it wrapped).
+    cudaEvent_t fence;
+    struct ctxpar_stream *prev, *next;
+    struct ctxpar_cuda_impl *owner; // the device whose list holds the stream
 };
 
 // The stream work for `s` goes to: a NULL ctxpar_stream is the legacy default stream, which

@@ -11,6 +11,11 @@ void ctxpar_cudnn_destroy(ctxpar_cudnn *c) {
     (void)c;
 }
 
+int ctxpar_cudnn_runtime_version(const ctxpar_cudnn *c) {
+    (void)c;
+    return 0;
+}
+
 ctxpar_status ctxpar_cudnn_attn_fwd(struct ctxpar_device *dev, ctxpar_cudnn *c,
                                     const ctxpar_cuda_attn_args *a, int causal, float *out_acc,
                                     float *lse_acc, int merge, cudaStream_t stream, int *ran_out) {

@@ -1,8 +1,10 @@
-// The attention graph for cuDNN's fused flash-attention engine, in the form its pattern matcher
-// recognises (the same graph cudnn-frontend's sdpa node expands to on cuDNN 9 before 9.21):
-//   S = Q K^T (F32)   S *= scale   [causal: S = row >= col ? S : -inf]
-//   M = rowmax(S)   E = exp(S - M)   Z = rowsum(E)   Stats = M + log Z   P = E / Z (16-bit)
-//   O = P V
+// The attention graph for cuDNN's fused flash-attention engine, in one of two forms:
+//  - decomposed, as its pattern matcher recognises it (the graph cudnn-frontend's sdpa node
+//    expands to on cuDNN 9 before 9.21):
+//      S = Q K^T (F32)   S *= scale   [causal: S = row >= col ? S : -inf]
+//      M = rowmax(S)   E = exp(S - M)   Z = rowsum(E)   Stats = M + log Z   P = E / Z (16-bit)
+//      O = P V
+//  - one SDPA operation (cuDNN 9.13+): Q, K (not transposed), V, O, Stats, scale.
 // Tensors are 4-D [b, h, s, d] views of ctxpar's [B, S, H, D] memory through strides.
 #include <stdbool.h>
 #include <stdlib.h>
@@ -11,8 +13,8 @@
 #include "ctxpar_backend.h"
 #include "cudnn_graph.h"
 
-#define MAX_DESCS 96      // tensors, ops and plan pieces of one graph (63 at most today)
-#define MAX_ENGINE_CFGS 8 // heuristic results tried in order
+#define MAX_DESCS 96 // tensors, ops and plan pieces of one graph (81 at most today)
+#define MAX_ENGINE_CFGS CTXPAR_CUDNN_MAX_ENGINE_CFGS
 
 // Collects descriptors and the first failure: every step after a failure does nothing, so the
 // graph reads as a straight list and is checked once at the end.
@@ -210,6 +212,66 @@ static int build_ops(builder *b, const ctxpar_cudnn_shape *s, cudnnBackendDescri
     return n;
 }
 
+#if CUDNN_VERSION >= CTXPAR_CUDNN_SDPA_OP_VERSION
+// The single SDPA operation: O = softmax(scale Q K^T) V with Stats, unmasked.
+static int build_sdpa_op(builder *b, const ctxpar_cudnn_shape *s, cudnnBackendDescriptor_t *ops) {
+    const cudnnDataType_t io =
+        s->dtype == CTXPAR_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+    const int64_t B = s->batch, Hq = s->heads_q, Hk = s->heads_kv, Sq = s->seq_q, Sk = s->seq_k;
+    const int64_t D = s->head_dim;
+    const int64_t q_dim[4] = {B, Hq, Sq, D};
+    const int64_t q_str[4] = {s->q_stride[0], s->q_stride[2], s->q_stride[1], 1};
+    const int64_t kv_dim[4] = {B, Hk, Sk, D}; // the literal K, not K^T
+    const int64_t k_str[4] = {s->k_stride[0], s->k_stride[2], s->k_stride[1], 1};
+    const int64_t v_str[4] = {s->v_stride[0], s->v_stride[2], s->v_stride[1], 1};
+    const int64_t o_str[4] = {Sq * Hq * D, D, Hq * D, 1};
+    const int64_t r_dim[4] = {B, Hq, Sq, 1};
+    const int64_t r_str[4] = {Hq * Sq, Sq, 1, 1};
+    const int64_t one[4] = {1, 1, 1, 1};
+    cudnnBackendDescriptor_t q = tensor(b, CTXPAR_CUDNN_UID_Q, io, q_dim, q_str, false, false);
+    cudnnBackendDescriptor_t k = tensor(b, CTXPAR_CUDNN_UID_K, io, kv_dim, k_str, false, false);
+    cudnnBackendDescriptor_t v = tensor(b, CTXPAR_CUDNN_UID_V, io, kv_dim, v_str, false, false);
+    cudnnBackendDescriptor_t o = tensor(b, CTXPAR_CUDNN_UID_O, io, q_dim, o_str, false, false);
+    cudnnBackendDescriptor_t stats =
+        tensor(b, CTXPAR_CUDNN_UID_STATS, CUDNN_DATA_FLOAT, r_dim, r_str, false, false);
+    cudnnBackendDescriptor_t scale =
+        tensor(b, CTXPAR_CUDNN_UID_SCALE, CUDNN_DATA_FLOAT, one, one, false, true);
+    cudnnBackendDescriptor_t op = make(b, CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, "sdpa op");
+    set_desc(b, op, CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, q, "sdpa op q");
+    set_desc(b, op, CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, k, "sdpa op k");
+    set_desc(b, op, CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, v, "sdpa op v");
+    set_desc(b, op, CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, o, "sdpa op o");
+    set_desc(b, op, CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC, stats, "sdpa op stats");
+    set_desc(b, op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, scale, "sdpa op scale");
+    finalize(b, op, "sdpa op finalize");
+    ops[0] = op;
+    return 1;
+}
+#endif
+
+const char *ctxpar_cudnn_form_name(ctxpar_cudnn_form form) {
+    return form == CTXPAR_CUDNN_SDPA_OP ? "sdpa operation" : "decomposed";
+}
+
+int ctxpar_cudnn_forms(size_t runtime_version, int causal, ctxpar_cudnn_form order[2]) {
+    const int op = CUDNN_VERSION >= CTXPAR_CUDNN_SDPA_OP_VERSION && !causal &&
+                   runtime_version >= CTXPAR_CUDNN_SDPA_OP_VERSION;
+    if (!op) {
+        order[0] = CTXPAR_CUDNN_DECOMPOSED;
+        return 1;
+    }
+    const int op_first = runtime_version >= CTXPAR_CUDNN_PREFER_SDPA_OP_VERSION;
+    order[0] = op_first ? CTXPAR_CUDNN_SDPA_OP : CTXPAR_CUDNN_DECOMPOSED;
+    order[1] = op_first ? CTXPAR_CUDNN_DECOMPOSED : CTXPAR_CUDNN_SDPA_OP;
+    return 2;
+}
+
+int64_t ctxpar_cudnn_configs_to_try(int64_t reported) {
+    if (reported < 0)
+        return 0;
+    return reported < MAX_ENGINE_CFGS ? reported : MAX_ENGINE_CFGS;
+}
+
 static ctxpar_status not_supported(const builder *b) {
     char detail[256] = "";
     cudnnGetLastErrorString(detail, sizeof detail);
@@ -224,25 +286,46 @@ static void destroy_all(builder *b) {
     b->n = 0;
 }
 
-ctxpar_status ctxpar_cudnn_plan_build(const ctxpar_cudnn_shape *shape, ctxpar_cudnn_plan *out) {
+ctxpar_status ctxpar_cudnn_plan_build(cudnnHandle_t handle, ctxpar_cudnn_form form,
+                                      const ctxpar_cudnn_shape *shape, ctxpar_cudnn_plan *out) {
     builder b;
     memset(&b, 0, sizeof b);
     b.status = CUDNN_STATUS_SUCCESS;
     cudnnBackendDescriptor_t ops[16];
-    const int n_ops = build_ops(&b, shape, ops);
+    int n_ops = 0;
+    if (form == CTXPAR_CUDNN_DECOMPOSED)
+        n_ops = build_ops(&b, shape, ops);
+#if CUDNN_VERSION >= CTXPAR_CUDNN_SDPA_OP_VERSION
+    else if (form == CTXPAR_CUDNN_SDPA_OP)
+        n_ops = build_sdpa_op(&b, shape, ops);
+#endif
+    else
+        check(&b, CUDNN_STATUS_NOT_SUPPORTED, "this build's cuDNN headers have no SDPA operation");
 
+    // The handle (a required attribute of the graph and the plan) and the device properties
+    // built from it: without them cuDNN does not know the GPU the heuristics and the plan are
+    // for.
     cudnnBackendDescriptor_t graph = make(&b, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "graph");
+    set(&b, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle,
+        "graph handle");
     set(&b, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n_ops, ops,
         "graph ops");
     finalize(&b, graph, "graph finalize");
+    cudnnBackendDescriptor_t devprop =
+        make(&b, CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, "device properties");
+    set(&b, devprop, CUDNN_ATTR_DEVICEPROP_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle,
+        "device properties handle");
+    finalize(&b, devprop, "device properties finalize");
 
     const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
     cudnnBackendDescriptor_t heur = make(&b, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
     set_desc(&b, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "heuristics graph");
     set(&b, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
+    set_desc(&b, heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, devprop, "heuristics device properties");
     finalize(&b, heur, "heuristics finalize");
 
     // The heuristics fill engine configs we create; take them in their order of preference.
+    // cuDNN reports how many it has, which may be more than we asked for and made.
     cudnnBackendDescriptor_t cfgs[MAX_ENGINE_CFGS];
     int64_t n_cfgs = 0;
     for (int i = 0; i < MAX_ENGINE_CFGS; i++)
@@ -253,13 +336,17 @@ ctxpar_status ctxpar_cudnn_plan_build(const ctxpar_cudnn_shape *shape, ctxpar_cu
                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, MAX_ENGINE_CFGS, &n_cfgs,
                                        cfgs),
               "heuristics results");
+    n_cfgs = ctxpar_cudnn_configs_to_try(n_cfgs);
     if (ok(&b) && n_cfgs == 0)
         check(&b, CUDNN_STATUS_NOT_SUPPORTED, "heuristics found no engine");
 
     cudnnBackendDescriptor_t plan = NULL;
     for (int64_t i = 0; ok(&b) && i < n_cfgs && !plan; i++) {
         cudnnBackendDescriptor_t p = make(&b, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "plan");
+        set(&b, p, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle,
+            "plan handle");
         set_desc(&b, p, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[i], "plan engine config");
+        set_desc(&b, p, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, devprop, "plan device properties");
         if (!ok(&b))
             break;
         cudnnStatus_t st = cudnnBackendFinalize(p);

@@ -9,6 +9,10 @@
 
 #include "ctxpar.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // Unique ids of the tensors the caller binds in the variant pack.
 enum {
     CTXPAR_CUDNN_UID_Q = 1,
@@ -35,9 +39,44 @@ typedef struct ctxpar_cudnn_plan {
     int n_descs;
 } ctxpar_cudnn_plan;
 
-// Builds the plan (the first engine config cuDNN's heuristics offer that finalises). Returns
-// CTXPAR_ERR_NOT_SUPPORTED, naming the step and cuDNN's message, when there is none.
-ctxpar_status ctxpar_cudnn_plan_build(const ctxpar_cudnn_shape *shape, ctxpar_cudnn_plan *out);
+// The two forms of the same computation cuDNN accepts:
+//  - DECOMPOSED: matmul, pointwise and reduction nodes that cuDNN's fused flash-attention
+//    engine recognises by pattern (what cudnn-frontend expanded its sdpa node to before 9.21);
+//  - SDPA_OP: the single CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR (cuDNN 9.13 and newer),
+//    unmasked only here: a causal mask on it needs the mask subgraph of cuDNN 9.21, not built.
+typedef enum ctxpar_cudnn_form {
+    CTXPAR_CUDNN_DECOMPOSED = 0,
+    CTXPAR_CUDNN_SDPA_OP = 1,
+} ctxpar_cudnn_form;
+
+// First cuDNN versions (cudnnGetVersion() numbering) with the SDPA operation, and from which
+// its pattern matcher may no longer take the decomposed graph (so the operation goes first).
+#define CTXPAR_CUDNN_SDPA_OP_VERSION 91300
+#define CTXPAR_CUDNN_PREFER_SDPA_OP_VERSION 92100
+
+// Most engine configs tried per graph, in the heuristics' order.
+#define CTXPAR_CUDNN_MAX_ENGINE_CFGS 8
+
+const char *ctxpar_cudnn_form_name(ctxpar_cudnn_form form);
+
+// The forms to try for a shape, in order, given the cuDNN version running and whether the block
+// is causal; the SDPA operation only when both this build's headers and the running cuDNN have
+// it. Returns how many (1 or 2).
+int ctxpar_cudnn_forms(size_t runtime_version, int causal, ctxpar_cudnn_form order[2]);
+
+// How many of the `reported` engine configs the heuristics return are read: never more than
+// the CTXPAR_CUDNN_MAX_ENGINE_CFGS descriptors made for them (cuDNN reports the total it has).
+int64_t ctxpar_cudnn_configs_to_try(int64_t reported);
+
+// Builds the plan of `form` on `handle` (set on the graph, the device properties given to the
+// heuristics and the plan): the first engine config the heuristics offer that finalises.
+// Returns CTXPAR_ERR_NOT_SUPPORTED, naming the step and cuDNN's message, when there is none.
+ctxpar_status ctxpar_cudnn_plan_build(cudnnHandle_t handle, ctxpar_cudnn_form form,
+                                      const ctxpar_cudnn_shape *shape, ctxpar_cudnn_plan *out);
 void ctxpar_cudnn_plan_free(ctxpar_cudnn_plan *p);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif // CTXPAR_CUDNN_GRAPH_H

@@ -95,6 +95,17 @@ template <> __device__ __forceinline__ __nv_bfloat16 exact_from_f32<__nv_bfloat1
     return __float2bfloat16_rn(x);
 }
 
+// f(T{}) for each CUDA type of the kernels (float, __half, __nv_bfloat16), in that order, until
+// one returns an error: for host code that configures or queries every instantiation.
+template <class F> cudaError_t for_each_dtype(F f) {
+    cudaError_t e = f(float{});
+    if (e == cudaSuccess)
+        e = f(__half{});
+    if (e == cudaSuccess)
+        e = f(__nv_bfloat16{});
+    return e;
+}
+
 } // namespace ctxpar_cuda
 
 // Calls F<T> with T the CUDA type of a ctxpar dtype; returns cudaErrorInvalidValue for others.

@@ -1,7 +1,9 @@
 // The log-sum-exp merge of two partial attention results for one row, shared by the forward
 // kernels' epilogues and the merge kernel:
 //   lse' = logaddexp(lse_a, lse_b);  out' = e^(lse_a - lse') out_a + e^(lse_b - lse') out_b
-// A side whose lse is -inf (no visible key) has weight exactly 0 and leaves the other unchanged.
+// A side whose lse is -inf (no visible key) has weight exactly 0 and leaves the other unchanged;
+// two empty sides give out 0 and lse -inf, whatever the accumulator held (as on the CPU device:
+// a stale accumulator row must not survive a merge that saw no key at all).
 #ifndef CTXPAR_CUDA_MERGE_CUH
 #define CTXPAR_CUDA_MERGE_CUH
 
@@ -15,7 +17,7 @@ struct merge_weights {
 
 __device__ __forceinline__ merge_weights merge_weights_of(float lse_a, float lse_b) {
     if (lse_b == -INFINITY)
-        return {1.0f, 0.0f, lse_a};
+        return {lse_a == -INFINITY ? 0.0f : 1.0f, 0.0f, lse_a};
     if (lse_a == -INFINITY)
         return {0.0f, 1.0f, lse_b};
     // Comparisons, not fmaxf/fminf (which drop a NaN): a NaN lse on either side gives NaN, as on

@@ -1,7 +1,8 @@
 // cuda_bench: throughput of the CUDA device's block forward on full (P = 1) attention, ctxpar's
 // own kernels and the cuDNN path, on the shapes of testing/bench/torch_sdpa.py: BF16, batch =
 // 16384 / seq, heads * head_dim = 2048, causal and not. FLOPs = 4 * B * H * S^2 * D (half of it
-// with the causal mask). One line per shape and path, then a JSON line of the same numbers.
+// with the causal mask). One line per shape and path, then a JSON line of the same numbers. A
+// cuDNN-path shape that ran natively says why: "native (cuDNN: <reason>)".
 //
 //   cuda_bench [--quick] [--iters N]
 #include <math.h>
@@ -9,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/cuda/ctxpar_cuda_diag.h"
 #include "ctxpar_backend.h"
 #include "ctxpar_cuda.h"
 
@@ -135,12 +137,27 @@ int main(int argc, char **argv) {
                     double flops = 4.0 * (double)s.batch * (double)s.heads * (double)s.seq *
                                    (double)s.seq * (double)s.dim * (causal ? 0.5 : 1.0);
                     double tflops = flops / (ms * 1e-3) / 1e12;
-                    // The cuDNN device runs blocks cuDNN rejects on the native kernels: say so.
-                    const char *ran = p == 0 ? "native" : (cudnn_calls ? "cudnn" : "native");
+                    // The cuDNN device runs blocks cuDNN rejects on the native kernels: say so,
+                    // and why.
+                    char ran[400];
+                    ctxpar_cuda_diag dg;
+                    if (p == 0)
+                        snprintf(ran, sizeof ran, "native");
+                    else if (ctxpar_cuda_device_diag(dev, &dg) != CTXPAR_OK)
+                        snprintf(ran, sizeof ran, "%s (diag failed: %s)",
+                                 cudnn_calls ? "cudnn" : "native", ctxpar_last_error());
+                    else if (cudnn_calls)
+                        snprintf(ran, sizeof ran, "cudnn %d, %s", dg.cudnn_version,
+                                 dg.cudnn_graph);
+                    else
+                        snprintf(ran, sizeof ran, "native (cuDNN: %s)", dg.cudnn_reason);
                     printf("%-14s bf16 d=%-3d s=%-5lld b=%-2lld h=%-2lld causal=%d  %8.3f ms  "
                            "%6.1f TFLOP/s  (ran: %s)\n",
                            paths[p], dims[di], (long long)s.seq, (long long)s.batch,
                            (long long)s.heads, causal, ms, tflops, ran);
+                    for (char *c = ran; *c; c++) // keep the JSON line valid
+                        if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
+                            *c = '\'';
                     printf("{\"impl\": \"%s\", \"ran\": \"%s\", \"dtype\": \"bf16\", \"head_dim\": "
                            "%d, \"seq\": %lld, \"batch\": %lld, \"heads\": %lld, \"causal\": %d, "
                            "\"ms\": %.4f, \"tflops\": %.2f}\n",

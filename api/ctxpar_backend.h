@@ -24,6 +24,12 @@
 extern "C" {
 #endif
 
+/* Everything declared here is part of the exported API (backend authors link against it), like
+ * the CTXPAR_API functions of ctxpar.h; the rest of the library is hidden. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 /* ================================================================ errors */
 
 /* Records `status` with a printf-style message prefixed by file:line as the thread's last error
@@ -451,6 +457,10 @@ ctxpar_status ctxpar_comm_allreduce_i64(ctxpar_comm *comm, int64_t *buf, size_t 
                                         ctxpar_reduce_op op);
 ctxpar_status ctxpar_comm_barrier(ctxpar_comm *comm);
 void ctxpar_comm_abort(ctxpar_comm *comm);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

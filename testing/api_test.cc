@@ -323,9 +323,10 @@ TEST(Agreement, APeersBadArgumentFailsEveryRankPromptly) {
 // Every other public function: each bad argument returns INVALID_ARG with a message naming it.
 TEST(OtherEntryPoints, EachBadArgumentIsNamed) {
     Fixture f;
-    ctxpar_memory_stats ms;
-    ctxpar_work_stats ws;
-    uint64_t bytes = 0;
+    // Outputs of the failing calls below, set to values the calls must leave as they are.
+    ctxpar_memory_stats ms = {7, 7};
+    ctxpar_work_stats ws = {7, 7, 7.0};
+    uint64_t bytes = 7;
     ctxpar_algo algo = CTXPAR_ALGO_AUTO;
     std::vector<int64_t> pos(16);
     std::vector<float> small(8 * 2 * 8);
@@ -352,8 +353,10 @@ TEST(OtherEntryPoints, EachBadArgumentIsNamed) {
         {"ctx", [&] { return ctxpar_context_memory_stats(nullptr, &ms); }},
         {"ctx is NULL", [&] { return ctxpar_context_reset_peak(nullptr); }},
         {"bytes_out", [&] { return ctxpar_context_bytes_sent(f.ctx, nullptr); }},
+        {"ctx", [&] { return ctxpar_context_bytes_sent(nullptr, &bytes); }},
         {"ctx is NULL", [&] { return ctxpar_context_set_trace(nullptr, nullptr, nullptr); }},
         {"stats_out", [&] { return ctxpar_context_work_stats(f.ctx, nullptr); }},
+        {"ctx", [&] { return ctxpar_context_work_stats(nullptr, &ws); }},
         {"ctx is NULL", [&] { return ctxpar_context_reset_work_stats(nullptr); }},
         {"algo_out",
          [&] { return ctxpar_attn_choose_algo(f.ctx, &f.params, &f.tq, &f.tk, nullptr); }},
@@ -386,11 +389,14 @@ TEST(OtherEntryPoints, EachBadArgumentIsNamed) {
     EXPECT_EQ(ctx_out, nullptr);
     EXPECT_EQ(group_out, nullptr);
     EXPECT_EQ(comm_out, nullptr);
-    EXPECT_EQ(bytes, 0u);
+    EXPECT_EQ(bytes, 7u);
+    EXPECT_EQ(ms.current_bytes, 7u);
+    EXPECT_EQ(ms.peak_bytes, 7u);
+    EXPECT_EQ(ws.blocks_computed, 7u);
+    EXPECT_EQ(ws.flops, 7.0);
     EXPECT_EQ(peak.kernels, nullptr);
     EXPECT_EQ(tiny_peak.struct_size, 8u);
     EXPECT_EQ(tiny_peak.flops_per_core, 0.0);
-    (void)ws;
 }
 
 // ---------------------------------------------------------------- ops tables

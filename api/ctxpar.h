@@ -50,8 +50,9 @@ typedef enum ctxpar_status {
 /* Short constant name of a status ("CTXPAR_ERR_INVALID_ARG"); never NULL. */
 CTXPAR_API const char *ctxpar_status_string(ctxpar_status status);
 
-/* Detail of the last error on the calling thread ("algorithms/ring.c:88: q.shape[3] (96) !=
- * k.shape[3] (64)"); "" when none. Valid until the next ctxpar call on this thread. */
+/* Detail of the last error on the calling thread, prefixed by the source file and line that
+ * detected it ("api/validate.c:150: k.shape[3] (64) != q.shape[3] (96): head_dim must match");
+ * "" when none. Valid until the next ctxpar call on this thread. */
 CTXPAR_API const char *ctxpar_last_error(void);
 
 /* Version of the library as "MAJOR.MINOR.PATCH". */
@@ -104,7 +105,8 @@ typedef enum ctxpar_mask {
 } ctxpar_mask;
 
 /* What to compute. Initialise with CTXPAR_ATTN_PARAMS_INIT, then set fields: new fields are only
- * appended, and struct_size tells the library which ones the caller knows. */
+ * appended, and struct_size tells the library which ones the caller knows (at least through
+ * `algo`); the fields past it take their CTXPAR_ATTN_PARAMS_INIT values and are never read. */
 typedef struct ctxpar_attn_params {
     size_t struct_size;
     ctxpar_algo algo;
@@ -138,7 +140,7 @@ CTXPAR_API const char *ctxpar_mask_name(ctxpar_mask mask);
 typedef struct ctxpar_device ctxpar_device;   /* a compute backend instance (see ctxpar_cpu.h) */
 typedef struct ctxpar_comm ctxpar_comm;       /* a communicator between ranks (ctxpar_local.h) */
 typedef struct ctxpar_stream ctxpar_stream;   /* an ordered queue of work on a device */
-typedef struct ctxpar_context ctxpar_context; /* device + comm + workspace for attention calls */
+typedef struct ctxpar_context ctxpar_context; /* device + comm + the state of attention calls */
 
 /* Destroys a device or a comm made by any backend's constructor; NULL is a no-op. A device or
  * comm must outlive every context that uses it. */
@@ -217,6 +219,17 @@ CTXPAR_API ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx,
                                                  const ctxpar_tensor *q, const ctxpar_tensor *k,
                                                  ctxpar_algo *algo_out);
 
+/* Whether this context's device can run forward and backward for these params and local
+ * shapes, with the algorithm the call would use (AUTO: the one it resolves to): CTXPAR_OK, or
+ * CTXPAR_ERR_NOT_SUPPORTED with the reason (dtype, head_dim, heads, mask, a tile or
+ * shared-memory limit) in ctxpar_last_error(); INVALID_ARG for arguments the calls would reject.
+ * Not collective: no communication. The attention calls make the same check before the ranks
+ * agree, so a NOT_SUPPORTED from them also leaves the comm usable. */
+CTXPAR_API ctxpar_status ctxpar_attn_supported(const ctxpar_context *ctx,
+                                               const ctxpar_attn_params *params,
+                                               const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                               const ctxpar_tensor *v);
+
 /* ---------------------------------------------------------------- layouts */
 
 /* Global position of each local token of `rank` for a layout: pos_out[i] for i < seq_global/P.
@@ -240,7 +253,7 @@ typedef struct ctxpar_memory_stats {
     size_t peak_bytes;    /* high-water mark since creation or the last reset */
 } ctxpar_memory_stats;
 
-/* Memory the library allocated through the context's device (workspace, buffers in flight); the
+/* Memory the library allocated through the context's device (buffers of the calls); the
  * caller's tensors are not counted. */
 CTXPAR_API ctxpar_status ctxpar_context_memory_stats(const ctxpar_context *ctx,
                                                      ctxpar_memory_stats *stats_out);

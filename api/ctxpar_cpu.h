@@ -29,7 +29,7 @@ typedef enum ctxpar_cpu_bwd_schedule {
 
 /* Options for the CPU device. Initialise with CTXPAR_CPU_OPTIONS_INIT: new fields are only
  * appended, and struct_size tells the library which ones the caller knows (the others keep
- * their defaults). */
+ * their defaults; a struct_size of the first version, 16 bytes, means num_threads alone). */
 typedef struct ctxpar_cpu_options {
     size_t struct_size;
     /* OpenMP threads used by this device's kernels; 0 = the OpenMP default

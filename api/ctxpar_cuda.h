@@ -6,6 +6,10 @@
  * Work is ordered on CUDA streams: a NULL ctxpar_stream is the legacy default stream of the
  * device; ctxpar_cuda_stream_wrap lets a caller's own cudaStream_t (e.g. the framework's current
  * stream) be used. Results are deterministic run to run (no float atomics anywhere).
+ *
+ * Status: the CUDA backend (and the NCCL comm, ctxpar_nccl.h) compiles, but has not yet run on a
+ * GPU: its test suites (testing:cuda_ops_test, testing/gpu) skip without one. Treat it as
+ * unverified until they have run and passed on a GPU.
  */
 #ifndef CTXPAR_CUDA_H
 #define CTXPAR_CUDA_H

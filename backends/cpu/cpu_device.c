@@ -131,6 +131,18 @@ static ctxpar_status cpu_memset(ctxpar_device *dev, void *dst, int value, size_t
     return CTXPAR_OK;
 }
 
+// The kernels take any shape, mask and head count the front door accepts, in the three dtypes
+// (the plan checks the same per block).
+static ctxpar_status cpu_attn_supported(const ctxpar_device *dev, const ctxpar_attn_query *q) {
+    (void)dev;
+    if (q->dtype != CTXPAR_DTYPE_F32 && q->dtype != CTXPAR_DTYPE_F16 &&
+        q->dtype != CTXPAR_DTYPE_BF16)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "the cpu device computes f32, f16 and bf16, not dtype %d",
+                            (int)q->dtype);
+    return CTXPAR_OK;
+}
+
 static const struct ctxpar_device_ops cpu_ops = {
     .version = CTXPAR_DEVICE_OPS_VERSION,
     .struct_size = sizeof(struct ctxpar_device_ops),
@@ -148,6 +160,7 @@ static const struct ctxpar_device_ops cpu_ops = {
     .cast = ctxpar_cpu_cast,
     .add = ctxpar_cpu_add,
     .fill = ctxpar_cpu_fill,
+    .attn_supported = cpu_attn_supported,
 };
 
 ctxpar_status ctxpar_device_create_cpu(const ctxpar_cpu_options *options,
@@ -162,9 +175,15 @@ ctxpar_status ctxpar_device_create_cpu(const ctxpar_cpu_options *options,
                                 "device_create_cpu: options->struct_size (%zu) < %zu: initialise "
                                 "with CTXPAR_CPU_OPTIONS_INIT",
                                 options->struct_size, need);
-        // Fields past the caller's struct_size (an older header) keep their defaults.
-        memcpy(&opt, options,
-               options->struct_size < sizeof opt ? options->struct_size : sizeof opt);
+        // Fields past the caller's struct_size (an older header) keep their defaults. The first
+        // version (struct_size, num_threads) is 16 bytes, its tail padding where `kernels` now
+        // lies: from such a caller, only num_threads is a value.
+        const size_t v1_size = (need + sizeof(size_t) - 1) / sizeof(size_t) * sizeof(size_t);
+        if (options->struct_size <= v1_size)
+            opt.num_threads = options->num_threads;
+        else
+            memcpy(&opt, options,
+                   options->struct_size < sizeof opt ? options->struct_size : sizeof opt);
         opt.struct_size = sizeof opt;
     }
     if (opt.num_threads < 0)

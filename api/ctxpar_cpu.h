@@ -51,8 +51,8 @@ CTXPAR_API ctxpar_status ctxpar_cpu_bwd_schedule_parse(const char *name,
 
 /* Creates a CPU device; options may be NULL. Memory it uses is ordinary host memory, so tensors
  * passed to a context on it are host pointers. Destroy with ctxpar_device_destroy. */
-ctxpar_status ctxpar_device_create_cpu(const ctxpar_cpu_options *options,
-                                       ctxpar_device **device_out);
+CTXPAR_API ctxpar_status ctxpar_device_create_cpu(const ctxpar_cpu_options *options,
+                                                  ctxpar_device **device_out);
 
 /* The FP32 peak of the cores a CPU device runs on, measured, not looked up: a loop of independent
  * fused multiply-adds on the vector instructions the device's kernels use (so a machine whose
@@ -77,7 +77,8 @@ typedef struct ctxpar_cpu_peak {
 /* Measures the peak of `device` (a CPU device) with its kernels and thread count; takes about
  * 0.1-0.2 s. peak->struct_size must be set (CTXPAR_CPU_PEAK_INIT); *peak is written only on
  * success. */
-ctxpar_status ctxpar_cpu_measure_peak(const ctxpar_device *device, ctxpar_cpu_peak *peak);
+CTXPAR_API ctxpar_status ctxpar_cpu_measure_peak(const ctxpar_device *device,
+                                                 ctxpar_cpu_peak *peak);
 
 #ifdef __cplusplus
 }

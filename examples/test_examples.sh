@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs ctxpar into a temporary prefix (bazel run //:install), builds examples/attention.c
+# against it with pkg-config and with CMake's find_package(ctxpar) (shared and static), runs each
+# build (it checks itself against float64 attention and exits non-zero outside tolerance), and
+# checks that the shared build needs no MPI. Usage: bash examples/test_examples.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+prefix="$tmp/prefix"
+bazel run //:install -- --prefix "$prefix" >"$tmp/install.log" 2>&1 ||
+    { cat "$tmp/install.log"; echo "FAIL: bazel run //:install"; exit 1; }
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+version=$(pkg-config --modversion ctxpar)
+status=0
+
+# run NAME BINARY: runs the example; it must pass and report the library's version (its
+# ctxpar_version()) as the one the .pc file names.
+run() {
+    local out
+    if out=$("$2") && [[ "$out" == "ctxpar $version:"* ]]; then
+        echo "PASS $1: ${out##*$'\n'}"
+    else
+        echo "FAIL $1 (ctxpar $version expected): $out"
+        status=1
+    fi
+}
+
+# shellcheck disable=SC2046  # pkg-config's output is meant to be split into words
+cc -std=c11 -Wall -Wextra -Werror examples/attention.c $(pkg-config --cflags --libs ctxpar) \
+    -pthread -lm -o "$tmp/attention_pkgconfig"
+run "pkg-config build" "$tmp/attention_pkgconfig"
+if ldd "$tmp/attention_pkgconfig" | grep -q libmpi; then
+    echo "FAIL: a CPU + threads program links MPI"
+    status=1
+fi
+
+cmake -S examples -B "$tmp/build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
+    >"$tmp/cmake.log" 2>&1 && cmake --build "$tmp/build" >>"$tmp/cmake.log" 2>&1 ||
+    { cat "$tmp/cmake.log"; echo "FAIL: CMake build"; exit 1; }
+run "CMake ctxpar::ctxpar build" "$tmp/build/attention"
+run "CMake ctxpar::static build" "$tmp/build/attention_static"
+exit "$status"

@@ -118,6 +118,7 @@ class Context:
     """
 
     def __init__(self, device="cpu", comm=None, *, num_threads=0, verify_transfers=False):
+        self._device = self._ctx = None
         if device != "cpu":
             raise ValueError(f"device '{device}': this package drives the CPU device only")
         if comm is None:
@@ -127,7 +128,6 @@ class Context:
                 raise TypeError("comm must be a ctxpar Comm or an mpi4py communicator")
             comm = Comm.mpi(comm)
         self.comm = comm
-        self._device = self._ctx = None
         opt = _lib.CpuOptions(ctypes.sizeof(_lib.CpuOptions), int(num_threads))
         dev = ctypes.c_void_p()
         _lib.check(_lib.lib.ctxpar_device_create_cpu(ctypes.byref(opt), ctypes.byref(dev)))

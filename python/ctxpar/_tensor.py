@@ -64,6 +64,7 @@ def prepare(x, fmt):
             x = x.detach()
     elif not isinstance(x, np.ndarray):
         raise TypeError(f"expected a numpy.ndarray or torch.Tensor, got {type(x).__name__}")
+    bshd_shape(x, fmt)  # 4-D
     _, usable = _strides(x)
     if usable:
         return x

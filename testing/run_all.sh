@@ -74,6 +74,8 @@ bazel_suite --config=asan --test_tag_filters=-gpu -- //... -//backends/cuda/... 
 bazel_suite --config=tsan -- //testing:comm_local_test //testing:e2e_test
 script_suite bash testing/valgrind/run_valgrind.sh
 script_suite bash testing/fuzz/run_fuzzers.sh "$FUZZ_SECONDS"
+script_suite bash examples/test_examples.sh
+script_suite bash python/run_tests.sh
 
 echo "ctxpar test suites: $passed passed, $skipped skipped, $failed failed"
 echo "$passed passed, $failed failed, $skipped skipped"

@@ -2,7 +2,8 @@
 # Installs ctxpar into a temporary prefix (bazel run //:install), builds examples/attention.c
 # against it with pkg-config and with CMake's find_package(ctxpar) (shared and static), runs each
 # build (it checks itself against float64 attention and exits non-zero outside tolerance), and
-# checks that the shared build needs no MPI. Usage: bash examples/test_examples.sh
+# checks that the shared build needs no MPI, and that a program using the MPI comm builds with
+# ctxpar-mpi.pc and runs. Usage: bash examples/test_examples.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
@@ -32,6 +33,30 @@ cc -std=c11 -Wall -Wextra -Werror examples/attention.c $(pkg-config --cflags --l
 run "pkg-config build" "$tmp/attention_pkgconfig"
 if ldd "$tmp/attention_pkgconfig" | grep -q libmpi; then
     echo "FAIL: a CPU + threads program links MPI"
+    status=1
+fi
+
+# ctxpar-mpi.pc: a program using the MPI comm compiles, links and runs (one process).
+cat >"$tmp/mpi.c" <<'C'
+#include <stdio.h>
+#include "ctxpar_mpi.h"
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    ctxpar_comm *comm = NULL;
+    ctxpar_status st = ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm);
+    printf("%s size %d\n", ctxpar_status_string(st), st ? -1 : ctxpar_comm_size(comm));
+    ctxpar_comm_destroy(comm);
+    MPI_Finalize();
+    return st != CTXPAR_OK;
+}
+C
+# shellcheck disable=SC2046
+cc -std=c11 "$tmp/mpi.c" $(pkg-config --cflags --libs ctxpar-mpi) -o "$tmp/mpi"
+if out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$tmp/mpi") &&
+    [ "$out" = "CTXPAR_OK size 1" ]; then
+    echo "PASS ctxpar-mpi build: $out"
+else
+    echo "FAIL ctxpar-mpi build: $out"
     status=1
 fi
 

@@ -9,29 +9,7 @@ import pytest
 
 import ctxpar
 from ctxpar import _lib, _tensor
-from conftest import inputs, max_error
-
-
-def run_ranks(P, fn):
-    """fn(ctx) on P threads with a local group; returns the results by rank (re-raises)."""
-    group = ctxpar.local_group(P)
-    results, errors = [None] * P, []
-
-    def main(r):
-        try:
-            with ctxpar.Context("cpu", group.comm(r), num_threads=1) as ctx:
-                results[r] = fn(ctx)
-        except Exception as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=main, args=(r,)) for r in range(P)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
+from conftest import inputs, max_error, run_ranks
 
 
 def test_context_per_rank_matches_oracle_and_writes_out_in_place():

@@ -1,7 +1,5 @@
 """ctxpar.torch against torch.nn.functional.scaled_dot_product_attention in float64, forward and
 gradients; run when torch is importable, reported as skipped otherwise."""
-import threading
-
 import numpy as np
 import pytest
 
@@ -11,7 +9,7 @@ import torch.nn.functional as F  # noqa: E402
 import ctxpar  # noqa: E402
 import ctxpar.torch  # noqa: E402
 from ctxpar import _tensor  # noqa: E402
-from conftest import max_error  # noqa: E402
+from conftest import max_error, run_ranks  # noqa: E402
 
 TOL = {torch.float32: 4e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -44,39 +42,28 @@ def test_sdpa_drop_in_one_rank(dtype, causal, hk):
         assert max_error(got.detach().double().numpy(), want.numpy()) <= TOL[dtype], name
 
 
-def run_ranks(q, k, v, do, P, causal, fmt="bshd"):
+def sharded_autograd(q, k, v, do, P, causal, fmt="bshd"):
     """ctxpar.torch.attention on P threads (zigzag shards): global out, dq, dk, dv."""
-    group = ctxpar.local_group(P)
     got = {n: torch.empty_like(x) for n, x in (("out", q), ("dq", q), ("dk", k), ("dv", v))}
-    errors = []
 
-    def rank(r):
-        try:
-            local = [ctxpar.shard(x, r, P, "zigzag", fmt).detach().requires_grad_()
-                     for x in (q, k, v)]
-            with ctxpar.Context("cpu", group.comm(r), num_threads=1) as ctx:
-                out = ctxpar.torch.attention(*local, ctx=ctx, algo="ring", layout="zigzag",
-                                             mask="causal" if causal else "none", format=fmt)
-                out.backward(ctxpar.shard(do, r, P, "zigzag", fmt))
-            for name, t in zip(("out", "dq", "dk", "dv"), [out] + [x.grad for x in local]):
-                ctxpar.unshard(t.detach(), r, P, got[name], "zigzag", fmt)
-        except Exception as e:
-            errors.append(e)
+    def rank(ctx):
+        r = ctx.rank
+        local = [ctxpar.shard(x, r, P, "zigzag", fmt).detach().requires_grad_()
+                 for x in (q, k, v)]
+        out = ctxpar.torch.attention(*local, ctx=ctx, algo="ring", layout="zigzag",
+                                     mask="causal" if causal else "none", format=fmt)
+        out.backward(ctxpar.shard(do, r, P, "zigzag", fmt))
+        for name, t in zip(("out", "dq", "dk", "dv"), [out] + [x.grad for x in local]):
+            ctxpar.unshard(t.detach(), r, P, got[name], "zigzag", fmt)
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(P)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    run_ranks(P, rank)
     return got
 
 
 def test_autograd_two_ranks_bshd_gqa():
     q, k, v, do = (x.transpose(1, 2).contiguous()
                    for x in bhsd_inputs(1, 4, 2, 64, 16, torch.float32, seed=3))
-    got = run_ranks(q, k, v, do, 2, causal=True)
+    got = sharded_autograd(q, k, v, do, 2, causal=True)
     t = lambda x: x.transpose(1, 2)  # noqa: E731
     ref = sdpa64(t(q), t(k), t(v), t(do), True)
     for name, want in zip(("out", "dq", "dk", "dv"), ref):
@@ -87,7 +74,7 @@ def test_seed_example_bf16_seq4096_two_ranks():
     """The seed's example: batch 1, 4 heads, seq 4096, head_dim 64, BF16, causal, forward and
     backward, 2 ranks; against float64 SDPA on the same BF16 inputs."""
     q, k, v, do = bhsd_inputs(1, 4, 4, 4096, 64, torch.bfloat16, seed=7)
-    got = run_ranks(q, k, v, do, 2, causal=True, fmt="bhsd")
+    got = sharded_autograd(q, k, v, do, 2, causal=True, fmt="bhsd")
     ref = sdpa64(q, k, v, do, True)
     errors = {n: max_error(got[n].double().numpy(), want.numpy())
               for n, want in zip(("out", "dq", "dk", "dv"), ref)}

@@ -3,7 +3,8 @@
 # against it with pkg-config and with CMake's find_package(ctxpar) (shared and static), runs each
 # build (it checks itself against float64 attention and exits non-zero outside tolerance), and
 # checks that the shared build needs no MPI, and that a program using the MPI comm builds with
-# ctxpar-mpi.pc and runs. Usage: bash examples/test_examples.sh
+# ctxpar-mpi.pc and runs, and so do the CUDA and NCCL libraries when they were installed.
+# Usage: bash examples/test_examples.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
@@ -51,13 +52,44 @@ int main(int argc, char **argv) {
 }
 C
 # shellcheck disable=SC2046
-cc -std=c11 "$tmp/mpi.c" $(pkg-config --cflags --libs ctxpar-mpi) -o "$tmp/mpi"
+cc -std=c11 -Wall -Werror "$tmp/mpi.c" $(pkg-config --cflags --libs ctxpar-mpi) -o "$tmp/mpi"
 if out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$tmp/mpi") &&
     [ "$out" = "CTXPAR_OK size 1" ]; then
     echo "PASS ctxpar-mpi build: $out"
 else
     echo "FAIL ctxpar-mpi build: $out"
     status=1
+fi
+
+# ctxpar-cuda.pc / ctxpar-nccl.pc (installed when the build found the toolkit): a program that
+# makes a CUDA device and an NCCL comm builds and runs. Without a GPU the device fails cleanly
+# with CTXPAR_ERR_DEVICE; the NCCL comm rejects a NULL communicator with INVALID_ARG.
+if pkg-config --exists ctxpar-nccl; then
+    cat >"$tmp/cuda.c" <<'C'
+#include <stdio.h>
+#include "ctxpar_cuda.h"
+#include "ctxpar_nccl.h"
+int main(void) {
+    ctxpar_device *dev = NULL;
+    ctxpar_comm *comm = NULL;
+    ctxpar_status d = ctxpar_device_create_cuda(NULL, &dev);
+    printf("cuda device: %s %s; ", ctxpar_status_string(d), ctxpar_last_error());
+    ctxpar_status n = ctxpar_comm_create_nccl(NULL, dev, NULL, &comm);
+    printf("nccl comm on NULL: %s\n", ctxpar_status_string(n));
+    ctxpar_device_destroy(dev);
+    return !((d == CTXPAR_OK || d == CTXPAR_ERR_DEVICE) && n == CTXPAR_ERR_INVALID_ARG);
+}
+C
+    # shellcheck disable=SC2046
+    if cc -std=c11 -Wall -Werror "$tmp/cuda.c" $(pkg-config --cflags --libs ctxpar-nccl) -o "$tmp/cuda" &&
+        out=$("$tmp/cuda"); then
+        echo "PASS ctxpar-cuda/ctxpar-nccl build: $out"
+    else
+        echo "FAIL ctxpar-cuda/ctxpar-nccl build: ${out:-}"
+        status=1
+    fi
+else
+    echo "skipped: ctxpar-cuda/ctxpar-nccl (built without the CUDA toolkit or NCCL)"
 fi
 
 cmake -S examples -B "$tmp/build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \

@@ -68,7 +68,7 @@ grep -h "skipped: no CUDA device" bazel-testlogs/testing/*cuda*/test.log \
 # The CUDA targets are left out here: their device code cannot run on this machine, and nvcc
 # would compile them all again for the sanitizer configuration.
 bazel_suite --config=asan --test_tag_filters=-gpu -- //... -//backends/cuda/... \
-    -//comm/nccl/... -//testing/gpu/...
+    -//comm/nccl/... -//testing/gpu/... -//testing:cuda_ops_test
 # Threads: the local comm (ranks as threads) and the end-to-end suite, whose ranks are threads,
 # under ThreadSanitizer (about 3 minutes on 2 cores).
 bazel_suite --config=tsan -- //testing:comm_local_test //testing:e2e_test

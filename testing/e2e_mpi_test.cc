@@ -177,18 +177,22 @@ struct Direct {
     }
 };
 
+// Ring forward of Direct(24) on a plain CPU device and a plain MPI comm; empty on failure.
+std::vector<float> CleanRingOut() {
+    Direct d(24, 30.0);
+    ctxpar_status st = d.Fwd();
+    EXPECT_EQ(st, CTXPAR_OK) << ctxpar_last_error();
+    return st == CTXPAR_OK ? d.out : std::vector<float>();
+}
+
 // Faults injected into the MPI comm: a delay changes nothing; a dropped message or a corrupted
 // one (with transfer checksums) fails every rank within the timeout instead of hanging or
 // returning a wrong answer.
 TEST(MpiFault, DelayChangesNothing) {
     if (Size() < 2)
         GTEST_SKIP() << "needs 2 ranks";
-    std::vector<float> clean;
-    {
-        Direct d(24, 30.0);
-        ASSERT_EQ(d.Fwd(), CTXPAR_OK) << ctxpar_last_error();
-        clean = d.out;
-    }
+    const std::vector<float> clean = CleanRingOut();
+    ASSERT_FALSE(clean.empty());
     ctxpar_fault f = {CTXPAR_FAULT_DELAY, 1, 0, 0.3, 0};
     Direct d(24, 30.0, &f);
     ASSERT_EQ(d.Fwd(), CTXPAR_OK) << ctxpar_last_error();
@@ -232,12 +236,8 @@ TEST(MpiFault, CorruptionIsCaughtByTransferChecksums) {
 TEST(MpiCapability, UnsupportedThenSupportedOnTheSameComm) {
     if (Size() < 2)
         GTEST_SKIP() << "needs 2 ranks";
-    std::vector<float> clean;
-    {
-        Direct d(24, 30.0);
-        ASSERT_EQ(d.Fwd(), CTXPAR_OK) << ctxpar_last_error();
-        clean = d.out;
-    }
+    const std::vector<float> clean = CleanRingOut();
+    ASSERT_FALSE(clean.empty());
     Direct d(24, 30.0, nullptr, 0, /*max_seq_k=*/24);
     d.params.algo = CTXPAR_ALGO_ALLGATHER;
     EXPECT_EQ(d.Fwd(), CTXPAR_ERR_NOT_SUPPORTED) << ctxpar_last_error();

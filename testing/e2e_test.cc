@@ -141,7 +141,7 @@ std::vector<Case> FoundationCases() {
 
 INSTANTIATE_TEST_SUITE_P(Foundation, EndToEnd, testing::ValuesIn(FoundationCases()), CaseName);
 
-// The numbers the foundation issue asks for, at a realistic size: seq 4096, 4 heads, dim 64.
+// The end-to-end figures at a realistic size: seq 4096, 4 heads, dim 64.
 TEST(EndToEndLarge, RingCausalZigzagF32AtSeq4096) {
 #if defined(__SANITIZE_ADDRESS__)
     // The fp64 oracle alone takes minutes under ASan; the optimised run covers this case, and

@@ -10,27 +10,33 @@
 static const char *const isa_names[] = {"auto", "generic", "avx2", "avx512"};
 static const char *const bwd_names[] = {"auto", "fused", "two-pass"};
 
+// Index of `name` in names[0..n), or -1; what says what was parsed, for the message.
+static int parse_name(const char *what, const char *const *names, int n, const char *name,
+                      const void *out) {
+    for (int i = 0; name && out && i < n; i++)
+        if (!strcmp(name, names[i]))
+            return i;
+    CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s '%s': unknown (%s, %s, %s%s%s)%s", what,
+                 name ? name : "(null)", names[0], names[1], names[2], n > 3 ? ", " : "",
+                 n > 3 ? names[3] : "", out ? "" : "; the output pointer is NULL");
+    return -1;
+}
+
 ctxpar_status ctxpar_cpu_isa_parse(const char *name, ctxpar_cpu_isa *isa_out) {
-    for (int i = 0; name && isa_out && i < 4; i++)
-        if (!strcmp(name, isa_names[i])) {
-            *isa_out = (ctxpar_cpu_isa)i;
-            return CTXPAR_OK;
-        }
-    return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                        "cpu kernels '%s': unknown (auto, generic, avx2, avx512)%s",
-                        name ? name : "(null)", isa_out ? "" : "; isa_out is NULL");
+    int i = parse_name("cpu kernels", isa_names, 4, name, isa_out);
+    if (i < 0)
+        return CTXPAR_ERR_INVALID_ARG;
+    *isa_out = (ctxpar_cpu_isa)i;
+    return CTXPAR_OK;
 }
 
 ctxpar_status ctxpar_cpu_bwd_schedule_parse(const char *name,
                                             ctxpar_cpu_bwd_schedule *schedule_out) {
-    for (int i = 0; name && schedule_out && i < 3; i++)
-        if (!strcmp(name, bwd_names[i])) {
-            *schedule_out = (ctxpar_cpu_bwd_schedule)i;
-            return CTXPAR_OK;
-        }
-    return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                        "cpu backward schedule '%s': unknown (auto, fused, two-pass)%s",
-                        name ? name : "(null)", schedule_out ? "" : "; schedule_out is NULL");
+    int i = parse_name("cpu backward schedule", bwd_names, 3, name, schedule_out);
+    if (i < 0)
+        return CTXPAR_ERR_INVALID_ARG;
+    *schedule_out = (ctxpar_cpu_bwd_schedule)i;
+    return CTXPAR_OK;
 }
 
 int ctxpar_cpu_threads(const ctxpar_cpu_device *cpu) {

@@ -3,6 +3,7 @@
 // output is bitwise identical to P = 1 for any P and layout. Backward computes dK/dV for the whole
 // sequence and reduce-scatters the F32 partials (summed in rank order) back to their owners.
 #include "algorithms.h"
+#include "ctxpar_count.h"
 
 // Gathers every rank's packed K/V and writes it in global order into kv_global
 // ([2][B, S, Hkv, D]). `gathered` holds P packed blocks.
@@ -64,8 +65,8 @@ static ctxpar_status setup_kv(const ctxpar_run *run, const ctxpar_problem *pb, c
 ctxpar_status ctxpar_allgather_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
                                    const ctxpar_tensor *q, const ctxpar_tensor *k,
                                    const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
-    const size_t out_n = (size_t)(pb->batch * pb->seq_local * pb->heads_q * pb->head_dim);
-    const size_t lse_n = (size_t)(pb->batch * pb->heads_q * pb->seq_local);
+    const size_t out_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
+    const size_t lse_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
     ctxpar_buffers buf = {.dev = run->dev, .stream = run->stream};
     void *kv_global = NULL;
     float *out_acc = NULL, *lse_acc = NULL;
@@ -114,8 +115,8 @@ ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_problem *
                                    const float *lse, const ctxpar_tensor *dout, ctxpar_tensor *dq,
                                    ctxpar_tensor *dk, ctxpar_tensor *dv) {
     const int P = pb->nranks;
-    const size_t q_n = (size_t)(pb->batch * pb->seq_local * pb->heads_q * pb->head_dim);
-    const size_t delta_n = (size_t)(pb->batch * pb->heads_q * pb->seq_local);
+    const size_t q_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
+    const size_t delta_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
     const size_t dkv_global_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_global);
     const size_t dkv_block_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);
     ctxpar_buffers buf = {.dev = run->dev, .stream = run->stream};

@@ -5,6 +5,7 @@
 // needs is sent to it (replicated); in backward the dK/dV partials of the ranks sharing a K/V head
 // are summed in rank order at the token owner.
 #include "algorithms.h"
+#include "ctxpar_count.h"
 
 // How heads are divided: hq query heads per rank, hk K/V heads per rank.
 typedef struct heads_plan {
@@ -47,7 +48,7 @@ typedef struct seg {
 } seg;
 
 static size_t seg_bytes(const ctxpar_problem *pb, const seg *s, int64_t seq) {
-    return (size_t)(pb->batch * seq * s->heads * s->dim) * ctxpar_dtype_size(s->dtype);
+    return ctxpar_count(pb->batch, seq, s->heads, s->dim) * ctxpar_dtype_size(s->dtype);
 }
 
 static size_t block_bytes(const ctxpar_problem *pb, const seg *segs, int n, int64_t seq) {
@@ -169,11 +170,11 @@ ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_problem *p
     CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, big, &send), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, big, &recv), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, block_bytes(pb, in, 3, S), &qkv), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, (size_t)(pb->batch * S * h.hq * D) * 4,
-                                           (void **)&out_acc),
-                      st, done);
     CTXPAR_CHECK_GOTO(
-        ctxpar_buffers_alloc(&buf, (size_t)(pb->batch * S * h.hq) * 4, (void **)&lse_acc), st,
+        ctxpar_buffers_alloc(&buf, ctxpar_count(pb->batch, S, h.hq, D) * 4, (void **)&out_acc), st,
+        done);
+    CTXPAR_CHECK_GOTO(
+        ctxpar_buffers_alloc(&buf, ctxpar_count(pb->batch, S, h.hq, 1) * 4, (void **)&lse_acc), st,
         done);
 
     const ctxpar_tensor *src[3] = {q, k, v};
@@ -236,7 +237,7 @@ static ctxpar_status store_dkv(const ctxpar_run *run, const ctxpar_problem *pb,
             }
         return CTXPAR_OK;
     }
-    const size_t n = (size_t)(pb->batch * pb->seq_local * pb->head_dim); // one head's partial
+    const size_t n = ctxpar_count(pb->batch, pb->seq_local, pb->head_dim, 1); // one head's partial
     float *acc = NULL;
     CTXPAR_CHECK(ctxpar_buffers_alloc(buf, 2 * n * (size_t)pb->heads_kv * 4, (void **)&acc));
     CTXPAR_CHECK(ctxpar_dev_fill(run->dev, acc, 0.0f, 2 * n * (size_t)pb->heads_kv, run->stream));
@@ -280,12 +281,12 @@ ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_problem *p
     CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, big, &send), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, big, &recv), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, block_bytes(pb, in, 5, S), &glob), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, (size_t)(pb->batch * S * h.hq) * 4,
-                                           (void **)&lse_g),
-                      st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, (size_t)(pb->batch * S * h.hq) * 4,
-                                           (void **)&delta),
-                      st, done);
+    CTXPAR_CHECK_GOTO(
+        ctxpar_buffers_alloc(&buf, ctxpar_count(pb->batch, S, h.hq, 1) * 4, (void **)&lse_g), st,
+        done);
+    CTXPAR_CHECK_GOTO(
+        ctxpar_buffers_alloc(&buf, ctxpar_count(pb->batch, S, h.hq, 1) * 4, (void **)&delta), st,
+        done);
     CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, block_bytes(pb, back, 3, S), &grads), st, done);
 
     ctxpar_tensor lse_t = lse_view(lse, pb, pb->seq_local, pb->heads_q);

@@ -1,5 +1,6 @@
 // Services the algorithms share: tracing and work accounting.
 #include "algorithms.h"
+#include "ctxpar_count.h"
 
 void ctxpar_run_trace(const ctxpar_run *run, ctxpar_event_kind kind, const char *name, int step,
                       int peer, double t_begin, double t_end, uint64_t bytes) {
@@ -72,7 +73,7 @@ int ctxpar_block_account(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar
 }
 
 size_t ctxpar_packed_kv_bytes(ctxpar_dtype dtype, const ctxpar_problem *pb, int64_t seq) {
-    return 2 * (size_t)(pb->batch * seq * pb->heads_kv * pb->head_dim) * ctxpar_dtype_size(dtype);
+    return 2 * ctxpar_count(pb->batch, seq, pb->heads_kv, pb->head_dim) * ctxpar_dtype_size(dtype);
 }
 
 ctxpar_tensor ctxpar_packed_kv(void *buf, ctxpar_dtype dtype, const ctxpar_problem *pb, int64_t seq,
@@ -98,7 +99,7 @@ ctxpar_status ctxpar_store_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
     CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &acc, out, run->stream));
     if (!lse)
         return CTXPAR_OK;
-    size_t bytes = (size_t)(pb->batch * pb->heads_q * pb->seq_local) * sizeof(float);
+    size_t bytes = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) * sizeof(float);
     return ctxpar_dev_copy(run->dev, lse, lse_acc, bytes, CTXPAR_COPY_D2D, run->stream);
 }
 

@@ -5,6 +5,7 @@
 // travels only as far as some rank needs it (ring_plan.h): masked-out steps move no data.
 #include <math.h>
 
+#include "ctxpar_count.h"
 #include "ring_plan.h"
 #include "transfer.h"
 
@@ -55,8 +56,8 @@ ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
                               const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
     const int P = pb->nranks;
     const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
-    const size_t out_n = (size_t)(pb->batch * pb->seq_local * pb->heads_q * pb->head_dim);
-    const size_t lse_n = (size_t)(pb->batch * pb->heads_q * pb->seq_local);
+    const size_t out_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
+    const size_t lse_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
     ctxpar_buffers buf = {.dev = run->dev, .stream = run->stream};
     ctxpar_ring_plan plan = {0, NULL};
     ctxpar_xfer x = {0};
@@ -206,8 +207,8 @@ ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
                               ctxpar_tensor *dv) {
     const int P = pb->nranks;
     const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
-    const size_t q_n = (size_t)(pb->batch * pb->seq_local * pb->heads_q * pb->head_dim);
-    const size_t delta_n = (size_t)(pb->batch * pb->heads_q * pb->seq_local);
+    const size_t q_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
+    const size_t delta_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
     ctxpar_buffers buf = {.dev = run->dev, .stream = run->stream};
     ring_bwd w = {0};
     w.dkv_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);

@@ -39,16 +39,19 @@ static ctxpar_status abort_on_failure(ctxpar_context *ctx, ctxpar_status st) {
     return st;
 }
 
+// Everything a rank can check alone, before the ranks agree: arguments (params normalized into
+// *norm), the algorithm and whether the device can run it. A failure here leaves the comm usable.
 static ctxpar_status validate_fwd(const ctxpar_context *ctx, const ctxpar_attn_params *params,
                                   const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                  const ctxpar_tensor *v, const ctxpar_tensor *out,
-                                  ctxpar_problem *pb, ctxpar_algo *algo) {
-    CTXPAR_CHECK(ctxpar_validate_problem(params, ctx->comm, q, k, v, pb));
+                                  const ctxpar_tensor *v, const ctxpar_tensor *out, int backward,
+                                  ctxpar_attn_params *norm, ctxpar_problem *pb, ctxpar_algo *algo) {
+    CTXPAR_CHECK(ctxpar_params_normalize(params, norm));
+    CTXPAR_CHECK(ctxpar_validate_problem(norm, ctx->comm, q, k, v, pb));
     CTXPAR_CHECK(ctxpar_validate_same("out", out, "q", q));
-    *algo = ctxpar_resolve_algo(params->algo, pb);
+    *algo = ctxpar_resolve_algo(norm->algo, pb, ctx->dev, backward);
     if (*algo == CTXPAR_ALGO_ALLTOALL)
-        return ctxpar_alltoall_check(pb);
-    return CTXPAR_OK;
+        CTXPAR_CHECK(ctxpar_alltoall_check(pb));
+    return ctxpar_validate_supported(ctx->dev, pb, *algo, backward);
 }
 
 ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *params,
@@ -58,10 +61,11 @@ ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     ctxpar_clear_error();
     if (!ctx)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
+    ctxpar_attn_params p;
     ctxpar_problem pb;
     ctxpar_algo algo = CTXPAR_ALGO_AUTO;
-    ctxpar_status st = validate_fwd(ctx, params, q, k, v, out, &pb, &algo);
-    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_FWD, params, &pb, algo, st));
+    ctxpar_status st = validate_fwd(ctx, params, q, k, v, out, 0, &p, &pb, &algo);
+    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_FWD, &p, &pb, algo, st));
     ctxpar_run run = make_run(ctx, stream);
     if (algo == CTXPAR_ALGO_ALLGATHER)
         return abort_on_failure(ctx, ctxpar_allgather_fwd(&run, &pb, q, k, v, out, lse));
@@ -75,9 +79,9 @@ static ctxpar_status validate_bwd(const ctxpar_context *ctx, const ctxpar_attn_p
                                   const ctxpar_tensor *v, const ctxpar_tensor *out,
                                   const float *lse, const ctxpar_tensor *dout,
                                   const ctxpar_tensor *dq, const ctxpar_tensor *dk,
-                                  const ctxpar_tensor *dv, ctxpar_problem *pb,
-                                  ctxpar_algo *algo) {
-    CTXPAR_CHECK(validate_fwd(ctx, params, q, k, v, out, pb, algo));
+                                  const ctxpar_tensor *dv, ctxpar_attn_params *norm,
+                                  ctxpar_problem *pb, ctxpar_algo *algo) {
+    CTXPAR_CHECK(validate_fwd(ctx, params, q, k, v, out, 1, norm, pb, algo));
     CTXPAR_CHECK(check_lse("lse", lse));
     CTXPAR_CHECK(ctxpar_validate_same("dout", dout, "q", q));
     CTXPAR_CHECK(ctxpar_validate_same("dq", dq, "q", q));
@@ -93,11 +97,12 @@ ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     ctxpar_clear_error();
     if (!ctx)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
+    ctxpar_attn_params p;
     ctxpar_problem pb;
     ctxpar_algo algo = CTXPAR_ALGO_AUTO;
     ctxpar_status st =
-        validate_bwd(ctx, params, q, k, v, out, lse, dout, dq, dk, dv, &pb, &algo);
-    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_BWD, params, &pb, algo, st));
+        validate_bwd(ctx, params, q, k, v, out, lse, dout, dq, dk, dv, &p, &pb, &algo);
+    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_BWD, &p, &pb, algo, st));
     ctxpar_run run = make_run(ctx, stream);
     if (algo == CTXPAR_ALGO_ALLGATHER)
         return abort_on_failure(
@@ -116,9 +121,25 @@ ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx, const ctxpar_at
     if (!ctx || !algo_out)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx (%p) and algo_out (%p) must be set",
                             (const void *)ctx, (void *)algo_out);
+    ctxpar_attn_params p;
     ctxpar_problem pb;
+    CTXPAR_CHECK(ctxpar_params_normalize(params, &p));
     // v has k's shape; validating k against itself is enough here.
-    CTXPAR_CHECK(ctxpar_validate_problem(params, ctx->comm, q, k, k, &pb));
-    *algo_out = ctxpar_resolve_algo(params->algo, &pb);
+    CTXPAR_CHECK(ctxpar_validate_problem(&p, ctx->comm, q, k, k, &pb));
+    *algo_out = ctxpar_resolve_algo(p.algo, &pb, ctx->dev, 0);
     return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_attn_supported(const ctxpar_context *ctx, const ctxpar_attn_params *params,
+                                    const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                    const ctxpar_tensor *v) {
+    ctxpar_clear_error();
+    if (!ctx)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
+    ctxpar_attn_params p;
+    ctxpar_problem pb;
+    ctxpar_algo algo;
+    // Forward and backward (the backward's blocks include the forward's); out would have q's
+    // shape and dtype, so q stands in for it.
+    return validate_fwd(ctx, params, q, k, v, q, 1, &p, &pb, &algo);
 }

@@ -24,6 +24,14 @@
 extern "C" {
 #endif
 
+/* Marks the functions the library exports: the shared library (//:libctxpar.so) is compiled
+ * with -fvisibility=hidden, so nothing else is visible to its users. */
+#if defined(__GNUC__)
+#define CTXPAR_API __attribute__((visibility("default")))
+#else
+#define CTXPAR_API
+#endif
+
 /* ---------------------------------------------------------------- status */
 
 typedef enum ctxpar_status {
@@ -40,14 +48,15 @@ typedef enum ctxpar_status {
 } ctxpar_status;
 
 /* Short constant name of a status ("CTXPAR_ERR_INVALID_ARG"); never NULL. */
-const char *ctxpar_status_string(ctxpar_status status);
+CTXPAR_API const char *ctxpar_status_string(ctxpar_status status);
 
-/* Detail of the last error on the calling thread ("algorithms/ring.c:88: q.shape[3] (96) !=
- * k.shape[3] (64)"); "" when none. Valid until the next ctxpar call on this thread. */
-const char *ctxpar_last_error(void);
+/* Detail of the last error on the calling thread, prefixed by the source file and line that
+ * detected it ("api/validate.c:150: k.shape[3] (64) != q.shape[3] (96): head_dim must match");
+ * "" when none. Valid until the next ctxpar call on this thread. */
+CTXPAR_API const char *ctxpar_last_error(void);
 
 /* Version of the library as "MAJOR.MINOR.PATCH". */
-const char *ctxpar_version(void);
+CTXPAR_API const char *ctxpar_version(void);
 
 /* ---------------------------------------------------------------- tensors */
 
@@ -58,9 +67,9 @@ typedef enum ctxpar_dtype {
 } ctxpar_dtype;
 
 /* Bytes per element; 0 for an unknown dtype. */
-size_t ctxpar_dtype_size(ctxpar_dtype dtype);
+CTXPAR_API size_t ctxpar_dtype_size(ctxpar_dtype dtype);
 /* "f32", "f16", "bf16"; "?" for an unknown dtype. */
-const char *ctxpar_dtype_name(ctxpar_dtype dtype);
+CTXPAR_API const char *ctxpar_dtype_name(ctxpar_dtype dtype);
 
 /* A view of memory the caller owns: [batch, seq, heads, head_dim] (BSHD), strides in elements.
  * The memory lives where the device of the context expects it (host for the CPU backend). */
@@ -72,8 +81,8 @@ typedef struct ctxpar_tensor {
 } ctxpar_tensor;
 
 /* A densely packed BSHD view (stride = [s*h*d, h*d, d, 1]). */
-ctxpar_tensor ctxpar_tensor_bshd(void *data, ctxpar_dtype dtype, int64_t batch, int64_t seq,
-                                 int64_t heads, int64_t head_dim);
+CTXPAR_API ctxpar_tensor ctxpar_tensor_bshd(void *data, ctxpar_dtype dtype, int64_t batch,
+                                            int64_t seq, int64_t heads, int64_t head_dim);
 
 /* ---------------------------------------------------------------- attention parameters */
 
@@ -96,7 +105,8 @@ typedef enum ctxpar_mask {
 } ctxpar_mask;
 
 /* What to compute. Initialise with CTXPAR_ATTN_PARAMS_INIT, then set fields: new fields are only
- * appended, and struct_size tells the library which ones the caller knows. */
+ * appended, and struct_size tells the library which ones the caller knows (at least through
+ * `algo`); the fields past it take their CTXPAR_ATTN_PARAMS_INIT values and are never read. */
 typedef struct ctxpar_attn_params {
     size_t struct_size;
     ctxpar_algo algo;
@@ -120,29 +130,30 @@ typedef struct ctxpar_attn_params {
             0, NULL, 0, 0.0f, 0                                                                   \
     }
 
-const char *ctxpar_algo_name(ctxpar_algo algo);     /* "auto", "ring", ... */
-const char *ctxpar_layout_name(ctxpar_layout lay);  /* "contiguous", "zigzag", "striped" */
-const char *ctxpar_mask_name(ctxpar_mask mask);     /* "none", "causal" */
+/* "auto", "ring", ...;  "contiguous", "zigzag", "striped";  "none", "causal". */
+CTXPAR_API const char *ctxpar_algo_name(ctxpar_algo algo);
+CTXPAR_API const char *ctxpar_layout_name(ctxpar_layout lay);
+CTXPAR_API const char *ctxpar_mask_name(ctxpar_mask mask);
 
 /* ---------------------------------------------------------------- handles */
 
 typedef struct ctxpar_device ctxpar_device;   /* a compute backend instance (see ctxpar_cpu.h) */
 typedef struct ctxpar_comm ctxpar_comm;       /* a communicator between ranks (ctxpar_local.h) */
 typedef struct ctxpar_stream ctxpar_stream;   /* an ordered queue of work on a device */
-typedef struct ctxpar_context ctxpar_context; /* device + comm + workspace for attention calls */
+typedef struct ctxpar_context ctxpar_context; /* device + comm + the state of attention calls */
 
 /* Destroys a device or a comm made by any backend's constructor; NULL is a no-op. A device or
  * comm must outlive every context that uses it. */
-void ctxpar_device_destroy(ctxpar_device *device);
-void ctxpar_comm_destroy(ctxpar_comm *comm);
+CTXPAR_API void ctxpar_device_destroy(ctxpar_device *device);
+CTXPAR_API void ctxpar_comm_destroy(ctxpar_comm *comm);
 
 /* Rank of this process/thread in the comm, and the number of ranks. */
-int ctxpar_comm_rank(const ctxpar_comm *comm);
-int ctxpar_comm_size(const ctxpar_comm *comm);
+CTXPAR_API int ctxpar_comm_rank(const ctxpar_comm *comm);
+CTXPAR_API int ctxpar_comm_size(const ctxpar_comm *comm);
 
 /* Seconds a blocking comm operation waits for a peer before returning CTXPAR_ERR_TIMEOUT
  * (default 60). Must be > 0. */
-ctxpar_status ctxpar_comm_set_timeout(ctxpar_comm *comm, double seconds);
+CTXPAR_API ctxpar_status ctxpar_comm_set_timeout(ctxpar_comm *comm, double seconds);
 
 /* Options for a context. Initialise with CTXPAR_CONTEXT_OPTIONS_INIT. */
 typedef struct ctxpar_context_options {
@@ -156,10 +167,10 @@ typedef struct ctxpar_context_options {
 
 /* Creates a context on `device` and `comm` (borrowed: both must outlive the context). Not
  * collective: no communication happens here. options may be NULL for defaults. */
-ctxpar_status ctxpar_context_create(ctxpar_device *device, ctxpar_comm *comm,
-                                    const ctxpar_context_options *options,
-                                    ctxpar_context **ctx_out);
-void ctxpar_context_destroy(ctxpar_context *ctx);
+CTXPAR_API ctxpar_status ctxpar_context_create(ctxpar_device *device, ctxpar_comm *comm,
+                                               const ctxpar_context_options *options,
+                                               ctxpar_context **ctx_out);
+CTXPAR_API void ctxpar_context_destroy(ctxpar_context *ctx);
 
 /* ---------------------------------------------------------------- attention */
 
@@ -181,10 +192,10 @@ void ctxpar_context_destroy(ctxpar_context *ctx);
  * (COMM, REMOTE, TIMEOUT, DEVICE, OUT_OF_MEMORY) aborts the comm so that peers fail promptly
  * with REMOTE: destroy the context and comm, and make new ones to continue.
  */
-ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *params,
-                              const ctxpar_tensor *q, const ctxpar_tensor *k,
-                              const ctxpar_tensor *v, ctxpar_tensor *out, float *lse,
-                              ctxpar_stream *stream);
+CTXPAR_API ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *params,
+                                         const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                         const ctxpar_tensor *v, ctxpar_tensor *out, float *lse,
+                                         ctxpar_stream *stream);
 
 /*
  * Backward of ctxpar_attn_fwd with the same params, inputs, out and lse.
@@ -194,33 +205,46 @@ ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *par
  *                            queries)
  * Gradients are accumulated in F32 and stored in the dtype of q.
  */
-ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *params,
-                              const ctxpar_tensor *q, const ctxpar_tensor *k,
-                              const ctxpar_tensor *v, const ctxpar_tensor *out, const float *lse,
-                              const ctxpar_tensor *dout, ctxpar_tensor *dq, ctxpar_tensor *dk,
-                              ctxpar_tensor *dv, ctxpar_stream *stream);
+CTXPAR_API ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *params,
+                                         const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                         const ctxpar_tensor *v, const ctxpar_tensor *out,
+                                         const float *lse, const ctxpar_tensor *dout,
+                                         ctxpar_tensor *dq, ctxpar_tensor *dk, ctxpar_tensor *dv,
+                                         ctxpar_stream *stream);
 
 /* The algorithm AUTO resolves to for these params and local shapes on this context, without
  * running it; useful to print. Not collective. */
-ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx, const ctxpar_attn_params *params,
-                                      const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                      ctxpar_algo *algo_out);
+CTXPAR_API ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx,
+                                                 const ctxpar_attn_params *params,
+                                                 const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                                 ctxpar_algo *algo_out);
+
+/* Whether this context's device can run forward and backward for these params and local
+ * shapes, with the algorithm the call would use (AUTO: the one it resolves to): CTXPAR_OK, or
+ * CTXPAR_ERR_NOT_SUPPORTED with the reason (dtype, head_dim, heads, mask, a tile or
+ * shared-memory limit) in ctxpar_last_error(); INVALID_ARG for arguments the calls would reject.
+ * Not collective: no communication. The attention calls make the same check before the ranks
+ * agree, so a NOT_SUPPORTED from them also leaves the comm usable. */
+CTXPAR_API ctxpar_status ctxpar_attn_supported(const ctxpar_context *ctx,
+                                               const ctxpar_attn_params *params,
+                                               const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                               const ctxpar_tensor *v);
 
 /* ---------------------------------------------------------------- layouts */
 
 /* Global position of each local token of `rank` for a layout: pos_out[i] for i < seq_global/P.
  * seq_global must divide by P (by 2P for ZIGZAG). Host memory. */
-ctxpar_status ctxpar_positions(ctxpar_layout layout, int64_t seq_global, int rank, int nranks,
-                               int64_t *pos_out);
+CTXPAR_API ctxpar_status ctxpar_positions(ctxpar_layout layout, int64_t seq_global, int rank,
+                                          int nranks, int64_t *pos_out);
 
 /* Copies the rows of `global` ([B, S, H, D], host) that `rank` holds into `local_out`
  * ([B, S/P, H, D], host, same dtype, caller-allocated). */
-ctxpar_status ctxpar_shard(ctxpar_layout layout, int rank, int nranks,
-                           const ctxpar_tensor *global, ctxpar_tensor *local_out);
+CTXPAR_API ctxpar_status ctxpar_shard(ctxpar_layout layout, int rank, int nranks,
+                                      const ctxpar_tensor *global, ctxpar_tensor *local_out);
 
 /* The inverse: copies `local` of `rank` into its rows of `global_out` (host). */
-ctxpar_status ctxpar_unshard(ctxpar_layout layout, int rank, int nranks,
-                             const ctxpar_tensor *local, ctxpar_tensor *global_out);
+CTXPAR_API ctxpar_status ctxpar_unshard(ctxpar_layout layout, int rank, int nranks,
+                                        const ctxpar_tensor *local, ctxpar_tensor *global_out);
 
 /* ---------------------------------------------------------------- memory and counters */
 
@@ -229,16 +253,15 @@ typedef struct ctxpar_memory_stats {
     size_t peak_bytes;    /* high-water mark since creation or the last reset */
 } ctxpar_memory_stats;
 
-/* Memory the library allocated through the context's device (workspace, buffers in flight); the
+/* Memory the library allocated through the context's device (buffers of the calls); the
  * caller's tensors are not counted. */
-ctxpar_status ctxpar_context_memory_stats(const ctxpar_context *ctx,
-                                          ctxpar_memory_stats *stats_out);
+CTXPAR_API ctxpar_status ctxpar_context_memory_stats(const ctxpar_context *ctx,
+                                                     ctxpar_memory_stats *stats_out);
 /* Sets peak_bytes to current_bytes. */
-ctxpar_status ctxpar_context_reset_peak(ctxpar_context *ctx);
+CTXPAR_API ctxpar_status ctxpar_context_reset_peak(ctxpar_context *ctx);
 
 /* Bytes this rank has sent through the context's comm since creation. */
-ctxpar_status ctxpar_context_bytes_sent(const ctxpar_context *ctx, uint64_t *bytes_out);
-
+CTXPAR_API ctxpar_status ctxpar_context_bytes_sent(const ctxpar_context *ctx, uint64_t *bytes_out);
 
 /* ---------------------------------------------------------------- tracing and work counters */
 
@@ -260,7 +283,8 @@ typedef struct ctxpar_trace_event {
 
 /* Called on the rank's own thread, synchronously, once per event; NULL fn turns tracing off. */
 typedef void (*ctxpar_trace_fn)(void *user, const ctxpar_trace_event *event);
-ctxpar_status ctxpar_context_set_trace(ctxpar_context *ctx, ctxpar_trace_fn fn, void *user);
+CTXPAR_API ctxpar_status ctxpar_context_set_trace(ctxpar_context *ctx, ctxpar_trace_fn fn,
+                                                  void *user);
 
 /* Work this rank did since creation (or the last reset): how it was load-balanced. */
 typedef struct ctxpar_work_stats {
@@ -269,8 +293,9 @@ typedef struct ctxpar_work_stats {
     double flops;             /* useful FLOPs: 4*D per visible (query, key) pair forward */
 } ctxpar_work_stats;
 
-ctxpar_status ctxpar_context_work_stats(const ctxpar_context *ctx, ctxpar_work_stats *stats_out);
-ctxpar_status ctxpar_context_reset_work_stats(ctxpar_context *ctx);
+CTXPAR_API ctxpar_status ctxpar_context_work_stats(const ctxpar_context *ctx,
+                                                   ctxpar_work_stats *stats_out);
+CTXPAR_API ctxpar_status ctxpar_context_reset_work_stats(ctxpar_context *ctx);
 
 #ifdef __cplusplus
 }

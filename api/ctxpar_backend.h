@@ -24,6 +24,12 @@
 extern "C" {
 #endif
 
+/* Everything declared here is part of the exported API (backend authors link against it), like
+ * the CTXPAR_API functions of ctxpar.h; the rest of the library is hidden. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 /* ================================================================ errors */
 
 /* Records `status` with a printf-style message prefixed by file:line as the thread's last error
@@ -196,6 +202,17 @@ typedef struct ctxpar_attn_block {
     float scale; /* multiplies QK^T (already resolved: never 0) */
 } ctxpar_attn_block;
 
+/* A problem as a device is asked about it (attn_supported): the blocks the algorithm will pass
+ * have at most seq_q query rows and seq_k key rows, heads_q / heads_kv heads (Hq % Hkv == 0),
+ * this dtype, head_dim and mask (cu_seqlens, if any, in host memory); backward != 0: the
+ * backward blocks too. */
+typedef struct ctxpar_attn_query {
+    ctxpar_dtype dtype;
+    int64_t batch, seq_q, seq_k, heads_q, heads_kv, head_dim;
+    ctxpar_mask_desc mask;
+    int backward;
+} ctxpar_attn_query;
+
 struct ctxpar_device;
 
 /*
@@ -286,6 +303,15 @@ struct ctxpar_device_ops {
      * default: copy to the host and hash there. */
     ctxpar_status (*checksum)(struct ctxpar_device *dev, const void *data, size_t bytes,
                               ctxpar_stream *stream, uint64_t *sum_out);
+
+    /* (optional) Whether the device can run the blocks of this problem (dtype, head_dim, head
+     * counts, mask, block shapes, any tile or shared-memory limit): OK, or NOT_SUPPORTED with the
+     * reason as the error message. The front door asks before the ranks agree, and AUTO asks for
+     * each algorithm it considers, so a problem the device cannot run fails with the comm still
+     * usable; a block op may then assume what this op accepted. No work, no side effects.
+     * default: OK (whatever the front door accepts). */
+    ctxpar_status (*attn_supported)(const struct ctxpar_device *dev,
+                                    const ctxpar_attn_query *query);
 };
 
 /* The base object. Fields other than ops/impl belong to the dispatch layer. A device is used by
@@ -348,6 +374,7 @@ ctxpar_status ctxpar_dev_fill(ctxpar_device *dev, float *dst, float value, size_
                               ctxpar_stream *stream);
 ctxpar_status ctxpar_dev_checksum(ctxpar_device *dev, const void *data, size_t bytes,
                                   ctxpar_stream *stream, uint64_t *sum_out);
+ctxpar_status ctxpar_dev_attn_supported(const ctxpar_device *dev, const ctxpar_attn_query *query);
 
 /* ================================================================ comm */
 
@@ -451,6 +478,10 @@ ctxpar_status ctxpar_comm_allreduce_i64(ctxpar_comm *comm, int64_t *buf, size_t 
                                         ctxpar_reduce_op op);
 ctxpar_status ctxpar_comm_barrier(ctxpar_comm *comm);
 void ctxpar_comm_abort(ctxpar_comm *comm);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,10 @@
  * Work is ordered on CUDA streams: a NULL ctxpar_stream is the legacy default stream of the
  * device; ctxpar_cuda_stream_wrap lets a caller's own cudaStream_t (e.g. the framework's current
  * stream) be used. Results are deterministic run to run (no float atomics anywhere).
+ *
+ * Status: the CUDA backend (and the NCCL comm, ctxpar_nccl.h) compiles, but has not yet run on a
+ * GPU: its test suites (testing:cuda_ops_test, testing/gpu) skip without one. Treat it as
+ * unverified until they have run and passed on a GPU.
  */
 #ifndef CTXPAR_CUDA_H
 #define CTXPAR_CUDA_H
@@ -40,29 +44,29 @@ typedef struct ctxpar_cuda_options {
  * device, ordinal out of range, compute capability below 8.0), and with
  * CTXPAR_ERR_NOT_SUPPORTED when use_cudnn is ON and cuDNN cannot be initialised. Destroy with
  * ctxpar_device_destroy. Thread safety: a device is used by one thread at a time. */
-ctxpar_status ctxpar_device_create_cuda(const ctxpar_cuda_options *options,
-                                        ctxpar_device **device_out);
+CTXPAR_API ctxpar_status ctxpar_device_create_cuda(const ctxpar_cuda_options *options,
+                                                   ctxpar_device **device_out);
 
 /* The GPU ordinal of a device made by ctxpar_device_create_cuda; INVALID_ARG for any other
  * device. */
-ctxpar_status ctxpar_cuda_device_ordinal(const ctxpar_device *device, int *ordinal_out);
+CTXPAR_API ctxpar_status ctxpar_cuda_device_ordinal(const ctxpar_device *device, int *ordinal_out);
 
 /* Whether the device would send forward blocks to cuDNN: 1 when use_cudnn resolved to cuDNN
  * (ON, or AUTO with cuDNN present), 0 otherwise. A block cuDNN cannot do (masks other than none
  * or an aligned causal diagonal, F32, head_dim it rejects) still runs ctxpar's kernels; the
  * counters below tell what really ran. For `ctxpar bench` to print. */
-ctxpar_status ctxpar_cuda_device_uses_cudnn(const ctxpar_device *device, int *uses_out);
+CTXPAR_API ctxpar_status ctxpar_cuda_device_uses_cudnn(const ctxpar_device *device, int *uses_out);
 
 /* Forward block calls served by cuDNN and by ctxpar's own kernels since creation. */
-ctxpar_status ctxpar_cuda_device_fwd_counts(const ctxpar_device *device, uint64_t *cudnn_out,
-                                            uint64_t *native_out);
+CTXPAR_API ctxpar_status ctxpar_cuda_device_fwd_counts(const ctxpar_device *device,
+                                                       uint64_t *cudnn_out, uint64_t *native_out);
 
 /* Wraps a caller-owned cudaStream_t (of this device's GPU) as a ctxpar_stream to pass to
  * ctxpar calls. The stream stays the caller's: release the wrapper with
  * ctxpar_cuda_stream_release, before destroying the cudaStream_t. */
-ctxpar_status ctxpar_cuda_stream_wrap(ctxpar_device *device, cudaStream_t stream,
-                                      ctxpar_stream **stream_out);
-void ctxpar_cuda_stream_release(ctxpar_stream *stream);
+CTXPAR_API ctxpar_status ctxpar_cuda_stream_wrap(ctxpar_device *device, cudaStream_t stream,
+                                                 ctxpar_stream **stream_out);
+CTXPAR_API void ctxpar_cuda_stream_release(ctxpar_stream *stream);
 
 #ifdef __cplusplus
 }

@@ -18,13 +18,14 @@ extern "C" {
 typedef struct ctxpar_local_group ctxpar_local_group;
 
 /* A group of nranks >= 1 in-process ranks. Destroy it after every comm made from it. */
-ctxpar_status ctxpar_local_group_create(int nranks, ctxpar_local_group **group_out);
-void ctxpar_local_group_destroy(ctxpar_local_group *group);
+CTXPAR_API ctxpar_status ctxpar_local_group_create(int nranks, ctxpar_local_group **group_out);
+CTXPAR_API void ctxpar_local_group_destroy(ctxpar_local_group *group);
 
 /* The comm of `rank` in the group. copy_device: the device whose memory the buffers live in
  * (copies go through it); NULL means host memory and memcpy. Destroy with ctxpar_comm_destroy. */
-ctxpar_status ctxpar_comm_create_local(ctxpar_local_group *group, int rank,
-                                       ctxpar_device *copy_device, ctxpar_comm **comm_out);
+CTXPAR_API ctxpar_status ctxpar_comm_create_local(ctxpar_local_group *group, int rank,
+                                                  ctxpar_device *copy_device,
+                                                  ctxpar_comm **comm_out);
 
 #ifdef __cplusplus
 }

@@ -16,7 +16,7 @@ extern "C" {
  * MPI_ERRORS_RETURN on the duplicate. MPI must be initialised (MPI_THREAD_SERIALIZED or more if
  * other threads use MPI). Collective over mpi_comm. Destroy with ctxpar_comm_destroy before
  * MPI_Finalize. */
-ctxpar_status ctxpar_comm_create_mpi(MPI_Comm mpi_comm, ctxpar_comm **comm_out);
+CTXPAR_API ctxpar_status ctxpar_comm_create_mpi(MPI_Comm mpi_comm, ctxpar_comm **comm_out);
 
 #ifdef __cplusplus
 }

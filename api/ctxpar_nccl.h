@@ -48,13 +48,14 @@ typedef struct ctxpar_nccl_options {
  * made by ctxpar_device_create_cuda for the GPU of nccl_comm (borrowed, outlives the comm):
  * every buffer passed to the comm is memory of that GPU. options may be NULL. Not collective.
  * Destroy with ctxpar_comm_destroy. */
-ctxpar_status ctxpar_comm_create_nccl(ncclComm_t nccl_comm, ctxpar_device *cuda_device,
-                                      const ctxpar_nccl_options *options, ctxpar_comm **comm_out);
+CTXPAR_API ctxpar_status ctxpar_comm_create_nccl(ncclComm_t nccl_comm, ctxpar_device *cuda_device,
+                                                 const ctxpar_nccl_options *options,
+                                                 ctxpar_comm **comm_out);
 
 /* Whether the comm aborted its NCCL communicator after a timeout or a peer failure (then the
  * ncclComm_t given at creation is gone). INVALID_ARG for a comm not made by
  * ctxpar_comm_create_nccl. */
-ctxpar_status ctxpar_nccl_comm_aborted(const ctxpar_comm *comm, int *aborted_out);
+CTXPAR_API ctxpar_status ctxpar_nccl_comm_aborted(const ctxpar_comm *comm, int *aborted_out);
 
 #ifdef __cplusplus
 }

@@ -231,3 +231,13 @@ ctxpar_status ctxpar_dev_checksum(ctxpar_device *dev, const void *data, size_t b
     free(host);
     return st;
 }
+
+ctxpar_status ctxpar_dev_attn_supported(const ctxpar_device *dev, const ctxpar_attn_query *query) {
+    if (!HAS(dev, attn_supported))
+        return CTXPAR_OK;
+    ctxpar_status st = dev->ops->attn_supported(dev, query);
+    if (st != CTXPAR_OK && st != CTXPAR_ERR_NOT_SUPPORTED) // the contract allows only these two
+        return CTXPAR_ERROR(CTXPAR_ERR_INTERNAL, "device '%s': attn_supported returned %s",
+                            dev->ops->name ? dev->ops->name : "?", ctxpar_status_string(st));
+    return st;
+}

@@ -2,7 +2,9 @@
 // values, so that a user can fix the call from the message alone.
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "ctxpar_count.h"
 #include "validate.h"
 
 #define BAD(...) CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, __VA_ARGS__)
@@ -37,11 +39,42 @@ ctxpar_status ctxpar_validate_tensor(const char *name, const ctxpar_tensor *t) {
     }
     for (int i = 1; i < n; i++) {
         int in = order[i - 1], out = order[i];
-        if (t->stride[out] < t->stride[in] * t->shape[in])
+        size_t span = ctxpar_count(t->stride[in], t->shape[in], 1, 1);
+        if ((size_t)t->stride[out] < span)
             return BAD("%s.stride[%d] (%lld) overlaps dimension %d (stride %lld x shape %lld)",
                        name, out, (long long)t->stride[out], in, (long long)t->stride[in],
                        (long long)t->shape[in]);
     }
+    // The bytes the view spans (last element's offset + 1) must be addressable.
+    size_t extent = 1, step;
+    for (int d = 0; d < 4; d++)
+        if (!ctxpar_count_checked(&step, t->shape[d] - 1, t->shape[d] > 1 ? t->stride[d] : 0, 1,
+                                  1) ||
+            __builtin_add_overflow(extent, step, &extent))
+            extent = SIZE_MAX;
+    if (ctxpar_count_mul(extent, ctxpar_dtype_size(t->dtype)) > PTRDIFF_MAX)
+        return BAD("%s spans more than 2^63 bytes: shape [%lld, %lld, %lld, %lld], strides [%lld, "
+                   "%lld, %lld, %lld]",
+                   name, (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2],
+                   (long long)t->shape[3], (long long)t->stride[0], (long long)t->stride[1],
+                   (long long)t->stride[2], (long long)t->stride[3]);
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_params_normalize(const ctxpar_attn_params *p, ctxpar_attn_params *out) {
+    if (!p)
+        return BAD("params is NULL");
+    const size_t need = offsetof(ctxpar_attn_params, algo) + sizeof p->algo;
+    if (p->struct_size < need)
+        return BAD("params->struct_size (%zu) is too small: initialise params with "
+                   "CTXPAR_ATTN_PARAMS_INIT",
+                   p->struct_size);
+    // A caller built against an older header knows fewer fields: those past its struct_size keep
+    // their defaults, and nothing past it is read.
+    ctxpar_attn_params d = CTXPAR_ATTN_PARAMS_INIT;
+    memcpy(&d, p, p->struct_size < sizeof d ? p->struct_size : sizeof d);
+    d.struct_size = sizeof d;
+    *out = d;
     return CTXPAR_OK;
 }
 
@@ -83,10 +116,9 @@ static ctxpar_status validate_cu_seqlens(const ctxpar_attn_params *p, int64_t se
 ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_global) {
     if (!p)
         return BAD("params is NULL");
-    if (p->struct_size < offsetof(ctxpar_attn_params, seq_len_global) + sizeof(int64_t))
-        return BAD("params->struct_size (%zu) is too small: initialise params with "
-                   "CTXPAR_ATTN_PARAMS_INIT",
-                   p->struct_size);
+    if (p->struct_size != sizeof *p)
+        return CTXPAR_ERROR(CTXPAR_ERR_INTERNAL, "params were not normalized (struct_size %zu)",
+                            p->struct_size);
     if ((unsigned)p->algo > CTXPAR_ALGO_ALLTOALL)
         return BAD("params.algo (%d) is not a ctxpar_algo", (int)p->algo);
     if ((unsigned)p->layout > CTXPAR_LAYOUT_STRIPED)
@@ -125,6 +157,15 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     int P = comm->size;
     if (P > (1 << 20)) // ring steps travel in 20-bit transfer tags
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "%d ranks: at most 2^20 are supported", P);
+    // Every buffer an algorithm makes is at most a few F32 copies of the whole sequence's Q, K, V
+    // or out: 32 bytes per element of [B, S, Hq, D] bounds them all (Hkv <= Hq).
+    size_t elems;
+    if (!ctxpar_count_checked(&elems, q->shape[0], q->shape[1], P, q->shape[2]) ||
+        ctxpar_count_mul(ctxpar_count_mul(elems, (size_t)q->shape[3]), 32) > PTRDIFF_MAX)
+        return BAD("problem too large: batch %lld x local seq %lld x %d ranks x q heads %lld x "
+                   "head_dim %lld x 32 bytes does not fit in 2^63",
+                   (long long)q->shape[0], (long long)q->shape[1], P, (long long)q->shape[2],
+                   (long long)q->shape[3]);
     int64_t seq_global = q->shape[1] * P;
     if (p && p->seq_len_global != 0 && p->seq_len_global != seq_global)
         return BAD("params.seq_len_global (%lld) != local seq (%lld) x ranks (%d)",
@@ -151,23 +192,54 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     return CTXPAR_OK;
 }
 
-ctxpar_algo ctxpar_resolve_algo(ctxpar_algo requested, const ctxpar_problem *pb) {
+ctxpar_status ctxpar_validate_supported(const ctxpar_device *dev, const ctxpar_problem *pb,
+                                        ctxpar_algo algo, int backward) {
+    ctxpar_attn_query q = {pb->dtype,    pb->batch,    pb->seq_local, pb->seq_local, pb->heads_q,
+                           pb->heads_kv, pb->head_dim, pb->mask,      backward};
+    if (algo == CTXPAR_ALGO_ALLGATHER) { // the local queries against the whole sequence
+        q.seq_k = pb->seq_global;
+    } else if (algo == CTXPAR_ALGO_ALLTOALL) { // the whole sequence, a share of the heads
+        q.seq_q = q.seq_k = pb->seq_global;
+        q.heads_q = pb->heads_q / pb->nranks;
+        q.heads_kv = pb->heads_kv >= pb->nranks ? pb->heads_kv / pb->nranks : 1;
+    }
+    return ctxpar_dev_attn_supported(dev, &q);
+}
+
+// Whether AUTO may take `algo`: its own conditions and the device's. Leaves no error behind.
+static int usable(const ctxpar_device *dev, const ctxpar_problem *pb, ctxpar_algo algo,
+                  int backward) {
+    int ok = (algo != CTXPAR_ALGO_ALLTOALL || ctxpar_alltoall_check(pb) == CTXPAR_OK) &&
+             ctxpar_validate_supported(dev, pb, algo, backward) == CTXPAR_OK;
+    ctxpar_clear_error();
+    return ok;
+}
+
+ctxpar_algo ctxpar_resolve_algo(ctxpar_algo requested, const ctxpar_problem *pb,
+                                const ctxpar_device *dev, int backward) {
     if (requested != CTXPAR_ALGO_AUTO)
         return requested;
     const int64_t P = pb->nranks, hq = pb->heads_q, hkv = pb->heads_kv;
+    // In order of preference; the first one the problem and the device allow is taken.
+    ctxpar_algo pref[4];
+    int n = 0;
     // Per rank and direction, ring and all-gather move (P-1)/P of all K/V (2 Hkv S D values);
     // all-to-all moves (P-1)/P of the local Q, K, V and out (2 (Hq + Hkv) S/P D) but cannot hide
     // it behind compute as the ring does. Take all-to-all when the heads divide and it moves less
     // than half the ring's bytes.
-    if (ctxpar_alltoall_check(pb) == CTXPAR_OK && 2 * (hq + hkv) < P * hkv) {
-        ctxpar_clear_error();
-        return CTXPAR_ALGO_ALLTOALL;
-    }
-    ctxpar_clear_error();
+    if (2 * (hq + hkv) < P * hkv)
+        pref[n++] = CTXPAR_ALGO_ALLTOALL;
     // All-gather holds the whole K/V at once; take it when that is no more than the local Q and
     // out it sits beside (few K/V heads, as in GQA), for its bitwise reproducibility and its
     // single large transfer. Otherwise the ring, whose memory stays O(S/P).
     if (hkv * P <= hq)
-        return CTXPAR_ALGO_ALLGATHER;
-    return CTXPAR_ALGO_RING;
+        pref[n++] = CTXPAR_ALGO_ALLGATHER;
+    pref[n++] = CTXPAR_ALGO_RING;
+    // A device that cannot run the ring's blocks may still run the others'.
+    if (hkv * P > hq)
+        pref[n++] = CTXPAR_ALGO_ALLGATHER;
+    for (int i = 0; i < n; i++)
+        if (usable(dev, pb, pref[i], backward))
+            return pref[i];
+    return CTXPAR_ALGO_RING; // nothing fits: the caller's check names why the ring does not
 }

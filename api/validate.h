@@ -9,7 +9,11 @@
 // strides that do not make elements overlap.
 ctxpar_status ctxpar_validate_tensor(const char *name, const ctxpar_tensor *t);
 
-// The params struct on its own (enums, window, scale); seq_global for cu_seqlens.
+// Copies the caller's params (struct_size bytes of it, at least through `algo`) over the
+// defaults: the front door works on the copy, whose struct_size is sizeof(ctxpar_attn_params).
+ctxpar_status ctxpar_params_normalize(const ctxpar_attn_params *p, ctxpar_attn_params *out);
+
+// The params struct on its own (enums, window, scale), normalized; seq_global for cu_seqlens.
 ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_global);
 
 // q, k, v (and out) against each other and the params; fills the problem on success.
@@ -21,7 +25,14 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
 ctxpar_status ctxpar_validate_same(const char *name, const ctxpar_tensor *t, const char *like_name,
                                    const ctxpar_tensor *like);
 
-// The algorithm AUTO resolves to (documented in docs/algorithms.md).
-ctxpar_algo ctxpar_resolve_algo(ctxpar_algo requested, const ctxpar_problem *pb);
+// NOT_SUPPORTED, with the device's reason, unless the device can run the blocks that `algo`
+// passes for this problem (forward, and backward too when `backward`). No communication.
+ctxpar_status ctxpar_validate_supported(const ctxpar_device *dev, const ctxpar_problem *pb,
+                                        ctxpar_algo algo, int backward);
+
+// The algorithm AUTO resolves to (documented in docs/algorithms.md): the preferred one among
+// those the problem's heads and the device allow.
+ctxpar_algo ctxpar_resolve_algo(ctxpar_algo requested, const ctxpar_problem *pb,
+                                const ctxpar_device *dev, int backward);
 
 #endif // CTXPAR_VALIDATE_H

@@ -14,6 +14,7 @@
 #include "ctxpar_backend.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_local.h"
+#include "limited_device.h"
 
 namespace {
 
@@ -323,9 +324,10 @@ TEST(Agreement, APeersBadArgumentFailsEveryRankPromptly) {
 // Every other public function: each bad argument returns INVALID_ARG with a message naming it.
 TEST(OtherEntryPoints, EachBadArgumentIsNamed) {
     Fixture f;
-    ctxpar_memory_stats ms;
-    ctxpar_work_stats ws;
-    uint64_t bytes = 0;
+    // Outputs of the failing calls below, set to values the calls must leave as they are.
+    ctxpar_memory_stats ms = {7, 7};
+    ctxpar_work_stats ws = {7, 7, 7.0};
+    uint64_t bytes = 7;
     ctxpar_algo algo = CTXPAR_ALGO_AUTO;
     std::vector<int64_t> pos(16);
     std::vector<float> small(8 * 2 * 8);
@@ -352,8 +354,10 @@ TEST(OtherEntryPoints, EachBadArgumentIsNamed) {
         {"ctx", [&] { return ctxpar_context_memory_stats(nullptr, &ms); }},
         {"ctx is NULL", [&] { return ctxpar_context_reset_peak(nullptr); }},
         {"bytes_out", [&] { return ctxpar_context_bytes_sent(f.ctx, nullptr); }},
+        {"ctx", [&] { return ctxpar_context_bytes_sent(nullptr, &bytes); }},
         {"ctx is NULL", [&] { return ctxpar_context_set_trace(nullptr, nullptr, nullptr); }},
         {"stats_out", [&] { return ctxpar_context_work_stats(f.ctx, nullptr); }},
+        {"ctx", [&] { return ctxpar_context_work_stats(nullptr, &ws); }},
         {"ctx is NULL", [&] { return ctxpar_context_reset_work_stats(nullptr); }},
         {"algo_out",
          [&] { return ctxpar_attn_choose_algo(f.ctx, &f.params, &f.tq, &f.tk, nullptr); }},
@@ -386,11 +390,177 @@ TEST(OtherEntryPoints, EachBadArgumentIsNamed) {
     EXPECT_EQ(ctx_out, nullptr);
     EXPECT_EQ(group_out, nullptr);
     EXPECT_EQ(comm_out, nullptr);
-    EXPECT_EQ(bytes, 0u);
+    EXPECT_EQ(bytes, 7u);
+    EXPECT_EQ(ms.current_bytes, 7u);
+    EXPECT_EQ(ms.peak_bytes, 7u);
+    EXPECT_EQ(ws.blocks_computed, 7u);
+    EXPECT_EQ(ws.flops, 7.0);
     EXPECT_EQ(peak.kernels, nullptr);
     EXPECT_EQ(tiny_peak.struct_size, 8u);
     EXPECT_EQ(tiny_peak.flops_per_core, 0.0);
-    (void)ws;
+}
+
+// ---------------------------------------------------------------- params from an older header
+
+// A caller compiled before some fields existed passes a shorter struct: the fields past its
+// struct_size take their defaults and nothing past it is read (the struct sits at the end of an
+// exact-size heap block, so ASan would catch a read beyond it).
+TEST(ParamsStructSize, AShorterStructGetsTheDefaultsForTheRest) {
+    Fixture full;
+    full.params.algo = CTXPAR_ALGO_ALLGATHER;
+    ASSERT_EQ(full.Fwd(), CTXPAR_OK) << ctxpar_last_error();
+    for (size_t size :
+         {offsetof(ctxpar_attn_params, seq_len_global), offsetof(ctxpar_attn_params, window_left),
+          offsetof(ctxpar_attn_params, algo) + sizeof(ctxpar_algo)}) {
+        Fixture f;
+        std::vector<unsigned char> block(size);
+        ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
+        p.struct_size = size;
+        p.algo = CTXPAR_ALGO_ALLGATHER;
+        std::memcpy(block.data(), &p, size);
+        f.pp = reinterpret_cast<const ctxpar_attn_params *>(block.data());
+        ASSERT_EQ(f.Fwd(), CTXPAR_OK) << "struct_size " << size << ": " << ctxpar_last_error();
+        EXPECT_EQ(f.out, full.out) << "struct_size " << size;
+        EXPECT_EQ(f.lse, full.lse) << "struct_size " << size;
+    }
+}
+
+// ---------------------------------------------------------------- capability before agreement
+
+// Both ranks' results of one forward call on P = 2 in-process ranks with limited devices.
+struct TwoRanks {
+    ctxpar_local_group *group = nullptr;
+    ctxpar_device *dev[2] = {nullptr, nullptr};
+    ctxpar_comm *comm[2] = {nullptr, nullptr};
+    ctxpar_context *ctx[2] = {nullptr, nullptr};
+    TwoRanks(int64_t max_dim0, int64_t max_dim1) {
+        EXPECT_EQ(ctxpar_local_group_create(2, &group), CTXPAR_OK);
+        const int64_t max_dim[2] = {max_dim0, max_dim1};
+        for (int r = 0; r < 2; r++) {
+            EXPECT_EQ(ctxpar_test_limited_device_create(max_dim[r], 0, &dev[r]), CTXPAR_OK);
+            EXPECT_EQ(ctxpar_comm_create_local(group, r, nullptr, &comm[r]), CTXPAR_OK);
+            EXPECT_EQ(ctxpar_comm_set_timeout(comm[r], 20.0), CTXPAR_OK);
+            EXPECT_EQ(ctxpar_context_create(dev[r], comm[r], nullptr, &ctx[r]), CTXPAR_OK);
+        }
+    }
+    ~TwoRanks() {
+        for (int r = 0; r < 2; r++) {
+            ctxpar_context_destroy(ctx[r]);
+            ctxpar_comm_destroy(comm[r]);
+            ctxpar_device_destroy(dev[r]);
+        }
+        ctxpar_local_group_destroy(group);
+    }
+    // Forward with head_dim D (seq 8 per rank, 2 heads) on both ranks: statuses, messages, outs.
+    void Fwd(int64_t D, ctxpar_status st[2], std::string msg[2], std::vector<float> out[2]) {
+        auto rank_main = [&](int r) {
+            const int64_t n = 8 * 2 * D;
+            std::vector<float> q(n), k(n), v(n);
+            for (int64_t i = 0; i < n; i++) {
+                q[i] = std::sin(0.37 * (i + 1) + r);
+                k[i] = std::cos(0.11 * (i + 3) - r);
+                v[i] = std::sin(0.05 * i * (r + 1));
+            }
+            out[r].assign(n, kSentinel);
+            std::vector<float> lse(2 * 8);
+            ctxpar_tensor tq = ctxpar_tensor_bshd(q.data(), CTXPAR_DTYPE_F32, 1, 8, 2, D);
+            ctxpar_tensor tk = ctxpar_tensor_bshd(k.data(), CTXPAR_DTYPE_F32, 1, 8, 2, D);
+            ctxpar_tensor tv = ctxpar_tensor_bshd(v.data(), CTXPAR_DTYPE_F32, 1, 8, 2, D);
+            ctxpar_tensor to = ctxpar_tensor_bshd(out[r].data(), CTXPAR_DTYPE_F32, 1, 8, 2, D);
+            ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
+            p.algo = CTXPAR_ALGO_RING;
+            p.mask = CTXPAR_MASK_CAUSAL;
+            st[r] = ctxpar_attn_fwd(ctx[r], &p, &tq, &tk, &tv, &to, lse.data(), nullptr);
+            msg[r] = ctxpar_last_error();
+        };
+        std::thread t0(rank_main, 0), t1(rank_main, 1);
+        t0.join();
+        t1.join();
+    }
+};
+
+// A call the device cannot run fails on every rank before they agree, writes nothing, and leaves
+// the comm and context usable: the next call on them gives the bits a fresh pair gives.
+TEST(Capability, UnsupportedThenSupportedOnTheSameCommAndContext) {
+    ctxpar_status st[2];
+    std::string msg[2];
+    std::vector<float> out[2], fresh[2];
+    {
+        TwoRanks clean(16, 16);
+        clean.Fwd(16, st, msg, fresh);
+        ASSERT_EQ(st[0], CTXPAR_OK) << msg[0];
+        ASSERT_EQ(st[1], CTXPAR_OK) << msg[1];
+    }
+    TwoRanks both(16, 16); // both devices refuse head_dim 32
+    both.Fwd(32, st, msg, out);
+    for (int r = 0; r < 2; r++) {
+        EXPECT_EQ(st[r], CTXPAR_ERR_NOT_SUPPORTED) << "rank " << r << ": " << msg[r];
+        EXPECT_NE(msg[r].find("head_dim 32"), std::string::npos) << msg[r];
+        EXPECT_EQ(out[r], std::vector<float>(out[r].size(), kSentinel)) << "rank " << r;
+    }
+    both.Fwd(16, st, msg, out);
+    for (int r = 0; r < 2; r++) {
+        ASSERT_EQ(st[r], CTXPAR_OK) << "rank " << r << ": " << msg[r];
+        EXPECT_EQ(out[r], fresh[r]) << "rank " << r;
+    }
+    TwoRanks one(64, 16); // only rank 1's device refuses: rank 0 learns it at the agreement
+    one.Fwd(32, st, msg, out);
+    EXPECT_EQ(st[1], CTXPAR_ERR_NOT_SUPPORTED) << msg[1];
+    EXPECT_EQ(st[0], CTXPAR_ERR_INVALID_USAGE) << msg[0];
+    EXPECT_NE(msg[0].find("rejected its arguments"), std::string::npos) << msg[0];
+    one.Fwd(16, st, msg, out);
+    for (int r = 0; r < 2; r++) {
+        ASSERT_EQ(st[r], CTXPAR_OK) << "rank " << r << ": " << msg[r];
+        EXPECT_EQ(out[r], fresh[r]) << "rank " << r;
+    }
+}
+
+// ctxpar_attn_supported answers on one rank alone (no communication: the peer never calls), with
+// the device's reason; invalid arguments stay INVALID_ARG.
+TEST(Capability, SupportedQueryNeedsNoPeer) {
+    TwoRanks ranks(16, 16);
+    std::vector<float> buf(8 * 2 * 32);
+    ctxpar_tensor t16 = ctxpar_tensor_bshd(buf.data(), CTXPAR_DTYPE_F32, 1, 8, 2, 16);
+    ctxpar_tensor t32 = ctxpar_tensor_bshd(buf.data(), CTXPAR_DTYPE_F32, 1, 8, 2, 32);
+    ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
+    EXPECT_EQ(ctxpar_attn_supported(ranks.ctx[0], &p, &t16, &t16, &t16), CTXPAR_OK)
+        << ctxpar_last_error();
+    EXPECT_EQ(ctxpar_attn_supported(ranks.ctx[0], &p, &t32, &t32, &t32), CTXPAR_ERR_NOT_SUPPORTED);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("above its limit of 16"), std::string::npos)
+        << ctxpar_last_error();
+    EXPECT_EQ(ctxpar_attn_supported(ranks.ctx[0], &p, &t16, &t32, &t32), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(ctxpar_attn_supported(nullptr, &p, &t16, &t16, &t16), CTXPAR_ERR_INVALID_ARG);
+    // The plain CPU device runs everything valid.
+    Fixture f;
+    EXPECT_EQ(ctxpar_attn_supported(f.ctx, &f.params, &f.tq, &f.tk, &f.tv), CTXPAR_OK);
+}
+
+// AUTO takes the preferred algorithm the device can run: all-gather for GQA (K/V heads x P <= Q
+// heads), but the ring when the device cannot take the whole sequence's keys in one block.
+TEST(Capability, AutoAvoidsWhatTheDeviceCannotRun) {
+    ctxpar_local_group *group = nullptr;
+    ASSERT_EQ(ctxpar_local_group_create(2, &group), CTXPAR_OK);
+    ctxpar_comm *comm = nullptr;
+    ASSERT_EQ(ctxpar_comm_create_local(group, 0, nullptr, &comm), CTXPAR_OK);
+    std::vector<float> buf(16 * 2 * 8);
+    ctxpar_tensor q = ctxpar_tensor_bshd(buf.data(), CTXPAR_DTYPE_F32, 1, 16, 2, 8);
+    ctxpar_tensor kv = ctxpar_tensor_bshd(buf.data(), CTXPAR_DTYPE_F32, 1, 16, 1, 8);
+    ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT; // AUTO
+    for (int64_t max_seq_k : {0, 16}) {
+        ctxpar_device *dev = nullptr;
+        ctxpar_context *ctx = nullptr;
+        ASSERT_EQ(ctxpar_test_limited_device_create(0, max_seq_k, &dev), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_context_create(dev, comm, nullptr, &ctx), CTXPAR_OK);
+        ctxpar_algo algo = CTXPAR_ALGO_AUTO;
+        EXPECT_EQ(ctxpar_attn_choose_algo(ctx, &p, &q, &kv, &algo), CTXPAR_OK);
+        EXPECT_EQ(algo, max_seq_k ? CTXPAR_ALGO_RING : CTXPAR_ALGO_ALLGATHER)
+            << "max_seq_k " << max_seq_k;
+        EXPECT_EQ(ctxpar_attn_supported(ctx, &p, &q, &kv, &kv), CTXPAR_OK) << ctxpar_last_error();
+        ctxpar_context_destroy(ctx);
+        ctxpar_device_destroy(dev);
+    }
+    ctxpar_comm_destroy(comm);
+    ctxpar_local_group_destroy(group);
 }
 
 // ---------------------------------------------------------------- ops tables

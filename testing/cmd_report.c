@@ -82,9 +82,15 @@ void ctxpar_report_rows(FILE *f, const ctxpar_run_result *r) {
     for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
         if (!r->has[i])
             continue;
-        fprintf(f, "  %-6s %-13.3e %-11.1e %-13.3e %-8.3g %s%s\n",
-                ctxpar_run_tensor_name((ctxpar_run_tensor)i), r->error[i], r->tolerance[i],
-                r->error_1[i], r->ratio[i], r->bitwise_single[i] ? "yes" : "no",
+        // No P = 1 error or ratio for a P = 1 run (it would compare the run with itself).
+        char e1[32] = "-", ratio[32] = "-";
+        if (!isnan(r->ratio[i])) {
+            snprintf(e1, sizeof e1, "%.3e", r->error_1[i]);
+            snprintf(ratio, sizeof ratio, "%.3g", r->ratio[i]);
+        }
+        fprintf(f, "  %-6s %-13.3e %-11.1e %-13s %-8s %s%s\n",
+                ctxpar_run_tensor_name((ctxpar_run_tensor)i), r->error[i], r->tolerance[i], e1,
+                ratio, r->bitwise_single[i] ? "yes" : "no",
                 r->within_tol[i] && r->ratio_ok[i] ? "" : "   <-- out of tolerance");
     }
 }

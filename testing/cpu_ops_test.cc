@@ -39,29 +39,24 @@ constexpr double kTolPrep = 1e-6;
 //    roundings of each output (largest seen: 1.2e-7).
 constexpr double kTolMerge = 1e-6;
 
-const char *const kKernelsEnv = "CTXPAR_CPU_KERNELS";
-
-// A CPU device with `threads` threads and, if set, a forced kernel table.
-// The backward's schedules (cpu_attn_bwd.c): chosen from the shapes, or forced by the device's
-// environment at creation.
-const char *const kBwdEnv = "CTXPAR_CPU_BWD";
+// The backward's schedules (cpu_attn_bwd.c): chosen from the shapes, or by the device's options.
 const char *const kSchedules[] = {"fused", "two-pass"};
 
+// A CPU device with `threads` threads and, if named, a kernel table and a backward schedule
+// (chosen through ctxpar_cpu_options; the names as ctxpar_cpu_isa_parse and
+// ctxpar_cpu_bwd_schedule_parse take them).
 struct Device {
     ctxpar_device *dev = nullptr;
     ctxpar_status st = CTXPAR_OK;
     explicit Device(int threads = 0, const char *kernels = nullptr, const char *bwd = nullptr) {
-        if (kernels)
-            setenv(kKernelsEnv, kernels, 1);
-        if (bwd)
-            setenv(kBwdEnv, bwd, 1);
         ctxpar_cpu_options opt = CTXPAR_CPU_OPTIONS_INIT;
         opt.num_threads = threads;
-        st = ctxpar_device_create_cpu(&opt, &dev);
         if (kernels)
-            unsetenv(kKernelsEnv);
-        if (bwd)
-            unsetenv(kBwdEnv);
+            st = ctxpar_cpu_isa_parse(kernels, &opt.kernels);
+        if (bwd && st == CTXPAR_OK)
+            st = ctxpar_cpu_bwd_schedule_parse(bwd, &opt.bwd_schedule);
+        if (st == CTXPAR_OK)
+            st = ctxpar_device_create_cpu(&opt, &dev);
     }
     ~Device() { ctxpar_device_destroy(dev); }
     Device(const Device &) = delete;
@@ -1213,11 +1208,37 @@ TEST(Errors, DeviceOptions) {
     EXPECT_EQ(ctxpar_device_create_cpu(nullptr, nullptr), CTXPAR_ERR_INVALID_ARG);
     Device unknown(1, "sse9");
     EXPECT_EQ(unknown.st, CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("'sse9'"), std::string::npos)
+        << ctxpar_last_error();
     Device unknown_bwd(1, nullptr, "three-pass");
     EXPECT_EQ(unknown_bwd.st, CTXPAR_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(ctxpar_last_error()).find("CTXPAR_CPU_BWD=three-pass"),
-              std::string::npos)
+    EXPECT_NE(std::string(ctxpar_last_error()).find("'three-pass'"), std::string::npos)
         << ctxpar_last_error();
+    // Values outside the enums, and a table this build or CPU cannot run.
+    opt = CTXPAR_CPU_OPTIONS_INIT;
+    opt.kernels = static_cast<ctxpar_cpu_isa>(9);
+    EXPECT_EQ(ctxpar_device_create_cpu(&opt, &dev), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("options->kernels"), std::string::npos);
+    opt = CTXPAR_CPU_OPTIONS_INIT;
+    opt.bwd_schedule = static_cast<ctxpar_cpu_bwd_schedule>(-1);
+    EXPECT_EQ(ctxpar_device_create_cpu(&opt, &dev), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("options->bwd_schedule"), std::string::npos);
+    EXPECT_EQ(dev, nullptr);
+    // A caller compiled before kernels and bwd_schedule existed: what lies past its struct_size
+    // is not read, and those fields keep their defaults.
+    struct OldOptions {
+        size_t struct_size;
+        int num_threads;
+    };
+    std::vector<unsigned char> buf(sizeof(ctxpar_cpu_options), 0xff); // garbage past the end
+    OldOptions old = {sizeof(OldOptions), 1};
+    std::memcpy(buf.data(), &old, sizeof old);
+    ctxpar_device *old_dev = nullptr;
+    ASSERT_EQ(
+        ctxpar_device_create_cpu(reinterpret_cast<ctxpar_cpu_options *>(buf.data()), &old_dev),
+        CTXPAR_OK)
+        << ctxpar_last_error();
+    ctxpar_device_destroy(old_dev);
     ctxpar_device_destroy(nullptr);
     Device ok(0);
     ASSERT_EQ(ok.st, CTXPAR_OK);

@@ -13,6 +13,7 @@
 #include "ctxpar_mpi.h"
 #include "data.h"
 #include "fault_comm.h"
+#include "limited_device.h"
 #include "runner.h"
 #include "runner_mpi.h"
 #include "tolerance.h"
@@ -123,9 +124,13 @@ struct Direct {
     ctxpar_tensor tq, tk, tv, tout;
     ctxpar_attn_params params = CTXPAR_ATTN_PARAMS_INIT;
 
-    Direct(int64_t seq_local, double timeout_s, const ctxpar_fault *fault = nullptr,
-           int verify = 0) {
-        EXPECT_EQ(ctxpar_device_create_cpu(nullptr, &dev), CTXPAR_OK);
+    // max_seq_k > 0: a device that refuses blocks of more keys (limited_device.h).
+    Direct(int64_t seq_local, double timeout_s, const ctxpar_fault *fault = nullptr, int verify = 0,
+           int64_t max_seq_k = 0) {
+        if (max_seq_k > 0)
+            EXPECT_EQ(ctxpar_test_limited_device_create(0, max_seq_k, &dev), CTXPAR_OK);
+        else
+            EXPECT_EQ(ctxpar_device_create_cpu(nullptr, &dev), CTXPAR_OK);
         EXPECT_EQ(ctxpar_comm_create_mpi(MPI_COMM_WORLD, &mpi), CTXPAR_OK);
         comm = mpi;
         if (fault) {
@@ -172,18 +177,22 @@ struct Direct {
     }
 };
 
+// Ring forward of Direct(24) on a plain CPU device and a plain MPI comm; empty on failure.
+std::vector<float> CleanRingOut() {
+    Direct d(24, 30.0);
+    ctxpar_status st = d.Fwd();
+    EXPECT_EQ(st, CTXPAR_OK) << ctxpar_last_error();
+    return st == CTXPAR_OK ? d.out : std::vector<float>();
+}
+
 // Faults injected into the MPI comm: a delay changes nothing; a dropped message or a corrupted
 // one (with transfer checksums) fails every rank within the timeout instead of hanging or
 // returning a wrong answer.
 TEST(MpiFault, DelayChangesNothing) {
     if (Size() < 2)
         GTEST_SKIP() << "needs 2 ranks";
-    std::vector<float> clean;
-    {
-        Direct d(24, 30.0);
-        ASSERT_EQ(d.Fwd(), CTXPAR_OK) << ctxpar_last_error();
-        clean = d.out;
-    }
+    const std::vector<float> clean = CleanRingOut();
+    ASSERT_FALSE(clean.empty());
     ctxpar_fault f = {CTXPAR_FAULT_DELAY, 1, 0, 0.3, 0};
     Direct d(24, 30.0, &f);
     ASSERT_EQ(d.Fwd(), CTXPAR_OK) << ctxpar_last_error();
@@ -219,6 +228,25 @@ TEST(MpiFault, CorruptionIsCaughtByTransferChecksums) {
             << ctxpar_status_string(st) << ": " << msg;
     }
     EXPECT_TRUE(d.Untouched());
+}
+
+// A call the device cannot run (all-gather's blocks hold every key; this device takes at most the
+// local ones) fails on every rank before they agree, and leaves the MPI comm and the context
+// usable: the ring on them then gives the bits of a plain CPU device.
+TEST(MpiCapability, UnsupportedThenSupportedOnTheSameComm) {
+    if (Size() < 2)
+        GTEST_SKIP() << "needs 2 ranks";
+    const std::vector<float> clean = CleanRingOut();
+    ASSERT_FALSE(clean.empty());
+    Direct d(24, 30.0, nullptr, 0, /*max_seq_k=*/24);
+    d.params.algo = CTXPAR_ALGO_ALLGATHER;
+    EXPECT_EQ(d.Fwd(), CTXPAR_ERR_NOT_SUPPORTED) << ctxpar_last_error();
+    EXPECT_NE(std::string(ctxpar_last_error()).find("above its limit of 24"), std::string::npos)
+        << ctxpar_last_error();
+    EXPECT_TRUE(d.Untouched());
+    d.params.algo = CTXPAR_ALGO_RING;
+    ASSERT_EQ(d.Fwd(), CTXPAR_OK) << ctxpar_last_error();
+    EXPECT_EQ(d.out, clean);
 }
 
 // Every rank must fail with INVALID_USAGE naming the difference, instead of hanging.

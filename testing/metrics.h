@@ -3,7 +3,7 @@
  * equal.
  *
  * The error of a tensor is reported relative to the tensor's scale: max |got - ref| / max |ref|
- * (ARCHITECTURE.md section 7). Non-finite values are handled so that a broken result can never
+ * (docs/numerics.md). Non-finite values are handled so that a broken result can never
  * look good: a NaN anywhere in got (or ref) is an infinite error; +-inf matches only the same
  * infinity (a fully masked row has lse = -inf in both), otherwise the error is infinite.
  */

@@ -9,6 +9,7 @@
 // scenarios exercise: their partial result is out 0 / lse -inf and must merge as nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -16,6 +17,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ctxpar.h"
@@ -39,20 +41,10 @@ const char *const kWhichName[] = {"q", "k", "v", "dout"};
 // Documents of 12, 8 and 12 tokens.
 const int32_t kDocs[] = {0, 12, 20, 32};
 
-// Known divergences, reported to the lead, that make a scenario's forward or backward differ
-// from the oracle: the check is skipped, visibly, with the reason (CTXPAR_TEST_KNOWN_BUGS=1 runs
-// it anyway). Clear the flag when the divergence is resolved.
-//  - kAllMinusInf: a row whose only visible score is exactly -inf is treated as fully masked
-//    (out 0, lse -inf); the oracle computes exp(-inf - -inf) = NaN.
-// (The masked-pair leak, 0 x NaN inside partially masked tiles, is fixed: the scenarios that
-// caught it run always.)
-enum Known { kNoBug = 0, kAllMinusInf = 1 };
-const char *const kKnownText[] = {
-    "",
-    "by convention (docs/numerics.md) a score of -inf acts as a mask, so a row whose visible "
-    "scores are all -inf is a fully masked row (0 / -inf); the oracle's softmax gives NaN",
-};
-
+// By the documented convention (docs/numerics.md) a score of -inf acts as a mask entry: a row
+// whose visible scores are all -inf is a fully masked row (out 0, lse -inf, zero gradients), where
+// the oracle's literal softmax gives 0/0 = NaN. Such rows are found here from the inputs and the
+// reference for them is built from the oracle with the rows left out (ConventionOracle).
 struct Scenario {
     const char *name;
     ctxpar_mask mask;
@@ -63,50 +55,49 @@ struct Scenario {
     int64_t pos, head, dim;
     double value;
     bool positive_q_row; // make every element of q at `pos` positive (for an exact -inf score)
-    Known fwd_known, bwd_known;
+    bool minus_inf_rows; // some query rows see only -inf scores (the convention applies)
 };
 
 const Scenario kScenarios[] = {
     // Every row of the K/V head's query heads sees key 5.
     {"nan_k_visible", CTXPAR_MASK_NONE, 0, false, CTXPAR_LAYOUT_CONTIGUOUS, kK, 5, 0, 3, kNaN,
-     false, kNoBug, kNoBug},
+     false, false},
     // Only rows >= 20 see key 20; rows before it must stay finite.
     {"nan_k_causal_future", CTXPAR_MASK_CAUSAL, 0, false, CTXPAR_LAYOUT_ZIGZAG, kK, 20, 1, 0, kNaN,
-     false, kNoBug, kNoBug},
+     false, false},
     // A masked NaN value: 0 x NaN in a kernel that multiplies masked probabilities would leak.
     {"nan_v_causal_future", CTXPAR_MASK_CAUSAL, 0, false, CTXPAR_LAYOUT_STRIPED, kV, 27, 0, 5, kNaN,
-     false, kNoBug, kNoBug},
+     false, false},
     {"inf_v_causal_future", CTXPAR_MASK_CAUSAL, 0, false, CTXPAR_LAYOUT_CONTIGUOUS, kV, 29, 1, 2,
-     kInf, false, kNoBug, kNoBug},
+     kInf, false, false},
     // Key 14 lies in document 1 (tokens 12..19): documents 0 and 2 must not see it.
     {"nan_k_other_document", CTXPAR_MASK_NONE, 0, true, CTXPAR_LAYOUT_CONTIGUOUS, kK, 14, 0, 7,
-     kNaN, false, kNoBug, kNoBug},
+     kNaN, false, false},
     {"nan_v_other_document_causal", CTXPAR_MASK_CAUSAL, 0, true, CTXPAR_LAYOUT_ZIGZAG, kV, 3, 1, 1,
-     kNaN, false, kNoBug, kNoBug},
+     kNaN, false, false},
     // Window 5: key 8 is seen by rows 8..12 only.
     {"nan_v_window", CTXPAR_MASK_CAUSAL, 5, false, CTXPAR_LAYOUT_ZIGZAG, kV, 8, 0, 4, kNaN, false,
-     kNoBug, kNoBug},
+     false},
     {"nan_k_window_no_causal", CTXPAR_MASK_NONE, 4, false, CTXPAR_LAYOUT_STRIPED, kK, 17, 1, 9,
-     kNaN, false, kNoBug, kNoBug},
+     kNaN, false, false},
     // A query row with NaN: that row, and the gradients of the keys it sees.
     {"nan_q_causal", CTXPAR_MASK_CAUSAL, 0, false, CTXPAR_LAYOUT_ZIGZAG, kQ, 30, 3, 7, kNaN, false,
-     kNoBug, kNoBug},
+     false},
     // +inf in a query: each score of the row is +inf, -inf or NaN by the sign of the key.
-    {"inf_q", CTXPAR_MASK_NONE, 0, false, CTXPAR_LAYOUT_ZIGZAG, kQ, 9, 1, 2, kInf, false, kNoBug,
-     kNoBug},
+    {"inf_q", CTXPAR_MASK_NONE, 0, false, CTXPAR_LAYOUT_ZIGZAG, kQ, 9, 1, 2, kInf, false, false},
     // +inf in a key: rows whose q[1] is positive get a +inf score (NaN row), the others -inf.
     {"inf_k_causal", CTXPAR_MASK_CAUSAL, 0, false, CTXPAR_LAYOUT_CONTIGUOUS, kK, 3, 0, 1, kInf,
-     false, kNoBug, kNoBug},
+     false, false},
     {"neg_inf_v_visible", CTXPAR_MASK_NONE, 0, false, CTXPAR_LAYOUT_STRIPED, kV, 4, 1, 0, -kInf,
-     false, kNoBug, kNoBug},
+     false, false},
     // Row 0 sees only key 0, whose score is exactly -inf: 0/0 in the oracle's softmax.
     {"neg_inf_only_score", CTXPAR_MASK_CAUSAL, 0, false, CTXPAR_LAYOUT_CONTIGUOUS, kK, 0, 0, 0,
-     -kInf, true, kAllMinusInf, kAllMinusInf},
+     -kInf, true, true},
     // NaN in dO: the forward is finite; the row's dq and the dk, dv of the keys it sees are NaN.
     {"nan_dout_causal", CTXPAR_MASK_CAUSAL, 0, false, CTXPAR_LAYOUT_ZIGZAG, kDout, 6, 0, 0, kNaN,
-     false, kNoBug, kNoBug},
+     false, false},
     {"nan_dout_docs", CTXPAR_MASK_NONE, 0, true, CTXPAR_LAYOUT_STRIPED, kDout, 13, 2, 3, kNaN,
-     false, kNoBug, kNoBug},
+     false, false},
 };
 
 // Named in test output; without this GoogleTest prints the struct's bytes, padding included.
@@ -143,7 +134,8 @@ struct Outputs {
 };
 
 // Runs forward and backward on P threads (one rank each) and gathers the results by position.
-Outputs RunRanks(const Scenario &sc, const Inputs &in, ctxpar_algo algo, int P) {
+Outputs RunRanks(const Scenario &sc, const Inputs &in, ctxpar_algo algo, int P,
+                 ctxpar_cpu_bwd_schedule schedule) {
     Outputs res;
     const int64_t s = S / P;
     res.t[0].assign(B * S * HQ * D, 0.0f);
@@ -187,6 +179,7 @@ Outputs RunRanks(const Scenario &sc, const Inputs &in, ctxpar_algo algo, int P) 
         }
         ctxpar_cpu_options co = CTXPAR_CPU_OPTIONS_INIT;
         co.num_threads = 1;
+        co.bwd_schedule = schedule;
         ctxpar_device *dev = nullptr;
         ctxpar_comm *comm = nullptr;
         ctxpar_context *ctx = nullptr;
@@ -260,6 +253,98 @@ Reference Oracle(const Scenario &sc, const Inputs &in) {
     return ref;
 }
 
+// Whether the query at position i sees the key at position j: the mask written once more, for
+// finding the rows the convention applies to (the oracle keeps its own).
+bool Visible(const Scenario &sc, int64_t i, int64_t j) {
+    if (sc.mask == CTXPAR_MASK_CAUSAL && j > i)
+        return false;
+    if (sc.window > 0 && i - j >= sc.window)
+        return false;
+    if (sc.docs) {
+        auto doc = [](int64_t t) { return std::upper_bound(kDocs, kDocs + 4, t) - kDocs; };
+        return doc(i) == doc(j);
+    }
+    return true;
+}
+
+// Query rows (position, head) that see at least one key and whose visible scores are all -inf.
+std::vector<std::pair<int64_t, int64_t>> MinusInfRows(const Scenario &sc, const Inputs &in) {
+    std::vector<std::pair<int64_t, int64_t>> rows;
+    for (int64_t i = 0; i < S; i++)
+        for (int64_t h = 0; h < HQ; h++) {
+            const int64_t g = h / (HQ / HKV);
+            int64_t seen = 0, minus_inf = 0;
+            for (int64_t j = 0; j < S; j++) {
+                if (!Visible(sc, i, j))
+                    continue;
+                double score = 0;
+                for (int64_t d = 0; d < D; d++)
+                    score += in.t[kQ][(i * HQ + h) * D + d] * in.t[kK][(j * HKV + g) * D + d];
+                seen++;
+                minus_inf += score == -kInf;
+            }
+            if (seen > 0 && minus_inf == seen)
+                rows.emplace_back(i, h);
+        }
+    return rows;
+}
+
+// The reference under the convention: each query head on its own against its K/V head (GQA as
+// the oracle defines it), through the oracle with the all -inf rows left out (q_pos names the
+// rows that remain); those rows get out 0, lse -inf, dq 0, and add nothing to dk and dv.
+Reference ConventionOracle(const Scenario &sc, const Inputs &in,
+                           const std::vector<std::pair<int64_t, int64_t>> &minus_inf) {
+    static_assert(B == 1, "one batch: rows are positions");
+    Reference ref;
+    ref.t[0].assign(S * HQ * D, 0.0);
+    ref.t[1].assign(HQ * S, -kInf);
+    ref.t[2].assign(S * HQ * D, 0.0);
+    ref.t[3].assign(S * HKV * D, 0.0);
+    ref.t[4].assign(S * HKV * D, 0.0);
+    ctxpar_mask_desc mask = {sc.mask == CTXPAR_MASK_CAUSAL, sc.window, sc.docs ? kDocs : nullptr,
+                             sc.docs ? 3 : 0};
+    const double scale = 1.0f / std::sqrt(static_cast<float>(D));
+    for (int64_t h = 0; h < HQ; h++) {
+        const int64_t g = h / (HQ / HKV);
+        std::vector<int64_t> pos;
+        for (int64_t i = 0; i < S; i++)
+            if (std::find(minus_inf.begin(), minus_inf.end(), std::make_pair(i, h)) ==
+                minus_inf.end())
+                pos.push_back(i);
+        const int64_t n = static_cast<int64_t>(pos.size());
+        std::vector<double> q(n * D), dout(n * D), k(S * D), v(S * D);
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t d = 0; d < D; d++) {
+                q[r * D + d] = in.t[kQ][(pos[r] * HQ + h) * D + d];
+                dout[r * D + d] = in.t[kDout][(pos[r] * HQ + h) * D + d];
+            }
+        for (int64_t j = 0; j < S; j++)
+            for (int64_t d = 0; d < D; d++) {
+                k[j * D + d] = in.t[kK][(j * HKV + g) * D + d];
+                v[j * D + d] = in.t[kV][(j * HKV + g) * D + d];
+            }
+        ctxpar_oracle_shape sh = {1, n, S, 1, 1, D};
+        std::vector<double> out(n * D), lse(n), dq(n * D), dk(S * D), dv(S * D);
+        ctxpar_oracle_fwd(&sh, q.data(), k.data(), v.data(), pos.data(), nullptr, &mask, scale,
+                          out.data(), lse.data());
+        ctxpar_oracle_bwd(&sh, q.data(), k.data(), v.data(), pos.data(), nullptr, &mask, scale,
+                          dout.data(), dq.data(), dk.data(), dv.data());
+        for (int64_t r = 0; r < n; r++) {
+            ref.t[1][h * S + pos[r]] = lse[r];
+            for (int64_t d = 0; d < D; d++) {
+                ref.t[0][(pos[r] * HQ + h) * D + d] = out[r * D + d];
+                ref.t[2][(pos[r] * HQ + h) * D + d] = dq[r * D + d];
+            }
+        }
+        for (int64_t j = 0; j < S; j++)
+            for (int64_t d = 0; d < D; d++) {
+                ref.t[3][(j * HKV + g) * D + d] += dk[j * D + d];
+                ref.t[4][(j * HKV + g) * D + d] += dv[j * D + d];
+            }
+    }
+    return ref;
+}
+
 const char *const kTensorName[5] = {"out", "lse", "dq", "dk", "dv"};
 
 // NaN exactly where the oracle has NaN, the same infinity where it has one, and finite values
@@ -287,13 +372,13 @@ std::string ParamName(const testing::TestParamInfo<Param> &info) {
 class NonFinite : public testing::TestWithParam<Param> {
   protected:
     // Runs the scenario and compares tensors [first, last) of out, lse, dq, dk, dv.
-    void Check(Known known, int first, int last) {
+    void Check(int first, int last, ctxpar_cpu_bwd_schedule schedule = CTXPAR_CPU_BWD_AUTO) {
         const Scenario &sc = std::get<0>(GetParam());
-        // CTXPAR_TEST_KNOWN_BUGS=1 runs them anyway: to check a fix.
-        if (known != kNoBug && !std::getenv("CTXPAR_TEST_KNOWN_BUGS"))
-            GTEST_SKIP() << kKnownText[known];
         Inputs in = MakeInputs(sc);
-        Reference ref = Oracle(sc, in);
+        const auto minus_inf = MinusInfRows(sc, in);
+        ASSERT_EQ(!minus_inf.empty(), sc.minus_inf_rows)
+            << minus_inf.size() << " rows see only -inf scores";
+        Reference ref = sc.minus_inf_rows ? ConventionOracle(sc, in, minus_inf) : Oracle(sc, in);
         // The scenario means something: some values become non-finite and some stay finite.
         int64_t bad = 0, total = 0;
         for (const auto &t : ref.t) {
@@ -303,27 +388,37 @@ class NonFinite : public testing::TestWithParam<Param> {
         ASSERT_GT(bad, 0) << "the oracle is finite: the scenario tests nothing";
         ASSERT_LT(bad, total) << "the oracle is all non-finite: the scenario tests nothing";
 
-        Outputs got = RunRanks(sc, in, std::get<1>(GetParam()), std::get<2>(GetParam()));
+        Outputs got = RunRanks(sc, in, std::get<1>(GetParam()), std::get<2>(GetParam()), schedule);
         ASSERT_EQ(got.status, CTXPAR_OK) << got.message;
         SCOPED_TRACE(std::string(kWhichName[sc.which]) + "[" + std::to_string(sc.pos) +
                      "] = " + std::to_string(sc.value));
         for (int i = first; i < last; i++)
             ExpectSameNonFinite(got.t[i], ref.t[i], kTensorName[i]);
+        // The convention's rows exactly: out 0 and lse -inf forward, dq 0 backward.
+        for (const auto &[pos, h] : minus_inf)
+            for (int64_t d = 0; d < D; d++) {
+                const int64_t e = (pos * HQ + h) * D + d;
+                if (first == 0) {
+                    EXPECT_EQ(got.t[0][e], 0.0f) << "out row " << pos << " head " << h;
+                    EXPECT_EQ(got.t[1][h * S + pos], -std::numeric_limits<float>::infinity())
+                        << "lse row " << pos << " head " << h;
+                } else {
+                    EXPECT_EQ(got.t[2][e], 0.0f) << "dq row " << pos << " head " << h;
+                }
+            }
     }
 };
 
 TEST_P(NonFinite, ForwardPropagatesAsTheOracleSays) {
-    Check(std::get<0>(GetParam()).fwd_known, 0, 2); // out, lse
+    Check(0, 2); // out, lse
 }
 
 // Both schedules of the CPU backward (fused dQ partial sums, and two passes) on every scenario.
 TEST_P(NonFinite, BackwardPropagatesAsTheOracleSays) {
-    for (const char *schedule : {"fused", "two-pass"}) {
-        SCOPED_TRACE(std::string("CTXPAR_CPU_BWD=") + schedule);
-        setenv("CTXPAR_CPU_BWD", schedule, 1); // read when the ranks create their devices
-        Check(std::get<0>(GetParam()).bwd_known, 2, 5); // dq, dk, dv
-        unsetenv("CTXPAR_CPU_BWD");
-        if (HasFatalFailure() || IsSkipped())
+    for (ctxpar_cpu_bwd_schedule schedule : {CTXPAR_CPU_BWD_FUSED, CTXPAR_CPU_BWD_TWO_PASS}) {
+        SCOPED_TRACE(schedule == CTXPAR_CPU_BWD_FUSED ? "fused backward" : "two-pass backward");
+        Check(2, 5, schedule); // dq, dk, dv
+        if (HasFatalFailure())
             return;
     }
 }

@@ -273,7 +273,9 @@ ctxpar_status ctxpar_run_evaluate(const ctxpar_run_config *cfg, const ctxpar_run
             continue;
         res->error[i] = tensor_error(cfg, &res->outputs, i, o.t[i]);
         res->within_tol[i] = res->error[i] <= res->tolerance[i];
-        if (single) {
+        // At P = 1 the single-rank run is the same computation: a ratio would compare a run with
+        // itself (the bitwise check above covers reproducibility).
+        if (single && cfg->ranks > 1) {
             res->error_1[i] = tensor_error(cfg, single, i, o.t[i]);
             res->ratio[i] = res->error_1[i] > 0 ? res->error[i] / res->error_1[i]
                                                 : (res->error[i] > 0 ? INFINITY : 1.0);

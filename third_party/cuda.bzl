@@ -9,7 +9,8 @@
         deps = ["//api:core"],           # cc_library deps: their headers, includes and defines
     )
 
-nvcc flags: -O3 -std=c++17, -Xcompiler -fPIC and the host warning flags, -Werror all-warnings,
+nvcc flags: -O3 -std=c++17, -Xcompiler -fPIC, -fvisibility=hidden (as .bazelrc gives C: only
+CTXPAR_API is exported from a shared library) and the host warning flags, -Werror all-warnings,
 one SASS per architecture in --define=ctxpar_cuda_archs=80,90 (the default) plus PTX of the
 newest one so that newer GPUs can JIT it. When @local_cuda has no nvcc (CUDA_FOUND = False)
 the target is an empty cc_library, so dependants still build; check CUDA_FOUND in BUILD files to
@@ -55,7 +56,7 @@ def _cuda_objects_impl(ctx):
             "-O3",
             "-std=c++17",
             "-Xcompiler",
-            "-fPIC,-Wall,-Wextra,-Werror",
+            "-fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror",
             "-Werror",
             "all-warnings",
         ])

@@ -71,6 +71,8 @@ static void reduce_dq(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_t qt
     const size_t chunk = (size_t)(p->batch * p->heads_q * p->q_tiles * dim * 64);
     const float *part = a->dq_part + (size_t)(((b * p->heads_q + h) * p->q_tiles + qt) * dim * 64);
     for (int64_t r = 0; r < nq; r++) {
+        if (ctxpar_bwd_row_masked(a, b, h, i0 + r))
+            continue;
         float *dq = a->dq + ((b * p->seq_q + i0 + r) * p->heads_q + h) * dim;
         for (int64_t d = 0; d < dim; d++) {
             float sum = part[d * 64 + r];

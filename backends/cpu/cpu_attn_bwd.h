@@ -56,6 +56,11 @@ void ctxpar_bwd_pack_t(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, i
                        int64_t s0, int64_t n, int64_t h, int64_t lanes, float mul, float *row,
                        float *dst);
 
+/* Whether query row i of (b, h) is fully masked (lse = -inf, also when its visible scores were
+ * all -inf): its dq gets nothing added, since its dS is 0 but 0 x an infinite key is NaN
+ * (docs/numerics.md: such a row has zero gradients). */
+int ctxpar_bwd_row_masked(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_t i);
+
 /* lse in base 2 for exp2(s - lse2); an empty row (lse = -inf) gets +inf so that P = 0. */
 float ctxpar_bwd_lse2(float lse);
 

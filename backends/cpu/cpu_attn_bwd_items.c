@@ -58,6 +58,10 @@ void ctxpar_bwd_pack_t(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, i
     }
 }
 
+int ctxpar_bwd_row_masked(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_t i) {
+    return a->lse[(b * a->p->heads_q + h) * a->p->seq_q + i] == -INFINITY;
+}
+
 float ctxpar_bwd_lse2(float lse) {
     return lse == -INFINITY ? INFINITY : (float)(lse * CTXPAR_CPU_LOG2E);
 }
@@ -114,6 +118,8 @@ void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_
         const int64_t i0 = (qt0 + g) * TQ, nq = ctxpar_bwd_tile_rows(p->seq_q, qt0 + g, TQ);
         const int64_t lanes = ctxpar_bwd_lanes(kern, nq);
         for (int64_t r = 0; r < nq; r++) {
+            if (ctxpar_bwd_row_masked(a, b, h, i0 + r))
+                continue;
             float *dq = a->dq + ((b * p->seq_q + i0 + r) * p->heads_q + h) * dim;
             for (int64_t d = 0; d < dim; d++)
                 dq[d] += blk->scale * w->t[g][2][d * lanes + r];

@@ -1,4 +1,5 @@
-// The CPU device: its ops table, its constructor, host memory, and the choice of kernel table.
+// The CPU device: its ops table, its constructor, host memory, and the choice of kernel table
+// (from its options; the ctxpar tool maps its environment overrides onto them).
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,25 +7,35 @@
 #include "backends/cpu/cpu_internal.h"
 #include "ctxpar_cpu.h"
 
-// Environment variable that forces a kernel table ("generic", "avx2", "avx512"); for tests and
-// for comparing instruction sets. Unset: the best the CPU supports.
-#define KERNELS_ENV "CTXPAR_CPU_KERNELS"
-// Forces the backward's schedule ("fused", "two-pass"; cpu_attn_bwd.c), for tests that cover
-// both on the same inputs and for comparing them. Unset: chosen from the shapes.
-#define BWD_ENV "CTXPAR_CPU_BWD"
+static const char *const isa_names[] = {"auto", "generic", "avx2", "avx512"};
+static const char *const bwd_names[] = {"auto", "fused", "two-pass"};
 
-static ctxpar_status choose_bwd(ctxpar_cpu_bwd_schedule *out) {
-    const char *want = getenv(BWD_ENV);
-    *out = CTXPAR_CPU_BWD_AUTO;
-    if (!want || !*want)
-        return CTXPAR_OK;
-    if (!strcmp(want, "fused"))
-        *out = CTXPAR_CPU_BWD_FUSED;
-    else if (!strcmp(want, "two-pass"))
-        *out = CTXPAR_CPU_BWD_TWO_PASS;
-    else
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s=%s: unknown schedule (fused, two-pass)",
-                            BWD_ENV, want);
+// Index of `name` in names[0..n), or -1; what says what was parsed, for the message.
+static int parse_name(const char *what, const char *const *names, int n, const char *name,
+                      const void *out) {
+    for (int i = 0; name && out && i < n; i++)
+        if (!strcmp(name, names[i]))
+            return i;
+    CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s '%s': unknown (%s, %s, %s%s%s)%s", what,
+                 name ? name : "(null)", names[0], names[1], names[2], n > 3 ? ", " : "",
+                 n > 3 ? names[3] : "", out ? "" : "; the output pointer is NULL");
+    return -1;
+}
+
+ctxpar_status ctxpar_cpu_isa_parse(const char *name, ctxpar_cpu_isa *isa_out) {
+    int i = parse_name("cpu kernels", isa_names, 4, name, isa_out);
+    if (i < 0)
+        return CTXPAR_ERR_INVALID_ARG;
+    *isa_out = (ctxpar_cpu_isa)i;
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_cpu_bwd_schedule_parse(const char *name,
+                                            ctxpar_cpu_bwd_schedule *schedule_out) {
+    int i = parse_name("cpu backward schedule", bwd_names, 3, name, schedule_out);
+    if (i < 0)
+        return CTXPAR_ERR_INVALID_ARG;
+    *schedule_out = (ctxpar_cpu_bwd_schedule)i;
     return CTXPAR_OK;
 }
 
@@ -44,7 +55,7 @@ static int kernels_supported(const ctxpar_cpu_kernels *k) {
     return k == &ctxpar_cpu_kernels_generic;
 }
 
-static ctxpar_status choose_kernels(const ctxpar_cpu_kernels **kern_out) {
+static ctxpar_status choose_kernels(ctxpar_cpu_isa want, const ctxpar_cpu_kernels **kern_out) {
     static const ctxpar_cpu_kernels *const all[] = {
 #ifdef CTXPAR_CPU_HAVE_X86_KERNELS
         &ctxpar_cpu_kernels_avx512,
@@ -53,20 +64,18 @@ static ctxpar_status choose_kernels(const ctxpar_cpu_kernels **kern_out) {
         &ctxpar_cpu_kernels_generic,
     };
     const size_t n = sizeof all / sizeof all[0];
-    const char *want = getenv(KERNELS_ENV);
-    if (want && *want) {
+    if (want != CTXPAR_CPU_ISA_AUTO) {
         for (size_t i = 0; i < n; i++) {
-            if (strcmp(want, all[i]->name) != 0)
+            if (strcmp(isa_names[want], all[i]->name) != 0)
                 continue;
             if (!kernels_supported(all[i]))
-                return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
-                                    "%s=%s: this CPU does not support these kernels", KERNELS_ENV,
-                                    want);
+                break;
             *kern_out = all[i];
             return CTXPAR_OK;
         }
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                            "%s=%s: unknown kernels (generic, avx2, avx512)", KERNELS_ENV, want);
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "device_create_cpu: this CPU (or this build) cannot run the %s kernels",
+                            isa_names[want]);
     }
     for (size_t i = 0; i < n; i++)
         if (kernels_supported(all[i])) {
@@ -128,6 +137,18 @@ static ctxpar_status cpu_memset(ctxpar_device *dev, void *dst, int value, size_t
     return CTXPAR_OK;
 }
 
+// The kernels take any shape, mask and head count the front door accepts, in the three dtypes
+// (the plan checks the same per block).
+static ctxpar_status cpu_attn_supported(const ctxpar_device *dev, const ctxpar_attn_query *q) {
+    (void)dev;
+    if (q->dtype != CTXPAR_DTYPE_F32 && q->dtype != CTXPAR_DTYPE_F16 &&
+        q->dtype != CTXPAR_DTYPE_BF16)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "the cpu device computes f32, f16 and bf16, not dtype %d",
+                            (int)q->dtype);
+    return CTXPAR_OK;
+}
+
 static const struct ctxpar_device_ops cpu_ops = {
     .version = CTXPAR_DEVICE_OPS_VERSION,
     .struct_size = sizeof(struct ctxpar_device_ops),
@@ -145,6 +166,7 @@ static const struct ctxpar_device_ops cpu_ops = {
     .cast = ctxpar_cpu_cast,
     .add = ctxpar_cpu_add,
     .fill = ctxpar_cpu_fill,
+    .attn_supported = cpu_attn_supported,
 };
 
 ctxpar_status ctxpar_device_create_cpu(const ctxpar_cpu_options *options,
@@ -159,16 +181,33 @@ ctxpar_status ctxpar_device_create_cpu(const ctxpar_cpu_options *options,
                                 "device_create_cpu: options->struct_size (%zu) < %zu: initialise "
                                 "with CTXPAR_CPU_OPTIONS_INIT",
                                 options->struct_size, need);
-        opt.num_threads = options->num_threads;
+        // Fields past the caller's struct_size (an older header) keep their defaults. The first
+        // version (struct_size, num_threads) is 16 bytes, its tail padding where `kernels` now
+        // lies: from such a caller, only num_threads is a value.
+        const size_t v1_size = (need + sizeof(size_t) - 1) / sizeof(size_t) * sizeof(size_t);
+        if (options->struct_size <= v1_size)
+            opt.num_threads = options->num_threads;
+        else
+            memcpy(&opt, options,
+                   options->struct_size < sizeof opt ? options->struct_size : sizeof opt);
+        opt.struct_size = sizeof opt;
     }
     if (opt.num_threads < 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "device_create_cpu: options->num_threads (%d) must be >= 0",
                             opt.num_threads);
+    if ((unsigned)opt.kernels > CTXPAR_CPU_ISA_AVX512)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "device_create_cpu: options->kernels (%d) is not a ctxpar_cpu_isa",
+                            (int)opt.kernels);
+    if ((unsigned)opt.bwd_schedule > CTXPAR_CPU_BWD_TWO_PASS)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "device_create_cpu: options->bwd_schedule (%d) is not a "
+                            "ctxpar_cpu_bwd_schedule",
+                            (int)opt.bwd_schedule);
     const ctxpar_cpu_kernels *kern = NULL;
-    CTXPAR_CHECK(choose_kernels(&kern));
-    ctxpar_cpu_bwd_schedule bwd;
-    CTXPAR_CHECK(choose_bwd(&bwd));
+    CTXPAR_CHECK(choose_kernels(opt.kernels, &kern));
+    ctxpar_cpu_bwd_schedule bwd = opt.bwd_schedule;
     ctxpar_cpu_device *cpu = calloc(1, sizeof *cpu);
     if (cpu && !(cpu->cache = ctxpar_cpu_cache_create())) {
         free(cpu);

@@ -9,6 +9,7 @@
 
 #include "backends/cpu/cpu_kernels.h"
 #include "ctxpar_backend.h"
+#include "ctxpar_cpu.h" /* ctxpar_cpu_bwd_schedule: how the backward is scheduled */
 
 #ifdef __cplusplus
 extern "C" {
@@ -21,13 +22,6 @@ extern "C" {
 /* Tiles per work item on the side that is not looped over (query tiles in the forward): each
  * tile of the other side is loaded once for the whole group. */
 #define CTXPAR_CPU_GROUP 4
-
-/* How the backward is scheduled (cpu_attn_bwd.c). */
-typedef enum ctxpar_cpu_bwd_schedule {
-    CTXPAR_CPU_BWD_AUTO = 0, /* from the shapes */
-    CTXPAR_CPU_BWD_FUSED,
-    CTXPAR_CPU_BWD_TWO_PASS,
-} ctxpar_cpu_bwd_schedule;
 
 /* Host memory with a cache of freed blocks (cpu_memory.c): alloc returns 64-byte aligned
  * memory or NULL; free takes what alloc returned (or NULL). */

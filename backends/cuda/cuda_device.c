@@ -328,4 +328,5 @@ const struct ctxpar_device_ops ctxpar_cuda_device_ops = {
     .add = ctxpar_cuda_add,
     .fill = ctxpar_cuda_fill,
     .checksum = ctxpar_cuda_checksum,
+    .attn_supported = ctxpar_cuda_attn_supported,
 };

@@ -120,5 +120,8 @@ ctxpar_status ctxpar_cuda_fill(struct ctxpar_device *dev, float *dst, float valu
                                ctxpar_stream *stream);
 ctxpar_status ctxpar_cuda_checksum(struct ctxpar_device *dev, const void *data, size_t bytes,
                                    ctxpar_stream *stream, uint64_t *sum_out);
+// Whether the kernels can run a problem (cuda_supported.c).
+ctxpar_status ctxpar_cuda_attn_supported(const struct ctxpar_device *dev,
+                                         const ctxpar_attn_query *query);
 
 #endif // CTXPAR_CUDA_INTERNAL_H

@@ -123,10 +123,10 @@ static void decode_strides(const reader *r, size_t rec, int mode, ctxpar_tensor 
     int64_t *st = t->stride;
     st[3] = 1;
     switch (mode) {
-    case 0:
+    case 0: // dense; wrapping (unsigned) for the huge shapes of FUZZ_FLAG_HUGE
         st[2] = sh[3];
-        st[1] = sh[2] * st[2];
-        st[0] = sh[1] * st[1];
+        st[1] = (int64_t)((uint64_t)sh[2] * (uint64_t)st[2]);
+        st[0] = (int64_t)((uint64_t)sh[1] * (uint64_t)st[1]);
         break;
     case 1:
         st[2] = sh[3] + at(r, rec + 4) % 5;
@@ -170,11 +170,12 @@ static int decode_tensor(reader *r, int i, const int64_t base[4], ctxpar_dtype d
     memcpy(t->shape, base, sizeof t->shape);
     if (mode & 8)
         t->shape[at(r, rec + 2) % 4] = at_i8(r, rec + 3);
-    decode_strides(r, rec, (mode >> 4) & 3, t);
+    const int huge = pb->flags & FUZZ_FLAG_HUGE;
+    decode_strides(r, rec, huge ? 0 : (mode >> 4) & 3, t);
     pb->is_null[i] = (mode & 3) == 1;
     if ((mode & 3) == 2 || pb->is_null[i])
         return 1;
-    int64_t elems = buffer_elems(t);
+    int64_t elems = huge ? 1 : buffer_elems(t); // nothing may read it: validation must refuse
     if (elems == 0)
         return 0;
     size_t es = ctxpar_dtype_size(t->dtype);
@@ -197,7 +198,11 @@ int fuzz_problem_decode(const uint8_t *data, size_t size, fuzz_problem *pb) {
     const int64_t B = 1 + at(&r, FUZZ_HDR_BATCH) % 3, S = 1 + at(&r, FUZZ_HDR_SEQ) % 24;
     const int64_t Hkv = 1 + at(&r, FUZZ_HDR_HKV) % 4, D = 1 + at(&r, FUZZ_HDR_DIM) % 80;
     const int64_t Hq = Hkv * (1 + at(&r, FUZZ_HDR_GROUP) % 3);
-    const int64_t qshape[4] = {B, S, Hq, D}, kshape[4] = {B, S, Hkv, D};
+    int64_t qshape[4] = {B, S, Hq, D}, kshape[4] = {B, S, Hkv, D};
+    if (pb->flags & FUZZ_FLAG_HUGE) {
+        const int d = (pb->flags >> 6) & 3;
+        qshape[d] = kshape[d] = INT64_MAX >> (at(&r, FUZZ_HDR_DIM) % 4);
+    }
     // One rank: the global sequence is the local one.
     decode_params(&r, S, pb);
     for (int i = 0; i < FUZZ_TENSORS; i++) {
@@ -207,7 +212,9 @@ int fuzz_problem_decode(const uint8_t *data, size_t size, fuzz_problem *pb) {
     }
     if (!(pb->flags & FUZZ_FLAG_NULL_LSE)) {
         const int64_t *qs = pb->tensor[FUZZ_Q].shape;
-        int64_t n = qs[0] > 0 && qs[1] > 0 && qs[2] > 0 ? qs[0] * qs[1] * qs[2] : 1;
+        int64_t n = qs[0] > 0 && qs[1] > 0 && qs[2] > 0 && !(pb->flags & FUZZ_FLAG_HUGE)
+                        ? qs[0] * qs[1] * qs[2]
+                        : 1;
         pb->lse_count = (size_t)n;
         pb->lse = malloc(pb->lse_count * sizeof(float));
         if (!pb->lse)

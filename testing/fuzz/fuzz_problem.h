@@ -53,6 +53,10 @@ enum {
     FUZZ_FLAG_NULL_CTX = 4,
     FUZZ_FLAG_NULL_PARAMS = 8,
     FUZZ_FLAG_NULL_LSE = 16,
+    /* Sizes near the int64 limits: dimension (flags >> 6) of every tensor's shape becomes
+     * INT64_MAX >> (byte FUZZ_HDR_DIM % 4), strides dense (wrapping); buffers of one element.
+     * The problem's byte counts cannot fit: every call must return INVALID_ARG. */
+    FUZZ_FLAG_HUGE = 32,
 };
 
 /* A tensor record: mode (bits 0-1: 0/3 normal, 1 NULL tensor, 2 NULL data; bit 2: dtype from

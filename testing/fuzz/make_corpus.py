@@ -72,7 +72,7 @@ def npy_seeds():
 
 # ------------------------------------------------------------------ validate_fuzz
 
-BWD, RAW, NULL_CTX, NULL_PARAMS, NULL_LSE = 1, 2, 4, 8, 16
+BWD, RAW, NULL_CTX, NULL_PARAMS, NULL_LSE, HUGE = 1, 2, 4, 8, 16, 32
 F32, F16, BF16 = 0, 1, 2
 AUTO, RING, ALLGATHER, ALLTOALL = 0, 1, 2, 3
 CONTIG, ZIGZAG, STRIPED = 0, 1, 2
@@ -144,7 +144,11 @@ def validate_seeds():
     seeds["bad_zigzag_odd"] = problem(0, layout=ZIGZAG, s=7)
     seeds["bad_scale_nan"] = problem(0, scale_mode=3, scale=float("nan"))
     seeds["bad_seq_global"] = problem(0, seq_global=9)
-    seeds["bad_struct_size"] = problem(0, struct_size=1)
+    seeds["old_struct_size"] = problem(0, struct_size=1)  # an older header: defaults for the rest
+    seeds["bad_struct_size_zero"] = problem(0, struct_size=3)
+    # Shapes near the int64 limits, one dimension each: INVALID_ARG, never a wrapped size.
+    for dim in range(4):
+        seeds["bad_huge_dim%d" % dim] = problem(BWD | HUGE | dim << 6)
     seeds["bad_num_docs_without_array"] = problem(0, docs_mode=1, docs_n=2)
     seeds["bad_cu_seqlens_order"] = problem(0, docs_mode=3, docs_n=2, docs=bytes([0, 5, 3, 8]))
     seeds["bad_cu_seqlens_end"] = problem(0, docs_mode=3, docs_n=0, docs=bytes([0, 7]))

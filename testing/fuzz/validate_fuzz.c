@@ -5,7 +5,8 @@
  * The bytes decode into params and the eight tensors (fuzz_problem.h). Forward runs, and with
  * FUZZ_FLAG_BWD backward after it. Besides "no crash, no ASan/UBSan report", every call must:
  *   - return OK, INVALID_ARG or NOT_SUPPORTED (one rank has no peer to fail), with a message
- *     when it fails;
+ *     when it fails; with FUZZ_FLAG_HUGE (shapes near the int64 limits) INVALID_ARG, never a
+ *     wrapped size;
  *   - leave every buffer it does not own untouched when it fails, and on success change only the
  *     elements of its outputs (never an input, never the padding between strided elements);
  *   - give back all its memory (the context's current_bytes is the same before and after);
@@ -231,7 +232,10 @@ static void check_results(fuzz_problem *pb, int bwd) {
 
 /* ---------------------------------------------------------------- the calls */
 
-static void check_status(const char *call, ctxpar_status st) {
+static void check_status(const char *call, const fuzz_problem *pb, ctxpar_status st) {
+    if ((pb->flags & FUZZ_FLAG_HUGE) && st != CTXPAR_ERR_INVALID_ARG)
+        fail("%s returned %s (%d) for shapes near the int64 limits, not INVALID_ARG: %s", call,
+             ctxpar_status_string(st), (int)st, ctxpar_last_error());
     if (st != CTXPAR_OK && st != CTXPAR_ERR_INVALID_ARG && st != CTXPAR_ERR_NOT_SUPPORTED)
         fail("%s returned %s (%d) on one rank: %s", call, ctxpar_status_string(st), (int)st,
              ctxpar_last_error());
@@ -248,7 +252,7 @@ static ctxpar_status run_fwd(fuzz_problem *pb) {
     ctxpar_status st = ctxpar_attn_fwd(ctx, params, fuzz_problem_arg(pb, FUZZ_Q),
                                        fuzz_problem_arg(pb, FUZZ_K), fuzz_problem_arg(pb, FUZZ_V),
                                        fuzz_problem_arg(pb, FUZZ_OUT), pb->lse, NULL);
-    check_status("fwd", st);
+    check_status("fwd", pb, st);
     if (current_bytes() != before)
         fail("fwd (%s) kept %zu bytes", ctxpar_status_string(st), current_bytes() - before);
     static const int outputs[] = {FUZZ_OUT, -1};
@@ -270,7 +274,7 @@ static void run_bwd(fuzz_problem *pb, int fwd_ok) {
                         fuzz_problem_arg(pb, FUZZ_V), fuzz_problem_arg(pb, FUZZ_OUT), pb->lse,
                         fuzz_problem_arg(pb, FUZZ_DOUT), fuzz_problem_arg(pb, FUZZ_DQ),
                         fuzz_problem_arg(pb, FUZZ_DK), fuzz_problem_arg(pb, FUZZ_DV), NULL);
-    check_status("bwd", st);
+    check_status("bwd", pb, st);
     if (current_bytes() != before)
         fail("bwd (%s) kept %zu bytes", ctxpar_status_string(st), current_bytes() - before);
     static const int outputs[] = {FUZZ_DQ, FUZZ_DK, FUZZ_DV, -1};

@@ -1,0 +1,394 @@
+"""Contexts, local groups and simulate(): attention through libctxpar.so."""
+import ctypes
+import os
+import threading
+
+import numpy as np
+
+from . import _lib
+from . import _tensor as T
+
+ALGOS = {"auto": 0, "ring": 1, "allgather": 2, "alltoall": 3}
+LAYOUTS = {"contiguous": 0, "zigzag": 1, "striped": 2}
+MASKS = {"none": 0, "causal": 1}
+
+
+def _choice(kind, table, value):
+    if value not in table:
+        raise ValueError(f"{kind} '{value}' is not one of {sorted(table)}")
+    return table[value]
+
+
+def _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global):
+    """ctxpar_attn_params, and the cu_seqlens buffer it points to (keep both alive)."""
+    p = _lib.AttnParams()
+    p.struct_size = ctypes.sizeof(_lib.AttnParams)
+    p.algo = _choice("algo", ALGOS, algo)
+    p.layout = _choice("layout", LAYOUTS, layout)
+    p.mask = _choice("mask", MASKS, mask)
+    if int(window) < 0:
+        raise ValueError(f"window ({window}) must be >= 0")
+    p.window_left = int(window)
+    buf = None
+    if cu_seqlens is not None:
+        cu = [int(c) for c in np.asarray(cu_seqlens).reshape(-1)]
+        buf = (ctypes.c_int32 * len(cu))(*cu)
+        p.cu_seqlens = buf
+        p.num_docs = len(cu) - 1
+    p.softmax_scale = 0.0 if scale is None else float(scale)
+    p.seq_len_global = int(seq_len_global or 0)
+    return p, buf
+
+
+class LocalGroup:
+    """nranks in-process ranks (threads); comm(rank) gives the comm of one rank."""
+
+    def __init__(self, nranks):
+        if int(nranks) < 1:
+            raise ValueError(f"nranks ({nranks}) must be >= 1")
+        self.nranks = int(nranks)
+        h = ctypes.c_void_p()
+        _lib.check(_lib.lib.ctxpar_local_group_create(self.nranks, ctypes.byref(h)))
+        self._handle = h
+
+    def comm(self, rank):
+        return Comm._local(self, rank)
+
+    def __del__(self):
+        # Every Comm holds a reference to its group, so they are gone by now.
+        if getattr(self, "_handle", None):
+            _lib.lib.ctxpar_local_group_destroy(self._handle)
+            self._handle = None
+
+
+def local_group(nranks):
+    """A group of nranks ranks as threads of this process (the local comm)."""
+    return LocalGroup(nranks)
+
+
+class Comm:
+    """A communicator between ranks: Comm._local(group, rank) or Comm.mpi(mpi4py_comm)."""
+
+    def __init__(self, handle, owner):
+        self._handle, self._owner = handle, owner  # owner: kept alive as long as the comm
+
+    @classmethod
+    def _local(cls, group, rank):
+        if not 0 <= int(rank) < group.nranks:
+            raise ValueError(f"rank {rank} is not in a group of {group.nranks}")
+        h = ctypes.c_void_p()
+        _lib.check(_lib.lib.ctxpar_comm_create_local(group._handle, int(rank), None,
+                                                     ctypes.byref(h)))
+        return cls(h, group)
+
+    @classmethod
+    def mpi(cls, mpi_comm):
+        """From an mpi4py communicator (collective over it; ctxpar duplicates it)."""
+        from mpi4py import MPI
+        handle = MPI._handleof(mpi_comm)  # the C MPI_Comm (a pointer in Open MPI)
+        h = ctypes.c_void_p()
+        _lib.check(_lib.mpi_library().ctxpar_comm_create_mpi(handle, ctypes.byref(h)))
+        return cls(h, mpi_comm)
+
+    @property
+    def rank(self):
+        return _lib.lib.ctxpar_comm_rank(self._handle)
+
+    @property
+    def size(self):
+        return _lib.lib.ctxpar_comm_size(self._handle)
+
+    def set_timeout(self, seconds):
+        _lib.check(_lib.lib.ctxpar_comm_set_timeout(self._handle, float(seconds)))
+
+    def close(self):
+        if self._handle:
+            _lib.lib.ctxpar_comm_destroy(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        self.close()
+
+
+class Context:
+    """One rank's device + comm: attention() and attention_backward() on its local shard.
+
+    comm: a Comm (local_group(P).comm(rank)) or an mpi4py communicator. device: "cpu" (the CPU
+    device of libctxpar.so). num_threads: OpenMP threads of the device (0: OpenMP's default).
+    """
+
+    def __init__(self, device="cpu", comm=None, *, num_threads=0, verify_transfers=False):
+        self._device = self._ctx = None
+        if device != "cpu":
+            raise ValueError(f"device '{device}': this package drives the CPU device only")
+        if comm is None:
+            comm = local_group(1).comm(0)
+        elif not isinstance(comm, Comm):
+            if not hasattr(comm, "Get_rank"):
+                raise TypeError("comm must be a ctxpar Comm or an mpi4py communicator")
+            comm = Comm.mpi(comm)
+        self.comm = comm
+        opt = _lib.CpuOptions(ctypes.sizeof(_lib.CpuOptions), int(num_threads))
+        dev = ctypes.c_void_p()
+        _lib.check(_lib.lib.ctxpar_device_create_cpu(ctypes.byref(opt), ctypes.byref(dev)))
+        self._device = dev
+        copt = _lib.ContextOptions(ctypes.sizeof(_lib.ContextOptions), int(bool(verify_transfers)))
+        ctx = ctypes.c_void_p()
+        _lib.check(_lib.lib.ctxpar_context_create(dev, comm._handle, ctypes.byref(copt),
+                                                  ctypes.byref(ctx)))
+        self._ctx = ctx
+
+    @property
+    def rank(self):
+        return self.comm.rank
+
+    @property
+    def size(self):
+        return self.comm.size
+
+    def close(self):
+        if self._ctx:
+            _lib.lib.ctxpar_context_destroy(self._ctx)
+            self._ctx = None
+        if self._device:
+            _lib.lib.ctxpar_device_destroy(self._device)
+            self._device = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    @staticmethod
+    def _views(tensors, fmt, dtype):
+        """Checks q, k, v (and friends) in Python, before any C call; returns their views."""
+        T.check_format(fmt)
+        kinds = {T.is_torch(t) for t in tensors.values()}
+        if len(kinds) != 1:
+            raise TypeError("mix of numpy arrays and torch tensors")
+        q = tensors["q"]
+        if dtype is None:
+            dtype = T.dtype_name(q)
+        elif dtype not in T.DTYPES:
+            raise ValueError(f"dtype '{dtype}' is not one of {sorted(T.DTYPES)}")
+        for name, t in tensors.items():
+            if dtype == "bf16" and not T.is_torch(t) and t.dtype == np.uint16:
+                continue  # NumPy bfloat16 as its bits
+            if T.dtype_name(t) != dtype:
+                raise ValueError(f"{name} is {T.dtype_name(t)}, expected {dtype}")
+        bq, sq, hq, dq = T.bshd_shape(q, fmt)
+        bk, sk, hk, dk = T.bshd_shape(tensors["k"], fmt)
+        if T.bshd_shape(tensors["v"], fmt) != (bk, sk, hk, dk):
+            raise ValueError(f"v shape {tuple(tensors['v'].shape)} != k shape "
+                             f"{tuple(tensors['k'].shape)}")
+        if (bk, sk, dk) != (bq, sq, dq) or hk == 0 or hq % hk:
+            raise ValueError(f"q ({fmt} {tuple(q.shape)}) and k ({tuple(tensors['k'].shape)}) "
+                             "must share batch, seq and head_dim, and q's heads must be a "
+                             "multiple of k's")
+        for name in ("out", "dout", "dq"):
+            if name in tensors and T.bshd_shape(tensors[name], fmt) != (bq, sq, hq, dq):
+                raise ValueError(f"{name} shape {tuple(tensors[name].shape)} != q shape "
+                                 f"{tuple(q.shape)}")
+        for name in ("dk", "dv"):
+            if name in tensors and T.bshd_shape(tensors[name], fmt) != (bk, sk, hk, dk):
+                raise ValueError(f"{name} shape {tuple(tensors[name].shape)} != k shape")
+        return dtype, (bq, sq, hq, dq), (bk, sk, hk, dk)
+
+    def attention(self, q, k, v, *, algo="ring", layout="zigzag", mask="causal", window=0,
+                  cu_seqlens=None, scale=None, seq_len_global=0, format="bshd", dtype=None,
+                  out=None, lse=None):
+        """Forward attention on this rank's shard (collective over the comm): (out, lse).
+
+        q [B, S/P, Hq, D], k and v [B, S/P, Hkv, D] in `format`, this rank's tokens in
+        `layout`'s order (ctxpar.shard). out is written in place when given (same shape as q),
+        else allocated like q; lse is float32 [B, Hq, S/P]. dtype: "bf16" for NumPy bfloat16
+        held as uint16 bits; otherwise taken from q.
+        """
+        q, k, v = (T.prepare(x, format) for x in (q, k, v))
+        tensors = {"q": q, "k": k, "v": v}
+        if out is not None:
+            tensors["out"] = out
+        dtype, (b, s, hq, d), _ = self._views(tensors, format, dtype)
+        if out is None:
+            out = T.empty(q, (b, s, hq, d), format)
+        if lse is None:
+            lse = T.empty_lse(q, b, hq, s)
+        T.check_lse(lse, b, hq, s)
+        params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global)
+        views = [T.view(x, format, dtype) for x in (q, k, v, out)]
+        _lib.check(_lib.lib.ctxpar_attn_fwd(self._ctx, ctypes.byref(params),
+                                            *(ctypes.byref(t) for t in views),
+                                            T.data_pointer(lse), None))
+        del keep
+        return out, lse
+
+    def attention_backward(self, q, k, v, out, lse, dout, *, algo="ring", layout="zigzag",
+                           mask="causal", window=0, cu_seqlens=None, scale=None,
+                           seq_len_global=0, format="bshd", dtype=None, dq=None, dk=None,
+                           dv=None):
+        """Backward of attention() with the same arguments, out and lse: (dq, dk, dv)."""
+        q, k, v, out, dout = (T.prepare(x, format) for x in (q, k, v, out, dout))
+        tensors = {"q": q, "k": k, "v": v, "out": out, "dout": dout}
+        for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
+            if t is not None:
+                tensors[name] = t
+        dtype, (b, s, hq, d), kshape = self._views(tensors, format, dtype)
+        T.check_lse(lse, b, hq, s)
+        dq = T.empty(q, (b, s, hq, d), format) if dq is None else dq
+        dk = T.empty(k, kshape, format) if dk is None else dk
+        dv = T.empty(v, kshape, format) if dv is None else dv
+        params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global)
+        views = [T.view(x, format, dtype) for x in (q, k, v, out)]
+        grads = [T.view(x, format, dtype) for x in (dout, dq, dk, dv)]
+        _lib.check(_lib.lib.ctxpar_attn_bwd(self._ctx, ctypes.byref(params),
+                                            *(ctypes.byref(t) for t in views),
+                                            T.data_pointer(lse),
+                                            *(ctypes.byref(t) for t in grads), None))
+        del keep
+        return dq, dk, dv
+
+
+def positions(layout, seq_global, rank, nranks):
+    """Global positions (int64 array) of the tokens `rank` holds in `layout`."""
+    n = int(seq_global) // max(int(nranks), 1)
+    pos = np.empty(n, dtype=np.int64)
+    _lib.check(_lib.lib.ctxpar_positions(_choice("layout", LAYOUTS, layout), int(seq_global),
+                                         int(rank), int(nranks),
+                                         pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))))
+    return pos
+
+
+def _index(x, pos):
+    if T.is_torch(x):
+        import torch
+        return torch.as_tensor(pos)
+    return pos
+
+
+def shard(x, rank, nranks, layout="zigzag", format="bshd"):
+    """The tokens of a global tensor that `rank` holds (a copy), in the layout's order."""
+    T.check_format(format)
+    pos = positions(layout, T.bshd_shape(x, format)[1], rank, nranks)
+    idx = _index(x, pos)
+    return x[:, idx] if format == "bshd" else x[:, :, idx]
+
+
+def unshard(local, rank, nranks, out, layout="zigzag", format="bshd"):
+    """Writes `rank`'s tokens back into their rows of the global tensor `out`."""
+    T.check_format(format)
+    pos = positions(layout, T.bshd_shape(out, format)[1], rank, nranks)
+    idx = _index(out, pos)
+    if format == "bshd":
+        out[:, idx] = local
+    else:
+        out[:, :, idx] = local
+    return out
+
+
+def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="causal",
+             window=0, cu_seqlens=None, scale=None, dtype=None, format="bshd", num_threads=None,
+             timeout=None):
+    """Context-parallel attention over `ranks` ranks as threads of this process.
+
+    q [B, S, Hq, D], k and v [B, S, Hkv, D] (and dout like q) are global tensors in `format`;
+    each rank gets its shard in `layout`, runs ctxpar, and the results come back in global
+    order: {"out", "lse"} (+ "dq", "dk", "dv" when dout is given). dtype ("f32", "f16",
+    "bf16"): the dtype ctxpar computes in (inputs are rounded to it); None: q's dtype. NumPy
+    results come back as float32 when dtype is bf16 (NumPy has no bfloat16), else in dtype.
+    num_threads: OpenMP threads per rank (default: the cores shared out among the ranks).
+    """
+    P = int(ranks)
+    if P < 1:
+        raise ValueError(f"ranks ({ranks}) must be >= 1")
+    T.check_format(format)
+    torch_in = T.is_torch(q)
+    inputs = {"q": q, "k": k, "v": v}
+    if dout is not None:
+        inputs["dout"] = dout
+    if dtype is None:
+        dtype = T.dtype_name(q)
+    if dtype not in T.DTYPES:
+        raise ValueError(f"dtype '{dtype}' is not one of {sorted(T.DTYPES)}")
+    inputs = {n: _cast(x, dtype) for n, x in inputs.items()}
+    b, s, hq, d = T.bshd_shape(inputs["q"], format)
+    hk = T.bshd_shape(inputs["k"], format)[2]
+    unit = 2 * P if layout == "zigzag" else P
+    if s % unit:
+        raise ValueError(f"seq ({s}) must divide by {unit} for {P} ranks in layout '{layout}'")
+    # Argument errors surface here, on the caller's thread, before any rank starts.
+    Context._views(inputs, format, dtype)
+    _params(algo, layout, mask, window, cu_seqlens, scale, s)
+    if num_threads is None:
+        num_threads = max(1, (os.cpu_count() or 1) // P)
+
+    group = local_group(P)
+    results, errors = [None] * P, [None] * P
+    kw = dict(algo=algo, layout=layout, mask=mask, window=window, cu_seqlens=cu_seqlens,
+              scale=scale, seq_len_global=s, format=format, dtype=dtype)
+
+    def rank_main(r):
+        try:
+            local = {n: shard(x, r, P, layout, format) for n, x in inputs.items()}
+            with Context("cpu", group.comm(r), num_threads=num_threads) as ctx:
+                if timeout is not None:
+                    ctx.comm.set_timeout(timeout)
+                out, lse = ctx.attention(local["q"], local["k"], local["v"], **kw)
+                res = {"out": out, "lse": lse}
+                if dout is not None:
+                    res["dq"], res["dk"], res["dv"] = ctx.attention_backward(
+                        local["q"], local["k"], local["v"], out, lse, local["dout"], **kw)
+                ctx.comm.close()
+            results[r] = res
+        except BaseException as e:  # handed to the caller below
+            errors[r] = e
+
+    threads = [threading.Thread(target=rank_main, args=(r,), name=f"ctxpar-rank{r}")
+               for r in range(P)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    failed = [e for e in errors if e is not None]
+    if failed:
+        # The cause, rather than the REMOTE errors it made the other ranks return.
+        first = next((e for e in failed if getattr(e, "name", "") != "CTXPAR_ERR_REMOTE"),
+                     failed[0])
+        raise first
+
+    out = {}
+    for name, like, heads in (("out", inputs["q"], hq), ("dq", inputs["q"], hq),
+                              ("dk", inputs["k"], hk), ("dv", inputs["k"], hk)):
+        if name not in results[0]:
+            continue
+        g = T.empty(like, (b, s, heads, d), format)
+        for r in range(P):
+            unshard(results[r][name], r, P, g, layout, format)
+        out[name] = _uncast(g, dtype, torch_in)
+    lse = T.empty_lse(inputs["q"], b, hq, s)
+    for r in range(P):
+        lse[:, :, _index(lse, positions(layout, s, r, P))] = results[r]["lse"]
+    out["lse"] = lse
+    return out
+
+
+def _cast(x, dtype):
+    """x in the dtype ctxpar computes in (NumPy bf16: uint16 bits)."""
+    if T.is_torch(x):
+        import torch
+        return x.detach().to({"f32": torch.float32, "f16": torch.float16,
+                              "bf16": torch.bfloat16}[dtype])
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"expected a numpy.ndarray or torch.Tensor, got {type(x).__name__}")
+    if dtype == "bf16":
+        return x if x.dtype == np.uint16 else T.to_bf16_bits(x)
+    return x.astype({"f32": np.float32, "f16": np.float16}[dtype], copy=False)
+
+
+def _uncast(x, dtype, torch_in):
+    if not torch_in and dtype == "bf16":
+        return T.from_bf16_bits(x)
+    return x

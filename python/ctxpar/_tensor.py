@@ -1,0 +1,133 @@
+"""NumPy arrays and PyTorch CPU tensors as ctxpar_tensor views, without copying when the strides
+allow it (head_dim contiguous, no negative or zero strides).
+
+Tensors are 4-D, in one of two formats:
+    "bshd"  [batch, seq, heads, head_dim]  (the library's own order)
+    "bhsd"  [batch, heads, seq, head_dim]  (PyTorch's scaled_dot_product_attention order)
+A "bhsd" tensor is passed as the BSHD view of the same memory (its strides permuted).
+"""
+import numpy as np
+
+from . import _lib
+
+DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
+FORMATS = ("bshd", "bhsd")
+
+
+def is_torch(x):
+    return type(x).__module__.startswith("torch")
+
+
+def dtype_name(x):
+    """"f32", "f16" or "bf16" for an array or tensor; ValueError for anything else."""
+    if is_torch(x):
+        name = str(x.dtype).replace("torch.", "")
+    else:
+        name = np.asarray(x).dtype.name
+    names = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+    if name not in names:
+        raise ValueError(f"dtype {name} is not supported: use float32, float16 or bfloat16")
+    return names[name]
+
+
+def check_format(fmt):
+    if fmt not in FORMATS:
+        raise ValueError(f"format '{fmt}' is not one of {FORMATS}")
+
+
+def bshd_shape(x, fmt):
+    """(batch, seq, heads, head_dim) of a 4-D array or tensor in format fmt."""
+    shape = tuple(x.shape)
+    if len(shape) != 4:
+        raise ValueError(f"expected a 4-D tensor ({fmt}), got shape {shape}")
+    return shape if fmt == "bshd" else (shape[0], shape[2], shape[1], shape[3])
+
+
+def _strides(x):
+    """Strides in elements, and whether the library can use them as they are."""
+    if is_torch(x):
+        st = tuple(x.stride())
+    else:
+        st = tuple(s // x.itemsize for s in x.strides)
+        if any(s % x.itemsize for s in x.strides):
+            return st, False
+    usable = st[3] == 1 and all(s > 0 or n == 1 for s, n in zip(st, x.shape))
+    return st, usable
+
+
+def prepare(x, fmt):
+    """x itself when the library can read it in place, else a dense copy (inputs only)."""
+    if is_torch(x):
+        if x.device.type != "cpu":
+            raise ValueError(f"tensor on {x.device}: only CPU tensors are supported")
+        if x.requires_grad:
+            x = x.detach()
+    elif not isinstance(x, np.ndarray):
+        raise TypeError(f"expected a numpy.ndarray or torch.Tensor, got {type(x).__name__}")
+    bshd_shape(x, fmt)  # 4-D
+    _, usable = _strides(x)
+    if usable:
+        return x
+    return x.contiguous() if is_torch(x) else np.ascontiguousarray(x)
+
+
+def data_pointer(x):
+    return x.data_ptr() if is_torch(x) else x.ctypes.data
+
+
+def view(x, fmt, dtype):
+    """The ctxpar_tensor over x's own memory (x must satisfy prepare()'s conditions)."""
+    st, usable = _strides(x)
+    if not usable:
+        raise ValueError(f"strides {st} cannot be passed without a copy (head_dim must be "
+                         "contiguous, strides positive)")
+    t = _lib.Tensor()
+    t.data = data_pointer(x)
+    t.dtype = DTYPES[dtype]
+    order = (0, 1, 2, 3) if fmt == "bshd" else (0, 2, 1, 3)
+    for i, d in enumerate(order):
+        t.shape[i] = x.shape[d]
+        t.stride[i] = st[d]
+    return t
+
+
+def empty(like, shape_bshd, fmt, np_dtype=None):
+    """A new dense tensor of the same kind (and dtype, unless np_dtype) as `like`, in fmt."""
+    b, s, h, d = shape_bshd
+    shape = (b, s, h, d) if fmt == "bshd" else (b, h, s, d)
+    if is_torch(like):
+        import torch
+        return torch.empty(shape, dtype=like.dtype if np_dtype is None else torch.float32)
+    return np.empty(shape, dtype=like.dtype if np_dtype is None else np_dtype)
+
+
+def empty_lse(like, batch, heads, seq):
+    """LSE: F32 [batch, heads, seq], dense."""
+    if is_torch(like):
+        import torch
+        return torch.empty((batch, heads, seq), dtype=torch.float32)
+    return np.empty((batch, heads, seq), dtype=np.float32)
+
+
+def check_lse(lse, batch, heads, seq):
+    ok_dtype = str(lse.dtype) in ("float32", "torch.float32")
+    shape = tuple(lse.shape)
+    if shape != (batch, heads, seq) or not ok_dtype:
+        raise ValueError(f"lse must be float32 [{batch}, {heads}, {seq}], got {lse.dtype} {shape}")
+    contiguous = lse.is_contiguous() if is_torch(lse) else lse.flags.c_contiguous
+    if not contiguous:
+        raise ValueError("lse must be densely packed (C-contiguous)")
+
+
+# bfloat16 for NumPy, which has no such type: the upper 16 bits of a float32, stored as uint16.
+def to_bf16_bits(x):
+    """float array -> bfloat16 bits (uint16), rounded to nearest even (NaN stays NaN)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    nan = np.isnan(np.asarray(x, dtype=np.float32))
+    return np.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16)
+
+
+def from_bf16_bits(bits):
+    """bfloat16 bits (uint16) -> float32 (exact)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)

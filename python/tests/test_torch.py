@@ -1,0 +1,114 @@
+"""ctxpar.torch against torch.nn.functional.scaled_dot_product_attention in float64, forward and
+gradients; run when torch is importable, reported as skipped otherwise."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="skipped: torch is not installed")
+import torch.nn.functional as F  # noqa: E402
+
+import ctxpar  # noqa: E402
+import ctxpar.torch  # noqa: E402
+from ctxpar import _tensor  # noqa: E402
+from conftest import max_error, run_ranks  # noqa: E402
+
+TOL = {torch.float32: 4e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def bhsd_inputs(b, h, hk, s, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda heads: torch.randn(b, heads, s, d, generator=g).to(dtype)  # noqa: E731
+    return mk(h), mk(hk), mk(hk), mk(h)
+
+
+def sdpa64(q, k, v, dout, causal):
+    """torch's own attention in float64 on the same (rounded) inputs: out and gradients."""
+    q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    out.backward(dout.double())
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal,hk", [(True, 4), (False, 2), (True, 1)])
+def test_sdpa_drop_in_one_rank(dtype, causal, hk):
+    q, k, v, do = bhsd_inputs(2, 4, hk, 48, 16, dtype)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = ctxpar.torch.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=True)
+    assert out.dtype == dtype and out.shape == q.shape
+    out.backward(do)
+    ref = sdpa64(q, k, v, do, causal)
+    for got, want, name in zip([out] + [x.grad for x in leaves], ref, "o q k v".split()):
+        assert max_error(got.detach().double().numpy(), want.numpy()) <= TOL[dtype], name
+
+
+def sharded_autograd(q, k, v, do, P, causal, fmt="bshd"):
+    """ctxpar.torch.attention on P threads (zigzag shards): global out, dq, dk, dv."""
+    got = {n: torch.empty_like(x) for n, x in (("out", q), ("dq", q), ("dk", k), ("dv", v))}
+
+    def rank(ctx):
+        r = ctx.rank
+        local = [ctxpar.shard(x, r, P, "zigzag", fmt).detach().requires_grad_()
+                 for x in (q, k, v)]
+        out = ctxpar.torch.attention(*local, ctx=ctx, algo="ring", layout="zigzag",
+                                     mask="causal" if causal else "none", format=fmt)
+        out.backward(ctxpar.shard(do, r, P, "zigzag", fmt))
+        for name, t in zip(("out", "dq", "dk", "dv"), [out] + [x.grad for x in local]):
+            ctxpar.unshard(t.detach(), r, P, got[name], "zigzag", fmt)
+
+    run_ranks(P, rank)
+    return got
+
+
+def test_autograd_two_ranks_bshd_gqa():
+    q, k, v, do = (x.transpose(1, 2).contiguous()
+                   for x in bhsd_inputs(1, 4, 2, 64, 16, torch.float32, seed=3))
+    got = sharded_autograd(q, k, v, do, 2, causal=True)
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    ref = sdpa64(t(q), t(k), t(v), t(do), True)
+    for name, want in zip(("out", "dq", "dk", "dv"), ref):
+        assert max_error(got[name].numpy(), t(want).numpy()) <= 4e-6, name
+
+
+def test_seed_example_bf16_seq4096_two_ranks():
+    """The seed's example: batch 1, 4 heads, seq 4096, head_dim 64, BF16, causal, forward and
+    backward, 2 ranks; against float64 SDPA on the same BF16 inputs."""
+    q, k, v, do = bhsd_inputs(1, 4, 4, 4096, 64, torch.bfloat16, seed=7)
+    got = sharded_autograd(q, k, v, do, 2, causal=True, fmt="bhsd")
+    ref = sdpa64(q, k, v, do, True)
+    errors = {n: max_error(got[n].double().numpy(), want.numpy())
+              for n, want in zip(("out", "dq", "dk", "dv"), ref)}
+    print("seed example: max error relative to max |fp64|:",
+          {n: f"{e:.2e}" for n, e in errors.items()})
+    assert all(e <= TOL[torch.bfloat16] for e in errors.values()), errors
+
+
+def test_torch_views_are_zero_copy():
+    x = torch.randn(2, 8, 3, 16)  # BSHD memory, seen as BHSD
+    bhsd = x.transpose(1, 2)
+    t = _tensor.view(_tensor.prepare(bhsd, "bhsd"), "bhsd", "f32")
+    assert t.data == x.data_ptr() and list(t.stride) == list(x.stride())
+
+
+def test_sdpa_rejects_what_it_cannot_do():
+    q, k, v, _ = bhsd_inputs(1, 4, 2, 16, 8, torch.float32)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        ctxpar.torch.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(ValueError, match="attn_mask"):
+        ctxpar.torch.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(16, 16))
+    with pytest.raises(ValueError, match="dropout"):
+        ctxpar.torch.scaled_dot_product_attention(q, k, v, dropout_p=0.1, enable_gqa=True)
+    with pytest.raises(ValueError, match="float64"):
+        ctxpar.torch.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                  enable_gqa=True)
+
+
+def test_simulate_takes_torch_tensors():
+    q, k, v, do = (x.transpose(1, 2).contiguous()
+                   for x in bhsd_inputs(1, 4, 4, 32, 8, torch.float32, seed=1))
+    res = ctxpar.simulate(q, k, v, do, ranks=2, num_threads=1)
+    assert all(isinstance(x, torch.Tensor) for x in res.values())
+    ref = ctxpar.oracle(q, k, v, do)
+    for name in ("out", "lse", "dq", "dk", "dv"):
+        assert max_error(res[name].numpy(), ref[name]) <= 4e-6, name
+    assert np.isfinite(res["lse"].numpy()).all()

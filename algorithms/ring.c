@@ -175,7 +175,13 @@ static size_t ring_bwd_layout(const ctxpar_problem *pb, int home, char *base, ri
 size_t ctxpar_ring_workspace_bytes(const ctxpar_problem *pb) {
     ring_fwd_ws f;
     ring_bwd b;
-    size_t fwd = ring_fwd_layout(pb, NULL, &f), bwd = ring_bwd_layout(pb, pb->nranks > 1, NULL, &b);
+    ctxpar_ring_plan plan = {0, NULL};
+    // Without memory for the plan, assume the larger layout (reserve only sizes).
+    int home = ctxpar_ring_plan_make(pb, &plan) == CTXPAR_OK ? needs_home(pb, &plan)
+                                                             : pb->nranks > 1;
+    ctxpar_clear_error();
+    ctxpar_ring_plan_free(&plan);
+    size_t fwd = ring_fwd_layout(pb, NULL, &f), bwd = ring_bwd_layout(pb, home, NULL, &b);
     return fwd > bwd ? fwd : bwd;
 }
 

@@ -80,9 +80,15 @@ static size_t allgather_layout(const ctxpar_problem *pb, int backward, char *bas
     w->delta = ctxpar_carve_take(&c, row_n * sizeof(float));
     w->dkv_global = ctxpar_carve_take(&c, dkv_global);
     w->dkv_blocks = ctxpar_carve_take(&c, dkv_global);
-    w->dkv_mine = P > 1 ? ctxpar_carve_take(&c, ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb,
-                                                                       pb->seq_local))
-                        : w->dkv_blocks;
+    // This rank's reduced dK/dV lands where the gathered K/V were (dead once in global order)
+    // when it fits: the backward then holds no more than the forward plus the gradients.
+    const size_t mine = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);
+    if (P == 1)
+        w->dkv_mine = w->dkv_blocks;
+    else if (block * (size_t)P >= mine)
+        w->dkv_mine = w->gathered;
+    else
+        w->dkv_mine = ctxpar_carve_take(&c, mine);
     return c.used;
 }
 

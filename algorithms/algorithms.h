@@ -47,6 +47,33 @@ typedef struct ctxpar_problem {
     int64_t batch, seq_local, seq_global, heads_q, heads_kv, head_dim;
 } ctxpar_problem;
 
+/*
+ * The context's workspace (workspace.c): one device block that the algorithms carve their buffers
+ * from. It grows to the largest call seen and is kept, so steady-state calls allocate nothing;
+ * ctxpar_context_reserve sizes it up front and ctxpar_context_release gives it back.
+ * Reuse is stream-ordered: each call records `done` on its stream when its work is enqueued, and
+ * a call on another stream first makes its stream wait for that event, so a new call never
+ * overwrites buffers that enqueued work of the previous one still reads. Growing frees the old
+ * block through the dispatch, whose frees are stream-ordered too. On a host-memory device the
+ * idle workspace is poisoned under AddressSanitizer, so a use after a call returned is caught.
+ */
+typedef struct ctxpar_workspace {
+    ctxpar_device *dev;
+    void *base;
+    size_t bytes;        /* capacity of base */
+    ctxpar_event *done;  /* recorded at the end of each call (devices with streams) */
+    ctxpar_stream *last; /* the stream of the last call */
+    int recorded;        /* done holds the last call's end */
+} ctxpar_workspace;
+
+/* The workspace of at least `bytes` for a call on `stream`, ordered after the previous call. */
+ctxpar_status ctxpar_workspace_acquire(ctxpar_workspace *ws, size_t bytes, ctxpar_stream *stream,
+                                       void **base_out);
+/* Ends a call's use: records `done` on its stream (and poisons the idle block). */
+ctxpar_status ctxpar_workspace_finish(ctxpar_workspace *ws, ctxpar_stream *stream);
+/* Frees the block and the event; the workspace can be acquired again. */
+ctxpar_status ctxpar_workspace_release(ctxpar_workspace *ws);
+
 /* How to run: the device, the comm and the per-context services. */
 typedef struct ctxpar_run {
     ctxpar_device *dev;
@@ -56,6 +83,7 @@ typedef struct ctxpar_run {
     ctxpar_trace_fn trace;
     void *trace_user;
     ctxpar_work_stats *work;
+    ctxpar_workspace *ws; /* the context's */
 } ctxpar_run;
 
 /* Reports one trace event if tracing is on. */
@@ -88,17 +116,22 @@ ctxpar_status ctxpar_store_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
                                const float *out_acc, const float *lse_acc, ctxpar_tensor *out,
                                float *lse);
 
-/* Allocates device memory for an algorithm and remembers it, so one call frees all on any path. */
-#define CTXPAR_MAX_BUFFERS 12
-typedef struct ctxpar_buffers {
-    ctxpar_device *dev;
-    ctxpar_stream *stream; /* work on it may still read the buffers when they are freed */
-    int count;
-    void *ptr[CTXPAR_MAX_BUFFERS];
-    size_t bytes[CTXPAR_MAX_BUFFERS];
-} ctxpar_buffers;
-ctxpar_status ctxpar_buffers_alloc(ctxpar_buffers *b, size_t bytes, void **ptr_out);
-void ctxpar_buffers_free(ctxpar_buffers *b);
+/* Carves aligned buffers out of one block. With base NULL it only measures, so that one function
+ * both sizes an algorithm's workspace and lays it out. */
+#define CTXPAR_WS_ALIGN 256
+typedef struct ctxpar_carve {
+    char *base; /* NULL: measuring */
+    size_t used;
+} ctxpar_carve;
+void *ctxpar_carve_take(ctxpar_carve *c, size_t bytes);
+
+/* The run's workspace, at least `bytes` (ctxpar_workspace_acquire on the run's stream). */
+ctxpar_status ctxpar_run_workspace(const ctxpar_run *run, size_t bytes, void **base_out);
+
+/* Workspace bytes of an algorithm's forward and backward (the larger), for reserve. */
+size_t ctxpar_ring_workspace_bytes(const ctxpar_problem *pb);
+size_t ctxpar_allgather_workspace_bytes(const ctxpar_problem *pb);
+size_t ctxpar_alltoall_workspace_bytes(const ctxpar_problem *pb);
 
 ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
                               const ctxpar_tensor *q, const ctxpar_tensor *k,

@@ -2,6 +2,8 @@
 // over the whole sequence: the kernel then sees exactly what a single rank would, so the forward
 // output is bitwise identical to P = 1 for any P and layout. Backward computes dK/dV for the whole
 // sequence and reduce-scatters the F32 partials (summed in rank order) back to their owners.
+#include <string.h>
+
 #include "algorithms.h"
 #include "ctxpar_count.h"
 
@@ -48,48 +50,80 @@ static ctxpar_attn_block whole_block(const ctxpar_problem *pb, const ctxpar_shar
     return blk;
 }
 
-// Allocates and fills the local packed K/V, the gather buffer and the global K/V.
-static ctxpar_status setup_kv(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_buffers *buf,
-                              const ctxpar_tensor *k, const ctxpar_tensor *v, void **kv_global) {
+// The buffers of both directions: the local packed K/V, the gathered blocks and the global K/V;
+// the forward's accumulators; the backward's dQ, delta, global dK/dV, its per-rank blocks and
+// this rank's reduced block. NULL where a direction does not use one.
+typedef struct allgather_ws {
+    void *local, *gathered, *kv_global;
+    float *out_acc, *lse_acc;
+    float *dq_acc, *delta;
+    void *dkv_global, *dkv_blocks, *dkv_mine;
+} allgather_ws;
+
+static size_t allgather_layout(const ctxpar_problem *pb, int backward, char *base,
+                               allgather_ws *w) {
+    const int P = pb->nranks;
     const size_t block = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
-    void *local = NULL, *gathered = NULL;
-    CTXPAR_CHECK(ctxpar_buffers_alloc(buf, block, &local));
-    if (pb->nranks > 1)
-        CTXPAR_CHECK(ctxpar_buffers_alloc(buf, block * (size_t)pb->nranks, &gathered));
-    CTXPAR_CHECK(ctxpar_buffers_alloc(buf, ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_global),
-                                      kv_global));
-    CTXPAR_CHECK(ctxpar_pack_kv(run, pb, k, v, local));
-    return gather_kv(run, pb, local, gathered, *kv_global);
+    const size_t q_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
+    const size_t row_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
+    const size_t dkv_global = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_global);
+    ctxpar_carve c = {base, 0};
+    memset(w, 0, sizeof *w);
+    w->local = ctxpar_carve_take(&c, block);
+    w->gathered = P > 1 ? ctxpar_carve_take(&c, block * (size_t)P) : NULL;
+    w->kv_global = ctxpar_carve_take(&c, ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_global));
+    if (!backward) {
+        w->out_acc = ctxpar_carve_take(&c, q_n * sizeof(float));
+        w->lse_acc = ctxpar_carve_take(&c, row_n * sizeof(float));
+        return c.used;
+    }
+    w->dq_acc = ctxpar_carve_take(&c, q_n * sizeof(float));
+    w->delta = ctxpar_carve_take(&c, row_n * sizeof(float));
+    w->dkv_global = ctxpar_carve_take(&c, dkv_global);
+    w->dkv_blocks = ctxpar_carve_take(&c, dkv_global);
+    // This rank's reduced dK/dV lands where the gathered K/V were (dead once in global order)
+    // when it fits: the backward then holds no more than the forward plus the gradients.
+    const size_t mine = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);
+    if (P == 1)
+        w->dkv_mine = w->dkv_blocks;
+    else if (block * (size_t)P >= mine)
+        w->dkv_mine = w->gathered;
+    else
+        w->dkv_mine = ctxpar_carve_take(&c, mine);
+    return c.used;
+}
+
+size_t ctxpar_allgather_workspace_bytes(const ctxpar_problem *pb) {
+    allgather_ws w;
+    size_t fwd = allgather_layout(pb, 0, NULL, &w), bwd = allgather_layout(pb, 1, NULL, &w);
+    return fwd > bwd ? fwd : bwd;
+}
+
+// Lays out the workspace and fills the global K/V.
+static ctxpar_status setup(const ctxpar_run *run, const ctxpar_problem *pb, int backward,
+                           const ctxpar_tensor *k, const ctxpar_tensor *v, allgather_ws *w) {
+    void *base = NULL;
+    CTXPAR_CHECK(ctxpar_run_workspace(run, allgather_layout(pb, backward, NULL, w), &base));
+    (void)allgather_layout(pb, backward, base, w);
+    CTXPAR_CHECK(ctxpar_pack_kv(run, pb, k, v, w->local));
+    return gather_kv(run, pb, w->local, w->gathered, w->kv_global);
 }
 
 ctxpar_status ctxpar_allgather_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
                                    const ctxpar_tensor *q, const ctxpar_tensor *k,
                                    const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
-    const size_t out_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
-    const size_t lse_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
-    ctxpar_buffers buf = {.dev = run->dev, .stream = run->stream};
-    void *kv_global = NULL;
-    float *out_acc = NULL, *lse_acc = NULL;
-    ctxpar_status st;
-    CTXPAR_CHECK_GOTO(setup_kv(run, pb, &buf, k, v, &kv_global), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, out_n * sizeof(float), (void **)&out_acc), st,
-                      done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, lse_n * sizeof(float), (void **)&lse_acc), st,
-                      done);
+    allgather_ws w;
+    CTXPAR_CHECK(setup(run, pb, 0, k, v, &w));
     ctxpar_shard_spans qs;
     ctxpar_layout_spans(pb->layout, pb->seq_global, pb->rank, pb->nranks, &qs);
     ctxpar_span all = {0, pb->seq_global, 1};
-    ctxpar_attn_block blk = whole_block(pb, &qs, &all, q, kv_global);
+    ctxpar_attn_block blk = whole_block(pb, &qs, &all, q, w.kv_global);
     (void)ctxpar_block_account(run, pb, blk.q_pos, blk.k_pos);
     double t0 = ctxpar_now();
     // The kernel handles rows that see nothing (out 0, lse -inf), so it always runs.
-    CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_fwd(run->dev, &blk, out_acc, lse_acc, 0, run->stream),
-                      st, done);
+    CTXPAR_CHECK(ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc, 0, run->stream));
     ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", -1, -1, t0, ctxpar_now(), 0);
-    st = ctxpar_store_fwd(run, pb, out_acc, lse_acc, out, lse);
-done:
-    ctxpar_buffers_free(&buf);
-    return st;
+    return ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, out, lse);
 }
 
 // Rearranges the global dK/dV ([2][B, S, Hkv, D] F32) into P packed per-rank blocks in the
@@ -116,19 +150,14 @@ ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_problem *
                                    ctxpar_tensor *dk, ctxpar_tensor *dv) {
     const int P = pb->nranks;
     const size_t q_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
-    const size_t delta_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
     const size_t dkv_global_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_global);
     const size_t dkv_block_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);
-    ctxpar_buffers buf = {.dev = run->dev, .stream = run->stream};
-    void *kv_global = NULL, *dkv_global = NULL, *dkv_blocks = NULL, *dkv_mine = NULL;
-    float *dq_acc = NULL, *delta = NULL;
+    allgather_ws w;
     ctxpar_status st;
-    CTXPAR_CHECK_GOTO(setup_kv(run, pb, &buf, k, v, &kv_global), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, q_n * sizeof(float), (void **)&dq_acc), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, delta_n * sizeof(float), (void **)&delta), st,
-                      done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, dkv_global_bytes, &dkv_global), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, dkv_global_bytes, &dkv_blocks), st, done);
+    CTXPAR_CHECK(setup(run, pb, 1, k, v, &w));
+    float *dq_acc = w.dq_acc, *delta = w.delta;
+    void *kv_global = w.kv_global, *dkv_global = w.dkv_global, *dkv_blocks = w.dkv_blocks,
+         *dkv_mine = w.dkv_mine;
     CTXPAR_CHECK_GOTO(ctxpar_dev_attn_bwd_prep(run->dev, out, dout, delta, run->stream), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, dq_acc, 0.0f, q_n, run->stream), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, dkv_global, 0.0f,
@@ -148,9 +177,7 @@ ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_problem *
         ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", -1, -1, t0, ctxpar_now(), 0);
     }
     CTXPAR_CHECK_GOTO(scatter_order(run, pb, dkv_global, dkv_blocks), st, done);
-    dkv_mine = dkv_blocks;
     if (P > 1) {
-        CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, dkv_block_bytes, &dkv_mine), st, done);
         ctxpar_request *req = NULL;
         double t0 = ctxpar_now();
         CTXPAR_CHECK_GOTO(ctxpar_comm_reduce_scatter(run->comm, dkv_blocks, dkv_mine,
@@ -171,6 +198,5 @@ ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_problem *
     CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &dk_t, dk, run->stream), st, done);
     st = ctxpar_dev_cast(run->dev, &dv_t, dv, run->stream);
 done:
-    ctxpar_buffers_free(&buf);
     return st;
 }

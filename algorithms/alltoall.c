@@ -4,6 +4,8 @@
 // each rank its own tokens for all heads. With fewer K/V heads than ranks, the K/V head a rank
 // needs is sent to it (replicated); in backward the dK/dV partials of the ranks sharing a K/V head
 // are summed in rank order at the token owner.
+#include <string.h>
+
 #include "algorithms.h"
 #include "ctxpar_count.h"
 
@@ -152,6 +154,62 @@ static ctxpar_attn_block whole(const ctxpar_problem *pb, const ctxpar_span *all,
     return blk;
 }
 
+// The buffers of both directions: the all-to-all send and receive blocks, the global (all tokens,
+// this rank's heads) inputs, the F32 results (forward: out; backward: dQ, dK, dV), the global
+// LSE, and for the backward delta and the sums of replicated K/V heads' dK/dV.
+typedef struct a2a_ws {
+    void *send, *recv, *glob;
+    void *acc;
+    float *lse, *delta, *dkv_sum;
+} a2a_ws;
+
+static size_t a2a_layout(const ctxpar_problem *pb, int backward, char *base, a2a_ws *w) {
+    const int64_t S = pb->seq_global, D = pb->head_dim;
+    const heads_plan h = plan_heads(pb);
+    const ctxpar_dtype dt = pb->dtype, f32 = CTXPAR_DTYPE_F32;
+    // What travels each way: forward q, k, v in and out, lse back; backward q, k, v, out, dout,
+    // lse in and dq, dk, dv back (as in the functions below).
+    const seg in[6] = {{dt, h.hq, D}, {dt, h.hk, D}, {dt, h.hk, D},
+                       {dt, h.hq, D}, {dt, h.hq, D}, {f32, h.hq, 1}};
+    const seg fwd_back[2] = {{dt, h.hq, D}, {f32, h.hq, 1}};
+    const seg bwd_back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, D}};
+    const int n_in = backward ? 6 : 3;
+    const size_t in_b = block_bytes(pb, in, n_in, pb->seq_local);
+    const size_t back_b = backward ? block_bytes(pb, bwd_back, 3, pb->seq_local)
+                                   : block_bytes(pb, fwd_back, 2, pb->seq_local);
+    const size_t big = (in_b > back_b ? in_b : back_b) * (size_t)pb->nranks;
+    const size_t rows = ctxpar_count(pb->batch, S, h.hq, 1) * sizeof(float);
+    ctxpar_carve c = {base, 0};
+    memset(w, 0, sizeof *w);
+    w->send = ctxpar_carve_take(&c, big);
+    w->recv = ctxpar_carve_take(&c, big);
+    w->glob = ctxpar_carve_take(&c, block_bytes(pb, in, backward ? 5 : 3, S));
+    w->acc = ctxpar_carve_take(&c, backward ? block_bytes(pb, bwd_back, 3, S)
+                                            : ctxpar_count(pb->batch, S, h.hq, D) * sizeof(float));
+    w->lse = ctxpar_carve_take(&c, rows);
+    if (backward) {
+        w->delta = ctxpar_carve_take(&c, rows);
+        if (h.replicate)
+            w->dkv_sum = ctxpar_carve_take(&c, 2 * ctxpar_count(pb->batch, pb->seq_local, D, 1) *
+                                                   (size_t)pb->heads_kv * sizeof(float));
+    }
+    return c.used;
+}
+
+size_t ctxpar_alltoall_workspace_bytes(const ctxpar_problem *pb) {
+    a2a_ws w;
+    size_t fwd = a2a_layout(pb, 0, NULL, &w), bwd = a2a_layout(pb, 1, NULL, &w);
+    return fwd > bwd ? fwd : bwd;
+}
+
+static ctxpar_status take_workspace(const ctxpar_run *run, const ctxpar_problem *pb,
+                                    int backward, a2a_ws *w) {
+    void *base = NULL;
+    CTXPAR_CHECK(ctxpar_run_workspace(run, a2a_layout(pb, backward, NULL, w), &base));
+    (void)a2a_layout(pb, backward, base, w);
+    return CTXPAR_OK;
+}
+
 ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
                                   const ctxpar_tensor *q, const ctxpar_tensor *k,
                                   const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
@@ -162,20 +220,11 @@ ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_problem *p
     const seg back[2] = {{pb->dtype, h.hq, D}, {CTXPAR_DTYPE_F32, h.hq, 1}};
     const size_t in_b = block_bytes(pb, in, 3, pb->seq_local);
     const size_t back_b = block_bytes(pb, back, 2, pb->seq_local);
-    ctxpar_buffers buf = {.dev = run->dev, .stream = run->stream};
-    void *send = NULL, *recv = NULL, *qkv = NULL;
-    float *out_acc = NULL, *lse_acc = NULL;
     ctxpar_status st;
-    size_t big = (in_b > back_b ? in_b : back_b) * (size_t)P;
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, big, &send), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, big, &recv), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, block_bytes(pb, in, 3, S), &qkv), st, done);
-    CTXPAR_CHECK_GOTO(
-        ctxpar_buffers_alloc(&buf, ctxpar_count(pb->batch, S, h.hq, D) * 4, (void **)&out_acc), st,
-        done);
-    CTXPAR_CHECK_GOTO(
-        ctxpar_buffers_alloc(&buf, ctxpar_count(pb->batch, S, h.hq, 1) * 4, (void **)&lse_acc), st,
-        done);
+    a2a_ws w;
+    CTXPAR_CHECK(take_workspace(run, pb, 0, &w));
+    void *send = w.send, *recv = w.recv, *qkv = w.glob;
+    float *out_acc = w.acc, *lse_acc = w.lse;
 
     const ctxpar_tensor *src[3] = {q, k, v};
     const int kinds[3] = {0, 1, 1};
@@ -217,7 +266,6 @@ ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_problem *p
     }
     st = CTXPAR_OK;
 done:
-    ctxpar_buffers_free(&buf);
     return st;
 }
 
@@ -225,7 +273,7 @@ done:
 // ranks that shared a head each sent a partial, summed here in rank order.
 static ctxpar_status store_dkv(const ctxpar_run *run, const ctxpar_problem *pb,
                                const heads_plan *h, const seg *back, void *recv, size_t back_b,
-                               ctxpar_buffers *buf, ctxpar_tensor *dk, ctxpar_tensor *dv) {
+                               float *acc, ctxpar_tensor *dk, ctxpar_tensor *dv) {
     ctxpar_tensor *dst[2] = {dk, dv};
     if (!h->replicate) {
         for (int i = 0; i < pb->nranks; i++)
@@ -238,8 +286,6 @@ static ctxpar_status store_dkv(const ctxpar_run *run, const ctxpar_problem *pb,
         return CTXPAR_OK;
     }
     const size_t n = ctxpar_count(pb->batch, pb->seq_local, pb->head_dim, 1); // one head's partial
-    float *acc = NULL;
-    CTXPAR_CHECK(ctxpar_buffers_alloc(buf, 2 * n * (size_t)pb->heads_kv * 4, (void **)&acc));
     CTXPAR_CHECK(ctxpar_dev_fill(run->dev, acc, 0.0f, 2 * n * (size_t)pb->heads_kv, run->stream));
     for (int i = 0; i < pb->nranks; i++)
         for (int w = 0; w < 2; w++) {
@@ -273,21 +319,11 @@ ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_problem *p
     const seg back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, D}};
     const size_t in_b = block_bytes(pb, in, 6, pb->seq_local);
     const size_t back_b = block_bytes(pb, back, 3, pb->seq_local);
-    ctxpar_buffers buf = {.dev = run->dev, .stream = run->stream};
-    void *send = NULL, *recv = NULL, *glob = NULL, *grads = NULL;
-    float *lse_g = NULL, *delta = NULL;
     ctxpar_status st;
-    size_t big = (in_b > back_b ? in_b : back_b) * (size_t)P;
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, big, &send), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, big, &recv), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, block_bytes(pb, in, 5, S), &glob), st, done);
-    CTXPAR_CHECK_GOTO(
-        ctxpar_buffers_alloc(&buf, ctxpar_count(pb->batch, S, h.hq, 1) * 4, (void **)&lse_g), st,
-        done);
-    CTXPAR_CHECK_GOTO(
-        ctxpar_buffers_alloc(&buf, ctxpar_count(pb->batch, S, h.hq, 1) * 4, (void **)&delta), st,
-        done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, block_bytes(pb, back, 3, S), &grads), st, done);
+    a2a_ws w;
+    CTXPAR_CHECK(take_workspace(run, pb, 1, &w));
+    void *send = w.send, *recv = w.recv, *glob = w.glob, *grads = w.acc;
+    float *lse_g = w.lse, *delta = w.delta;
 
     ctxpar_tensor lse_t = lse_view(lse, pb, pb->seq_local, pb->heads_q);
     const ctxpar_tensor *src[6] = {q, k, v, out, dout, &lse_t};
@@ -330,8 +366,7 @@ ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_problem *p
         ctxpar_tensor to = heads(dq, i * h.hq, h.hq);
         CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &part, &to, run->stream), st, done);
     }
-    st = store_dkv(run, pb, &h, back, recv, back_b, &buf, dk, dv);
+    st = store_dkv(run, pb, &h, back, recv, back_b, w.dkv_sum, dk, dv);
 done:
-    ctxpar_buffers_free(&buf);
     return st;
 }

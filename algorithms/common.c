@@ -103,23 +103,6 @@ ctxpar_status ctxpar_store_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
     return ctxpar_dev_copy(run->dev, lse, lse_acc, bytes, CTXPAR_COPY_D2D, run->stream);
 }
 
-ctxpar_status ctxpar_buffers_alloc(ctxpar_buffers *b, size_t bytes, void **ptr_out) {
-    if (b->count == CTXPAR_MAX_BUFFERS)
-        return CTXPAR_ERROR(CTXPAR_ERR_INTERNAL, "more than %d buffers", CTXPAR_MAX_BUFFERS);
-    CTXPAR_CHECK(ctxpar_dev_alloc(b->dev, bytes, CTXPAR_MEM_DEVICE, &b->ptr[b->count]));
-    b->bytes[b->count] = bytes;
-    *ptr_out = b->ptr[b->count++];
-    return CTXPAR_OK;
-}
-
-void ctxpar_buffers_free(ctxpar_buffers *b) {
-    // Work still queued on a stream may read these buffers: let it finish first.
-    (void)ctxpar_dev_stream_sync(b->dev, b->stream);
-    for (int i = b->count - 1; i >= 0; i--)
-        ctxpar_dev_free(b->dev, b->ptr[i], b->bytes[i], CTXPAR_MEM_DEVICE);
-    b->count = 0;
-}
-
 ctxpar_status ctxpar_move_shard_rows(const ctxpar_run *run, const ctxpar_problem *pb, int j,
                                      const ctxpar_tensor *local, const ctxpar_tensor *global,
                                      int to_global) {

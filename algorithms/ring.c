@@ -3,6 +3,7 @@
 // for r + 1. Forward merges per-block (out, lse) partials; backward sends dK/dV partial sums
 // around the ring behind K/V so that each block's gradient arrives back at its owner. A block
 // travels only as far as some rank needs it (ring_plan.h): masked-out steps move no data.
+// Buffers come from the context's workspace; the budget per rank is in docs/algorithms.md.
 #include <math.h>
 
 #include "ctxpar_count.h"
@@ -51,6 +52,25 @@ static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb,
     return 1;
 }
 
+// The forward's buffers: the K/V double buffer (each with room for a transfer's checksum) and
+// the F32 accumulators.
+typedef struct ring_fwd_ws {
+    void *kv[2];
+    float *out_acc, *lse_acc;
+} ring_fwd_ws;
+
+static size_t ring_fwd_layout(const ctxpar_problem *pb, char *base, ring_fwd_ws *w) {
+    const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
+    ctxpar_carve c = {base, 0};
+    w->kv[0] = ctxpar_carve_take(&c, kv_bytes + CTXPAR_XFER_TRAILER);
+    w->kv[1] = pb->nranks > 1 ? ctxpar_carve_take(&c, kv_bytes + CTXPAR_XFER_TRAILER) : NULL;
+    w->out_acc = ctxpar_carve_take(
+        &c, ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim) * sizeof(float));
+    w->lse_acc = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) *
+                                           sizeof(float));
+    return c.used;
+}
+
 ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
                               const ctxpar_tensor *q, const ctxpar_tensor *k,
                               const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
@@ -58,38 +78,32 @@ ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
     const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
     const size_t out_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
     const size_t lse_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
-    ctxpar_buffers buf = {.dev = run->dev, .stream = run->stream};
     ctxpar_ring_plan plan = {0, NULL};
     ctxpar_xfer x = {0};
-    void *kv[2] = {NULL, NULL};
-    float *out_acc = NULL, *lse_acc = NULL;
+    ring_fwd_ws w;
+    void *base = NULL;
     ctxpar_status st;
 
     CTXPAR_CHECK_GOTO(ctxpar_ring_plan_make(pb, &plan), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, kv_bytes + CTXPAR_XFER_TRAILER, &kv[0]), st, done);
-    if (P > 1)
-        CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, kv_bytes + CTXPAR_XFER_TRAILER, &kv[1]), st,
-                          done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, out_n * sizeof(float), (void **)&out_acc), st,
-                      done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, lse_n * sizeof(float), (void **)&lse_acc), st,
-                      done);
-    CTXPAR_CHECK_GOTO(ctxpar_pack_kv(run, pb, k, v, kv[0]), st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_run_workspace(run, ring_fwd_layout(pb, NULL, &w), &base), st, done);
+    (void)ring_fwd_layout(pb, base, &w);
+    CTXPAR_CHECK_GOTO(ctxpar_pack_kv(run, pb, k, v, w.kv[0]), st, done);
 
     ctxpar_shard_spans qs, ks;
     ctxpar_layout_spans(pb->layout, pb->seq_global, pb->rank, P, &qs);
     int have = 0; // whether out_acc/lse_acc hold a partial yet
     for (int s = 0; s < P; s++) {
-        void *cur = kv[s % 2];
+        void *cur = w.kv[s % 2];
         // The next block travels while this one is computed.
-        CTXPAR_CHECK_GOTO(post_kv(run, pb, &plan, &x, s, cur, kv[(s + 1) % 2], kv_bytes), st, done);
+        CTXPAR_CHECK_GOTO(post_kv(run, pb, &plan, &x, s, cur, w.kv[(s + 1) % 2], kv_bytes), st,
+                          done);
         ctxpar_attn_block blk;
         if (ctxpar_ring_holds(&plan, pb->rank, s) &&
             block_for_step(run, pb, &qs, &ks, s, q, cur, &blk)) {
             double t0 = ctxpar_now();
-            CTXPAR_CHECK_GOTO(
-                ctxpar_dev_attn_block_fwd(run->dev, &blk, out_acc, lse_acc, have, run->stream), st,
-                done);
+            CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc, have,
+                                                        run->stream),
+                              st, done);
             ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", s, block_at(pb, s), t0, ctxpar_now(),
                              0);
             have = 1;
@@ -97,30 +111,33 @@ ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
         CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &x), st, done);
     }
     if (!have) { // no query of this rank sees any key: out 0, lse -inf
-        CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, out_acc, 0.0f, out_n, run->stream), st, done);
-        CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, lse_acc, -INFINITY, lse_n, run->stream), st,
+        CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.out_acc, 0.0f, out_n, run->stream), st,
+                          done);
+        CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.lse_acc, -INFINITY, lse_n, run->stream), st,
                           done);
     }
-    st = ctxpar_store_fwd(run, pb, out_acc, lse_acc, out, lse);
+    st = ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, out, lse);
 done:
     ctxpar_xfer_cancel(run, &x);
-    ctxpar_buffers_free(&buf);
     ctxpar_ring_plan_free(&plan);
     return st;
 }
 
-// Backward state: K/V double buffer, dK/dV partial sums and their transfers.
+// Backward state. Block b's dK/dV partial sum follows it around the ring one step behind its
+// K/V: at step s a rank waits for the partial sum of the block it holds, adds its own
+// contribution into it (the kernel accumulates), and passes it on while the next block's sum
+// arrives in the other buffer. Two dK/dV buffers, not three: the partial-sum transfer is not
+// hidden behind compute (the K/V transfer is), which halves what the ring keeps per rank.
 typedef struct ring_bwd {
     ctxpar_ring_plan plan;
-    ctxpar_xfer xkv, xd, xsend, xhome; // K/V; partial sums in; a finished sum out; ours in
+    ctxpar_xfer xkv, xd, xsend, xhome; // K/V; partial sums; a finished sum out; ours in
     void *kv[2];
-    float *own;     // this rank's contribution to its own block (step 0)
-    float *dloc[2]; // contributions at steps >= 1, alternating while one is in flight
-    float *din;     // a partial sum arriving for the next step's block
-    // This rank's own block's complete dK/dV, sent home by the last rank that uses it. It lands
-    // in `own`: own's one transfer (posted at step 0) is waited at step 1, before the receive of
-    // the finished sum is posted (at step >= 1), so the two never overlap in time.
-    float *dhome;
+    float *d[2]; // d[s % 2]: the sum of the block held at step s
+    // This rank's own block's finished dK/dV when it cannot land in a d[] buffer: kept at step 0
+    // (no other rank needs the block) or sent home before the last step (under a mask). NULL
+    // otherwise: it comes home at the last step, into the d[] buffer that step leaves free.
+    float *home;
+    float *dq_acc, *delta;
     size_t dkv_n, dkv_bytes;
 } ring_bwd;
 
@@ -133,70 +150,85 @@ static int dkv_destination(const ctxpar_problem *pb, const ctxpar_ring_plan *pla
     return j != pb->rank ? j : -1;
 }
 
-static ctxpar_status bwd_alloc(ctxpar_buffers *buf, const ctxpar_problem *pb, ring_bwd *w,
-                               size_t kv_bytes) {
-    const size_t tb = w->dkv_bytes + CTXPAR_XFER_TRAILER;
-    const int P = pb->nranks;
-    CTXPAR_CHECK(ctxpar_buffers_alloc(buf, kv_bytes + CTXPAR_XFER_TRAILER, &w->kv[0]));
-    CTXPAR_CHECK(ctxpar_buffers_alloc(buf, tb, (void **)&w->own));
-    if (P == 1)
-        return CTXPAR_OK;
-    CTXPAR_CHECK(ctxpar_buffers_alloc(buf, kv_bytes + CTXPAR_XFER_TRAILER, &w->kv[1]));
-    // Steps 1 .. P-1 use dloc[s % 2]: with two ranks only dloc[1].
-    if (P > 2)
-        CTXPAR_CHECK(ctxpar_buffers_alloc(buf, tb, (void **)&w->dloc[0]));
-    CTXPAR_CHECK(ctxpar_buffers_alloc(buf, tb, (void **)&w->dloc[1]));
-    CTXPAR_CHECK(ctxpar_buffers_alloc(buf, tb, (void **)&w->din));
-    if (w->plan.last[pb->rank] != pb->rank)
-        w->dhome = w->own;
-    return CTXPAR_OK;
+// Whether this rank's own finished dK/dV needs a buffer of its own (see ring_bwd.home).
+static int needs_home(const ctxpar_problem *pb, const ctxpar_ring_plan *plan) {
+    const int P = pb->nranks, last = plan->last[pb->rank];
+    return P > 1 && (last == pb->rank || ctxpar_ring_dist(pb->rank, last, P) != P - 1);
 }
 
-// One backward step: compute this step's contribution, add the partial sum that came with the
-// block, pass it on, and post the receive of this rank's finished block when it is due.
+static size_t ring_bwd_layout(const ctxpar_problem *pb, int home, char *base, ring_bwd *w) {
+    const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
+    const size_t dkv_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);
+    const int P = pb->nranks;
+    ctxpar_carve c = {base, 0};
+    w->kv[0] = ctxpar_carve_take(&c, kv_bytes + CTXPAR_XFER_TRAILER);
+    w->kv[1] = P > 1 ? ctxpar_carve_take(&c, kv_bytes + CTXPAR_XFER_TRAILER) : NULL;
+    w->d[0] = ctxpar_carve_take(&c, dkv_bytes + CTXPAR_XFER_TRAILER);
+    w->d[1] = P > 1 ? ctxpar_carve_take(&c, dkv_bytes + CTXPAR_XFER_TRAILER) : NULL;
+    w->home = home ? ctxpar_carve_take(&c, dkv_bytes + CTXPAR_XFER_TRAILER) : NULL;
+    w->dq_acc = ctxpar_carve_take(
+        &c, ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim) * sizeof(float));
+    w->delta = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) *
+                                         sizeof(float));
+    return c.used;
+}
+
+size_t ctxpar_ring_workspace_bytes(const ctxpar_problem *pb) {
+    ring_fwd_ws f;
+    ring_bwd b;
+    ctxpar_ring_plan plan = {0, NULL};
+    // Without memory for the plan, assume the larger layout (reserve only sizes).
+    int home = ctxpar_ring_plan_make(pb, &plan) == CTXPAR_OK ? needs_home(pb, &plan)
+                                                             : pb->nranks > 1;
+    ctxpar_clear_error();
+    ctxpar_ring_plan_free(&plan);
+    size_t fwd = ring_fwd_layout(pb, NULL, &f), bwd = ring_bwd_layout(pb, home, NULL, &b);
+    return fwd > bwd ? fwd : bwd;
+}
+
+// One backward step: take the partial sum of the block held (it arrived during the previous
+// step), add this rank's contribution, pass it on, and post the receive of the next block's
+// sum and, when due, of this rank's finished block.
 static ctxpar_status bwd_step(const ctxpar_run *run, const ctxpar_problem *pb, ring_bwd *w, int s,
                               const ctxpar_shard_spans *qs, const ctxpar_tensor *q,
-                              const ctxpar_tensor *dout, const float *lse, const float *delta,
-                              float *dq_acc, size_t kv_bytes) {
+                              const ctxpar_tensor *dout, const float *lse, size_t kv_bytes) {
     const int P = pb->nranks;
     void *cur = w->kv[s % 2];
     CTXPAR_CHECK(post_kv(run, pb, &w->plan, &w->xkv, s, cur, w->kv[(s + 1) % 2], kv_bytes));
-    int holds = ctxpar_ring_holds(&w->plan, pb->rank, s);
-    float *dloc = s == 0 ? w->own : w->dloc[s % 2];
+    // The previous step's transfers: this block's sum has arrived and the sent buffer is free.
+    CTXPAR_CHECK(ctxpar_xfer_wait(run, &w->xd));
+    CTXPAR_CHECK(ctxpar_xfer_wait(run, &w->xsend));
+    const int holds = ctxpar_ring_holds(&w->plan, pb->rank, s);
+    float *acc = s == 0 && w->home && w->plan.last[pb->rank] == pb->rank ? w->home : w->d[s % 2];
     if (holds) {
-        // A fresh buffer for this contribution, so that the partial sum from earlier ranks can
-        // keep arriving meanwhile; it is added afterwards.
-        CTXPAR_CHECK(ctxpar_dev_fill(run->dev, dloc, 0.0f, w->dkv_n, run->stream));
+        if (s == 0) // this rank's own block: the first contribution to its sum
+            CTXPAR_CHECK(ctxpar_dev_fill(run->dev, acc, 0.0f, w->dkv_n, run->stream));
         ctxpar_shard_spans ks;
         ctxpar_attn_block blk;
         if (block_for_step(run, pb, qs, &ks, s, q, cur, &blk)) {
             double t0 = ctxpar_now();
-            CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, delta, dq_acc, dloc,
-                                                   dloc + w->dkv_n / 2, run->stream));
+            CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc,
+                                                   acc, acc + w->dkv_n / 2, run->stream));
             ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", s, block_at(pb, s), t0, ctxpar_now(),
                              0);
         }
     }
-    // The previous step's partial-sum transfers: the receive is this step's block's sum so far,
-    // and the send buffer is reused next step.
-    CTXPAR_CHECK(ctxpar_xfer_wait(run, &w->xd));
-    CTXPAR_CHECK(ctxpar_xfer_wait(run, &w->xsend));
-    if (holds && s > 0)
-        CTXPAR_CHECK(ctxpar_dev_add(run->dev, dloc, w->din, w->dkv_n, run->stream));
     int dst = holds ? dkv_destination(pb, &w->plan, s) : -1;
     int src = ctxpar_ring_kv_hop(&w->plan, prev_rank(pb), s) ? prev_rank(pb) : -1;
+    float *next = P > 1 ? w->d[(s + 1) % 2] : NULL;
     // A finished sum goes home as a transfer of its own kind, which its owner expects.
     int home = dst >= 0 && dst == block_at(pb, s);
     if (home)
-        CTXPAR_CHECK(ctxpar_xfer_post(run, &w->xsend, CTXPAR_XFER_DKV_HOME, s, dloc, dst, NULL, -1,
+        CTXPAR_CHECK(ctxpar_xfer_post(run, &w->xsend, CTXPAR_XFER_DKV_HOME, s, acc, dst, NULL, -1,
                                       w->dkv_bytes));
     if ((dst >= 0 && !home) || src >= 0)
-        CTXPAR_CHECK(ctxpar_xfer_post(run, &w->xd, CTXPAR_XFER_DKV, s, dloc, home ? -1 : dst,
-                                      w->din, src, w->dkv_bytes));
+        CTXPAR_CHECK(ctxpar_xfer_post(run, &w->xd, CTXPAR_XFER_DKV, s, acc, home ? -1 : dst, next,
+                                      src, w->dkv_bytes));
     int last = w->plan.last[pb->rank];
     if (last != pb->rank && s == ctxpar_ring_dist(pb->rank, last, P))
-        CTXPAR_CHECK(ctxpar_xfer_post(run, &w->xhome, CTXPAR_XFER_DKV_HOME, s, NULL, -1, w->dhome,
-                                      last, w->dkv_bytes));
+        // At the last step no partial sum comes in, so `next` is free (needs_home).
+        CTXPAR_CHECK(ctxpar_xfer_post(run, &w->xhome, CTXPAR_XFER_DKV_HOME, s, NULL, -1,
+                                      w->home ? w->home : next, last, w->dkv_bytes));
     return ctxpar_xfer_wait(run, &w->xkv);
 }
 
@@ -208,34 +240,32 @@ ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
     const int P = pb->nranks;
     const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
     const size_t q_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
-    const size_t delta_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
-    ctxpar_buffers buf = {.dev = run->dev, .stream = run->stream};
     ring_bwd w = {0};
     w.dkv_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);
     w.dkv_n = w.dkv_bytes / sizeof(float);
-    float *dq_acc = NULL, *delta = NULL;
+    void *base = NULL;
     ctxpar_status st;
 
     CTXPAR_CHECK_GOTO(ctxpar_ring_plan_make(pb, &w.plan), st, done);
-    CTXPAR_CHECK_GOTO(bwd_alloc(&buf, pb, &w, kv_bytes), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, q_n * sizeof(float), (void **)&dq_acc), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_buffers_alloc(&buf, delta_n * sizeof(float), (void **)&delta), st,
+    const int home = needs_home(pb, &w.plan);
+    CTXPAR_CHECK_GOTO(ctxpar_run_workspace(run, ring_bwd_layout(pb, home, NULL, &w), &base), st,
                       done);
+    (void)ring_bwd_layout(pb, home, base, &w);
     CTXPAR_CHECK_GOTO(ctxpar_pack_kv(run, pb, k, v, w.kv[0]), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_dev_attn_bwd_prep(run->dev, out, dout, delta, run->stream), st, done);
-    CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, dq_acc, 0.0f, q_n, run->stream), st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_dev_attn_bwd_prep(run->dev, out, dout, w.delta, run->stream), st,
+                      done);
+    CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.dq_acc, 0.0f, q_n, run->stream), st, done);
 
     ctxpar_shard_spans qs;
     ctxpar_layout_spans(pb->layout, pb->seq_global, pb->rank, P, &qs);
     for (int s = 0; s < P; s++)
-        CTXPAR_CHECK_GOTO(bwd_step(run, pb, &w, s, &qs, q, dout, lse, delta, dq_acc, kv_bytes), st,
-                          done);
+        CTXPAR_CHECK_GOTO(bwd_step(run, pb, &w, s, &qs, q, dout, lse, kv_bytes), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xd), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xsend), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xhome), st, done);
-    // Own block: complete at step 0 when nobody else needs it, else it has come home (into own).
-    const float *dkv = w.own;
-    ctxpar_tensor dq_t = ctxpar_tensor_bshd(dq_acc, CTXPAR_DTYPE_F32, pb->batch, pb->seq_local,
+    // Own block: complete at step 0 when nobody else needs it, else it has come home.
+    const float *dkv = P == 1 ? w.d[0] : w.home ? w.home : w.d[P % 2];
+    ctxpar_tensor dq_t = ctxpar_tensor_bshd(w.dq_acc, CTXPAR_DTYPE_F32, pb->batch, pb->seq_local,
                                             pb->heads_q, pb->head_dim);
     ctxpar_tensor dk_t = ctxpar_packed_kv((void *)dkv, CTXPAR_DTYPE_F32, pb, pb->seq_local, 0);
     ctxpar_tensor dv_t = ctxpar_packed_kv((void *)dkv, CTXPAR_DTYPE_F32, pb, pb->seq_local, 1);
@@ -247,7 +277,6 @@ done:
     ctxpar_xfer_cancel(run, &w.xd);
     ctxpar_xfer_cancel(run, &w.xsend);
     ctxpar_xfer_cancel(run, &w.xhome);
-    ctxpar_buffers_free(&buf);
     ctxpar_ring_plan_free(&w.plan);
     return st;
 }

@@ -5,9 +5,16 @@
 #include "validate.h"
 
 static ctxpar_run make_run(ctxpar_context *ctx, ctxpar_stream *stream) {
-    ctxpar_run run = {ctx->dev,           ctx->comm,   stream,    ctx->options.verify_transfers,
-                      ctx->trace,         ctx->trace_user, &ctx->work};
+    ctxpar_run run = {ctx->dev,   ctx->comm,       stream,     ctx->options.verify_transfers,
+                      ctx->trace, ctx->trace_user, &ctx->work, &ctx->ws};
     return run;
+}
+
+// Ends the call's use of the workspace; a failure there (the device reporting a fault of the
+// call's last work) is the call's result unless it already failed.
+static ctxpar_status finish(ctxpar_context *ctx, ctxpar_stream *stream, ctxpar_status st) {
+    ctxpar_status end = ctxpar_workspace_finish(&ctx->ws, stream);
+    return st != CTXPAR_OK ? st : end;
 }
 
 static ctxpar_status check_lse(const char *name, const void *lse) {
@@ -68,10 +75,12 @@ ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_FWD, &p, &pb, algo, st));
     ctxpar_run run = make_run(ctx, stream);
     if (algo == CTXPAR_ALGO_ALLGATHER)
-        return abort_on_failure(ctx, ctxpar_allgather_fwd(&run, &pb, q, k, v, out, lse));
-    if (algo == CTXPAR_ALGO_ALLTOALL)
-        return abort_on_failure(ctx, ctxpar_alltoall_fwd(&run, &pb, q, k, v, out, lse));
-    return abort_on_failure(ctx, ctxpar_ring_fwd(&run, &pb, q, k, v, out, lse));
+        st = ctxpar_allgather_fwd(&run, &pb, q, k, v, out, lse);
+    else if (algo == CTXPAR_ALGO_ALLTOALL)
+        st = ctxpar_alltoall_fwd(&run, &pb, q, k, v, out, lse);
+    else
+        st = ctxpar_ring_fwd(&run, &pb, q, k, v, out, lse);
+    return abort_on_failure(ctx, finish(ctx, stream, st));
 }
 
 static ctxpar_status validate_bwd(const ctxpar_context *ctx, const ctxpar_attn_params *params,
@@ -105,13 +114,12 @@ ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_BWD, &p, &pb, algo, st));
     ctxpar_run run = make_run(ctx, stream);
     if (algo == CTXPAR_ALGO_ALLGATHER)
-        return abort_on_failure(
-            ctx, ctxpar_allgather_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv));
-    if (algo == CTXPAR_ALGO_ALLTOALL)
-        return abort_on_failure(
-            ctx, ctxpar_alltoall_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv));
-    return abort_on_failure(ctx,
-                            ctxpar_ring_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv));
+        st = ctxpar_allgather_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
+    else if (algo == CTXPAR_ALGO_ALLTOALL)
+        st = ctxpar_alltoall_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
+    else
+        st = ctxpar_ring_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
+    return abort_on_failure(ctx, finish(ctx, stream, st));
 }
 
 ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx, const ctxpar_attn_params *params,
@@ -142,4 +150,29 @@ ctxpar_status ctxpar_attn_supported(const ctxpar_context *ctx, const ctxpar_attn
     // Forward and backward (the backward's blocks include the forward's); out would have q's
     // shape and dtype, so q stands in for it.
     return validate_fwd(ctx, params, q, k, v, q, 1, &p, &pb, &algo);
+}
+
+ctxpar_status ctxpar_context_reserve(ctxpar_context *ctx, const ctxpar_attn_params *params,
+                                     const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                     const ctxpar_tensor *v) {
+    ctxpar_clear_error();
+    if (!ctx)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
+    ctxpar_attn_params p;
+    ctxpar_problem pb;
+    ctxpar_algo algo;
+    // Sized for the backward, whose workspace holds the forward's.
+    CTXPAR_CHECK(validate_fwd(ctx, params, q, k, v, q, 1, &p, &pb, &algo));
+    size_t bytes;
+    if (algo == CTXPAR_ALGO_ALLGATHER) {
+        bytes = ctxpar_allgather_workspace_bytes(&pb);
+    } else if (algo == CTXPAR_ALGO_ALLTOALL) {
+        CTXPAR_CHECK(ctxpar_alltoall_check(&pb));
+        bytes = ctxpar_alltoall_workspace_bytes(&pb);
+    } else {
+        bytes = ctxpar_ring_workspace_bytes(&pb);
+    }
+    void *base = NULL;
+    CTXPAR_CHECK(ctxpar_workspace_acquire(&ctx->ws, bytes, NULL, &base));
+    return ctxpar_workspace_finish(&ctx->ws, NULL);
 }

@@ -29,11 +29,26 @@ ctxpar_status ctxpar_context_create(ctxpar_device *device, ctxpar_comm *comm,
     ctx->dev = device;
     ctx->comm = comm;
     ctx->options = opts;
+    ctx->ws.dev = device;
     *ctx_out = ctx;
     return CTXPAR_OK;
 }
 
-void ctxpar_context_destroy(ctxpar_context *ctx) { free(ctx); }
+void ctxpar_context_destroy(ctxpar_context *ctx) {
+    if (!ctx)
+        return;
+    (void)ctxpar_workspace_release(&ctx->ws); // destroy has no caller to tell; release does
+    free(ctx);
+}
+
+ctxpar_status ctxpar_context_release(ctxpar_context *ctx) {
+    ctxpar_clear_error();
+    if (!ctx)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
+    ctxpar_status st = ctxpar_workspace_release(&ctx->ws);
+    ctxpar_status st2 = ctxpar_dev_scratch_release(ctx->dev);
+    return st != CTXPAR_OK ? st : st2;
+}
 
 ctxpar_status ctxpar_context_memory_stats(const ctxpar_context *ctx,
                                           ctxpar_memory_stats *stats_out) {

@@ -11,6 +11,7 @@ struct ctxpar_context {
     ctxpar_trace_fn trace;
     void *trace_user;
     ctxpar_work_stats work;
+    ctxpar_workspace ws; /* the algorithms' buffers (algorithms.h) */
 };
 
 // Puts back a message saved from ctxpar_last_error() (after a call that may overwrite it).

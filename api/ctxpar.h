@@ -260,6 +260,19 @@ CTXPAR_API ctxpar_status ctxpar_context_memory_stats(const ctxpar_context *ctx,
 /* Sets peak_bytes to current_bytes. */
 CTXPAR_API ctxpar_status ctxpar_context_reset_peak(ctxpar_context *ctx);
 
+/* The context's workspace: the buffers of the attention calls come from one block the context
+ * owns, which grows to the largest call seen and is kept, so that calls after the first allocate
+ * nothing. Reuse is stream-ordered: a call on another stream waits (on the device) for the
+ * previous call's work first. It is counted in ctxpar_context_memory_stats.
+ *
+ * reserve sizes it up front for forward and backward of these params and local shapes (not
+ * collective; q, k, v are only looked at); release gives it back (and the device's kernel
+ * scratch): the next call allocates again. */
+CTXPAR_API ctxpar_status ctxpar_context_reserve(ctxpar_context *ctx, const ctxpar_attn_params *params,
+                                     const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                     const ctxpar_tensor *v);
+CTXPAR_API ctxpar_status ctxpar_context_release(ctxpar_context *ctx);
+
 /* Bytes this rank has sent through the context's comm since creation. */
 CTXPAR_API ctxpar_status ctxpar_context_bytes_sent(const ctxpar_context *ctx, uint64_t *bytes_out);
 

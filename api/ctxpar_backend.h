@@ -322,6 +322,11 @@ struct ctxpar_device {
     int host_memory;        /* device memory is host-addressable (the CPU backend) */
     size_t mem_current;     /* bytes allocated through ctxpar_dev_alloc and not yet freed */
     size_t mem_peak;
+    uint64_t alloc_count;   /* calls of the backend's alloc so far (ctxpar_dev_alloc) */
+    struct ctxpar_dev_block *blocks; /* every live allocation: pointer, size, kind */
+    size_t n_blocks, cap_blocks;
+    void *scratch; /* ctxpar_dev_scratch's block, scratch_bytes long */
+    size_t scratch_bytes;
 };
 
 /* Whether an ops table (struct_size as compiled by its author) holds `member` and sets it. */
@@ -335,9 +340,23 @@ ctxpar_status ctxpar_device_create(const struct ctxpar_device_ops *ops, void *im
                                    int host_memory, ctxpar_device **device_out);
 
 /* Dispatch wrappers: the only way algorithms reach a device. */
+/* Allocates and records the block (size and kind), so that the memory statistics and the
+ * allocation count (dev->alloc_count) are exact. */
 ctxpar_status ctxpar_dev_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
                                void **ptr_out);
-void ctxpar_dev_free(ctxpar_device *dev, void *ptr, size_t bytes, ctxpar_mem_kind kind);
+/* Frees a block ctxpar_dev_alloc returned (NULL: nothing). The dispatch knows its size and kind:
+ * `bytes` and `kind` must match them (0 bytes: not checked). A pointer the dispatch did not hand
+ * out, or a mismatch, is CTXPAR_ERR_INTERNAL and frees nothing. Callers merge the status into
+ * their own. Stream-ordered: the backend's free must not release memory that work already
+ * enqueued may still use (the CPU is synchronous; the CUDA backend fences its streams). */
+ctxpar_status ctxpar_dev_free(ctxpar_device *dev, void *ptr, size_t bytes, ctxpar_mem_kind kind);
+/* A device-owned scratch block of at least `bytes` for a backend op's own temporaries (the CPU
+ * backward's dQ partial sums): it grows to the largest request and is kept, so that steady-state
+ * calls allocate nothing; counted in the memory statistics. One user at a time: an op takes it
+ * and is done with it before it returns (synchronous backends), or orders its use on one stream. */
+ctxpar_status ctxpar_dev_scratch(ctxpar_device *dev, size_t bytes, void **ptr_out);
+/* Gives the scratch block back (ctxpar_context_release). */
+ctxpar_status ctxpar_dev_scratch_release(ctxpar_device *dev);
 ctxpar_status ctxpar_dev_copy(ctxpar_device *dev, void *dst, const void *src, size_t bytes,
                               ctxpar_copy_kind kind, ctxpar_stream *stream);
 ctxpar_status ctxpar_dev_memset(ctxpar_device *dev, void *dst, int value, size_t bytes,

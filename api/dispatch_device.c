@@ -69,11 +69,33 @@ ctxpar_status ctxpar_device_create(const DEV_OPS *ops, void *impl, int host_memo
     return CTXPAR_OK;
 }
 
+// One live allocation: what a free needs to know without trusting its caller.
+struct ctxpar_dev_block {
+    void *ptr;
+    size_t bytes;
+    ctxpar_mem_kind kind;
+};
+
 void ctxpar_device_destroy(ctxpar_device *dev) {
     if (!dev)
         return;
+    (void)ctxpar_dev_scratch_release(dev); // a device going away has no caller left to tell
     dev->ops->destroy(dev);
+    free(dev->blocks);
     free(dev);
+}
+
+static ctxpar_status remember(ctxpar_device *dev, void *ptr, size_t bytes, ctxpar_mem_kind kind) {
+    if (dev->n_blocks == dev->cap_blocks) {
+        size_t cap = dev->cap_blocks ? 2 * dev->cap_blocks : 16;
+        struct ctxpar_dev_block *grown = realloc(dev->blocks, cap * sizeof *grown);
+        if (!grown)
+            return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot record an allocation");
+        dev->blocks = grown;
+        dev->cap_blocks = cap;
+    }
+    dev->blocks[dev->n_blocks++] = (struct ctxpar_dev_block){ptr, bytes, kind};
+    return CTXPAR_OK;
 }
 
 ctxpar_status ctxpar_dev_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
@@ -82,6 +104,12 @@ ctxpar_status ctxpar_dev_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind
     // Zero-byte buffers happen (an empty shard); hand out a real allocation anyway so that NULL
     // always means "nothing allocated".
     CTXPAR_CHECK(dev->ops->alloc(dev, bytes ? bytes : 1, kind, &p));
+    dev->alloc_count++;
+    ctxpar_status st = remember(dev, p, bytes, kind);
+    if (st != CTXPAR_OK) {
+        dev->ops->free(dev, p, kind);
+        return st;
+    }
     dev->mem_current += bytes;
     if (dev->mem_current > dev->mem_peak)
         dev->mem_peak = dev->mem_current;
@@ -89,11 +117,46 @@ ctxpar_status ctxpar_dev_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind
     return CTXPAR_OK;
 }
 
-void ctxpar_dev_free(ctxpar_device *dev, void *ptr, size_t bytes, ctxpar_mem_kind kind) {
+ctxpar_status ctxpar_dev_free(ctxpar_device *dev, void *ptr, size_t bytes, ctxpar_mem_kind kind) {
     if (!ptr)
-        return;
+        return CTXPAR_OK;
+    size_t i = dev->n_blocks;
+    while (i > 0 && dev->blocks[i - 1].ptr != ptr) // recent blocks are freed first
+        i--;
+    if (i == 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INTERNAL,
+                            "free of %p, which device '%s' did not allocate (or freed already)",
+                            ptr, dev->ops->name ? dev->ops->name : "?");
+    struct ctxpar_dev_block b = dev->blocks[i - 1];
+    if ((bytes != 0 && bytes != b.bytes) || kind != b.kind)
+        return CTXPAR_ERROR(CTXPAR_ERR_INTERNAL,
+                            "free of %p as %zu bytes of kind %d: it was allocated as %zu bytes of "
+                            "kind %d",
+                            ptr, bytes, (int)kind, b.bytes, (int)b.kind);
+    dev->blocks[i - 1] = dev->blocks[--dev->n_blocks];
     dev->ops->free(dev, ptr, kind);
-    dev->mem_current -= bytes;
+    dev->mem_current -= b.bytes;
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_dev_scratch(ctxpar_device *dev, size_t bytes, void **ptr_out) {
+    if (dev->scratch && dev->scratch_bytes >= bytes) {
+        *ptr_out = dev->scratch;
+        return CTXPAR_OK;
+    }
+    CTXPAR_CHECK(ctxpar_dev_scratch_release(dev));
+    CTXPAR_CHECK(ctxpar_dev_alloc(dev, bytes, CTXPAR_MEM_DEVICE, &dev->scratch));
+    dev->scratch_bytes = bytes;
+    *ptr_out = dev->scratch;
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_dev_scratch_release(ctxpar_device *dev) {
+    void *p = dev->scratch;
+    size_t bytes = dev->scratch_bytes;
+    dev->scratch = NULL;
+    dev->scratch_bytes = 0;
+    return ctxpar_dev_free(dev, p, bytes, CTXPAR_MEM_DEVICE);
 }
 
 ctxpar_status ctxpar_dev_copy(ctxpar_device *dev, void *dst, const void *src, size_t bytes,

@@ -16,6 +16,7 @@ typedef struct bench_numbers {
     double bwd_s, bwd_flops_per_s; // the backward alone: fwd_bwd_s - fwd_s
     double peak_flops;             // of the cores these ranks use; NAN unknown
     size_t peak_bytes;            // max over ranks
+    uint64_t allocations;         // device allocations per timed call, max over ranks
     uint64_t bytes_sent;          // max over ranks, per call
     double compute_s, transfer_s, wait_s; // per call, mean over ranks
     double hidden;                // 1 - wait / transfer; NAN when nothing was transferred
@@ -76,6 +77,8 @@ static bench_numbers numbers(const ctxpar_run_config *c, int ranks, const ctxpar
         const ctxpar_run_rank_stats *s = &r->rank[i];
         if (s->bytes_sent > b.bytes_sent)
             b.bytes_sent = s->bytes_sent;
+        if (s->allocations > b.allocations)
+            b.allocations = s->allocations;
         b.compute_s += s->compute_s / n;
         transfer += s->transfer_s;
         wait += s->wait_s;
@@ -116,8 +119,11 @@ static void json_numbers(FILE *f, const bench_numbers *b, int backward) {
         fputs(",\"bwd_fraction_of_peak\":", f);
         ctxpar_json_num(f, b->bwd_flops_per_s / b->peak_flops);
     }
-    fprintf(f, ",\"peak_bytes_per_rank\":%zu,\"bytes_sent_per_rank\":%llu,\"compute_s\":",
-            b->peak_bytes, (unsigned long long)b->bytes_sent);
+    fprintf(f,
+            ",\"peak_bytes_per_rank\":%zu,\"allocations_per_call\":%llu,"
+            "\"bytes_sent_per_rank\":%llu,\"compute_s\":",
+            b->peak_bytes, (unsigned long long)b->allocations,
+            (unsigned long long)b->bytes_sent);
     ctxpar_json_num(f, b->compute_s);
     fputs(",\"transfer_s\":", f);
     ctxpar_json_num(f, b->transfer_s);
@@ -241,6 +247,8 @@ static void print_table(const ctxpar_run_config *c, const char *comm, const ctxp
     printf("  %-26s %-16.0f %.0f\n", "tokens/s (forward)", p->tokens_per_s, base->tokens_per_s);
     printf("  %-26s %-16.2f %.2f\n", "peak memory per rank, MiB", p->peak_bytes / 1048576.0,
            base->peak_bytes / 1048576.0);
+    printf("  %-26s %-16llu %llu\n", "allocations per call", (unsigned long long)p->allocations,
+           (unsigned long long)base->allocations);
     printf("  %-26s %-16.2f %.2f\n", "sent per rank, MiB", p->bytes_sent / 1048576.0,
            base->bytes_sent / 1048576.0);
     ms_cell(a, sizeof a, p->compute_s);

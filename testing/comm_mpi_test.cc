@@ -497,6 +497,36 @@ TEST_F(MpiComm, CancelThenFree) {
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// A send MPI cannot cancel (large: it waits for the receive) is cancelled, and its buffer
+// overwritten and freed at once, as an algorithm may after an error. The receive posted later
+// still gets the bytes as they were when sent: the comm sends from its own copy, kept until the
+// orphaned send retires, and never reads memory its caller gave back.
+TEST_F(MpiComm, CancelledSendNeverReadsTheCallersBufferAfterwards) {
+    if (p_ < 2)
+        GTEST_SKIP() << "needs two ranks";
+    const size_t bytes = 4 << 20; // far above the eager limit
+    const std::vector<uint8_t> want = Pattern(77, 0, bytes);
+    if (rank_ == 0) {
+        auto *send = new std::vector<uint8_t>(want);
+        ctxpar_request *req = nullptr;
+        EXPECT_OK(ctxpar_comm_sendrecv(comm_, send->data(), bytes, 1, nullptr, 0, -1, 5, nullptr,
+                                       &req));
+        ctxpar_comm_cancel(comm_, req);
+        std::fill(send->begin(), send->end(), 0xEE); // reused, then given back
+        delete send;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank_ == 1) {
+        std::vector<uint8_t> got(bytes, 0);
+        ctxpar_request *req = nullptr;
+        EXPECT_OK(ctxpar_comm_sendrecv(comm_, nullptr, 0, -1, got.data(), bytes, 0, 5, nullptr,
+                                       &req));
+        EXPECT_OK(ctxpar_comm_wait(comm_, req, nullptr));
+        EXPECT_EQ(FirstDiff(got.data(), want.data(), bytes), -1);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // Destroying a comm with requests in flight (one whose peer never posts, with a large buffer
 // whose send MPI cannot cancel) frees everything; the next comm is unaffected.
 TEST_F(MpiComm, DestroyWithRequestsInFlight) {

@@ -693,9 +693,9 @@ TEST_P(BwdSchedule, AccumulatesAndSkipsNullOutputs) {
               CTXPAR_OK);
 }
 
-// The fused schedule's dQ partial sums are device memory: counted while the call runs, and
-// returned by the end of it.
-TEST_P(BwdSchedule, LeavesNoDeviceMemoryBehind) {
+// The fused schedule's dQ partial sums live in the device's scratch: counted, kept for the next
+// call (which allocates nothing), and returned by ctxpar_dev_scratch_release.
+TEST_P(BwdSchedule, KeepsItsScratchCountedAndReleasesIt) {
     Problem p;
     p.B = 2;
     p.Hkv = 2;
@@ -710,12 +710,19 @@ TEST_P(BwdSchedule, LeavesNoDeviceMemoryBehind) {
     ASSERT_EQ(ctxpar_dev_attn_block_bwd(d.dev, &blk, &p.dout->t, all.fwd.lse.data(),
                                         all.delta.data(), dq.data(), dk.data(), dv.data(), nullptr),
               CTXPAR_OK);
-    EXPECT_EQ(d.dev->mem_current, 0u);
+    EXPECT_EQ(d.dev->mem_current, d.dev->scratch_bytes);
     if (std::string(GetParam()) == "fused")
         EXPECT_GE(d.dev->mem_peak, p.OutSize() * sizeof(float)) << "one dQ-sized partial sum";
     else
         EXPECT_EQ(d.dev->mem_peak, 0u);
     EXPECT_EQ(BitDiff(dq, all.dq), 0u);
+    const uint64_t allocs = d.dev->alloc_count;
+    ASSERT_EQ(ctxpar_dev_attn_block_bwd(d.dev, &blk, &p.dout->t, all.fwd.lse.data(),
+                                        all.delta.data(), dq.data(), dk.data(), dv.data(), nullptr),
+              CTXPAR_OK);
+    EXPECT_EQ(d.dev->alloc_count, allocs) << "the second call reuses the scratch";
+    EXPECT_EQ(ctxpar_dev_scratch_release(d.dev), CTXPAR_OK);
+    EXPECT_EQ(d.dev->mem_current, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BwdSchedule, ::testing::ValuesIn(kSchedules),

@@ -91,6 +91,7 @@ typedef struct ctxpar_run_outputs {
 
 typedef struct ctxpar_run_rank_stats {
     size_t peak_bytes;
+    uint64_t allocations; /* device allocations per timed call (after the warm-up) */
     uint64_t bytes_sent;
     ctxpar_work_stats work;
     /* Seconds per timed call, from the library's trace events: kernels (COMPUTE), transfers in

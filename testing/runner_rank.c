@@ -188,16 +188,18 @@ void ctxpar_run_rank(const ctxpar_run_config *cfg, ctxpar_device *dev, ctxpar_co
     ctxpar_tensor q = slot_tensor(&t, L_Q, 1), k = slot_tensor(&t, L_K, 1);
     CTXPAR_CHECK_GOTO(ctxpar_attn_choose_algo(ctx, &cfg->params, &q, &k, &r->algo), st, failed);
     double fwd_s, total_s;
+    // The staged tensors are the caller's, not the library's: count from here. (Measured before
+    // the calls: the context's workspace, kept from the warm-up on, is the library's.)
+    ctxpar_memory_stats ms;
+    CTXPAR_CHECK_GOTO(ctxpar_context_memory_stats(ctx, &ms), st, failed);
+    const size_t staged = ms.current_bytes;
     for (int i = 0; i < cfg->warmup; i++) {
         if (rank == 0)
             ctxpar_run_progress(cfg, "warm-up", i, cfg->warmup);
         CTXPAR_CHECK_GOTO(call(ctx, comm, &t, &fwd_s, &total_s), st, failed);
     }
-    // The staged tensors are the caller's, not the library's: count from here.
-    ctxpar_memory_stats ms;
-    CTXPAR_CHECK_GOTO(ctxpar_context_memory_stats(ctx, &ms), st, failed);
-    const size_t staged = ms.current_bytes;
     CTXPAR_CHECK_GOTO(ctxpar_context_reset_peak(ctx), st, failed);
+    const uint64_t allocs0 = dev->alloc_count; // device allocations of the timed calls
     CTXPAR_CHECK_GOTO(ctxpar_context_reset_work_stats(ctx), st, failed);
     uint64_t sent0 = 0;
     CTXPAR_CHECK_GOTO(ctxpar_context_bytes_sent(ctx, &sent0), st, failed);
@@ -208,6 +210,7 @@ void ctxpar_run_rank(const ctxpar_run_config *cfg, ctxpar_device *dev, ctxpar_co
         CTXPAR_CHECK_GOTO(call(ctx, comm, &t, &fwd_times[i], &times[i]), st, failed);
     }
     rt.active = 0;
+    r->stats.allocations = (dev->alloc_count - allocs0) / (uint64_t)reps;
     if (rank == 0)
         ctxpar_run_progress(cfg, stage, reps, reps);
     r->time_s = median(times, reps);

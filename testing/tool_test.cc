@@ -642,7 +642,7 @@ const char *const kBenchFields[] = {"fwd_flops_per_s",     "tokens_per_s",
                                     "fwd_time_s",          "fwd_bwd_flops_per_s",
                                     "fwd_bwd_time_s",      "hidden_transfer_fraction",
                                     "compute_s",           "transfer_s",
-                                    "wait_s"};
+                                    "wait_s",              "allocations_per_call"};
 
 TEST(Bench, JsonHasEveryFieldWithSaneValues) {
     Outcome o = Tool("bench --seq 256 --ranks 2 --heads 2 --dim 32 --mask causal --backward "
@@ -657,6 +657,8 @@ TEST(Bench, JsonHasEveryFieldWithSaneValues) {
         EXPECT_GT((*side)["fwd_bwd_flops_per_s"].num, 0);
         EXPECT_GT((*side)["tokens_per_s"].num, 0);
         EXPECT_GT((*side)["peak_bytes_per_rank"].num, 0);
+        // The context's workspace: after the warm-up, calls allocate nothing.
+        EXPECT_EQ((*side)["allocations_per_call"].num, 0);
         EXPECT_GT((*side)["compute_s"].num, 0);
         // FLOPs by the convention: 4 * B * H * D * S^2 / 2 (causal), computed here.
         EXPECT_DOUBLE_EQ((*side)["fwd_flops"].num, 4.0 * 1 * 2 * 32 * 256.0 * 256.0 / 2);

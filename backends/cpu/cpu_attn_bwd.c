@@ -159,8 +159,8 @@ ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
         if (dq_acc) {
             part_bytes = (size_t)(a.chunks * p.batch * p.heads_q * p.q_tiles * p.dim * 64) *
                          sizeof(float);
-            // Through the device, so that the memory statistics count it.
-            st = ctxpar_dev_alloc(dev, part_bytes, CTXPAR_MEM_DEVICE, (void **)&dq_part);
+            // The device's scratch: kept between calls and counted in the memory statistics.
+            st = ctxpar_dev_scratch(dev, part_bytes, (void **)&dq_part);
             if (st != CTXPAR_OK)
                 goto done;
             a.dq_part = dq_part;
@@ -182,8 +182,6 @@ ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
         run_two_pass(&a, ws, per_thread, nt);
 done:
     free(ws);
-    if (dq_part)
-        ctxpar_dev_free(dev, dq_part, part_bytes, CTXPAR_MEM_DEVICE);
     ctxpar_cpu_plan_release(&p);
     return st;
 }

@@ -87,21 +87,21 @@ static ctxpar_status choose_kernels(ctxpar_cpu_isa want, const ctxpar_cpu_kernel
 }
 
 static void cpu_destroy(ctxpar_device *dev) {
-    ctxpar_cpu_device *cpu = dev->impl;
-    ctxpar_cpu_cache_destroy(cpu->cache);
-    free(cpu);
+    free(dev->impl);
 }
 
 static ctxpar_status cpu_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
                                void **ptr_out) {
+    (void)dev;
     if (kind != CTXPAR_MEM_DEVICE && kind != CTXPAR_MEM_HOST)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "alloc: unknown memory kind %d", (int)kind);
     if (!ptr_out)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "alloc: ptr_out is NULL");
     if (bytes > SIZE_MAX - 64)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "alloc: %zu bytes is too large", bytes);
-    // Both kinds are ordinary host memory.
-    void *p = ctxpar_cpu_cache_alloc(((ctxpar_cpu_device *)dev->impl)->cache, bytes);
+    // Both kinds are ordinary host memory, straight from the C library: nothing is cached here
+    // (the context's workspace keeps what the algorithms reuse, and the statistics show it).
+    void *p = ctxpar_cpu_aligned_alloc(bytes);
     if (!p)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "alloc: cannot allocate %zu bytes", bytes);
     *ptr_out = p;
@@ -109,8 +109,9 @@ static ctxpar_status cpu_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind
 }
 
 static void cpu_free(ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind) {
+    (void)dev;
     (void)kind;
-    ctxpar_cpu_cache_free(((ctxpar_cpu_device *)dev->impl)->cache, ptr);
+    free(ptr);
 }
 
 static ctxpar_status cpu_copy(ctxpar_device *dev, void *dst, const void *src, size_t bytes,
@@ -209,20 +210,14 @@ ctxpar_status ctxpar_device_create_cpu(const ctxpar_cpu_options *options,
     CTXPAR_CHECK(choose_kernels(opt.kernels, &kern));
     ctxpar_cpu_bwd_schedule bwd = opt.bwd_schedule;
     ctxpar_cpu_device *cpu = calloc(1, sizeof *cpu);
-    if (cpu && !(cpu->cache = ctxpar_cpu_cache_create())) {
-        free(cpu);
-        cpu = NULL;
-    }
     if (!cpu)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "device_create_cpu: out of memory");
     cpu->num_threads = opt.num_threads;
     cpu->kern = kern;
     cpu->bwd = bwd;
     ctxpar_status st = ctxpar_device_create(&cpu_ops, cpu, 1, device_out);
-    if (st != CTXPAR_OK) {
-        ctxpar_cpu_cache_destroy(cpu->cache);
+    if (st != CTXPAR_OK)
         free(cpu);
-    }
     return st;
 }
 

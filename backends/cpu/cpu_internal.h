@@ -23,20 +23,12 @@ extern "C" {
  * tile of the other side is loaded once for the whole group. */
 #define CTXPAR_CPU_GROUP 4
 
-/* Host memory with a cache of freed blocks (cpu_memory.c): alloc returns 64-byte aligned
- * memory or NULL; free takes what alloc returned (or NULL). */
-typedef struct ctxpar_cpu_cache ctxpar_cpu_cache;
-ctxpar_cpu_cache *ctxpar_cpu_cache_create(void);
-void ctxpar_cpu_cache_destroy(ctxpar_cpu_cache *cache);
-void *ctxpar_cpu_cache_alloc(ctxpar_cpu_cache *cache, size_t bytes);
-void ctxpar_cpu_cache_free(ctxpar_cpu_cache *cache, void *ptr);
 
 /* The device's impl. */
 typedef struct ctxpar_cpu_device {
     int num_threads; /* 0 = OpenMP default */
     const ctxpar_cpu_kernels *kern;
     ctxpar_cpu_bwd_schedule bwd;
-    ctxpar_cpu_cache *cache;
 } ctxpar_cpu_device;
 
 /* Threads of a parallel region of this device (the size workspaces are made for). */

@@ -58,6 +58,7 @@ static void mpicomm_abort(ctxpar_comm *comm) {
 
 static void free_impl(mpi_comm_impl *c) {
     free(c->orphans);
+    free(c->stashes);
     free(c->dead);
     free(c->recv_seq);
     free(c->send_seq);

@@ -22,8 +22,11 @@
  * reports MPIX_ERR_PROC_FAILED gives CTXPAR_ERR_REMOTE.
  * Cancelling (or timing out) cancels the MPI requests; receives cancel at once, but Open MPI
  * cannot cancel a send: a send still pending after a short grace is kept by the comm (an
- * *orphan*), tested on later calls and freed at destroy. Until then MPI may still read that send
- * buffer if the peer posts the matching receive late.
+ * *orphan*), tested on later calls and freed at destroy. So that MPI never reads memory its
+ * caller has freed or reused, every send goes from a copy the comm owns (the request's `stash`,
+ * one memcpy per send): a request retired with sends still pending hands its stash to the comm,
+ * which frees it once no orphan is left, or at MPI_Finalize (an attribute of MPI_COMM_SELF) when
+ * orphans outlive the comm.
  *
  * Late messages. Traffic a rank abandoned may reach a peer after the peer freed its communicator.
  * Open MPI routes messages by context id and hands such a message to the next communicator that
@@ -74,6 +77,8 @@ typedef struct mpi_comm_impl {
     MPI_Request abort_req;         // the standing receive for abort notices
     MPI_Request *orphans;          // requests MPI could not cancel
     size_t n_orphans, cap_orphans;
+    void **stashes; // send copies orphans may still read (see above)
+    size_t n_stashes, cap_stashes;
     struct ctxpar_request *live; // requests not yet retired
 } mpi_comm_impl;
 
@@ -90,6 +95,8 @@ struct ctxpar_request {
     ctxpar_status status; // first failure seen (by test or wait); OK until then
     char msg[CTXPAR_MPI_MSG_LEN];
     int complete; // every MPI request done and the result finished
+    void **stash; // [n]: the comm's copies of the send buffers (NULL where none)
+    int n_stash;
     // Finishing step, once every message has landed.
     void *scratch; // landing buffer owned by the request (reduce_scatter, allreduce)
     float *rs_out;
@@ -138,7 +145,8 @@ void ctxpar_mpi_retire(mpi_comm_impl *c, struct ctxpar_request *req);
 // Tests the orphans and the abort inbox (cheap; called from every wait and test).
 void ctxpar_mpi_poll_background(mpi_comm_impl *c);
 void ctxpar_mpi_add_orphan(mpi_comm_impl *c, MPI_Request r);
-// Drops the orphans that complete within `grace_s`, then frees the rest (at destroy).
+// Drops the orphans that complete within `grace_s`, then frees the rest (at destroy); send copies
+// still in use are left to MPI_Finalize.
 void ctxpar_mpi_release_orphans(mpi_comm_impl *c, double grace_s);
 // Records the first failure of req.
 void ctxpar_mpi_fail(struct ctxpar_request *req, ctxpar_status status, const char *fmt, ...)

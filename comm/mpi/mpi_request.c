@@ -78,7 +78,7 @@ struct ctxpar_request *ctxpar_mpi_request_new(mpi_comm_impl *c, mpi_kind kind, u
                                               size_t scratch_bytes) {
     // One block: the request, its arrays, then the landing space (16-byte aligned).
     size_t head = sizeof(struct ctxpar_request);
-    size_t arrays = (size_t)n * (sizeof(MPI_Request) + 2 * sizeof(int));
+    size_t arrays = (size_t)n * (sizeof(MPI_Request) + 2 * sizeof(int) + sizeof(void *));
     size_t off = (head + arrays + 15) & ~(size_t)15;
     if (scratch_bytes > SIZE_MAX - off)
         return NULL;
@@ -89,6 +89,7 @@ struct ctxpar_request *ctxpar_mpi_request_new(mpi_comm_impl *c, mpi_kind kind, u
     req->req = (MPI_Request *)(base + head);
     req->peer = (int *)(base + head + (size_t)n * sizeof(MPI_Request));
     req->expect = req->peer + n;
+    req->stash = (void **)(base + head + (size_t)n * (sizeof(MPI_Request) + 2 * sizeof(int)));
     req->scratch = scratch_bytes ? base + off : NULL;
     for (int i = 0; i < n; i++)
         req->req[i] = MPI_REQUEST_NULL;
@@ -127,7 +128,20 @@ static void post(struct ctxpar_request *req, const void *buf, size_t bytes, int 
 
 void ctxpar_mpi_post_send(struct ctxpar_request *req, const void *buf, size_t bytes, int peer,
                           int tag) {
-    post(req, buf, bytes, peer, tag, 0);
+    // From the comm's own copy, so that a send MPI cannot cancel never reads the caller's memory
+    // after the request is retired (see mpi_internal.h).
+    void *copy = NULL;
+    if (bytes > 0 && req->status == CTXPAR_OK) {
+        copy = malloc(bytes);
+        if (!copy) {
+            ctxpar_mpi_fail(req, CTXPAR_ERR_OUT_OF_MEMORY, "rank %d: cannot copy a send of %zu bytes",
+                            req->c->rank, bytes);
+            return;
+        }
+        memcpy(copy, buf, bytes);
+        req->stash[req->n_stash++] = copy;
+    }
+    post(req, copy, bytes, peer, tag, 0);
 }
 
 void ctxpar_mpi_post_recv(struct ctxpar_request *req, void *buf, size_t bytes, int peer, int tag) {
@@ -166,6 +180,28 @@ void ctxpar_mpi_add_orphan(mpi_comm_impl *c, MPI_Request r) {
     c->orphans[c->n_orphans++] = r;
 }
 
+// Keeps a send copy alive while orphans may read it; NULL-safe. Without memory to track it, the
+// copy is leaked rather than freed under a pending send.
+static void adopt_stash(mpi_comm_impl *c, void *p) {
+    if (!p)
+        return;
+    if (c->n_stashes == c->cap_stashes) {
+        size_t cap = c->cap_stashes ? 2 * c->cap_stashes : 16;
+        void **grown = realloc(c->stashes, cap * sizeof *grown);
+        if (!grown)
+            return;
+        c->stashes = grown;
+        c->cap_stashes = cap;
+    }
+    c->stashes[c->n_stashes++] = p;
+}
+
+static void free_stashes(mpi_comm_impl *c) {
+    for (size_t i = 0; i < c->n_stashes; i++)
+        free(c->stashes[i]);
+    c->n_stashes = 0;
+}
+
 static void poll_orphans(mpi_comm_impl *c) {
     for (size_t i = 0; i < c->n_orphans;) {
         int flag = 0;
@@ -175,6 +211,38 @@ static void poll_orphans(mpi_comm_impl *c) {
         else
             i++;
     }
+    if (c->n_orphans == 0) // nothing can read the copies any more
+        free_stashes(c);
+}
+
+// Frees the send copies handed to it, at MPI_Finalize (when MPI_COMM_SELF's attributes go).
+static int free_at_finalize(MPI_Comm comm, int key, void *value, void *extra) {
+    (void)comm;
+    (void)extra;
+    void **list = value;
+    for (size_t i = 0; list[i]; i++)
+        free(list[i]);
+    free(list);
+    MPI_Comm_free_keyval(&key);
+    return MPI_SUCCESS;
+}
+
+// Orphans outlive the comm: their copies stay until MPI_Finalize.
+static void stashes_to_finalize(mpi_comm_impl *c) {
+    if (c->n_stashes == 0)
+        return;
+    void **list = malloc((c->n_stashes + 1) * sizeof *list);
+    int key = MPI_KEYVAL_INVALID;
+    if (!list || MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, free_at_finalize, &key, NULL) !=
+                     MPI_SUCCESS) {
+        free(list); // cannot hand them on: leak them rather than free memory MPI may read
+        c->n_stashes = 0;
+        return;
+    }
+    memcpy(list, c->stashes, c->n_stashes * sizeof *list);
+    list[c->n_stashes] = NULL;
+    MPI_Comm_set_attr(MPI_COMM_SELF, key, list);
+    c->n_stashes = 0;
 }
 
 void ctxpar_mpi_release_orphans(mpi_comm_impl *c, double grace_s) {
@@ -187,6 +255,10 @@ void ctxpar_mpi_release_orphans(mpi_comm_impl *c, double grace_s) {
     }
     for (size_t i = 0; i < c->n_orphans; i++)
         MPI_Request_free(&c->orphans[i]);
+    if (c->n_orphans > 0) // freed requests may still read their copies
+        stashes_to_finalize(c);
+    else
+        free_stashes(c);
     c->n_orphans = 0;
 }
 
@@ -393,9 +465,19 @@ void ctxpar_mpi_retire(mpi_comm_impl *c, struct ctxpar_request *req) {
             break;
         sched_yield();
     }
+    int orphaned = 0;
     for (int i = 0; i < req->used; i++)
-        if (req->req[i] != MPI_REQUEST_NULL)
+        if (req->req[i] != MPI_REQUEST_NULL) {
             ctxpar_mpi_add_orphan(c, req->req[i]);
+            orphaned = 1;
+        }
+    // The copies of this request's sends: the comm keeps them while an orphan may read them.
+    for (int i = 0; i < req->n_stash; i++) {
+        if (orphaned)
+            adopt_stash(c, req->stash[i]);
+        else
+            free(req->stash[i]);
+    }
     if (req->prev || c->live == req) { // registered by ctxpar_mpi_start
         if (req->prev)
             req->prev->next = req->next;

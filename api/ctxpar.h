@@ -268,9 +268,10 @@ CTXPAR_API ctxpar_status ctxpar_context_reset_peak(ctxpar_context *ctx);
  * reserve sizes it up front for forward and backward of these params and local shapes (not
  * collective; q, k, v are only looked at); release gives it back (and the device's kernel
  * scratch): the next call allocates again. */
-CTXPAR_API ctxpar_status ctxpar_context_reserve(ctxpar_context *ctx, const ctxpar_attn_params *params,
-                                     const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                     const ctxpar_tensor *v);
+CTXPAR_API ctxpar_status ctxpar_context_reserve(ctxpar_context *ctx,
+                                                const ctxpar_attn_params *params,
+                                                const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                                const ctxpar_tensor *v);
 CTXPAR_API ctxpar_status ctxpar_context_release(ctxpar_context *ctx);
 
 /* Bytes this rank has sent through the context's comm since creation. */

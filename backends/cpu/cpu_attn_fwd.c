@@ -36,10 +36,12 @@
 // Per-thread workspace, in floats, each part a multiple of 16 (64 bytes). An item covers up to
 // CTXPAR_CPU_GROUP query tiles, so that each K/V tile is loaded once for all of them.
 typedef struct fwd_ws {
-    float *qt[CTXPAR_CPU_GROUP]; // [D, lanes]  Q^T, scaled
-    float *ot[CTXPAR_CPU_GROUP]; // [D, lanes]  unnormalised O^T
-    float *m[CTXPAR_CPU_GROUP];  // [lanes]     running max (base 2)
-    float *l[CTXPAR_CPU_GROUP];  // [lanes]     running sum
+    float *qt[CTXPAR_CPU_GROUP];  // [D, lanes]  Q^T
+    float *ot[CTXPAR_CPU_GROUP];  // [D, lanes]  this key tile's part of O^T (F32, from zero)
+    double *od[CTXPAR_CPU_GROUP]; // [D, lanes]  unnormalised O^T: the tiles' parts, in F64
+    float *m[CTXPAR_CPU_GROUP];   // [lanes]     running max (base 2)
+    float *l[CTXPAR_CPU_GROUP];   // [lanes]     this key tile's row sum (F32, from zero)
+    double *ld[CTXPAR_CPU_GROUP]; // [lanes]     running row sum, in F64
     float *alpha;                // [lanes]     rescale factor of the current step
     float *s;                    // [TK, lanes] scores, then probabilities
     uint32_t *vis;               // [TK, lanes] visibility of a PARTIAL tile (cpu_kernels.h)
@@ -60,8 +62,10 @@ static fwd_ws fwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
     for (int g = 0; g < CTXPAR_CPU_GROUP; g++) {
         TAKE(w.qt[g], d * TQ);
         TAKE(w.ot[g], d * TQ);
+        TAKE(w.od[g], 2 * d * TQ); // doubles, counted as 2 floats
         TAKE(w.m[g], TQ);
         TAKE(w.l[g], TQ);
+        TAKE(w.ld[g], 2 * TQ);
     }
     TAKE(w.alpha, TQ);
     TAKE(w.s, (size_t)TK * TQ);
@@ -88,16 +92,17 @@ static void fwd_begin(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, 
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim, i0 = qt * TQ, nq = tile_rows(p->seq_q, qt, TQ);
     const int64_t lanes = lanes_for(kern, nq);
-    const float c = (float)(blk->scale * LOG2E);
     for (int64_t r = 0; r < lanes; r++) {
         if (r < nq)
             kern->to_f32(w->row, ctxpar_cpu_row(&blk->q, b, i0 + r, h), blk->q.dtype, dim);
         for (int64_t d = 0; d < dim; d++)
-            w->qt[g][d * lanes + r] = r < nq ? w->row[d] * c : 0.0f;
+            w->qt[g][d * lanes + r] = r < nq ? w->row[d] : 0.0f;
         w->m[g][r] = -FLT_MAX;
         w->l[g][r] = 0.0f;
+        w->ld[g][r] = 0.0;
     }
     memset(w->ot[g], 0, (size_t)(dim * lanes) * sizeof(float));
+    memset(w->od[g], 0, (size_t)(dim * lanes) * sizeof(double));
 }
 
 // Writes (or merges) the finished rows of query tile qt.
@@ -111,13 +116,14 @@ static void fwd_end(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, co
         float *out = out_acc + ((b * p->seq_q + i) * p->heads_q + h) * dim;
         float *lse = lse_acc + (b * p->heads_q + h) * p->seq_q + i;
         float *dst = merge ? w->row : out;
-        float sum = w->l[g][r], lse_b = -INFINITY;
-        if (sum == 0.0f) { // no visible key
+        double sum = w->ld[g][r];
+        float lse_b = -INFINITY;
+        if (sum == 0.0) { // no visible key
             memset(dst, 0, (size_t)dim * sizeof *dst);
-        } else {
+        } else { // in F64, rounded once
             for (int64_t d = 0; d < dim; d++)
-                dst[d] = w->ot[g][d * lanes + r] / sum;
-            lse_b = (float)(((double)w->m[g][r] + log2((double)sum)) * LN2);
+                dst[d] = (float)(w->od[g][d * lanes + r] / sum);
+            lse_b = (float)(((double)w->m[g][r] + log2(sum)) * LN2);
         }
         if (merge)
             ctxpar_cpu_merge_row(out, lse, dst, lse_b, dim);
@@ -133,6 +139,7 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim, hk = h / p->group;
     const float *krows[TK], *vrows[TK];
+    const float c = (float)(blk->scale * LOG2E); // scores scale into base 2 inside the softmax
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
     for (int g = 0; g < ng; g++)
         fwd_begin(p, kern, w, g, b, h, qt0 + g);
@@ -158,8 +165,11 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
                 ctxpar_cpu_plan_mask(p, w->s, w->vis, lanes, i0, j0, nk, nq, 1);
                 vis = w->vis;
             }
-            kern->softmax_step(w->s, lanes, nk, lanes, w->m[g], w->l[g], w->alpha);
-            kern->accum(w->ot[g], lanes, w->alpha, w->s, vis, lanes, vrows, nk, lanes, dim);
+            kern->softmax_step(w->s, lanes, nk, lanes, c, w->m[g], w->l[g], w->alpha);
+            kern->accum(w->ot[g], lanes, NULL, w->s, vis, lanes, vrows, nk, lanes, dim);
+            // The tile's parts join the F64 running sums, rescaled there (and cleared here).
+            kern->fold(w->od[g], lanes, w->ot[g], lanes, w->alpha, dim, lanes);
+            kern->fold(w->ld[g], lanes, w->l[g], lanes, w->alpha, 1, lanes);
         }
     }
     for (int g = 0; g < ng; g++)

@@ -12,6 +12,7 @@
 #include "testing/data.h"
 #include "testing/naive_f32.h"
 #include "testing/oracle.h"
+#include "testing/tolerance.h"
 
 const char *ctxpar_acc_dist_name(ctxpar_acc_dist dist) {
     static const char *const names[] = {"uniform01", "normal", "clamped", "sharp"};
@@ -25,12 +26,11 @@ static double normal(uint64_t seed, uint64_t id, uint64_t i) {
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-// Input `id` (1 q, 2 k, 3 v, 4 dO) element i, as the float the library is given.
-static float draw(const ctxpar_acc_case *c, int id, uint64_t i) {
-    const uint64_t seed = c->run.seed;
-    if (id == 4 && c->dout_ones)
+float ctxpar_acc_input(ctxpar_acc_dist dist, int dout_ones, uint64_t seed, int id,
+                       uint64_t i) {
+    if (id == 4 && dout_ones)
         return 1.0f;
-    switch (c->dist) {
+    switch (dist) {
     case CTXPAR_DIST_UNIFORM01:
         return (float)(0.5 + 0.5 * ctxpar_test_value(seed, (uint64_t)id, i));
     case CTXPAR_DIST_NORMAL:
@@ -48,6 +48,7 @@ typedef struct acc_bufs {
     float *in[4];              // q, k, v, dout
     double *in64[4];
     double *ref[CTXPAR_RUN_TENSORS];
+    double *mag[CTXPAR_RUN_TENSORS];
     float *naive[CTXPAR_RUN_TENSORS];
     uint8_t *vis;
 } acc_bufs;
@@ -59,6 +60,7 @@ static void bufs_free(acc_bufs *b) {
     }
     for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
         free(b->ref[i]);
+        free(b->mag[i]);
         free(b->naive[i]);
     }
     free(b->vis);
@@ -103,10 +105,12 @@ ctxpar_status ctxpar_acc_run(const ctxpar_acc_case *c, ctxpar_acc_result *r) {
         ok = ok && (b.in[i] = malloc(n_in[i] * sizeof(float))) &&
              (b.in64[i] = malloc(n_in[i] * sizeof(double)));
         for (size_t x = 0; ok && x < n_in[i]; x++)
-            b.in64[i][x] = b.in[i][x] = draw(c, i + 1, x);
+            b.in64[i][x] = b.in[i][x] =
+                ctxpar_acc_input(c->dist, c->dout_ones, rc->seed, i + 1, x);
     }
     for (int t = 0; t < CTXPAR_RUN_TENSORS; t++)
         ok = ok && (b.ref[t] = malloc(n_out[t] * sizeof(double))) &&
+             (b.mag[t] = malloc(n_out[t] * sizeof(double))) &&
              (b.naive[t] = malloc(n_out[t] * sizeof(float)));
     ok = ok && (b.vis = malloc((size_t)(S * S)));
     if (!ok) {
@@ -144,6 +148,11 @@ ctxpar_status ctxpar_acc_run(const ctxpar_acc_case *c, ctxpar_acc_result *r) {
         ctxpar_naive_f32_bwd(&sh, b.in[0], b.in[1], b.in[2], b.vis, scale, b.naive[0], b.in[3],
                              b.naive[2], b.naive[3], b.naive[4]);
     }
+    ctxpar_magnitudes mag = {{b.mag[0], b.mag[1], b.mag[2], b.mag[3], b.mag[4]}};
+    st = ctxpar_bound_magnitudes(&sh, b.in64[0], b.in64[1], b.in64[2],
+                                 rc->backward ? b.in64[3] : NULL, b.vis, scale, &mag);
+    if (st != CTXPAR_OK)
+        goto done;
     for (int t = 0; t < CTXPAR_RUN_TENSORS; t++) {
         r->has[t] = res.outputs.t[t] != NULL;
         if (!r->has[t])
@@ -153,6 +162,13 @@ ctxpar_status ctxpar_acc_run(const ctxpar_acc_case *c, ctxpar_acc_result *r) {
                 r->quart[0][t]);
         measure(b.naive[t], b.ref[t], B, S, heads, dim, t == CTXPAR_T_LSE, &r->err[1][t],
                 r->quart[1][t]);
+        const float *got[2] = {res.outputs.t[t], b.naive[t]};
+        for (int s = 0; s < 2; s++) {
+            ctxpar_bound_stats bs = ctxpar_bound_check(got[s], b.ref[t], b.mag[t], n_out[t],
+                                                       CTXPAR_DTYPE_F32, t == CTXPAR_T_LSE);
+            r->bound_ratio[s][t] = bs.max_ratio;
+            r->bound_worst[s][t] = bs.worst;
+        }
         for (size_t x = 0; x < n_out[t]; x++)
             if (isfinite(b.ref[t][x]))
                 r->max_ref[t] = fmax(r->max_ref[t], fabs(b.ref[t][x]));

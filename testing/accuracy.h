@@ -24,6 +24,10 @@ typedef enum ctxpar_acc_dist {
 /* "uniform01", "normal", "clamped", "sharp"; NULL past the end. */
 const char *ctxpar_acc_dist_name(ctxpar_acc_dist dist);
 
+/* Element i of input id (1 q, 2 k, 3 v, 4 dO) of a distribution, as the float the library is
+ * given: a pure function of (dist, seed, id, i), like data.h's values. */
+float ctxpar_acc_input(ctxpar_acc_dist dist, int dout_ones, uint64_t seed, int id, uint64_t i);
+
 typedef struct ctxpar_acc_case {
     ctxpar_run_config run; /* shape, mask, algorithm, layout, ranks, seed; dtype must be F32 */
     ctxpar_acc_dist dist;
@@ -40,6 +44,10 @@ typedef struct ctxpar_acc_result {
      * dk, dv): growth with the number of keys a row sees shows here */
     double quart[2][CTXPAR_RUN_TENSORS][CTXPAR_ACC_QUARTILES];
     double max_ref[CTXPAR_RUN_TENSORS]; /* max |oracle| */
+    /* the largest |err| / per-element bound (tolerance.h), [0] ctxpar, [1] naive, and where:
+     * the flat index into the tensor (BSHD, lse [B, H, S]) */
+    double bound_ratio[2][CTXPAR_RUN_TENSORS];
+    int64_t bound_worst[2][CTXPAR_RUN_TENSORS];
 } ctxpar_acc_result;
 
 /* Runs the case with the library (cfg->ranks in-process ranks), the fp64 oracle and naive

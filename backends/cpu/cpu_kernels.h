@@ -49,12 +49,13 @@ typedef struct ctxpar_cpu_kernels {
     void (*softmax_step)(float *s, int64_t lds, int64_t n, int64_t lanes, float c, float *m,
                          float *l, float *alpha);
 
-    /* The accurate half of every long sum (docs/numerics.md): a tile's partial sum, summed in
-     * F32 from zero over at most 64 terms, is added into an F64 running sum, and cleared:
+    /* The accurate half of every long sum (docs/numerics.md): a part summed in F32 from zero
+     * over one or two key tiles (at most 128 terms) is added into an F64 running sum, and
+     * cleared:
      *   acc[r*lda + l] = (alpha ? alpha[l] : 1) * acc[r*lda + l] + part[r*ldp + l]
      *   part[r*ldp + l] = 0                                        for r < R, l < L.
-     * One F64 add per 64 F32 multiply-adds: the rounding error of a row stops growing with the
-     * number of tiles. */
+     * One F64 add per 64 or 128 F32 multiply-adds: the rounding error of a row stops growing
+     * with the number of tiles. */
     void (*fold)(double *acc, int64_t lda, float *part, int64_t ldp, const float *alpha,
                  int64_t r, int64_t lanes);
 

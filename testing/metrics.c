@@ -60,6 +60,22 @@ ctxpar_error_stats ctxpar_compare_tensor(const ctxpar_tensor *got, const double 
     return st;
 }
 
+double ctxpar_rel_error_rows(const float *got, const double *ref, size_t rows, size_t row_len,
+                             int64_t *worst_row_out) {
+    double worst = 0.0;
+    int64_t at = rows ? 0 : -1;
+    for (size_t r = 0; r < rows; r++) {
+        double e = ctxpar_compare_f32(got + r * row_len, ref + r * row_len, row_len).rel;
+        if (isnan(e) || e > worst) {
+            worst = isnan(e) ? INFINITY : e;
+            at = (int64_t)r;
+        }
+    }
+    if (worst_row_out)
+        *worst_row_out = at;
+    return worst;
+}
+
 double ctxpar_max_abs_error(const float *got, const double *ref, size_t n) {
     return ctxpar_compare_f32(got, ref, n).max_abs;
 }

@@ -35,6 +35,13 @@ ctxpar_error_stats ctxpar_compare_f32(const float *got, const double *ref, size_
  * of the tensor's shape. */
 ctxpar_error_stats ctxpar_compare_tensor(const ctxpar_tensor *got, const double *ref);
 
+/* The per-row measure beside the per-tensor one: max over rows of max_row |got - ref| /
+ * max_row |ref| (rows of row_len consecutive elements; a row whose ref is all 0 counts its
+ * absolute error). A tensor whose rows differ in scale (a causal dq, small early rows) is judged
+ * row by row instead of against its largest row. *worst_row_out (if not NULL): the row. */
+double ctxpar_rel_error_rows(const float *got, const double *ref, size_t rows, size_t row_len,
+                             int64_t *worst_row_out);
+
 /* Shorthands: .max_abs and .rel of ctxpar_compare_f32. */
 double ctxpar_max_abs_error(const float *got, const double *ref, size_t n);
 double ctxpar_rel_error(const float *got, const double *ref, size_t n);

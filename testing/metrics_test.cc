@@ -199,4 +199,29 @@ TEST(Tolerance, ErrorRatio) {
     EXPECT_LE(CTXPAR_TOL_RATIO_FLOOR, 8 * std::ldexp(1.0, -23));
 }
 
+TEST(Compare, PerRowRelativeError) {
+    // Row 0 is large and exact; row 1 is small and off by 10% of itself: the per-tensor measure
+    // sees 1e-4 / 100, the per-row one the row's own 10%.
+    const float got[] = {100.0f, -50.0f, 1.1e-3f, 0.0f};
+    const double ref[] = {100.0, -50.0, 1e-3, 0.0};
+    int64_t row = -1;
+    EXPECT_NEAR(ctxpar_rel_error_rows(got, ref, 2, 2, &row), 0.1, 1e-6);
+    EXPECT_EQ(row, 1);
+    EXPECT_LT(ctxpar_rel_error(got, ref, 4), 2e-6);
+    const float nan_row[] = {100.0f, -50.0f, NAN, 0.0f};
+    EXPECT_EQ(ctxpar_rel_error_rows(nan_row, ref, 2, 2, nullptr), kInf);
+}
+
+TEST(Bound, ElementBoundScalesWithMagnitudeAndDtype) {
+    // C u M for F32, plus the storage rounding 2 u_store |ref| for 16-bit results.
+    EXPECT_DOUBLE_EQ(ctxpar_bound_elem(CTXPAR_DTYPE_F32, 0, 1.0, 0.0), CTXPAR_BOUND_C * 0x1p-24);
+    EXPECT_DOUBLE_EQ(ctxpar_bound_elem(CTXPAR_DTYPE_BF16, 0, 0.0, 1.0), 2 * 0x1p-8);
+    EXPECT_DOUBLE_EQ(ctxpar_bound_elem(CTXPAR_DTYPE_BF16, 1, 0.0, 1.0), 2 * 0x1p-24); // lse: F32
+    const float got[] = {1.0f, 2.0f};
+    const double ref[] = {1.0, 2.0 + 1e-3}, mag[] = {1.0, 1.0};
+    ctxpar_bound_stats st = ctxpar_bound_check(got, ref, mag, 2, CTXPAR_DTYPE_F32, 0);
+    EXPECT_EQ(st.worst, 1);
+    EXPECT_GT(st.max_ratio, 1.0);
+}
+
 } // namespace

@@ -316,3 +316,20 @@ done:
     free(delta);
     problem_free(&p);
 }
+
+ctxpar_status ctxpar_oracle_visibility(const ctxpar_oracle_shape *shape, const int64_t *q_pos,
+                                       const int64_t *k_pos, const ctxpar_mask_desc *mask,
+                                       uint8_t *vis) {
+    static const double no_data = 0.0; // the predicate reads positions and documents only
+    oracle_problem p;
+    CTXPAR_CHECK(problem_init(&p, shape, &no_data, &no_data, &no_data, q_pos, k_pos, mask, 1.0));
+    if (!vis) {
+        problem_free(&p);
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "oracle: vis is NULL");
+    }
+    for (int64_t i = 0; i < p.sh.seq_q; i++)
+        for (int64_t j = 0; j < p.sh.seq_k; j++)
+            vis[i * p.sh.seq_k + j] = (uint8_t)visible(&p, i, j);
+    problem_free(&p);
+    return CTXPAR_OK;
+}

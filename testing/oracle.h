@@ -40,6 +40,13 @@ void ctxpar_oracle_bwd(const ctxpar_oracle_shape *shape, const double *q, const 
                        const ctxpar_mask_desc *mask, double scale, const double *dout,
                        double *dq, double *dk, double *dv);
 
+/* The oracle's own mask as a dense [Sq, Sk] byte matrix (1: query row i sees key row j), for
+ * harness code that must mask exactly as the oracle does (naive_f32.h). Returns the status of
+ * the arguments' check; vis is untouched on error. */
+ctxpar_status ctxpar_oracle_visibility(const ctxpar_oracle_shape *shape, const int64_t *q_pos,
+                                       const int64_t *k_pos, const ctxpar_mask_desc *mask,
+                                       uint8_t *vis);
+
 #ifdef __cplusplus
 }
 #endif

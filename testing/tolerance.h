@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "ctxpar.h"
+#include "testing/oracle.h" /* ctxpar_oracle_shape */
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,6 +38,46 @@ double ctxpar_tolerance_for_seq(ctxpar_dtype dtype, const char *tensor_name, int
  * when err_1 is above the floor, and below it err_p is held to the floor's absolute bound. NaN
  * in either gives 0. */
 int ctxpar_error_ratio_ok(double err_p, double err_1);
+
+/* ------------------------------------------------------------------ the per-element bound
+ *
+ * What a correct float computation of each element may be off by, from the magnitudes the fp64
+ * computation goes through (docs/numerics.md, "A bound per element"):
+ *   |got - ref| <= CTXPAR_BOUND_C * 2^-24 * M + 2 u_store |ref|
+ * with M per element: out_id = sum_j p_ij (|v_jd| + w_ij |v_jd - out_id|),
+ * lse_i = |lse_i| + 1 + sum_j p_ij w_ij, dv_jd = sum_i p_ij w_ij |dO_id|,
+ * dq_id = |scale| sum_j mu_ij |k_jd|, dk_jd = |scale| sum_i mu_ij |q_id|,
+ * mu_ij = p_ij (|dP_ij - delta_i| w_ij + sum_d |dO_id v_jd| + sum_d |dO_id| (|out_id| + M(out_id))),
+ * w_ij = 1 + |scale| sum_d |q_id k_jd| + |lse_i| (the float exponent's error in units of u).
+ * u_store: the result dtype's unit roundoff (2^-24 F32 and lse, 2^-11 F16, 2^-8 BF16). */
+
+/* The constant, measured: ctxpar (F32 parts of at most 128 terms, then F64) and naive float32
+ * (blocks of 256, like a float32 GEMM) stay below 14 u M in every case of docs/numerics.md
+ * (error/bound <= 0.21 at C = 64); 64 leaves about 5x. */
+#define CTXPAR_BOUND_C 64.0
+
+/* The magnitudes M of every element: t[0] out [B, Sq, Hq, D], t[1] lse [B, Hq, Sq], and with
+ * dout (else NULL, t[2..4] unused) t[2] dq, t[3] dk, t[4] dv; float64 inputs, dense BSHD, vis the
+ * oracle's visibility matrix [Sq, Sk] (NULL: no mask). */
+typedef struct ctxpar_magnitudes {
+    double *t[5];
+} ctxpar_magnitudes;
+
+ctxpar_status ctxpar_bound_magnitudes(const ctxpar_oracle_shape *sh, const double *q,
+                                      const double *k, const double *v, const double *dout,
+                                      const uint8_t *vis, double scale, ctxpar_magnitudes *m);
+
+/* The bound of one element of dtype (is_lse: an lse element, always F32) from its magnitude. */
+double ctxpar_bound_elem(ctxpar_dtype dtype, int is_lse, double magnitude, double ref);
+
+typedef struct ctxpar_bound_stats {
+    double max_ratio; /* max |got - ref| / bound (INFINITY for a non-finite mismatch) */
+    int64_t worst;    /* flat index where it occurs; -1 when n == 0 */
+} ctxpar_bound_stats;
+
+/* The largest error-to-bound ratio over n elements (<= 1: within the bound everywhere). */
+ctxpar_bound_stats ctxpar_bound_check(const float *got, const double *ref, const double *mag,
+                                      size_t n, ctxpar_dtype dtype, int is_lse);
 
 #ifdef __cplusplus
 }

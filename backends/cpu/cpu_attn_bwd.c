@@ -6,7 +6,7 @@
  *  - fused (the usual one): items (batch, K/V head, chunk of key tiles) own dK and dV of their
  *    key rows, compute P and dS once per tile pair, and also add dS K into a dQ partial sum of
  *    their own (one per chunk); the partial sums are then added in chunk order. Five products
- *    per tile pair; extra memory: one F32 dQ-sized buffer per chunk.
+ *    per tile pair; extra memory: one F64 dQ-sized buffer per chunk.
  *  - two-pass, when (batch x K/V heads) is too small for the fused items to keep threads busy
  *    (few K/V heads, batch 1): a dq pass over (batch, query head, query tiles) items, then a
  *    dk/dv pass; P and dP are computed in both, seven products per tile pair.
@@ -69,16 +69,17 @@ static void reduce_dq(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_t qt
     const int64_t dim = p->dim, i0 = qt * CTXPAR_CPU_TILE_Q;
     const int64_t nq = ctxpar_bwd_tile_rows(p->seq_q, qt, CTXPAR_CPU_TILE_Q);
     const size_t chunk = (size_t)(p->batch * p->heads_q * p->q_tiles * dim * 64);
-    const float *part = a->dq_part + (size_t)(((b * p->heads_q + h) * p->q_tiles + qt) * dim * 64);
+    const double *part =
+        a->dq_part + (size_t)(((b * p->heads_q + h) * p->q_tiles + qt) * dim * 64);
     for (int64_t r = 0; r < nq; r++) {
         if (ctxpar_bwd_row_masked(a, b, h, i0 + r))
             continue;
         float *dq = a->dq + ((b * p->seq_q + i0 + r) * p->heads_q + h) * dim;
         for (int64_t d = 0; d < dim; d++) {
-            float sum = part[d * 64 + r];
+            double sum = part[d * 64 + r];
             for (int64_t c = 1; c < a->chunks; c++)
                 sum += part[(size_t)c * chunk + (size_t)(d * 64 + r)];
-            dq[d] += p->blk->scale * sum;
+            dq[d] += (float)(p->blk->scale * sum); // the F64 sum rounded once, then accumulated
         }
     }
 }
@@ -144,7 +145,8 @@ ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
     ctxpar_cpu_plan p;
     CTXPAR_CHECK(ctxpar_cpu_plan_init(blk, "attn_block_bwd", &p));
     ctxpar_status st = check_bwd(&p, dout, lse, delta);
-    float *ws = NULL, *dq_part = NULL;
+    float *ws = NULL;
+    double *dq_part = NULL;
     size_t part_bytes = 0;
     if (st != CTXPAR_OK || p.whole == CTXPAR_BLOCK_SKIP || p.seq_q == 0 || p.seq_k == 0 ||
         p.batch * p.heads_q == 0 || (!dq_acc && !dk_acc && !dv_acc))
@@ -158,7 +160,7 @@ ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
         a.chunks = (p.k_tiles + a.chunk_tiles - 1) / a.chunk_tiles; // none left empty
         if (dq_acc) {
             part_bytes = (size_t)(a.chunks * p.batch * p.heads_q * p.q_tiles * p.dim * 64) *
-                         sizeof(float);
+                         sizeof(double);
             // The device's scratch: kept between calls and counted in the memory statistics.
             st = ctxpar_dev_scratch(dev, part_bytes, (void **)&dq_part);
             if (st != CTXPAR_OK)

@@ -8,7 +8,10 @@
  * With P = exp(scale*QK^T + mask - lse), dP = dO V^T, dS = P * (dP - delta):
  *   dq += scale dS K,   dk += scale dS^T Q,   dv += P^T dO
  *
- * P is computed in base 2 (Q or K pre-scaled by scale*log2(e)). In a PARTIAL tile every product
+ * P = 2^(s * c - lse * log2(e)), c = scale * log2(e), from the raw scores s = q.k: every score
+ * has the bits the forward's had (same products, same order), so P is consistent with the lse
+ * the forward made from them (a dominant key's P is then near 1, not off by a dot product's
+ * rounding: what keeps dV accurate for a sharp softmax). In a PARTIAL tile every product
  * selects the masked pairs away (dS is 0 there by selection, not P * (dP - delta), and the sums
  * skip them): a NaN or inf in a row a pair does not see never leaks in.
  */
@@ -25,9 +28,10 @@ typedef struct ctxpar_bwd_args {
     const ctxpar_tensor *dout;
     const float *lse, *delta;
     float *dq, *dk, *dv;
-    /* The fused items' dQ partial sums, one set per key chunk: chunk c, (b, h), query tile qt is
-     * the transposed tile dq_part + ((((c * B + b) * Hq + h) * q_tiles + qt) * D) * 64, [D, 64]. */
-    float *dq_part;
+    /* The fused items' dQ partial sums (F64, like every running sum: see fold in cpu_kernels.h),
+     * one set per key chunk: chunk c, (b, h), query tile qt is the transposed tile
+     * dq_part + ((((c * B + b) * Hq + h) * q_tiles + qt) * D) * 64, [D, 64]. */
+    double *dq_part;
     int64_t chunks, chunk_tiles; /* key chunks, and key tiles per chunk (the last may be short) */
 } ctxpar_bwd_args;
 
@@ -36,7 +40,10 @@ typedef struct ctxpar_bwd_args {
  * the other side is loaded once for the whole group. */
 typedef struct ctxpar_bwd_ws {
     float *t[CTXPAR_CPU_GROUP][4];   /* [D, 64] */
-    float *vec[CTXPAR_CPU_GROUP][2]; /* [64] */
+    double *acc[CTXPAR_CPU_GROUP][2]; /* [D, 64] the running gradient sums in F64 (t's parts
+                                         are folded in after every tile pair) */
+    float *dqt;                      /* [D, 64] one tile pair's part of dQ^T (fused) */
+    float *vec[CTXPAR_CPU_GROUP][3]; /* [64] lse in base 2 (high part), delta, its low part */
     float *krow[CTXPAR_CPU_GROUP];   /* [64, D] the key tile's rows, unscaled (fused) */
     float *s, *dp, *dst;             /* [64, 64]; dst: dS transposed (fused) */
     uint32_t *vis, *vist;            /* [64, 64] visibility of a PARTIAL tile, and transposed */
@@ -61,8 +68,10 @@ void ctxpar_bwd_pack_t(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, i
  * (docs/numerics.md: such a row has zero gradients). */
 int ctxpar_bwd_row_masked(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_t i);
 
-/* lse in base 2 for exp2(s - lse2); an empty row (lse = -inf) gets +inf so that P = 0. */
-float ctxpar_bwd_lse2(float lse);
+/* lse in base 2 for exp2(c s - lse2) as hi + lo, so that lse * log2(e) is not rounded a second
+ * time (at |lse| = 40 that rounding alone would change P by 1.5e-6); an empty row (lse = -inf)
+ * gets hi = +inf, lo = 0, so that P = 0. */
+float ctxpar_bwd_lse2(float lse, float *lo);
 
 /* The work items (cpu_attn_bwd_items.c), each sum with one owner and a fixed order:
  *  - dq for query tiles qt0 .. qt0+ng-1 of (b, h): query rows are the lanes; key tiles in
@@ -75,7 +84,7 @@ float ctxpar_bwd_lse2(float lse);
 void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_t b, int64_t h,
                         int64_t qt0, int ng);
 void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_t b,
-                         int64_t hk, int64_t kt0, int ng, float *dq_chunk);
+                         int64_t hk, int64_t kt0, int ng, double *dq_chunk);
 void ctxpar_bwd_fused_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_t b,
                            int64_t hk, int64_t c);
 

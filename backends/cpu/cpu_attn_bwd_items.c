@@ -21,8 +21,11 @@ ctxpar_bwd_ws ctxpar_bwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
     for (int g = 0; g < CTXPAR_CPU_GROUP; g++) {
         for (int i = 0; i < 4; i++)
             TAKE(w.t[g][i], d * 64);
+        TAKE(w.acc[g][0], 2 * d * 64); // doubles, counted as 2 floats
+        TAKE(w.acc[g][1], 2 * d * 64);
         TAKE(w.vec[g][0], 64);
         TAKE(w.vec[g][1], 64);
+        TAKE(w.vec[g][2], 64);
         TAKE(w.krow[g], 64 * d);
     }
     TAKE(w.s, 64 * 64);
@@ -30,6 +33,7 @@ ctxpar_bwd_ws ctxpar_bwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
     TAKE(w.dst, 64 * 64);
     TAKE(w.vis, 64 * 64); // 32-bit words, counted as floats
     TAKE(w.vist, 64 * 64);
+    TAKE(w.dqt, 64 * d);
     TAKE(w.buf0, 64 * d);
     TAKE(w.buf1, 64 * d);
     TAKE(w.row, d);
@@ -62,8 +66,15 @@ int ctxpar_bwd_row_masked(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_
     return a->lse[(b * a->p->heads_q + h) * a->p->seq_q + i] == -INFINITY;
 }
 
-float ctxpar_bwd_lse2(float lse) {
-    return lse == -INFINITY ? INFINITY : (float)(lse * CTXPAR_CPU_LOG2E);
+float ctxpar_bwd_lse2(float lse, float *lo) {
+    if (lse == -INFINITY) {
+        *lo = 0.0f;
+        return INFINITY;
+    }
+    const double x = lse * CTXPAR_CPU_LOG2E;
+    const float hi = (float)x;
+    *lo = (float)(x - hi);
+    return hi;
 }
 
 void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_t b, int64_t h,
@@ -74,15 +85,18 @@ void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_
     const int64_t dim = p->dim, hk = h / p->group;
     const float *krows[TK], *vrows[TK];
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
-    for (int g = 0; g < ng; g++) { // t[g] = scaled Q^T, dO^T, dQ^T; vec[g] = lse2, delta
+    const float c = (float)(blk->scale * CTXPAR_CPU_LOG2E);
+    for (int g = 0; g < ng; g++) { // t[g] = Q^T, dO^T, dQ^T; vec[g] = lse2, delta
         const int64_t i0 = (qt0 + g) * TQ, nq = ctxpar_bwd_tile_rows(p->seq_q, qt0 + g, TQ);
         const int64_t lanes = ctxpar_bwd_lanes(kern, nq);
-        ctxpar_bwd_pack_t(kern, &blk->q, b, i0, nq, h, lanes, (float)(blk->scale * CTXPAR_CPU_LOG2E), w->row, w->t[g][0]);
+        ctxpar_bwd_pack_t(kern, &blk->q, b, i0, nq, h, lanes, 1.0f, w->row, w->t[g][0]);
         ctxpar_bwd_pack_t(kern, a->dout, b, i0, nq, h, lanes, 1.0f, w->row, w->t[g][1]);
         memset(w->t[g][2], 0, (size_t)(dim * lanes) * sizeof(float));
+        memset(w->acc[g][0], 0, (size_t)(dim * lanes) * sizeof(double));
         for (int64_t r = 0; r < lanes; r++) {
             int64_t li = (b * p->heads_q + h) * p->seq_q + i0 + r;
-            w->vec[g][0][r] = r < nq ? ctxpar_bwd_lse2(a->lse[li]) : INFINITY;
+            w->vec[g][2][r] = 0.0f;
+            w->vec[g][0][r] = r < nq ? ctxpar_bwd_lse2(a->lse[li], &w->vec[g][2][r]) : INFINITY;
             w->vec[g][1][r] = r < nq ? a->delta[li] : 0.0f;
         }
     }
@@ -108,10 +122,11 @@ void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_
                 ctxpar_cpu_plan_mask(p, w->s, w->vis, lanes, i0, j0, nk, nq, 1);
                 vis = w->vis;
             }
-            kern->exp2_sub(w->s, lanes, nk, lanes, w->vec[g][0], NULL);
+            kern->exp2_sub(w->s, lanes, nk, lanes, c, w->vec[g][0], w->vec[g][2], NULL, NULL);
             kern->scores(w->dp, lanes, w->t[g][1], lanes, vrows, nk, lanes, dim);
             kern->dsoftmax(w->dp, w->s, vis, lanes, nk, lanes, w->vec[g][1], NULL);
             kern->accum(w->t[g][2], lanes, NULL, w->dp, vis, lanes, krows, nk, lanes, dim);
+            kern->fold(w->acc[g][0], lanes, w->t[g][2], lanes, NULL, dim, lanes);
         }
     }
     for (int g = 0; g < ng; g++) {
@@ -121,18 +136,18 @@ void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_
             if (ctxpar_bwd_row_masked(a, b, h, i0 + r))
                 continue;
             float *dq = a->dq + ((b * p->seq_q + i0 + r) * p->heads_q + h) * dim;
-            for (int64_t d = 0; d < dim; d++)
-                dq[d] += blk->scale * w->t[g][2][d * lanes + r];
+            for (int64_t d = 0; d < dim; d++) // the F64 sum rounded once, then accumulated
+                dq[d] += (float)(blk->scale * w->acc[g][0][d * lanes + r]);
         }
     }
 }
 
-// dQ^T (tile [D, 64] at dq_tile) += dS K for one tile pair, dS given with the key rows as lanes
+// dQ^T (F64 tile [D, 64] at dq_tile) += dS K for one tile pair, dS given with the key rows as lanes
 // (ds [nq, kl], vis likewise or NULL): transposed first, so that the query rows are the lanes of
 // the sum, as in the dq item. Masked pairs are selected away (vis transposed with dS).
 static void add_dq(const ctxpar_cpu_kernels *kern, const ctxpar_bwd_ws *w, const float *ds,
                    const uint32_t *vis, int64_t kl, int64_t nq, int64_t nk,
-                   const float *const *krows, int64_t dim, float *dq_tile) {
+                   const float *const *krows, int64_t dim, double *dq_tile) {
     const int64_t ql = ctxpar_bwd_lanes(kern, nq);
     for (int64_t m = 0; m < nk; m++)
         for (int64_t l = 0; l < ql; l++)
@@ -141,30 +156,35 @@ static void add_dq(const ctxpar_cpu_kernels *kern, const ctxpar_bwd_ws *w, const
         for (int64_t m = 0; m < nk; m++)
             for (int64_t l = 0; l < ql; l++)
                 w->vist[m * ql + l] = l < nq ? vis[l * kl + m] : 0xffffffffu;
-    kern->accum(dq_tile, 64, NULL, w->dst, vis ? w->vist : NULL, ql, krows, nk, ql, dim);
+    kern->accum(w->dqt, ql, NULL, w->dst, vis ? w->vist : NULL, ql, krows, nk, ql, dim);
+    kern->fold(dq_tile, 64, w->dqt, ql, NULL, dim, ql);
 }
 
 void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_t b,
-                         int64_t hk, int64_t kt0, int ng, float *dq_chunk) {
+                         int64_t hk, int64_t kt0, int ng, double *dq_chunk) {
     const ctxpar_cpu_plan *p = a->p;
     const ctxpar_cpu_kernels *kern = a->kern;
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim;
     const float *qrows[TQ], *orows[TQ], *krows[CTXPAR_CPU_GROUP][TK];
-    float *lse2 = w->vec[0][0], *dl = w->vec[0][1];
+    const float c = (float)(blk->scale * CTXPAR_CPU_LOG2E);
+    float *lse2 = w->vec[0][0], *dl = w->vec[0][1], *lse2_lo = w->vec[0][2];
     const int need_ds = a->dk || dq_chunk;
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
-    for (int g = 0; g < ng; g++) { // t[g] = scaled K^T, V^T, dK^T, dV^T; krow[g] = K for dQ
+    for (int g = 0; g < ng; g++) { // t[g] = K^T, V^T, dK^T, dV^T; krow[g] = K for dQ
         const int64_t j0 = (kt0 + g) * TK, nk = ctxpar_bwd_tile_rows(p->seq_k, kt0 + g, TK);
         const int64_t lanes = ctxpar_bwd_lanes(kern, nk);
-        ctxpar_bwd_pack_t(kern, &blk->k, b, j0, nk, hk, lanes,
-                          (float)(blk->scale * CTXPAR_CPU_LOG2E), w->row, w->t[g][0]);
+        ctxpar_bwd_pack_t(kern, &blk->k, b, j0, nk, hk, lanes, 1.0f, w->row, w->t[g][0]);
         if (dq_chunk)
             ctxpar_cpu_load_rows(kern, &blk->k, b, j0, nk, hk, w->krow[g], krows[g]);
         ctxpar_bwd_pack_t(kern, &blk->v, b, j0, nk, hk, lanes, 1.0f, w->row, w->t[g][1]);
         memset(w->t[g][2], 0, (size_t)(dim * lanes) * sizeof(float));
         memset(w->t[g][3], 0, (size_t)(dim * lanes) * sizeof(float));
+        memset(w->acc[g][0], 0, (size_t)(dim * lanes) * sizeof(double));
+        memset(w->acc[g][1], 0, (size_t)(dim * lanes) * sizeof(double));
     }
+    if (dq_chunk) // kept zero between tile pairs by the fold
+        memset(w->dqt, 0, (size_t)(dim * 64) * sizeof(float));
     for (int64_t h = hk * p->group; h < (hk + 1) * p->group; h++) {
         for (int64_t qt = 0; qt < p->q_tiles; qt++) {
             int any = 0;
@@ -179,7 +199,7 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
             ctxpar_cpu_load_rows(kern, a->dout, b, i0, nq, h, w->buf1, orows);
             for (int64_t r = 0; r < nq; r++) {
                 int64_t li = (b * p->heads_q + h) * p->seq_q + i0 + r;
-                lse2[r] = ctxpar_bwd_lse2(a->lse[li]);
+                lse2[r] = ctxpar_bwd_lse2(a->lse[li], &lse2_lo[r]);
                 dl[r] = a->delta[li];
             }
             for (int g = 0; g < ng; g++) {
@@ -193,15 +213,19 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
                     ctxpar_cpu_plan_mask(p, w->s, w->vis, lanes, i0, j0, nq, nk, 0);
                     vis = w->vis;
                 }
-                kern->exp2_sub(w->s, lanes, nq, lanes, NULL, lse2);
-                if (a->dv)
+                kern->exp2_sub(w->s, lanes, nq, lanes, c, NULL, NULL, lse2, lse2_lo);
+                if (a->dv) {
                     kern->accum(w->t[g][3], lanes, NULL, w->s, vis, lanes, orows, nq, lanes, dim);
+                    kern->fold(w->acc[g][1], lanes, w->t[g][3], lanes, NULL, dim, lanes);
+                }
                 if (need_ds) {
                     kern->scores(w->dp, lanes, w->t[g][1], lanes, orows, nq, lanes, dim);
                     kern->dsoftmax(w->dp, w->s, vis, lanes, nq, lanes, NULL, dl);
                 }
-                if (a->dk)
+                if (a->dk) {
                     kern->accum(w->t[g][2], lanes, NULL, w->dp, vis, lanes, qrows, nq, lanes, dim);
+                    kern->fold(w->acc[g][0], lanes, w->t[g][2], lanes, NULL, dim, lanes);
+                }
                 if (dq_chunk)
                     add_dq(kern, w, w->dp, vis, lanes, nq, nk, krows[g], dim,
                            dq_chunk + ((b * p->heads_q + h) * p->q_tiles + qt) * dim * 64);
@@ -214,10 +238,10 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
         for (int64_t r = 0; r < nk; r++) {
             int64_t off = ((b * p->seq_k + j0 + r) * p->heads_kv + hk) * dim;
             for (int64_t d = 0; d < dim; d++) {
-                if (a->dk)
-                    a->dk[off + d] += blk->scale * w->t[g][2][d * lanes + r];
+                if (a->dk) // the F64 sums rounded once, then accumulated
+                    a->dk[off + d] += (float)(blk->scale * w->acc[g][0][d * lanes + r]);
                 if (a->dv)
-                    a->dv[off + d] += w->t[g][3][d * lanes + r];
+                    a->dv[off + d] += (float)w->acc[g][1][d * lanes + r];
             }
         }
     }
@@ -226,12 +250,12 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
 void ctxpar_bwd_fused_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_t b,
                            int64_t hk, int64_t c) {
     const ctxpar_cpu_plan *p = a->p;
-    float *dq_chunk = NULL; // without dq: the dk, dv items alone
+    double *dq_chunk = NULL; // without dq: the dk, dv items alone
     if (a->dq_part) {
         const size_t head = (size_t)(p->q_tiles * p->dim * 64); // one query head's tiles
         dq_chunk = a->dq_part + (size_t)(c * p->batch * p->heads_q) * head;
         for (int64_t h = hk * p->group; h < (hk + 1) * p->group; h++)
-            memset(dq_chunk + (size_t)(b * p->heads_q + h) * head, 0, head * sizeof(float));
+            memset(dq_chunk + (size_t)(b * p->heads_q + h) * head, 0, head * sizeof(double));
     }
     const int64_t end = (c + 1) * a->chunk_tiles < p->k_tiles ? (c + 1) * a->chunk_tiles
                                                                : p->k_tiles;

@@ -6,10 +6,12 @@
  *
  * One work item is (batch, query head, tile of CTXPAR_CPU_TILE_Q query rows); OpenMP hands items
  * out statically and one thread computes an item from start to end, so nothing depends on the
- * thread count. Inside an item the query rows are the vector lanes: Q^T is packed once (scaled
- * by scale*log2(e), so the softmax runs in base 2), then for each key tile of CTXPAR_CPU_TILE_K
- * rows, in increasing order from the start of the K/V block:
- *   S = Q^T-rows x K (register-tiled), mask if the tile is PARTIAL, online softmax, O^T += P V,
+ * thread count. Inside an item the query rows are the vector lanes: Q^T is packed once, then
+ * for each key tile of CTXPAR_CPU_TILE_K rows, in increasing order from the start of the K/V
+ * block:
+ *   S = Q^T-rows x K (register-tiled), mask if the tile is PARTIAL, online softmax in base 2
+ *   (scale * log2(e) applied inside it), O^T += P V in F32 over a pair of tiles, then folded into
+ *   F64 running sums (docs/numerics.md),
  * where the P V of a PARTIAL tile selects the masked pairs away (a masked P is 0, but 0 times a
  * NaN or inf in V is NaN, and the oracle never touches masked pairs). Every step treats each lane
  * alone (cpu_kernels.h), so a query row's result depends only on its q row, its position and the
@@ -36,10 +38,13 @@
 // Per-thread workspace, in floats, each part a multiple of 16 (64 bytes). An item covers up to
 // CTXPAR_CPU_GROUP query tiles, so that each K/V tile is loaded once for all of them.
 typedef struct fwd_ws {
-    float *qt[CTXPAR_CPU_GROUP]; // [D, lanes]  Q^T, scaled
-    float *ot[CTXPAR_CPU_GROUP]; // [D, lanes]  unnormalised O^T
-    float *m[CTXPAR_CPU_GROUP];  // [lanes]     running max (base 2)
-    float *l[CTXPAR_CPU_GROUP];  // [lanes]     running sum
+    float *qt[CTXPAR_CPU_GROUP];  // [D, lanes]  Q^T
+    float *ot[CTXPAR_CPU_GROUP];  // [D, lanes]  this key tile pair's part of O^T (F32, from 0)
+    double *od[CTXPAR_CPU_GROUP]; // [D, lanes]  unnormalised O^T: the tiles' parts, in F64
+    float *m[CTXPAR_CPU_GROUP];   // [lanes]     running max (base 2)
+    float *l[CTXPAR_CPU_GROUP];   // [lanes]     this key tile pair's row sum (F32, from 0)
+    float *a[CTXPAR_CPU_GROUP];   // [lanes]     the pair's rescale factors, multiplied
+    double *ld[CTXPAR_CPU_GROUP]; // [lanes]     running row sum, in F64
     float *alpha;                // [lanes]     rescale factor of the current step
     float *s;                    // [TK, lanes] scores, then probabilities
     uint32_t *vis;               // [TK, lanes] visibility of a PARTIAL tile (cpu_kernels.h)
@@ -60,8 +65,11 @@ static fwd_ws fwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
     for (int g = 0; g < CTXPAR_CPU_GROUP; g++) {
         TAKE(w.qt[g], d * TQ);
         TAKE(w.ot[g], d * TQ);
+        TAKE(w.od[g], 2 * d * TQ); // doubles, counted as 2 floats
         TAKE(w.m[g], TQ);
         TAKE(w.l[g], TQ);
+        TAKE(w.a[g], TQ);
+        TAKE(w.ld[g], 2 * TQ);
     }
     TAKE(w.alpha, TQ);
     TAKE(w.s, (size_t)TK * TQ);
@@ -88,16 +96,31 @@ static void fwd_begin(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, 
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim, i0 = qt * TQ, nq = tile_rows(p->seq_q, qt, TQ);
     const int64_t lanes = lanes_for(kern, nq);
-    const float c = (float)(blk->scale * LOG2E);
     for (int64_t r = 0; r < lanes; r++) {
         if (r < nq)
             kern->to_f32(w->row, ctxpar_cpu_row(&blk->q, b, i0 + r, h), blk->q.dtype, dim);
         for (int64_t d = 0; d < dim; d++)
-            w->qt[g][d * lanes + r] = r < nq ? w->row[d] * c : 0.0f;
+            w->qt[g][d * lanes + r] = r < nq ? w->row[d] : 0.0f;
         w->m[g][r] = -FLT_MAX;
         w->l[g][r] = 0.0f;
+        w->a[g][r] = 1.0f;
+        w->ld[g][r] = 0.0;
     }
     memset(w->ot[g], 0, (size_t)(dim * lanes) * sizeof(float));
+    memset(w->od[g], 0, (size_t)(dim * lanes) * sizeof(double));
+}
+
+// Key tiles are summed in F32 by pairs (0-1, 2-3, ...), each pair's part then folded into the F64
+// sums: which pair a tile belongs to depends on its index only, and a tile whose keys a row does
+// not see adds exact zeros at a rescale of exactly 1, so skipping it or not changes no bit.
+#define FOLD_TILES 2
+
+static void fwd_fold(const ctxpar_cpu_kernels *kern, const fwd_ws *w, int g, int64_t dim,
+                     int64_t lanes) {
+    kern->fold(w->od[g], lanes, w->ot[g], lanes, w->a[g], dim, lanes);
+    kern->fold(w->ld[g], lanes, w->l[g], lanes, w->a[g], 1, lanes);
+    for (int64_t r = 0; r < lanes; r++)
+        w->a[g][r] = 1.0f;
 }
 
 // Writes (or merges) the finished rows of query tile qt.
@@ -111,13 +134,14 @@ static void fwd_end(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, co
         float *out = out_acc + ((b * p->seq_q + i) * p->heads_q + h) * dim;
         float *lse = lse_acc + (b * p->heads_q + h) * p->seq_q + i;
         float *dst = merge ? w->row : out;
-        float sum = w->l[g][r], lse_b = -INFINITY;
-        if (sum == 0.0f) { // no visible key
+        double sum = w->ld[g][r];
+        float lse_b = -INFINITY;
+        if (sum == 0.0) { // no visible key
             memset(dst, 0, (size_t)dim * sizeof *dst);
-        } else {
+        } else { // in F64, rounded once
             for (int64_t d = 0; d < dim; d++)
-                dst[d] = w->ot[g][d * lanes + r] / sum;
-            lse_b = (float)(((double)w->m[g][r] + log2((double)sum)) * LN2);
+                dst[d] = (float)(w->od[g][d * lanes + r] / sum);
+            lse_b = (float)(((double)w->m[g][r] + log2(sum)) * LN2);
         }
         if (merge)
             ctxpar_cpu_merge_row(out, lse, dst, lse_b, dim);
@@ -133,9 +157,13 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim, hk = h / p->group;
     const float *krows[TK], *vrows[TK];
+    const float c = (float)(blk->scale * LOG2E); // scores scale into base 2 inside the softmax
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
-    for (int g = 0; g < ng; g++)
+    int64_t pending[CTXPAR_CPU_GROUP]; // the tile pair ot[g] and l[g] hold, or -1
+    for (int g = 0; g < ng; g++) {
         fwd_begin(p, kern, w, g, b, h, qt0 + g);
+        pending[g] = -1;
+    }
     for (int64_t kt = 0; kt < p->k_tiles; kt++) {
         int any = 0;
         for (int g = 0; g < ng; g++) {
@@ -153,17 +181,25 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
             const int64_t i0 = (qt0 + g) * TQ, nq = tile_rows(p->seq_q, qt0 + g, TQ);
             const int64_t lanes = lanes_for(kern, nq);
             const uint32_t *vis = NULL; // FULL: nothing masked, no select
+            if (pending[g] >= 0 && pending[g] != kt / FOLD_TILES)
+                fwd_fold(kern, w, g, dim, lanes);
+            pending[g] = kt / FOLD_TILES;
             kern->scores(w->s, lanes, w->qt[g], lanes, krows, nk, lanes, dim);
             if (cls[g] == CTXPAR_BLOCK_PARTIAL) {
                 ctxpar_cpu_plan_mask(p, w->s, w->vis, lanes, i0, j0, nk, nq, 1);
                 vis = w->vis;
             }
-            kern->softmax_step(w->s, lanes, nk, lanes, w->m[g], w->l[g], w->alpha);
+            kern->softmax_step(w->s, lanes, nk, lanes, c, w->m[g], w->l[g], w->alpha);
             kern->accum(w->ot[g], lanes, w->alpha, w->s, vis, lanes, vrows, nk, lanes, dim);
+            for (int64_t r = 0; r < lanes; r++) // the F64 sums get the pair's rescale at the fold
+                w->a[g][r] *= w->alpha[r];
         }
     }
-    for (int g = 0; g < ng; g++)
+    for (int g = 0; g < ng; g++) {
+        if (pending[g] >= 0)
+            fwd_fold(kern, w, g, p->dim, lanes_for(kern, tile_rows(p->seq_q, qt0 + g, TQ)));
         fwd_end(p, kern, w, g, b, h, qt0 + g, out_acc, lse_acc, merge);
+    }
 }
 
 // The whole block pair is masked: every row is empty (out 0, lse -inf), which merges to nothing.

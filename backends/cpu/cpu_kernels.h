@@ -41,16 +41,30 @@ typedef struct ctxpar_cpu_kernels {
     void (*accum)(float *ct, int64_t ldc, const float *alpha, const float *a, const uint32_t *vis,
                   int64_t lda, const float *const *b, int64_t m, int64_t lanes, int64_t d);
 
-    /* One online-softmax step in base 2 over a tile s [N, L] (lds) of scores already scaled by
-     * log2(e): per lane, m' = max(m, max_n s), alpha = 2^(m - m'), s = 2^(s - m') in place,
-     * l = alpha * l + sum_n s (in increasing n). m starts at -FLT_MAX (not -inf), so a lane
-     * whose scores are all -inf keeps m, gets alpha = 1 and adds exact zeros. */
-    void (*softmax_step)(float *s, int64_t lds, int64_t n, int64_t lanes, float *m, float *l,
-                         float *alpha);
+    /* One online-softmax step in base 2 over a tile s [N, L] (lds) of raw scores q.k, with
+     * c = scale * log2(e): per lane, m' = max(m, c * max_n s), alpha = 2^(m - m'),
+     * s = 2^(c s - m') in place (c s - m' with one rounding: a fused multiply-add), l = alpha * l
+     * + sum_n s (in increasing n). m starts at -FLT_MAX (not -inf), so a lane whose scores are
+     * all -inf keeps m, gets alpha = 1 and adds exact zeros. */
+    void (*softmax_step)(float *s, int64_t lds, int64_t n, int64_t lanes, float c, float *m,
+                         float *l, float *alpha);
 
-    /* s[n*lds + l] = 2^(s[n*lds + l] - sub), sub = sub_lane[l] if sub_lane else sub_row[n]. */
-    void (*exp2_sub)(float *s, int64_t lds, int64_t n, int64_t lanes, const float *sub_lane,
-                     const float *sub_row);
+    /* The accurate half of every long sum (docs/numerics.md): a part summed in F32 from zero
+     * over one or two key tiles (at most 128 terms) is added into an F64 running sum, and
+     * cleared:
+     *   acc[r*lda + l] = (alpha ? alpha[l] : 1) * acc[r*lda + l] + part[r*ldp + l]
+     *   part[r*ldp + l] = 0                                        for r < R, l < L.
+     * One F64 add per 64 or 128 F32 multiply-adds: the rounding error of a row stops growing
+     * with the number of tiles. */
+    void (*fold)(double *acc, int64_t lda, float *part, int64_t ldp, const float *alpha,
+                 int64_t r, int64_t lanes);
+
+    /* s[n*lds + l] = 2^((c s[n*lds + l] - hi) - lo) (c s - hi with one rounding, as in
+     * softmax_step), hi, lo = hi_lane[l], lo_lane[l] if hi_lane else hi_row[n], lo_row[n]: the
+     * subtrahend hi + lo carries more bits than one float. */
+    void (*exp2_sub)(float *s, int64_t lds, int64_t n, int64_t lanes, float c,
+                     const float *hi_lane, const float *lo_lane, const float *hi_row,
+                     const float *lo_row);
 
     /* dp[n*lds + l] = p[n*lds + l] * (dp[n*lds + l] - delta), delta = delta_lane[l] if
      * delta_lane else delta_row[n]; exactly 0 where vis[n*lds + l] == 0. */

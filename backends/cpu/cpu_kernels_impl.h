@@ -152,18 +152,20 @@ static void accum(float *ct, int64_t ldc, const float *alpha, const float *a, co
     }
 }
 
-static void softmax_step(float *s, int64_t lds, int64_t n, int64_t lanes, float *m, float *l,
-                         float *alpha) {
+static void softmax_step(float *s, int64_t lds, int64_t n, int64_t lanes, float c, float *m,
+                         float *l, float *alpha) {
+    const vf cv = v_set1(c);
     for (int64_t l0 = 0; l0 < lanes; l0 += VL) {
         vf mt = v_set1(-INFINITY);
         for (int64_t i = 0; i < n; i++)
             mt = v_max(mt, v_load(s + i * lds + l0));
         vf mo = v_load(m + l0);
-        vf mn = v_max(mo, mt); // mo >= -FLT_MAX: finite, so s - mn is never inf - inf
+        // c > 0 and rounding is monotonic: c * max s is the largest of the rounded c * s.
+        vf mn = v_max(mo, mt * cv); // mo >= -FLT_MAX: finite, so c s - mn is never inf - inf
         vf al = v_exp2(mo - mn);
         vf sum = v_load(l + l0) * al;
         for (int64_t i = 0; i < n; i++) {
-            vf p = v_exp2(v_load(s + i * lds + l0) - mn);
+            vf p = v_exp2(v_fma(v_load(s + i * lds + l0), cv, -mn));
             v_store(s + i * lds + l0, p);
             sum = sum + p;
         }
@@ -173,12 +175,32 @@ static void softmax_step(float *s, int64_t lds, int64_t n, int64_t lanes, float 
     }
 }
 
-static void exp2_sub(float *s, int64_t lds, int64_t n, int64_t lanes, const float *sub_lane,
-                     const float *sub_row) {
+// Plain loops: the compiler vectorises them for the table's instruction set.
+static void fold(double *acc, int64_t lda, float *part, int64_t ldp, const float *alpha,
+                 int64_t rows, int64_t lanes) {
+    for (int64_t r = 0; r < rows; r++) {
+        double *restrict a = acc + r * lda;
+        float *restrict p = part + r * ldp;
+        if (alpha)
+            for (int64_t l = 0; l < lanes; l++)
+                a[l] = a[l] * (double)alpha[l] + (double)p[l];
+        else
+            for (int64_t l = 0; l < lanes; l++)
+                a[l] += (double)p[l];
+        memset(p, 0, (size_t)lanes * sizeof *p);
+    }
+}
+
+static void exp2_sub(float *s, int64_t lds, int64_t n, int64_t lanes, float c,
+                     const float *hi_lane, const float *lo_lane, const float *hi_row,
+                     const float *lo_row) {
+    const vf cv = v_set1(c);
     for (int64_t i = 0; i < n; i++)
         for (int64_t l0 = 0; l0 < lanes; l0 += VL) {
-            vf sub = sub_lane ? v_load(sub_lane + l0) : v_set1(sub_row[i]);
-            v_store(s + i * lds + l0, v_exp2(v_load(s + i * lds + l0) - sub));
+            vf hi = hi_lane ? v_load(hi_lane + l0) : v_set1(hi_row[i]);
+            vf lo = hi_lane ? v_load(lo_lane + l0) : v_set1(lo_row[i]);
+            vf x = v_fma(v_load(s + i * lds + l0), cv, -hi) - lo;
+            v_store(s + i * lds + l0, v_exp2(x));
         }
 }
 
@@ -239,6 +261,6 @@ static float fma_chains(int64_t iters) {
 }
 
 const ctxpar_cpu_kernels KERNELS_TABLE = {
-    KERNELS_LABEL, MR *VL, scores, accum, softmax_step, exp2_sub, dsoftmax, to_f32,
+    KERNELS_LABEL, MR *VL, scores, accum, softmax_step, fold, exp2_sub, dsoftmax, to_f32,
     VL, fma_chains,
 };

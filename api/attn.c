@@ -138,31 +138,33 @@ ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx, const ctxpar_at
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_attn_supported(const ctxpar_context *ctx, const ctxpar_attn_params *params,
-                                    const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                    const ctxpar_tensor *v) {
+// A forward and backward call's local checks without running it (the backward's blocks include
+// the forward's; out would have q's shape and dtype, so q stands in for it).
+static ctxpar_status check_call(const ctxpar_context *ctx, const ctxpar_attn_params *params,
+                                const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                const ctxpar_tensor *v, ctxpar_problem *pb, ctxpar_algo *algo) {
     ctxpar_clear_error();
     if (!ctx)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
     ctxpar_attn_params p;
+    return validate_fwd(ctx, params, q, k, v, q, 1, &p, pb, algo);
+}
+
+ctxpar_status ctxpar_attn_supported(const ctxpar_context *ctx, const ctxpar_attn_params *params,
+                                    const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                    const ctxpar_tensor *v) {
     ctxpar_problem pb;
     ctxpar_algo algo;
-    // Forward and backward (the backward's blocks include the forward's); out would have q's
-    // shape and dtype, so q stands in for it.
-    return validate_fwd(ctx, params, q, k, v, q, 1, &p, &pb, &algo);
+    return check_call(ctx, params, q, k, v, &pb, &algo);
 }
 
 ctxpar_status ctxpar_context_reserve(ctxpar_context *ctx, const ctxpar_attn_params *params,
                                      const ctxpar_tensor *q, const ctxpar_tensor *k,
                                      const ctxpar_tensor *v) {
-    ctxpar_clear_error();
-    if (!ctx)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
-    ctxpar_attn_params p;
     ctxpar_problem pb;
     ctxpar_algo algo;
     // Sized for the backward, whose workspace holds the forward's.
-    CTXPAR_CHECK(validate_fwd(ctx, params, q, k, v, q, 1, &p, &pb, &algo));
+    CTXPAR_CHECK(check_call(ctx, params, q, k, v, &pb, &algo));
     size_t bytes;
     if (algo == CTXPAR_ALGO_ALLGATHER) {
         bytes = ctxpar_allgather_workspace_bytes(&pb);

@@ -29,6 +29,7 @@ struct Case {
     int64_t kv_heads; // of 8 query heads: 8 (MHA), 2 (GQA, groups of 4), 1 (MQA)
     int64_t heads = 8;
     int64_t batch = 1;
+    float scale = 0.0f; // 0: the default 1/sqrt(head_dim)
 };
 
 std::string CaseName(const testing::TestParamInfo<Case> &info) {
@@ -37,7 +38,7 @@ std::string CaseName(const testing::TestParamInfo<Case> &info) {
            ctxpar_layout_name(c.layout) + "_" + kMaskName[c.mask] + "_" +
            ctxpar_dtype_name(c.dtype) + "_D" + std::to_string(c.head_dim) + "_H" +
            std::to_string(c.heads) + "KV" + std::to_string(c.kv_heads) + "_B" +
-           std::to_string(c.batch);
+           std::to_string(c.batch) + (c.scale < 0.0f ? "_negative_scale" : "");
 }
 
 ctxpar_run_config Config(const Case &c) {
@@ -53,6 +54,7 @@ ctxpar_run_config Config(const Case &c) {
     cfg.dtype = c.dtype;
     cfg.params.algo = c.algo;
     cfg.params.layout = c.layout;
+    cfg.params.softmax_scale = c.scale;
     cfg.params.mask = c.mask == kNone ? CTXPAR_MASK_NONE : CTXPAR_MASK_CAUSAL;
     if (c.mask == kCausalWindow)
         cfg.params.window_left = 40;
@@ -140,6 +142,21 @@ std::vector<Case> FoundationCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Foundation, EndToEnd, testing::ValuesIn(FoundationCases()), CaseName);
+
+// A negative scale (valid: finite and non-zero) flips which score is a row's largest and what a
+// masked score becomes after scaling; every algorithm and mask against the oracle.
+std::vector<Case> NegativeScaleCases() {
+    std::vector<Case> cases;
+    for (int p : {1, 4})
+        for (ctxpar_algo a : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL})
+            for (MaskKind m : {kNone, kCausal, kCausalWindow, kDocsCausal})
+                for (ctxpar_dtype d : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16})
+                    cases.push_back({p, a, CTXPAR_LAYOUT_ZIGZAG, m, d, 64, 2, 8, 1, -0.3f});
+    return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(NegativeScale, EndToEnd, testing::ValuesIn(NegativeScaleCases()),
+                         CaseName);
 
 // The end-to-end figures at a realistic size: seq 4096, 4 heads, dim 64.
 TEST(EndToEndLarge, RingCausalZigzagF32AtSeq4096) {

@@ -8,7 +8,8 @@
  * With P = exp(scale*QK^T + mask - lse), dP = dO V^T, dS = P * (dP - delta):
  *   dq += scale dS K,   dk += scale dS^T Q,   dv += P^T dO
  *
- * P = 2^(s * c - lse * log2(e)), c = scale * log2(e), from the raw scores s = q.k: every score
+ * P = 2^(s * c - lse * log2(e)), c = |scale| * log2(e), from the raw scores s = q.k (q or k
+ * negated for a negative scale: ctxpar_cpu_score_sign): every score
  * has the bits the forward's had (same products, same order), so P is consistent with the lse
  * the forward made from them (a dominant key's P is then near 1, not off by a dot product's
  * rounding: what keeps dV accurate for a sharp softmax). In a PARTIAL tile every product
@@ -19,8 +20,6 @@
 #define CTXPAR_CPU_ATTN_BWD_H
 
 #include "backends/cpu/cpu_internal.h"
-
-#define CTXPAR_CPU_LOG2E 1.44269504088896340736
 
 typedef struct ctxpar_bwd_args {
     const ctxpar_cpu_plan *p;

@@ -85,11 +85,12 @@ void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_
     const int64_t dim = p->dim, hk = h / p->group;
     const float *krows[TK], *vrows[TK];
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
-    const float c = (float)(blk->scale * CTXPAR_CPU_LOG2E);
+    const float c = ctxpar_cpu_exp2_scale(blk->scale);
     for (int g = 0; g < ng; g++) { // t[g] = Q^T, dO^T, dQ^T; vec[g] = lse2, delta
         const int64_t i0 = (qt0 + g) * TQ, nq = ctxpar_bwd_tile_rows(p->seq_q, qt0 + g, TQ);
         const int64_t lanes = ctxpar_bwd_lanes(kern, nq);
-        ctxpar_bwd_pack_t(kern, &blk->q, b, i0, nq, h, lanes, 1.0f, w->row, w->t[g][0]);
+        ctxpar_bwd_pack_t(kern, &blk->q, b, i0, nq, h, lanes, ctxpar_cpu_score_sign(blk->scale),
+                          w->row, w->t[g][0]);
         ctxpar_bwd_pack_t(kern, a->dout, b, i0, nq, h, lanes, 1.0f, w->row, w->t[g][1]);
         memset(w->t[g][2], 0, (size_t)(dim * lanes) * sizeof(float));
         memset(w->acc[g][0], 0, (size_t)(dim * lanes) * sizeof(double));
@@ -167,14 +168,15 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim;
     const float *qrows[TQ], *orows[TQ], *krows[CTXPAR_CPU_GROUP][TK];
-    const float c = (float)(blk->scale * CTXPAR_CPU_LOG2E);
+    const float c = ctxpar_cpu_exp2_scale(blk->scale);
     float *lse2 = w->vec[0][0], *dl = w->vec[0][1], *lse2_lo = w->vec[0][2];
     const int need_ds = a->dk || dq_chunk;
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
     for (int g = 0; g < ng; g++) { // t[g] = K^T, V^T, dK^T, dV^T; krow[g] = K for dQ
         const int64_t j0 = (kt0 + g) * TK, nk = ctxpar_bwd_tile_rows(p->seq_k, kt0 + g, TK);
         const int64_t lanes = ctxpar_bwd_lanes(kern, nk);
-        ctxpar_bwd_pack_t(kern, &blk->k, b, j0, nk, hk, lanes, 1.0f, w->row, w->t[g][0]);
+        ctxpar_bwd_pack_t(kern, &blk->k, b, j0, nk, hk, lanes, ctxpar_cpu_score_sign(blk->scale),
+                          w->row, w->t[g][0]);
         if (dq_chunk)
             ctxpar_cpu_load_rows(kern, &blk->k, b, j0, nk, hk, w->krow[g], krows[g]);
         ctxpar_bwd_pack_t(kern, &blk->v, b, j0, nk, hk, lanes, 1.0f, w->row, w->t[g][1]);

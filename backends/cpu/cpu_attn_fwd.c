@@ -29,7 +29,6 @@
 
 #include "backends/cpu/cpu_internal.h"
 
-#define LOG2E 1.44269504088896340736
 #define LN2 0.693147180559945309417
 
 #define TQ CTXPAR_CPU_TILE_Q
@@ -90,17 +89,18 @@ static int64_t lanes_for(const ctxpar_cpu_kernels *kern, int64_t rows) {
     return (rows + kern->lane_block - 1) / kern->lane_block * kern->lane_block;
 }
 
-// Packs query tile qt (scaled Q^T, padding lanes 0) and resets its running state.
+// Packs query tile qt (Q^T with the scale's sign, padding lanes 0) and resets its running state.
 static void fwd_begin(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, const fwd_ws *w,
                       int g, int64_t b, int64_t h, int64_t qt) {
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim, i0 = qt * TQ, nq = tile_rows(p->seq_q, qt, TQ);
     const int64_t lanes = lanes_for(kern, nq);
+    const float sign = ctxpar_cpu_score_sign(blk->scale);
     for (int64_t r = 0; r < lanes; r++) {
         if (r < nq)
             kern->to_f32(w->row, ctxpar_cpu_row(&blk->q, b, i0 + r, h), blk->q.dtype, dim);
         for (int64_t d = 0; d < dim; d++)
-            w->qt[g][d * lanes + r] = r < nq ? w->row[d] : 0.0f;
+            w->qt[g][d * lanes + r] = r < nq ? w->row[d] * sign : 0.0f;
         w->m[g][r] = -FLT_MAX;
         w->l[g][r] = 0.0f;
         w->a[g][r] = 1.0f;
@@ -157,7 +157,7 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim, hk = h / p->group;
     const float *krows[TK], *vrows[TK];
-    const float c = (float)(blk->scale * LOG2E); // scores scale into base 2 inside the softmax
+    const float c = ctxpar_cpu_exp2_scale(blk->scale); // into base 2 inside the softmax
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
     int64_t pending[CTXPAR_CPU_GROUP]; // the tile pair ot[g] and l[g] hold, or -1
     for (int g = 0; g < ng; g++) {

@@ -63,6 +63,18 @@ ctxpar_block_class ctxpar_cpu_plan_classify(const ctxpar_cpu_plan *plan, int64_t
 void ctxpar_cpu_plan_mask(const ctxpar_cpu_plan *plan, float *s, uint32_t *vis, int64_t lds,
                           int64_t q0, int64_t k0, int64_t rows, int64_t lanes, int keys_in_rows);
 
+#define CTXPAR_CPU_LOG2E 1.44269504088896340736
+
+/* The softmax runs in base 2 on raw scores s = q.k: p = 2^(s * c - m). Its running maximum and
+ * the -inf of masked scores need c > 0, so a negative scale goes into the sign of the packed
+ * score operand (exact: negation does not round) and c is |scale| log2(e). */
+static inline float ctxpar_cpu_score_sign(float scale) {
+    return scale < 0.0f ? -1.0f : 1.0f;
+}
+static inline float ctxpar_cpu_exp2_scale(float scale) {
+    return (float)((double)(scale < 0.0f ? -scale : scale) * CTXPAR_CPU_LOG2E);
+}
+
 /* Loads n rows t[b, s0 + i, h, :] as F32 into the dense tile `dst` ([n, D]) and points rows[i]
  * at them: a dense tile in L1/L2 instead of rows scattered by the tensor's strides. */
 void ctxpar_cpu_load_rows(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, int64_t b,

@@ -113,6 +113,8 @@ def validate_seeds():
     seeds["ok_d1_s1"] = problem(BWD, F16, s=1, d=1, hkv=1)
     seeds["ok_scale_1"] = problem(BWD, scale_mode=1, mask=1)
     seeds["ok_scale_bits"] = problem(BWD, scale_mode=3, scale=0.3)
+    seeds["ok_negative_scale_window"] = problem(BWD, scale_mode=3, scale=-0.3, mask=1, window=2,
+                                                s=10, d=8)
     seeds["ok_seq_global"] = problem(0, seq_global=8)
     seeds["ok_padded_strides"] = problem(BWD, records={i: [0x10, 0, 0, 0, 3, 2, 5] for i in
                                                        range(8)})

@@ -22,7 +22,7 @@
 namespace {
 
 // Tolerances: max |got - oracle| / max |oracle| (metrics.h). Inputs in F16/BF16 are rounded
-// before the oracle sees them (ctxpar_test_to_f64 reads the stored values), and every output of
+// before the oracle sees them (cpt_test_to_f64 reads the stored values), and every output of
 // the block kernels is F32, so one bound serves all three dtypes; it covers F32 accumulation only.
 //  - forward out and lse: F32 rounding (2^-24 ~ 6e-8) of the pre-scaled q, of every score (a
 //    D-term FMA chain), of the 2^x polynomial (~1 ulp) and of the O(Sk)-term running sums. The
@@ -89,7 +89,7 @@ struct HostTensor {
     int64_t numel() const { return t.shape[0] * t.shape[1] * t.shape[2] * t.shape[3]; }
     std::vector<double> f64() const {
         std::vector<double> x((size_t)numel());
-        ctxpar_test_to_f64(&t, x.data());
+        cpt_test_to_f64(&t, x.data());
         return x;
     }
 };
@@ -181,10 +181,10 @@ struct Problem {
         k = new HostTensor(dtype, B, Sk(), Hkv, D, pad);
         v = new HostTensor(dtype, B, Sk(), Hkv, D, pad);
         dout = new HostTensor(dtype, B, Sq(), Hq, D, pad);
-        ctxpar_test_fill(&q->t, seed, 1, seq_global, qpos.data());
-        ctxpar_test_fill(&k->t, seed, 2, seq_global, kpos.data());
-        ctxpar_test_fill(&v->t, seed, 3, seq_global, kpos.data());
-        ctxpar_test_fill(&dout->t, seed, 4, seq_global, qpos.data());
+        cpt_test_fill(&q->t, seed, 1, seq_global, qpos.data());
+        cpt_test_fill(&k->t, seed, 2, seq_global, kpos.data());
+        cpt_test_fill(&v->t, seed, 3, seq_global, kpos.data());
+        cpt_test_fill(&dout->t, seed, 4, seq_global, qpos.data());
     }
 
     ctxpar_mask_desc Mask() const {
@@ -208,7 +208,7 @@ struct Problem {
         return blk;
     }
 
-    ctxpar_oracle_shape Shape() const { return {B, Sq(), Sk(), Hq, Hkv, D}; }
+    cpt_oracle_shape Shape() const { return {B, Sq(), Sk(), Hq, Hkv, D}; }
     size_t OutSize() const { return (size_t)(B * Sq() * Hq * D); }
     size_t LseSize() const { return (size_t)(B * Hq * Sq()); }
     size_t KvSize() const { return (size_t)(B * Sk() * Hkv * D); }
@@ -216,10 +216,10 @@ struct Problem {
     void OracleFwd(std::vector<double> *out, std::vector<double> *lse) const {
         out->assign(OutSize(), 0.0);
         lse->assign(LseSize(), 0.0);
-        ctxpar_oracle_shape sh = Shape();
+        cpt_oracle_shape sh = Shape();
         ctxpar_mask_desc m = Mask();
         std::vector<double> qd = q->f64(), kd = k->f64(), vd = v->f64();
-        ctxpar_oracle_fwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
+        cpt_oracle_fwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
                           (double)Scale(), out->data(), lse->data());
     }
 
@@ -228,10 +228,10 @@ struct Problem {
         dq->assign(OutSize(), 0.0);
         dk->assign(KvSize(), 0.0);
         dv->assign(KvSize(), 0.0);
-        ctxpar_oracle_shape sh = Shape();
+        cpt_oracle_shape sh = Shape();
         ctxpar_mask_desc m = Mask();
         std::vector<double> qd = q->f64(), kd = k->f64(), vd = v->f64(), dod = dout->f64();
-        ctxpar_oracle_bwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
+        cpt_oracle_bwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
                           (double)Scale(), dod.data(), dq->data(), dk->data(), dv->data());
     }
 };
@@ -297,7 +297,7 @@ BwdResult RunBwd(const Problem &p, int threads = 0, const char *kernels = nullpt
 void ExpectClose(const std::vector<float> &got, const std::vector<double> &ref, double tol,
                  const char *what) {
     ASSERT_EQ(got.size(), ref.size()) << what;
-    ctxpar_error_stats e = ctxpar_compare_f32(got.data(), ref.data(), got.size());
+    cpt_error_stats e = cpt_compare_f32(got.data(), ref.data(), got.size());
     EXPECT_EQ(e.nonfinite, 0) << what << ": worst element " << e.worst;
     EXPECT_LE(e.rel, tol) << what << ": worst element " << e.worst << " got "
                           << (e.worst >= 0 ? got[(size_t)e.worst] : 0.0) << " want "
@@ -324,7 +324,7 @@ void ExpectEmptyRows(const Problem &p, const FwdResult &r, const std::vector<dou
 size_t BitDiff(const std::vector<float> &a, const std::vector<float> &b) {
     if (a.size() != b.size())
         return SIZE_MAX;
-    return ctxpar_bitwise_diff(a.data(), b.data(), a.size(), sizeof(float), nullptr);
+    return cpt_bitwise_diff(a.data(), b.data(), a.size(), sizeof(float), nullptr);
 }
 
 // ---------------------------------------------------------------- forward vs oracle
@@ -758,8 +758,8 @@ TEST(BwdPrep, MatchesFloat64) {
         for (ctxpar_dtype dt_dout : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16}) {
             const int64_t B = 2, S = 33, H = 3, D = 300; // D > the kernel's 256-element chunks
             HostTensor out(dt_out, B, S, H, D, 7), dout(dt_dout, B, S, H, D);
-            ctxpar_test_fill(&out.t, 11, 1, S, nullptr);
-            ctxpar_test_fill(&dout.t, 11, 2, S, nullptr);
+            cpt_test_fill(&out.t, 11, 1, S, nullptr);
+            cpt_test_fill(&dout.t, 11, 2, S, nullptr);
             std::vector<double> o = out.f64(), g = dout.f64(), ref((size_t)(B * H * S), 0.0);
             for (int64_t b = 0; b < B; b++)
                 for (int64_t s = 0; s < S; s++)
@@ -977,7 +977,7 @@ std::vector<float> CastValues(size_t n) {
     for (size_t i = 0; i < n; i++)
         x[i] = i < sizeof special / sizeof special[0]
                    ? special[i]
-                   : (float)(ctxpar_test_value(3, 9, i) * std::ldexp(1.0, (int)(i % 40) - 20));
+                   : (float)(cpt_test_value(3, 9, i) * std::ldexp(1.0, (int)(i % 40) - 20));
     return x;
 }
 

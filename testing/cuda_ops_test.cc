@@ -72,7 +72,7 @@ constexpr double kTolSmall = 1e-6;
 double OutTol(ctxpar_dtype dt, int64_t head_dim) {
     if (dt == CTXPAR_DTYPE_F32 || head_dim % 8 != 0)
         return kTolF32;
-    return ctxpar_tolerance(dt, "out");
+    return cpt_tolerance(dt, "out");
 }
 
 // ---------------------------------------------------------------- the GPU, or why not
@@ -200,7 +200,7 @@ struct HostTensor {
     int64_t numel() const { return t.shape[0] * t.shape[1] * t.shape[2] * t.shape[3]; }
     std::vector<double> f64() const {
         std::vector<double> x((size_t)numel());
-        ctxpar_test_to_f64(&t, x.data());
+        cpt_test_to_f64(&t, x.data());
         return x;
     }
     // The same tensor in `space` (same strides).
@@ -280,10 +280,10 @@ struct Problem {
         k.reset(new HostTensor(dtype, B, Sk(), Hkv, D, pad));
         v.reset(new HostTensor(dtype, B, Sk(), Hkv, D, pad));
         dout.reset(new HostTensor(dtype, B, Sq(), Hq, D, pad));
-        ctxpar_test_fill(&q->t, seed, 1, seq_global, qpos.data());
-        ctxpar_test_fill(&k->t, seed, 2, seq_global, kpos.data());
-        ctxpar_test_fill(&v->t, seed, 3, seq_global, kpos.data());
-        ctxpar_test_fill(&dout->t, seed, 4, seq_global, qpos.data());
+        cpt_test_fill(&q->t, seed, 1, seq_global, qpos.data());
+        cpt_test_fill(&k->t, seed, 2, seq_global, kpos.data());
+        cpt_test_fill(&v->t, seed, 3, seq_global, kpos.data());
+        cpt_test_fill(&dout->t, seed, 4, seq_global, qpos.data());
     }
 
     ctxpar_mask_desc Mask() const {
@@ -308,15 +308,15 @@ struct Problem {
         return blk;
     }
 
-    ctxpar_oracle_shape Shape() const { return {B, Sq(), Sk(), Hq, Hkv, D}; }
+    cpt_oracle_shape Shape() const { return {B, Sq(), Sk(), Hq, Hkv, D}; }
 
     void OracleFwd(std::vector<double> *out, std::vector<double> *lse) const {
         out->assign(OutSize(), 0.0);
         lse->assign(LseSize(), 0.0);
-        ctxpar_oracle_shape sh = Shape();
+        cpt_oracle_shape sh = Shape();
         ctxpar_mask_desc m = Mask();
         std::vector<double> qd = q->f64(), kd = k->f64(), vd = v->f64();
-        ctxpar_oracle_fwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
+        cpt_oracle_fwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
                           (double)Scale(), out->data(), lse->data());
     }
 
@@ -325,10 +325,10 @@ struct Problem {
         dq->assign(OutSize(), 0.0);
         dk->assign(KvSize(), 0.0);
         dv->assign(KvSize(), 0.0);
-        ctxpar_oracle_shape sh = Shape();
+        cpt_oracle_shape sh = Shape();
         ctxpar_mask_desc m = Mask();
         std::vector<double> qd = q->f64(), kd = k->f64(), vd = v->f64(), dod = dout->f64();
-        ctxpar_oracle_bwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
+        cpt_oracle_bwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
                           (double)Scale(), dod.data(), dq->data(), dk->data(), dv->data());
     }
 };
@@ -414,7 +414,7 @@ std::vector<double> F64(const std::vector<float> &x) {
 void ExpectClose(const std::vector<float> &got, const std::vector<double> &ref, double tol,
                  const std::string &what) {
     ASSERT_EQ(got.size(), ref.size()) << what;
-    ctxpar_error_stats e = ctxpar_compare_f32(got.data(), ref.data(), got.size());
+    cpt_error_stats e = cpt_compare_f32(got.data(), ref.data(), got.size());
     EXPECT_EQ(e.nonfinite, 0) << what << ": worst element " << e.worst;
     EXPECT_LE(e.rel, tol) << what << ": worst element " << e.worst << " got "
                           << (e.worst >= 0 ? got[(size_t)e.worst] : 0.0) << " want "
@@ -424,7 +424,7 @@ void ExpectClose(const std::vector<float> &got, const std::vector<double> &ref, 
 size_t BitDiff(const std::vector<float> &a, const std::vector<float> &b) {
     if (a.size() != b.size())
         return SIZE_MAX;
-    return ctxpar_bitwise_diff(a.data(), b.data(), a.size(), sizeof(float), nullptr);
+    return cpt_bitwise_diff(a.data(), b.data(), a.size(), sizeof(float), nullptr);
 }
 
 // Rows the oracle finds fully masked have out exactly 0 and lse -inf; no NaN anywhere.
@@ -798,8 +798,8 @@ TEST_P(Cudnn, RunsWhereItAppliesAndMatchesOracle) {
     p.Make();
     std::vector<double> ref_out, ref_lse;
     p.OracleFwd(&ref_out, &ref_lse);
-    const double tol = ctxpar_tolerance(prm.dtype, "out");
-    const double tol_lse = ctxpar_tolerance(prm.dtype, "lse");
+    const double tol = cpt_tolerance(prm.dtype, "out");
+    const double tol_lse = cpt_tolerance(prm.dtype, "lse");
     uint64_t n_cudnn = 0, n_native = 0;
     FwdResult r = RunFwd(&d, p);
     ASSERT_EQ(ctxpar_cuda_device_fwd_counts(d.dev, &n_cudnn, &n_native), CTXPAR_OK);
@@ -936,8 +936,8 @@ TEST_F(Gpu, BwdPrepMatchesFloat64AndCpu) {
         for (ctxpar_dtype dt_dout : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16}) {
             const int64_t B = 2, S = 33, H = 3, D = 300;
             HostTensor out(dt_out, B, S, H, D, 7), dout(dt_dout, B, S, H, D);
-            ctxpar_test_fill(&out.t, 11, 1, S, nullptr);
-            ctxpar_test_fill(&dout.t, 11, 2, S, nullptr);
+            cpt_test_fill(&out.t, 11, 1, S, nullptr);
+            cpt_test_fill(&dout.t, 11, 2, S, nullptr);
             std::vector<double> o = out.f64(), g = dout.f64(), ref((size_t)(B * H * S), 0.0);
             for (int64_t b = 0; b < B; b++)
                 for (int64_t s = 0; s < S; s++)
@@ -1241,7 +1241,7 @@ std::vector<float> CastValues(size_t n) {
     for (size_t i = 0; i < n; i++)
         x[i] = i < sizeof special / sizeof special[0]
                    ? special[i]
-                   : (float)(ctxpar_test_value(3, 9, i) * std::ldexp(1.0, (int)(i % 40) - 20));
+                   : (float)(cpt_test_value(3, 9, i) * std::ldexp(1.0, (int)(i % 40) - 20));
     return x;
 }
 
@@ -1327,7 +1327,7 @@ TEST_F(Gpu, ChecksumIsDeterministicAndSensitive) {
     ASSERT_EQ(d.st, CTXPAR_OK);
     std::vector<unsigned char> bytes(100007);
     for (size_t i = 0; i < bytes.size(); i++)
-        bytes[i] = (unsigned char)(ctxpar_test_value(5, 1, i) * 127.0 + 128.0);
+        bytes[i] = (unsigned char)(cpt_test_value(5, 1, i) * 127.0 + 128.0);
     Space sp(&d);
     auto sum = [&](const std::vector<unsigned char> &b, size_t offset, size_t n) {
         unsigned char *p = (unsigned char *)sp.Put(b.data(), b.size());
@@ -1457,7 +1457,7 @@ TEST_F(Gpu, CudnnReasonIsKeptAndReported) {
     const std::string how = CudnnOutcome(on.dev);
     std::printf("cuda_ops_test: bf16 d=128 unmasked block: %s\n", how.c_str());
     EXPECT_EQ(how.find("native"), std::string::npos) << how;
-    ExpectClose(r.out, ref_out, ctxpar_tolerance(p.dtype, "out"), "out");
+    ExpectClose(r.out, ref_out, cpt_tolerance(p.dtype, "out"), "out");
     ctxpar_cuda_diag dg;
     ASSERT_EQ(ctxpar_cuda_device_diag(on.dev, &dg), CTXPAR_OK);
     EXPECT_GE(dg.cudnn_version, 90800);

@@ -13,7 +13,7 @@
 
 // Everything one attention problem needs, resolved once: shapes, inputs, the mask.
 typedef struct oracle_problem {
-    ctxpar_oracle_shape sh;
+    cpt_oracle_shape sh;
     const double *q, *k, *v;
     const int64_t *q_pos, *k_pos; // NULL: row i is at position i
     int causal;
@@ -78,16 +78,16 @@ static const double *kv_row(const oracle_problem *p, const double *t, int64_t b,
     return t + ((b * p->sh.seq_k + j) * p->sh.heads_kv + hk) * p->sh.head_dim;
 }
 
-static int64_t q_elems(const ctxpar_oracle_shape *s) {
+static int64_t q_elems(const cpt_oracle_shape *s) {
     return s->batch * s->seq_q * s->heads_q * s->head_dim;
 }
 
-static int64_t kv_elems(const ctxpar_oracle_shape *s) {
+static int64_t kv_elems(const cpt_oracle_shape *s) {
     return s->batch * s->seq_k * s->heads_kv * s->head_dim;
 }
 
 // After a failure: NaN in every output whose size the shape still tells.
-static void fill_nan(const ctxpar_oracle_shape *s, double *x, int64_t n) {
+static void fill_nan(const cpt_oracle_shape *s, double *x, int64_t n) {
     if (!x || s->batch < 0 || s->seq_q < 0 || s->seq_k < 0 || s->heads_q < 0 || s->heads_kv < 0 ||
         s->head_dim < 0)
         return;
@@ -102,14 +102,14 @@ static void problem_free(oracle_problem *p) {
 }
 
 // Checks the arguments and precomputes the document of every row.
-static ctxpar_status problem_init(oracle_problem *p, const ctxpar_oracle_shape *shape,
+static ctxpar_status problem_init(oracle_problem *p, const cpt_oracle_shape *shape,
                                   const double *q, const double *k, const double *v,
                                   const int64_t *q_pos, const int64_t *k_pos,
                                   const ctxpar_mask_desc *mask, double scale) {
     *p = (oracle_problem){0};
     if (!shape)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "oracle: shape is NULL");
-    const ctxpar_oracle_shape *s = shape;
+    const cpt_oracle_shape *s = shape;
     p->sh = *s;
     if (s->batch < 0 || s->seq_q < 0 || s->seq_k < 0 || s->heads_q < 1 || s->heads_kv < 1 ||
         s->head_dim < 1 || s->heads_q % s->heads_kv != 0)
@@ -199,7 +199,7 @@ static void fwd_all(const oracle_problem *p, double *out, double *lse) {
     }
 }
 
-void ctxpar_oracle_fwd(const ctxpar_oracle_shape *shape, const double *q, const double *k,
+void cpt_oracle_fwd(const cpt_oracle_shape *shape, const double *q, const double *k,
                        const double *v, const int64_t *q_pos, const int64_t *k_pos,
                        const ctxpar_mask_desc *mask, double scale, double *out, double *lse) {
     oracle_problem p;
@@ -277,7 +277,7 @@ static void bwd_dkv(const oracle_problem *p, const double *dout, const double *l
     }
 }
 
-void ctxpar_oracle_bwd(const ctxpar_oracle_shape *shape, const double *q, const double *k,
+void cpt_oracle_bwd(const cpt_oracle_shape *shape, const double *q, const double *k,
                        const double *v, const int64_t *q_pos, const int64_t *k_pos,
                        const ctxpar_mask_desc *mask, double scale, const double *dout, double *dq,
                        double *dk, double *dv) {
@@ -317,7 +317,7 @@ done:
     problem_free(&p);
 }
 
-ctxpar_status ctxpar_oracle_visibility(const ctxpar_oracle_shape *shape, const int64_t *q_pos,
+ctxpar_status cpt_oracle_visibility(const cpt_oracle_shape *shape, const int64_t *q_pos,
                                        const int64_t *k_pos, const ctxpar_mask_desc *mask,
                                        uint8_t *vis) {
     static const double no_data = 0.0; // the predicate reads positions and documents only

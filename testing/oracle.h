@@ -13,8 +13,8 @@
  * Rows are spread over OpenMP threads; every output element is computed by one thread, so the
  * results are identical for any thread count. Pass the scale the library resolves (a float).
  */
-#ifndef CTXPAR_TESTING_ORACLE_H
-#define CTXPAR_TESTING_ORACLE_H
+#ifndef CPT_TESTING_ORACLE_H
+#define CPT_TESTING_ORACLE_H
 
 #include <stdint.h>
 
@@ -24,18 +24,18 @@
 extern "C" {
 #endif
 
-typedef struct ctxpar_oracle_shape {
+typedef struct cpt_oracle_shape {
     int64_t batch, seq_q, seq_k, heads_q, heads_kv, head_dim;
-} ctxpar_oracle_shape;
+} cpt_oracle_shape;
 
 /* Forward: out and lse (lse may be NULL). scale multiplies QK^T. */
-void ctxpar_oracle_fwd(const ctxpar_oracle_shape *shape, const double *q, const double *k,
+void cpt_oracle_fwd(const cpt_oracle_shape *shape, const double *q, const double *k,
                        const double *v, const int64_t *q_pos, const int64_t *k_pos,
                        const ctxpar_mask_desc *mask, double scale, double *out, double *lse);
 
 /* Backward given dout [B, Sq, Hq, D]: dq [B, Sq, Hq, D], dk and dv [B, Sk, Hkv, D] (overwritten).
  * Recomputes the forward internally. */
-void ctxpar_oracle_bwd(const ctxpar_oracle_shape *shape, const double *q, const double *k,
+void cpt_oracle_bwd(const cpt_oracle_shape *shape, const double *q, const double *k,
                        const double *v, const int64_t *q_pos, const int64_t *k_pos,
                        const ctxpar_mask_desc *mask, double scale, const double *dout,
                        double *dq, double *dk, double *dv);
@@ -43,7 +43,7 @@ void ctxpar_oracle_bwd(const ctxpar_oracle_shape *shape, const double *q, const 
 /* The oracle's own mask as a dense [Sq, Sk] byte matrix (1: query row i sees key row j), for
  * harness code that must mask exactly as the oracle does (naive_f32.h). Returns the status of
  * the arguments' check; vis is untouched on error. */
-ctxpar_status ctxpar_oracle_visibility(const ctxpar_oracle_shape *shape, const int64_t *q_pos,
+ctxpar_status cpt_oracle_visibility(const cpt_oracle_shape *shape, const int64_t *q_pos,
                                        const int64_t *k_pos, const ctxpar_mask_desc *mask,
                                        uint8_t *vis);
 
@@ -51,4 +51,4 @@ ctxpar_status ctxpar_oracle_visibility(const ctxpar_oracle_shape *shape, const i
 }
 #endif
 
-#endif /* CTXPAR_TESTING_ORACLE_H */
+#endif /* CPT_TESTING_ORACLE_H */

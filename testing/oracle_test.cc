@@ -17,13 +17,13 @@ struct Result {
     Vec out, lse;
 };
 
-Result Fwd(const ctxpar_oracle_shape &sh, const Vec &q, const Vec &k, const Vec &v,
+Result Fwd(const cpt_oracle_shape &sh, const Vec &q, const Vec &k, const Vec &v,
            const int64_t *q_pos = nullptr, const int64_t *k_pos = nullptr,
            const ctxpar_mask_desc *mask = nullptr, double scale = 1.0) {
     Result r;
     r.out.assign(sh.batch * sh.seq_q * sh.heads_q * sh.head_dim, -7.0);
     r.lse.assign(sh.batch * sh.heads_q * sh.seq_q, -7.0);
-    ctxpar_oracle_fwd(&sh, q.data(), k.data(), v.data(), q_pos, k_pos, mask, scale, r.out.data(),
+    cpt_oracle_fwd(&sh, q.data(), k.data(), v.data(), q_pos, k_pos, mask, scale, r.out.data(),
                       r.lse.data());
     return r;
 }
@@ -31,12 +31,12 @@ Result Fwd(const ctxpar_oracle_shape &sh, const Vec &q, const Vec &k, const Vec 
 Vec Random(uint64_t id, size_t n) {
     Vec x(n);
     for (size_t i = 0; i < n; i++)
-        x[i] = ctxpar_test_value(42, id, i);
+        x[i] = cpt_test_value(42, id, i);
     return x;
 }
 
 TEST(OracleFwd, OneKeyGivesItsValueAndScore) {
-    ctxpar_oracle_shape sh = {1, 1, 1, 1, 1, 3};
+    cpt_oracle_shape sh = {1, 1, 1, 1, 1, 3};
     Vec q = {0.5, -1.0, 2.0}, k = {1.0, 2.0, 0.25}, v = {3.0, -4.0, 5.0};
     Result r = Fwd(sh, q, k, v, nullptr, nullptr, nullptr, 0.5);
     EXPECT_DOUBLE_EQ(r.out[0], 3.0);
@@ -47,7 +47,7 @@ TEST(OracleFwd, OneKeyGivesItsValueAndScore) {
 
 TEST(OracleFwd, TwoKeysKnownSoftmax) {
     // Scores 1 and 0: weights e/(e+1) and 1/(e+1), lse = log(e + 1).
-    ctxpar_oracle_shape sh = {1, 1, 2, 1, 1, 2};
+    cpt_oracle_shape sh = {1, 1, 2, 1, 1, 2};
     Vec q = {1.0, 0.0}, k = {1.0, 7.0, 0.0, 3.0}, v = {2.0, 0.0, 0.0, 4.0};
     Result r = Fwd(sh, q, k, v);
     const double e = std::exp(1.0);
@@ -58,7 +58,7 @@ TEST(OracleFwd, TwoKeysKnownSoftmax) {
 
 TEST(OracleFwd, HugeScoresDoNotOverflow) {
     // Scores 1000 and 999: exp would overflow without subtracting the row maximum.
-    ctxpar_oracle_shape sh = {1, 1, 2, 1, 1, 1};
+    cpt_oracle_shape sh = {1, 1, 2, 1, 1, 1};
     Vec q = {1000.0}, k = {1.0, 0.999}, v = {1.0, -1.0};
     Result r = Fwd(sh, q, k, v);
     const double w0 = 1.0 / (1.0 + std::exp(-1.0));
@@ -68,7 +68,7 @@ TEST(OracleFwd, HugeScoresDoNotOverflow) {
 
 TEST(OracleFwd, CausalFirstRowSeesOnlyItselfLastRowSeesAll) {
     const int64_t S = 4, D = 2;
-    ctxpar_oracle_shape sh = {1, S, S, 1, 1, D};
+    cpt_oracle_shape sh = {1, S, S, 1, 1, D};
     Vec q = Random(0, S * D), k = Random(1, S * D), v = Random(2, S * D);
     ctxpar_mask_desc causal = {1, 0, nullptr, 0};
     Result r = Fwd(sh, q, k, v, nullptr, nullptr, &causal, 0.7);
@@ -93,7 +93,7 @@ TEST(OracleFwd, CausalFirstRowSeesOnlyItselfLastRowSeesAll) {
 
 TEST(OracleFwd, FullyMaskedRowIsZeroWithMinusInfLse) {
     // A query at position 0 against keys at 5 and 6 under the causal mask sees nothing.
-    ctxpar_oracle_shape sh = {1, 1, 2, 1, 1, 2};
+    cpt_oracle_shape sh = {1, 1, 2, 1, 1, 2};
     Vec q = {1.0, 2.0}, k = {1.0, 1.0, 2.0, 2.0}, v = {3.0, 3.0, 4.0, 4.0};
     int64_t qp[] = {0}, kp[] = {5, 6};
     ctxpar_mask_desc causal = {1, 0, nullptr, 0};
@@ -103,7 +103,7 @@ TEST(OracleFwd, FullyMaskedRowIsZeroWithMinusInfLse) {
     EXPECT_EQ(r.lse[0], -INFINITY);
     // The backward gives no gradient anywhere.
     Vec dout = {1.0, -1.0}, dq(2, 9.0), dk(4, 9.0), dv(4, 9.0);
-    ctxpar_oracle_bwd(&sh, q.data(), k.data(), v.data(), qp, kp, &causal, 1.0, dout.data(),
+    cpt_oracle_bwd(&sh, q.data(), k.data(), v.data(), qp, kp, &causal, 1.0, dout.data(),
                       dq.data(), dk.data(), dv.data());
     for (double x : dq)
         EXPECT_EQ(x, 0.0);
@@ -116,7 +116,7 @@ TEST(OracleFwd, FullyMaskedRowIsZeroWithMinusInfLse) {
 TEST(OracleFwd, SlidingWindowKeepsTheLastWKeys) {
     // Window 2: query 4 sees keys 3 and 4 only: equal scores (q = 0) average their values.
     const int64_t S = 5;
-    ctxpar_oracle_shape sh = {1, S, S, 1, 1, 1};
+    cpt_oracle_shape sh = {1, S, S, 1, 1, 1};
     Vec q(S, 0.0), k = Random(1, S), v = {1.0, 2.0, 4.0, 8.0, 16.0};
     ctxpar_mask_desc win = {1, 2, nullptr, 0};
     Result r = Fwd(sh, q, k, v, nullptr, nullptr, &win);
@@ -132,7 +132,7 @@ TEST(OracleFwd, SlidingWindowKeepsTheLastWKeys) {
 TEST(OracleFwd, DocumentsDoNotSeeEachOther) {
     // Documents [0, 2) and [2, 5), no causal mask; q = 0 makes every visible weight equal.
     const int64_t S = 5;
-    ctxpar_oracle_shape sh = {1, S, S, 1, 1, 1};
+    cpt_oracle_shape sh = {1, S, S, 1, 1, 1};
     Vec q(S, 0.0), k = Random(1, S), v = {1.0, 2.0, 4.0, 8.0, 16.0};
     int32_t cu[] = {0, 2, 5};
     ctxpar_mask_desc docs = {0, 0, cu, 2};
@@ -148,7 +148,7 @@ TEST(OracleFwd, DocumentsDoNotSeeEachOther) {
 TEST(OracleFwd, GqaEqualsExpandedHeads) {
     // Hq = 4, Hkv = 2: head h uses K/V head h/2, the same as copying K/V heads 0,0,1,1.
     const int64_t B = 2, S = 5, Hq = 4, Hk = 2, D = 3;
-    ctxpar_oracle_shape sh = {B, S, S, Hq, Hk, D};
+    cpt_oracle_shape sh = {B, S, S, Hq, Hk, D};
     Vec q = Random(0, B * S * Hq * D), k = Random(1, B * S * Hk * D), v = Random(2, B * S * Hk * D);
     Vec ke(B * S * Hq * D), ve(B * S * Hq * D);
     for (int64_t b = 0; b < B; b++)
@@ -160,7 +160,7 @@ TEST(OracleFwd, GqaEqualsExpandedHeads) {
                 }
     ctxpar_mask_desc causal = {1, 0, nullptr, 0};
     Result g = Fwd(sh, q, k, v, nullptr, nullptr, &causal, 0.5);
-    ctxpar_oracle_shape mha = {B, S, S, Hq, Hq, D};
+    cpt_oracle_shape mha = {B, S, S, Hq, Hq, D};
     Result e = Fwd(mha, q, ke, ve, nullptr, nullptr, &causal, 0.5);
     EXPECT_EQ(g.out, e.out);
     EXPECT_EQ(g.lse, e.lse);
@@ -169,7 +169,7 @@ TEST(OracleFwd, GqaEqualsExpandedHeads) {
 }
 
 TEST(OracleFwd, BadShapeFillsNaNAndSaysWhy) {
-    ctxpar_oracle_shape sh = {1, 1, 1, 3, 2, 1}; // 3 query heads on 2 K/V heads
+    cpt_oracle_shape sh = {1, 1, 1, 3, 2, 1}; // 3 query heads on 2 K/V heads
     Vec q(3, 1.0), k(2, 1.0), v(2, 1.0);
     Result r = Fwd(sh, q, k, v);
     for (double x : r.out)
@@ -178,7 +178,7 @@ TEST(OracleFwd, BadShapeFillsNaNAndSaysWhy) {
         EXPECT_TRUE(std::isnan(x));
     EXPECT_NE(std::strstr(ctxpar_last_error(), "heads_q 3"), nullptr) << ctxpar_last_error();
     Vec dout(3, 1.0), dq(3, 0.0), dk(2, 0.0), dv(2, 0.0);
-    ctxpar_oracle_bwd(&sh, q.data(), k.data(), v.data(), nullptr, nullptr, nullptr, 1.0,
+    cpt_oracle_bwd(&sh, q.data(), k.data(), v.data(), nullptr, nullptr, nullptr, 1.0,
                       dout.data(), dq.data(), dk.data(), dv.data());
     for (double x : dq)
         EXPECT_TRUE(std::isnan(x));
@@ -191,7 +191,7 @@ TEST(OracleFwd, BadShapeFillsNaNAndSaysWhy) {
 // Backward against central differences of L = sum(out * W), in float64: every element of q, k
 // and v, with GQA, a causal sliding window, documents, cross positions and fully masked rows.
 struct FdCase {
-    ctxpar_oracle_shape sh;
+    cpt_oracle_shape sh;
     std::vector<int64_t> q_pos, k_pos;
     ctxpar_mask_desc mask;
 };
@@ -205,14 +205,14 @@ double Loss(const FdCase &c, const Vec &q, const Vec &k, const Vec &v, const Vec
 }
 
 void CheckAgainstFiniteDifferences(const FdCase &c) {
-    const ctxpar_oracle_shape &sh = c.sh;
+    const cpt_oracle_shape &sh = c.sh;
     const size_t nq = sh.batch * sh.seq_q * sh.heads_q * sh.head_dim;
     const size_t nk = sh.batch * sh.seq_k * sh.heads_kv * sh.head_dim;
     Vec q = Random(10, nq), k = Random(11, nk), v = Random(12, nk), w = Random(13, nq);
     for (double &x : q)
         x *= 2.0; // sharper softmax, so the gradients are not all alike
     Vec dq(nq), dk(nk), dv(nk);
-    ctxpar_oracle_bwd(&sh, q.data(), k.data(), v.data(), c.q_pos.data(), c.k_pos.data(), &c.mask,
+    cpt_oracle_bwd(&sh, q.data(), k.data(), v.data(), c.q_pos.data(), c.k_pos.data(), &c.mask,
                       0.6, w.data(), dq.data(), dk.data(), dv.data());
     const double h = 1e-5;
     double max_grad = 0.0;

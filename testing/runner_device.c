@@ -10,19 +10,19 @@
 #include "ctxpar_cuda.h"
 #endif
 
-const char *ctxpar_run_backend_name(ctxpar_run_backend backend) {
+const char *cpt_run_backend_name(cpt_run_backend backend) {
     switch (backend) {
-    case CTXPAR_RUN_CPU: return "cpu";
-    case CTXPAR_RUN_CUDA: return "cuda";
+    case CPT_RUN_CPU: return "cpu";
+    case CPT_RUN_CUDA: return "cuda";
     }
     return "?";
 }
 
-int ctxpar_run_backend_available(ctxpar_run_backend backend) {
+int cpt_run_backend_available(cpt_run_backend backend) {
 #ifdef CTXPAR_TEST_NO_CUDA
-    return backend == CTXPAR_RUN_CPU;
+    return backend == CPT_RUN_CPU;
 #else
-    return backend == CTXPAR_RUN_CPU || backend == CTXPAR_RUN_CUDA;
+    return backend == CPT_RUN_CPU || backend == CPT_RUN_CUDA;
 #endif
 }
 
@@ -39,18 +39,18 @@ static ctxpar_status cpu_env_overrides(ctxpar_cpu_options *co) {
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_run_device_create(const ctxpar_run_config *cfg, int threads,
+ctxpar_status cpt_run_device_create(const cpt_run_config *cfg, int threads,
                                        ctxpar_device **dev_out) {
-    if (cfg->backend == CTXPAR_RUN_CPU) {
+    if (cfg->backend == CPT_RUN_CPU) {
         ctxpar_cpu_options co = CTXPAR_CPU_OPTIONS_INIT;
         co.num_threads = threads;
         CTXPAR_CHECK(cpu_env_overrides(&co));
         return ctxpar_device_create_cpu(&co, dev_out);
     }
 #ifndef CTXPAR_TEST_NO_CUDA
-    if (cfg->backend == CTXPAR_RUN_CUDA)
+    if (cfg->backend == CPT_RUN_CUDA)
         return ctxpar_device_create_cuda(NULL, dev_out); // every rank on GPU 0
 #endif
     return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "backend '%s' is not built into this binary",
-                        ctxpar_run_backend_name(cfg->backend));
+                        cpt_run_backend_name(cfg->backend));
 }

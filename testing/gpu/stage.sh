@@ -23,7 +23,7 @@ STAGE=gpu_stage
 LIMIT=$((60 * 1024 * 1024)) # what travels with the tree is capped at 64 MiB: keep room
 
 targets=(//testing:cuda_ops_test //testing/gpu:nccl_comm_test //testing/gpu:e2e_cuda_test
-         //testing/gpu:cuda_bench //tools/ctxpar)
+         //testing/gpu:cuda_bench //tools/ctxpar:ctxpar)
 bazel build "${targets[@]}"
 
 rm -rf "$STAGE"

@@ -448,6 +448,15 @@ void cpt_npy_free(cpt_npy_array *array) {
     memset(array, 0, sizeof *array);
 }
 
+int cpt_npy_same(const cpt_npy_array *a, const cpt_npy_array *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim || a->count != b->count)
+        return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return 0;
+    return memcmp(a->data, b->data, a->count * cpt_npy_dtype_size(a->dtype)) == 0;
+}
+
 /* ---------------------------------------------------------------- writing */
 
 // Checks the arguments and builds preamble + header: *head_out (malloc'ed) of *head_len_out

@@ -62,6 +62,9 @@ ctxpar_status cpt_npy_read_mem(const void *bytes, size_t size, const char *name,
 /* Frees array->data and zeroes the struct; NULL or an already freed array is a no-op. */
 void cpt_npy_free(cpt_npy_array *array);
 
+/* 1 when a and b have the same dtype, shape and element bytes. */
+int cpt_npy_same(const cpt_npy_array *a, const cpt_npy_array *b);
+
 /* Writes a C-order array of `ndim` (0..CPT_NPY_MAX_DIMS) dimensions to `path`, format 1.0
  * (2.0 when the header does not fit in 65535 bytes), header padded with spaces so that the data
  * starts at a multiple of 64 bytes, as NumPy does. data may be NULL only when the array is

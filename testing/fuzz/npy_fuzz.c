@@ -19,15 +19,6 @@ static void fail(const char *what) {
     abort();
 }
 
-static int same_array(const cpt_npy_array *a, const cpt_npy_array *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim || a->count != b->count)
-        return 0;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] != b->shape[i])
-            return 0;
-    return memcmp(a->data, b->data, a->count * cpt_npy_dtype_size(a->dtype)) == 0;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cpt_npy_array a, untouched;
     memset(&a, 0xa5, sizeof a);
@@ -54,7 +45,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fail("an array that was read cannot be written back");
     if (cpt_npy_read_mem(bytes, n, "rewritten", &b) != CTXPAR_OK)
         fail("a written array cannot be read back");
-    if (!same_array(&a, &b))
+    if (!cpt_npy_same(&a, &b))
         fail("write then read changed the array");
     free(bytes);
     cpt_npy_free(&b);

@@ -2,6 +2,7 @@
 #include <stdio.h>
 
 #include "context_internal.h"
+#include "registry.h"
 #include "validate.h"
 
 static ctxpar_run make_run(ctxpar_context *ctx, ctxpar_stream *stream) {
@@ -42,13 +43,16 @@ static ctxpar_status abort_on_failure(ctxpar_context *ctx, ctxpar_status st) {
 static ctxpar_status validate_fwd(const ctxpar_context *ctx, const ctxpar_attn_params *params,
                                   const ctxpar_tensor *q, const ctxpar_tensor *k,
                                   const ctxpar_tensor *v, const ctxpar_tensor *out,
-                                  ctxpar_problem *pb, ctxpar_algo *algo) {
+                                  ctxpar_problem *pb, const ctxpar_algorithm **algo) {
     CTXPAR_CHECK(ctxpar_validate_problem(params, ctx->comm, q, k, v, pb));
     CTXPAR_CHECK(ctxpar_validate_same("out", out, "q", q));
-    *algo = ctxpar_resolve_algo(params->algo, pb);
-    if (*algo == CTXPAR_ALGO_ALLTOALL)
-        return ctxpar_alltoall_check(pb);
-    return CTXPAR_OK;
+    *algo = ctxpar_algorithm_choose(params->algo, pb);
+    return (*algo)->check(pb);
+}
+
+// The id the ranks agree on: AUTO until validation resolved it.
+static ctxpar_algo algo_id(const ctxpar_algorithm *algo) {
+    return algo ? algo->id : CTXPAR_ALGO_AUTO;
 }
 
 ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *params,
@@ -59,15 +63,11 @@ ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     if (!ctx)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
     ctxpar_problem pb;
-    ctxpar_algo algo = CTXPAR_ALGO_AUTO;
+    const ctxpar_algorithm *algo = NULL;
     ctxpar_status st = validate_fwd(ctx, params, q, k, v, out, &pb, &algo);
-    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_FWD, params, &pb, algo, st));
+    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_FWD, params, &pb, algo_id(algo), st));
     ctxpar_run run = make_run(ctx, stream);
-    if (algo == CTXPAR_ALGO_ALLGATHER)
-        return abort_on_failure(ctx, ctxpar_allgather_fwd(&run, &pb, q, k, v, out, lse));
-    if (algo == CTXPAR_ALGO_ALLTOALL)
-        return abort_on_failure(ctx, ctxpar_alltoall_fwd(&run, &pb, q, k, v, out, lse));
-    return abort_on_failure(ctx, ctxpar_ring_fwd(&run, &pb, q, k, v, out, lse));
+    return abort_on_failure(ctx, algo->forward(&run, &pb, q, k, v, out, lse));
 }
 
 static ctxpar_status validate_bwd(const ctxpar_context *ctx, const ctxpar_attn_params *params,
@@ -76,7 +76,7 @@ static ctxpar_status validate_bwd(const ctxpar_context *ctx, const ctxpar_attn_p
                                   const float *lse, const ctxpar_tensor *dout,
                                   const ctxpar_tensor *dq, const ctxpar_tensor *dk,
                                   const ctxpar_tensor *dv, ctxpar_problem *pb,
-                                  ctxpar_algo *algo) {
+                                  const ctxpar_algorithm **algo) {
     CTXPAR_CHECK(validate_fwd(ctx, params, q, k, v, out, pb, algo));
     CTXPAR_CHECK(check_lse("lse", lse));
     CTXPAR_CHECK(ctxpar_validate_same("dout", dout, "q", q));
@@ -94,19 +94,13 @@ ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     if (!ctx)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
     ctxpar_problem pb;
-    ctxpar_algo algo = CTXPAR_ALGO_AUTO;
+    const ctxpar_algorithm *algo = NULL;
     ctxpar_status st =
         validate_bwd(ctx, params, q, k, v, out, lse, dout, dq, dk, dv, &pb, &algo);
-    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_BWD, params, &pb, algo, st));
+    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_BWD, params, &pb, algo_id(algo), st));
     ctxpar_run run = make_run(ctx, stream);
-    if (algo == CTXPAR_ALGO_ALLGATHER)
-        return abort_on_failure(
-            ctx, ctxpar_allgather_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv));
-    if (algo == CTXPAR_ALGO_ALLTOALL)
-        return abort_on_failure(
-            ctx, ctxpar_alltoall_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv));
     return abort_on_failure(ctx,
-                            ctxpar_ring_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv));
+                            algo->backward(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv));
 }
 
 ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx, const ctxpar_attn_params *params,
@@ -119,6 +113,6 @@ ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx, const ctxpar_at
     ctxpar_problem pb;
     // v has k's shape; validating k against itself is enough here.
     CTXPAR_CHECK(ctxpar_validate_problem(params, ctx->comm, q, k, k, &pb));
-    *algo_out = ctxpar_resolve_algo(params->algo, &pb);
+    *algo_out = ctxpar_algorithm_choose(params->algo, &pb)->id;
     return CTXPAR_OK;
 }

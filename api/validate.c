@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "registry.h"
 #include "validate.h"
 
 #define BAD(...) CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, __VA_ARGS__)
@@ -87,7 +88,7 @@ ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_gl
         return BAD("params->struct_size (%zu) is too small: initialise params with "
                    "CTXPAR_ATTN_PARAMS_INIT",
                    p->struct_size);
-    if ((unsigned)p->algo > CTXPAR_ALGO_ALLTOALL)
+    if (p->algo != CTXPAR_ALGO_AUTO && !ctxpar_algorithm_find(p->algo))
         return BAD("params.algo (%d) is not a ctxpar_algo", (int)p->algo);
     if ((unsigned)p->layout > CTXPAR_LAYOUT_STRIPED)
         return BAD("params.layout (%d) is not a ctxpar_layout", (int)p->layout);
@@ -149,25 +150,4 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     pb.head_dim = q->shape[3];
     *pb_out = pb;
     return CTXPAR_OK;
-}
-
-ctxpar_algo ctxpar_resolve_algo(ctxpar_algo requested, const ctxpar_problem *pb) {
-    if (requested != CTXPAR_ALGO_AUTO)
-        return requested;
-    const int64_t P = pb->nranks, hq = pb->heads_q, hkv = pb->heads_kv;
-    // Per rank and direction, ring and all-gather move (P-1)/P of all K/V (2 Hkv S D values);
-    // all-to-all moves (P-1)/P of the local Q, K, V and out (2 (Hq + Hkv) S/P D) but cannot hide
-    // it behind compute as the ring does. Take all-to-all when the heads divide and it moves less
-    // than half the ring's bytes.
-    if (ctxpar_alltoall_check(pb) == CTXPAR_OK && 2 * (hq + hkv) < P * hkv) {
-        ctxpar_clear_error();
-        return CTXPAR_ALGO_ALLTOALL;
-    }
-    ctxpar_clear_error();
-    // All-gather holds the whole K/V at once; take it when that is no more than the local Q and
-    // out it sits beside (few K/V heads, as in GQA), for its bitwise reproducibility and its
-    // single large transfer. Otherwise the ring, whose memory stays O(S/P).
-    if (hkv * P <= hq)
-        return CTXPAR_ALGO_ALLGATHER;
-    return CTXPAR_ALGO_RING;
 }

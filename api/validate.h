@@ -21,7 +21,4 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
 ctxpar_status ctxpar_validate_same(const char *name, const ctxpar_tensor *t, const char *like_name,
                                    const ctxpar_tensor *like);
 
-// The algorithm AUTO resolves to (documented in docs/algorithms.md).
-ctxpar_algo ctxpar_resolve_algo(ctxpar_algo requested, const ctxpar_problem *pb);
-
 #endif // CTXPAR_VALIDATE_H

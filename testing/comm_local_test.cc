@@ -710,6 +710,7 @@ TEST(LocalCommUsage, BadArguments) {
     EXPECT_EQ(ctxpar_comm_allreduce_i64(comm, &v, 1, (ctxpar_reduce_op)7), CTXPAR_ERR_INVALID_ARG);
     EXPECT_EQ(ctxpar_comm_allreduce_i64(comm, nullptr, 1, CTXPAR_REDUCE_SUM),
               CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(ctxpar_comm_test(comm, nullptr, nullptr), CTXPAR_ERR_INVALID_ARG); // no done_out
     EXPECT_EQ(v, 1);
     EXPECT_EQ(req, nullptr); // no failed call wrote its output
     // The group outlives a destroy request while a comm still holds it; destroy(NULL) is a no-op.

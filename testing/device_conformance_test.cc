@@ -19,8 +19,7 @@ namespace {
 template <const char *kKernels, const char *kBwd> std::string CreateCpu(ctxpar_device **dev_out) {
     setenv("CTXPAR_CPU_KERNELS", kKernels, 1);
     setenv("CTXPAR_CPU_BWD", kBwd, 1);
-    ctxpar_cpu_options o = CTXPAR_CPU_OPTIONS_INIT;
-    o.num_threads = 2;
+    ctxpar_cpu_options o = CTXPAR_CPU_OPTIONS_INIT; // OpenMP's default threads
     const ctxpar_status st = ctxpar_device_create_cpu(&o, dev_out);
     unsetenv("CTXPAR_CPU_KERNELS");
     unsetenv("CTXPAR_CPU_BWD");

@@ -35,6 +35,10 @@ struct DeviceFactory {
     // Whether the suite also compares with the CPU reference device (ggml-style), in addition
     // to the oracle.
     bool compare_with_cpu;
+    // The forward and backward sweeps (mask x position x dtype x GQA) run every n-th case on
+    // this device (1: all): a table whose code another factory already sweeps in full (the same
+    // forward, say) takes a spread subset, which keeps the suite fast under sanitizers.
+    int fwd_every, bwd_every;
 };
 
 std::vector<DeviceFactory> DeviceFactories();

@@ -55,6 +55,10 @@ int ctxpar_cli_parse(const char *cmd, int argc, char **argv, ctxpar_cli *cli, FI
 /* Prints the usage of `cmd`: its options with their defaults, and its notes. */
 void ctxpar_cli_usage(const char *cmd, FILE *out);
 
+/* `ctxpar --list-backends`: one line per backend compiled in, "available" or "unavailable"
+ * with the reason (the device could not be created here). */
+void ctxpar_cli_list_backends(FILE *out);
+
 /* A library or harness message without its "file.c:123: " source prefix, for users. */
 const char *ctxpar_cli_message(const char *msg);
 

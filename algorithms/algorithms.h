@@ -128,38 +128,7 @@ void *ctxpar_carve_take(ctxpar_carve *c, size_t bytes);
 /* The run's workspace, at least `bytes` (ctxpar_workspace_acquire on the run's stream). */
 ctxpar_status ctxpar_run_workspace(const ctxpar_run *run, size_t bytes, void **base_out);
 
-/* Workspace bytes of an algorithm's forward and backward (the larger), for reserve. */
-size_t ctxpar_ring_workspace_bytes(const ctxpar_problem *pb);
-size_t ctxpar_allgather_workspace_bytes(const ctxpar_problem *pb);
-size_t ctxpar_alltoall_workspace_bytes(const ctxpar_problem *pb);
-
-ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                              const ctxpar_tensor *q, const ctxpar_tensor *k,
-                              const ctxpar_tensor *v, ctxpar_tensor *out, float *lse);
-ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                              const ctxpar_tensor *q, const ctxpar_tensor *k,
-                              const ctxpar_tensor *v, const ctxpar_tensor *out, const float *lse,
-                              const ctxpar_tensor *dout, ctxpar_tensor *dq, ctxpar_tensor *dk,
-                              ctxpar_tensor *dv);
-ctxpar_status ctxpar_allgather_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                                   const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                   const ctxpar_tensor *v, ctxpar_tensor *out, float *lse);
-ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                                   const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                   const ctxpar_tensor *v, const ctxpar_tensor *out,
-                                   const float *lse, const ctxpar_tensor *dout, ctxpar_tensor *dq,
-                                   ctxpar_tensor *dk, ctxpar_tensor *dv);
-
-/* INVALID_ARG unless the heads divide as all-to-all needs: Hq by P, and Hkv by P or P by Hkv. */
-ctxpar_status ctxpar_alltoall_check(const ctxpar_problem *pb);
-ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                                  const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                  const ctxpar_tensor *v, ctxpar_tensor *out, float *lse);
-ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                                  const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                  const ctxpar_tensor *v, const ctxpar_tensor *out,
-                                  const float *lse, const ctxpar_tensor *dout, ctxpar_tensor *dq,
-                                  ctxpar_tensor *dk, ctxpar_tensor *dv);
+/* Each algorithm (ring.c, allgather.c, alltoall.c) is an entry of the table in registry.h. */
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 
 #include "algorithms.h"
 #include "ctxpar_count.h"
+#include "registry.h"
 
 // Gathers every rank's packed K/V and writes it in global order into kv_global
 // ([2][B, S, Hkv, D]). `gathered` holds P packed blocks.
@@ -93,7 +94,7 @@ static size_t allgather_layout(const ctxpar_problem *pb, int backward, char *bas
     return c.used;
 }
 
-size_t ctxpar_allgather_workspace_bytes(const ctxpar_problem *pb) {
+static size_t ctxpar_allgather_workspace_bytes(const ctxpar_problem *pb) {
     allgather_ws w;
     size_t fwd = allgather_layout(pb, 0, NULL, &w), bwd = allgather_layout(pb, 1, NULL, &w);
     return fwd > bwd ? fwd : bwd;
@@ -109,9 +110,9 @@ static ctxpar_status setup(const ctxpar_run *run, const ctxpar_problem *pb, int 
     return gather_kv(run, pb, w->local, w->gathered, w->kv_global);
 }
 
-ctxpar_status ctxpar_allgather_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                                   const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                   const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
+static ctxpar_status ctxpar_allgather_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
+                                          const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                          const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
     allgather_ws w;
     CTXPAR_CHECK(setup(run, pb, 0, k, v, &w));
     ctxpar_shard_spans qs;
@@ -143,11 +144,11 @@ static ctxpar_status scatter_order(const ctxpar_run *run, const ctxpar_problem *
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                                   const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                   const ctxpar_tensor *v, const ctxpar_tensor *out,
-                                   const float *lse, const ctxpar_tensor *dout, ctxpar_tensor *dq,
-                                   ctxpar_tensor *dk, ctxpar_tensor *dv) {
+static ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
+                                          const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                          const ctxpar_tensor *v, const ctxpar_tensor *out,
+                                          const float *lse, const ctxpar_tensor *dout,
+                                          ctxpar_tensor *dq, ctxpar_tensor *dk, ctxpar_tensor *dv) {
     const int P = pb->nranks;
     const size_t q_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
     const size_t dkv_global_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_global);
@@ -200,3 +201,34 @@ ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_problem *
 done:
     return st;
 }
+
+// All-gather moves what the ring moves (2·Hkv·P values per rank, docs/algorithms.md) and holds
+// the whole K/V at once: the part of it beyond the local Q and out it sits beside is counted
+// against it. Where the gathered K/V is no larger (Hkv·P <= Hq, GQA with few K/V heads) it wins
+// the tie with the ring (the 0.5) for its bitwise reproducibility and its single large transfer.
+static double allgather_cost(const ctxpar_problem *pb) {
+    const double held = (double)pb->heads_kv * pb->nranks, beside = (double)pb->heads_q;
+    return 2.0 * held + (held - beside) - 0.5;
+}
+
+// The local queries against the whole sequence, all heads.
+static void allgather_blocks(const ctxpar_problem *pb, ctxpar_attn_query *q) {
+    q->seq_q = pb->seq_local;
+    q->seq_k = pb->seq_global;
+}
+
+static ctxpar_status any_problem(const ctxpar_problem *pb) {
+    (void)pb;
+    return CTXPAR_OK;
+}
+
+const ctxpar_algorithm ctxpar_allgather_algorithm = {
+    .id = CTXPAR_ALGO_ALLGATHER,
+    .name = "allgather",
+    .check = any_problem,
+    .forward = ctxpar_allgather_fwd,
+    .backward = ctxpar_allgather_bwd,
+    .blocks = allgather_blocks,
+    .workspace_bytes = ctxpar_allgather_workspace_bytes,
+    .cost = allgather_cost,
+};

@@ -8,6 +8,7 @@
 
 #include "algorithms.h"
 #include "ctxpar_count.h"
+#include "registry.h"
 
 // How heads are divided: hq query heads per rank, hk K/V heads per rank.
 typedef struct heads_plan {
@@ -29,7 +30,7 @@ static int64_t kv_head(const heads_plan *h, int j, int64_t i) {
     return h->replicate ? (j * h->hq) / h->group : j * h->hk + i;
 }
 
-ctxpar_status ctxpar_alltoall_check(const ctxpar_problem *pb) {
+static ctxpar_status ctxpar_alltoall_check(const ctxpar_problem *pb) {
     const int P = pb->nranks;
     if (pb->heads_q % P != 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
@@ -196,7 +197,7 @@ static size_t a2a_layout(const ctxpar_problem *pb, int backward, char *base, a2a
     return c.used;
 }
 
-size_t ctxpar_alltoall_workspace_bytes(const ctxpar_problem *pb) {
+static size_t ctxpar_alltoall_workspace_bytes(const ctxpar_problem *pb) {
     a2a_ws w;
     size_t fwd = a2a_layout(pb, 0, NULL, &w), bwd = a2a_layout(pb, 1, NULL, &w);
     return fwd > bwd ? fwd : bwd;
@@ -210,9 +211,9 @@ static ctxpar_status take_workspace(const ctxpar_run *run, const ctxpar_problem 
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                                  const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                  const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
+static ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
+                                         const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                         const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
     const int P = pb->nranks;
     const int64_t S = pb->seq_global, D = pb->head_dim;
     const heads_plan h = plan_heads(pb);
@@ -305,11 +306,11 @@ static ctxpar_status store_dkv(const ctxpar_run *run, const ctxpar_problem *pb,
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                                  const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                  const ctxpar_tensor *v, const ctxpar_tensor *out,
-                                  const float *lse, const ctxpar_tensor *dout, ctxpar_tensor *dq,
-                                  ctxpar_tensor *dk, ctxpar_tensor *dv) {
+static ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
+                                         const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                         const ctxpar_tensor *v, const ctxpar_tensor *out,
+                                         const float *lse, const ctxpar_tensor *dout,
+                                         ctxpar_tensor *dq, ctxpar_tensor *dk, ctxpar_tensor *dv) {
     const int P = pb->nranks;
     const int64_t S = pb->seq_global, D = pb->head_dim;
     const heads_plan h = plan_heads(pb);
@@ -370,3 +371,28 @@ ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_problem *p
 done:
     return st;
 }
+
+// All-to-all moves the local Q, K, V and out, 2·(Hq+Hkv) values per rank (docs/algorithms.md),
+// but cannot hide it behind compute: counted twice, so it is taken only when it moves less than
+// half the ring's bytes.
+static double alltoall_cost(const ctxpar_problem *pb) {
+    return 2.0 * 2.0 * (double)(pb->heads_q + pb->heads_kv);
+}
+
+// The whole sequence for a share of the heads (one K/V head when the ranks outnumber them).
+static void alltoall_blocks(const ctxpar_problem *pb, ctxpar_attn_query *q) {
+    q->seq_q = q->seq_k = pb->seq_global;
+    q->heads_q = pb->heads_q / pb->nranks;
+    q->heads_kv = pb->heads_kv >= pb->nranks ? pb->heads_kv / pb->nranks : 1;
+}
+
+const ctxpar_algorithm ctxpar_alltoall_algorithm = {
+    .id = CTXPAR_ALGO_ALLTOALL,
+    .name = "alltoall",
+    .check = ctxpar_alltoall_check,
+    .forward = ctxpar_alltoall_fwd,
+    .backward = ctxpar_alltoall_bwd,
+    .blocks = alltoall_blocks,
+    .workspace_bytes = ctxpar_alltoall_workspace_bytes,
+    .cost = alltoall_cost,
+};

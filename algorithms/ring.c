@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "ctxpar_count.h"
+#include "registry.h"
 #include "ring_plan.h"
 #include "transfer.h"
 
@@ -71,9 +72,9 @@ static size_t ring_fwd_layout(const ctxpar_problem *pb, char *base, ring_fwd_ws 
     return c.used;
 }
 
-ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                              const ctxpar_tensor *q, const ctxpar_tensor *k,
-                              const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
+static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
+                                     const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                     const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
     const int P = pb->nranks;
     const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
     const size_t out_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
@@ -173,7 +174,7 @@ static size_t ring_bwd_layout(const ctxpar_problem *pb, int home, char *base, ri
     return c.used;
 }
 
-size_t ctxpar_ring_workspace_bytes(const ctxpar_problem *pb) {
+static size_t ctxpar_ring_workspace_bytes(const ctxpar_problem *pb) {
     ring_fwd_ws f;
     ring_bwd b;
     ctxpar_ring_plan plan = {0, NULL};
@@ -232,11 +233,11 @@ static ctxpar_status bwd_step(const ctxpar_run *run, const ctxpar_problem *pb, r
     return ctxpar_xfer_wait(run, &w->xkv);
 }
 
-ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                              const ctxpar_tensor *q, const ctxpar_tensor *k,
-                              const ctxpar_tensor *v, const ctxpar_tensor *out, const float *lse,
-                              const ctxpar_tensor *dout, ctxpar_tensor *dq, ctxpar_tensor *dk,
-                              ctxpar_tensor *dv) {
+static ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
+                                     const ctxpar_tensor *q, const ctxpar_tensor *k,
+                                     const ctxpar_tensor *v, const ctxpar_tensor *out,
+                                     const float *lse, const ctxpar_tensor *dout, ctxpar_tensor *dq,
+                                     ctxpar_tensor *dk, ctxpar_tensor *dv) {
     const int P = pb->nranks;
     const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
     const size_t q_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
@@ -280,3 +281,30 @@ done:
     ctxpar_ring_plan_free(&w.plan);
     return st;
 }
+
+// Costs are in values moved per rank (units of D·(S/P)·(P-1)/P, as docs/algorithms.md derives
+// them). The ring moves all K/V, 2·Hkv·P, and hides it behind compute.
+static double ring_cost(const ctxpar_problem *pb) {
+    return 2.0 * (double)pb->heads_kv * pb->nranks;
+}
+
+// Blocks of one shard's queries against one shard's keys, all heads.
+static void ring_blocks(const ctxpar_problem *pb, ctxpar_attn_query *q) {
+    q->seq_q = q->seq_k = pb->seq_local;
+}
+
+static ctxpar_status any_problem(const ctxpar_problem *pb) {
+    (void)pb;
+    return CTXPAR_OK;
+}
+
+const ctxpar_algorithm ctxpar_ring_algorithm = {
+    .id = CTXPAR_ALGO_RING,
+    .name = "ring",
+    .check = any_problem,
+    .forward = ctxpar_ring_fwd,
+    .backward = ctxpar_ring_bwd,
+    .blocks = ring_blocks,
+    .workspace_bytes = ctxpar_ring_workspace_bytes,
+    .cost = ring_cost,
+};

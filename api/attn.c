@@ -2,6 +2,7 @@
 #include <stdio.h>
 
 #include "context_internal.h"
+#include "registry.h"
 #include "validate.h"
 
 static ctxpar_run make_run(ctxpar_context *ctx, ctxpar_stream *stream) {
@@ -51,14 +52,18 @@ static ctxpar_status abort_on_failure(ctxpar_context *ctx, ctxpar_status st) {
 static ctxpar_status validate_fwd(const ctxpar_context *ctx, const ctxpar_attn_params *params,
                                   const ctxpar_tensor *q, const ctxpar_tensor *k,
                                   const ctxpar_tensor *v, const ctxpar_tensor *out, int backward,
-                                  ctxpar_attn_params *norm, ctxpar_problem *pb, ctxpar_algo *algo) {
+                                  ctxpar_attn_params *norm, ctxpar_problem *pb,
+                                  const ctxpar_algorithm **algo) {
     CTXPAR_CHECK(ctxpar_params_normalize(params, norm));
     CTXPAR_CHECK(ctxpar_validate_problem(norm, ctx->comm, q, k, v, pb));
     CTXPAR_CHECK(ctxpar_validate_same("out", out, "q", q));
-    *algo = ctxpar_resolve_algo(norm->algo, pb, ctx->dev, backward);
-    if (*algo == CTXPAR_ALGO_ALLTOALL)
-        CTXPAR_CHECK(ctxpar_alltoall_check(pb));
-    return ctxpar_validate_supported(ctx->dev, pb, *algo, backward);
+    *algo = ctxpar_algorithm_choose(norm->algo, pb, ctx->dev, backward);
+    return ctxpar_algorithm_check(*algo, pb, ctx->dev, backward);
+}
+
+// The id the ranks agree on: AUTO until validation resolved it.
+static ctxpar_algo algo_id(const ctxpar_algorithm *algo) {
+    return algo ? algo->id : CTXPAR_ALGO_AUTO;
 }
 
 ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *params,
@@ -70,16 +75,11 @@ ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *par
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
     ctxpar_attn_params p;
     ctxpar_problem pb;
-    ctxpar_algo algo = CTXPAR_ALGO_AUTO;
+    const ctxpar_algorithm *algo = NULL;
     ctxpar_status st = validate_fwd(ctx, params, q, k, v, out, 0, &p, &pb, &algo);
-    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_FWD, &p, &pb, algo, st));
+    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_FWD, &p, &pb, algo_id(algo), st));
     ctxpar_run run = make_run(ctx, stream);
-    if (algo == CTXPAR_ALGO_ALLGATHER)
-        st = ctxpar_allgather_fwd(&run, &pb, q, k, v, out, lse);
-    else if (algo == CTXPAR_ALGO_ALLTOALL)
-        st = ctxpar_alltoall_fwd(&run, &pb, q, k, v, out, lse);
-    else
-        st = ctxpar_ring_fwd(&run, &pb, q, k, v, out, lse);
+    st = algo->forward(&run, &pb, q, k, v, out, lse);
     return abort_on_failure(ctx, finish(ctx, stream, st));
 }
 
@@ -89,7 +89,7 @@ static ctxpar_status validate_bwd(const ctxpar_context *ctx, const ctxpar_attn_p
                                   const float *lse, const ctxpar_tensor *dout,
                                   const ctxpar_tensor *dq, const ctxpar_tensor *dk,
                                   const ctxpar_tensor *dv, ctxpar_attn_params *norm,
-                                  ctxpar_problem *pb, ctxpar_algo *algo) {
+                                  ctxpar_problem *pb, const ctxpar_algorithm **algo) {
     CTXPAR_CHECK(validate_fwd(ctx, params, q, k, v, out, 1, norm, pb, algo));
     CTXPAR_CHECK(check_lse("lse", lse));
     CTXPAR_CHECK(ctxpar_validate_same("dout", dout, "q", q));
@@ -108,17 +108,12 @@ ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *par
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
     ctxpar_attn_params p;
     ctxpar_problem pb;
-    ctxpar_algo algo = CTXPAR_ALGO_AUTO;
+    const ctxpar_algorithm *algo = NULL;
     ctxpar_status st =
         validate_bwd(ctx, params, q, k, v, out, lse, dout, dq, dk, dv, &p, &pb, &algo);
-    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_BWD, &p, &pb, algo, st));
+    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_BWD, &p, &pb, algo_id(algo), st));
     ctxpar_run run = make_run(ctx, stream);
-    if (algo == CTXPAR_ALGO_ALLGATHER)
-        st = ctxpar_allgather_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
-    else if (algo == CTXPAR_ALGO_ALLTOALL)
-        st = ctxpar_alltoall_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
-    else
-        st = ctxpar_ring_bwd(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
+    st = algo->backward(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
     return abort_on_failure(ctx, finish(ctx, stream, st));
 }
 
@@ -134,7 +129,7 @@ ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx, const ctxpar_at
     CTXPAR_CHECK(ctxpar_params_normalize(params, &p));
     // v has k's shape; validating k against itself is enough here.
     CTXPAR_CHECK(ctxpar_validate_problem(&p, ctx->comm, q, k, k, &pb));
-    *algo_out = ctxpar_resolve_algo(p.algo, &pb, ctx->dev, 0);
+    *algo_out = ctxpar_algorithm_choose(p.algo, &pb, ctx->dev, 0)->id;
     return CTXPAR_OK;
 }
 
@@ -142,7 +137,8 @@ ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx, const ctxpar_at
 // the forward's; out would have q's shape and dtype, so q stands in for it).
 static ctxpar_status check_call(const ctxpar_context *ctx, const ctxpar_attn_params *params,
                                 const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                const ctxpar_tensor *v, ctxpar_problem *pb, ctxpar_algo *algo) {
+                                const ctxpar_tensor *v, ctxpar_problem *pb,
+                                const ctxpar_algorithm **algo) {
     ctxpar_clear_error();
     if (!ctx)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
@@ -154,7 +150,7 @@ ctxpar_status ctxpar_attn_supported(const ctxpar_context *ctx, const ctxpar_attn
                                     const ctxpar_tensor *q, const ctxpar_tensor *k,
                                     const ctxpar_tensor *v) {
     ctxpar_problem pb;
-    ctxpar_algo algo;
+    const ctxpar_algorithm *algo;
     return check_call(ctx, params, q, k, v, &pb, &algo);
 }
 
@@ -162,19 +158,10 @@ ctxpar_status ctxpar_context_reserve(ctxpar_context *ctx, const ctxpar_attn_para
                                      const ctxpar_tensor *q, const ctxpar_tensor *k,
                                      const ctxpar_tensor *v) {
     ctxpar_problem pb;
-    ctxpar_algo algo;
+    const ctxpar_algorithm *algo;
     // Sized for the backward, whose workspace holds the forward's.
     CTXPAR_CHECK(check_call(ctx, params, q, k, v, &pb, &algo));
-    size_t bytes;
-    if (algo == CTXPAR_ALGO_ALLGATHER) {
-        bytes = ctxpar_allgather_workspace_bytes(&pb);
-    } else if (algo == CTXPAR_ALGO_ALLTOALL) {
-        CTXPAR_CHECK(ctxpar_alltoall_check(&pb));
-        bytes = ctxpar_alltoall_workspace_bytes(&pb);
-    } else {
-        bytes = ctxpar_ring_workspace_bytes(&pb);
-    }
     void *base = NULL;
-    CTXPAR_CHECK(ctxpar_workspace_acquire(&ctx->ws, bytes, NULL, &base));
+    CTXPAR_CHECK(ctxpar_workspace_acquire(&ctx->ws, algo->workspace_bytes(&pb), NULL, &base));
     return ctxpar_workspace_finish(&ctx->ws, NULL);
 }

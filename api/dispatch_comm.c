@@ -168,6 +168,8 @@ void ctxpar_comm_cancel(ctxpar_comm *comm, ctxpar_request *req) {
 }
 
 ctxpar_status ctxpar_comm_test(ctxpar_comm *comm, ctxpar_request *req, int *done_out) {
+    if (!done_out)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "test: done_out is NULL");
     if (!req) {
         *done_out = 1;
         return CTXPAR_OK;
@@ -181,6 +183,11 @@ ctxpar_status ctxpar_comm_test(ctxpar_comm *comm, ctxpar_request *req, int *done
 
 ctxpar_status ctxpar_comm_allreduce_i64(ctxpar_comm *comm, int64_t *buf, size_t count,
                                         ctxpar_reduce_op op) {
+    if (count > 0 && !buf)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "allreduce_i64: buf is NULL (count %zu)",
+                            count);
+    if (op != CTXPAR_REDUCE_SUM && op != CTXPAR_REDUCE_MIN && op != CTXPAR_REDUCE_MAX)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "allreduce_i64: unknown op %d", (int)op);
     return comm->ops->allreduce_i64(comm, buf, count, op);
 }
 

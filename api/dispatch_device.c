@@ -1,5 +1,6 @@
 // The device dispatch: the only code that calls through a device ops table. It checks tables
 // once at creation, owns the fallbacks for optional ops and counts the memory the library holds.
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -216,9 +217,101 @@ ctxpar_status ctxpar_dev_stream_wait_event(ctxpar_device *dev, ctxpar_stream *st
                                        : CTXPAR_OK;
 }
 
+// ---- argument checks of the block and elementwise ops: here once, not in every backend (a
+// backend checks only its own limits, e.g. CUDA's head_dim).
+
+#define BAD(...) CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, __VA_ARGS__)
+
+static ctxpar_status check_tensor(const char *op, const char *name, const ctxpar_tensor *t) {
+    if (!t)
+        return BAD("%s: %s is NULL", op, name);
+    if (ctxpar_dtype_size(t->dtype) == 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "%s: %s.dtype (%d) is not a ctxpar_dtype",
+                            op, name, (int)t->dtype);
+    int64_t n = 1;
+    for (int i = 0; i < 4; i++) {
+        if (t->shape[i] < 0)
+            return BAD("%s: %s.shape[%d] (%lld) is negative", op, name, i,
+                       (long long)t->shape[i]);
+        n *= t->shape[i];
+    }
+    if (t->shape[3] > 1 && t->stride[3] != 1)
+        return BAD("%s: %s.stride[3] (%lld) must be 1", op, name, (long long)t->stride[3]);
+    if (n > 0 && !t->data)
+        return BAD("%s: %s.data is NULL for %lld elements", op, name, (long long)n);
+    return CTXPAR_OK;
+}
+
+static ctxpar_status check_same_shape(const char *op, const char *name, const ctxpar_tensor *t,
+                                      const char *like_name, const ctxpar_tensor *like) {
+    for (int i = 0; i < 4; i++)
+        if (t->shape[i] != like->shape[i])
+            return BAD("%s: %s.shape[%d] (%lld) != %s.shape[%d] (%lld)", op, name, i,
+                       (long long)t->shape[i], like_name, i, (long long)like->shape[i]);
+    return CTXPAR_OK;
+}
+
+static ctxpar_status check_spans(const char *op, const char *name, ctxpar_spans s,
+                                 int64_t rows) {
+    if (s.count < 0 || (s.count > 0 && !s.span))
+        return BAD("%s: %s has count %d and span %p", op, name, s.count, (const void *)s.span);
+    for (int i = 0; i < s.count; i++)
+        if (s.span[i].len < 0)
+            return BAD("%s: %s.span[%d].len (%lld) is negative", op, name, i,
+                       (long long)s.span[i].len);
+    const int64_t total = ctxpar_spans_total(s);
+    if (total != rows)
+        return BAD("%s: %s holds %lld positions but the tensor has %lld rows", op, name,
+                   (long long)total, (long long)rows);
+    return CTXPAR_OK;
+}
+
+static ctxpar_status check_block(const char *op, const ctxpar_attn_block *blk) {
+    if (!blk)
+        return BAD("%s: blk is NULL", op);
+    const ctxpar_tensor *q = &blk->q, *k = &blk->k, *v = &blk->v;
+    CTXPAR_CHECK(check_tensor(op, "q", q));
+    CTXPAR_CHECK(check_tensor(op, "k", k));
+    CTXPAR_CHECK(check_tensor(op, "v", v));
+    if (k->dtype != q->dtype || v->dtype != q->dtype)
+        return BAD("%s: dtypes differ: q %s, k %s, v %s", op, ctxpar_dtype_name(q->dtype),
+                   ctxpar_dtype_name(k->dtype), ctxpar_dtype_name(v->dtype));
+    CTXPAR_CHECK(check_same_shape(op, "v", v, "k", k));
+    if (k->shape[0] != q->shape[0] || k->shape[3] != q->shape[3])
+        return BAD("%s: k is [%lld, _, _, %lld] but q is [%lld, _, _, %lld] (batch, head_dim)",
+                   op, (long long)k->shape[0], (long long)k->shape[3], (long long)q->shape[0],
+                   (long long)q->shape[3]);
+    if (q->shape[3] < 1)
+        return BAD("%s: head_dim (%lld) must be >= 1", op, (long long)q->shape[3]);
+    if (k->shape[2] < 1 || q->shape[2] % k->shape[2] != 0)
+        return BAD("%s: q heads (%lld) must be a multiple of k/v heads (%lld)", op,
+                   (long long)q->shape[2], (long long)k->shape[2]);
+    if (!isfinite(blk->scale) || blk->scale == 0.0f)
+        return BAD("%s: scale (%g) must be finite and non-zero", op, (double)blk->scale);
+    if (blk->mask.window_left < 0)
+        return BAD("%s: mask.window_left (%lld) is negative", op,
+                   (long long)blk->mask.window_left);
+    if (blk->mask.cu_seqlens && blk->mask.num_docs < 1)
+        return BAD("%s: mask.cu_seqlens is set but mask.num_docs is %lld", op,
+                   (long long)blk->mask.num_docs);
+    CTXPAR_CHECK(check_spans(op, "q_pos", blk->q_pos, q->shape[1]));
+    return check_spans(op, "k_pos", blk->k_pos, k->shape[1]);
+}
+
+// Rows of a block: batch x query heads x query rows (what the F32 accumulators hold).
+static int64_t block_rows(const ctxpar_attn_block *blk) {
+    return blk->q.shape[0] * blk->q.shape[2] * blk->q.shape[1];
+}
+
 ctxpar_status ctxpar_dev_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_block *blk,
                                         float *out_acc, float *lse_acc, int merge,
                                         ctxpar_stream *stream) {
+    CTXPAR_CHECK(check_block("attn_block_fwd", blk));
+    if (merge != 0 && merge != 1)
+        return BAD("attn_block_fwd: merge (%d) must be 0 or 1", merge);
+    if (block_rows(blk) > 0 && (!out_acc || !lse_acc))
+        return BAD("attn_block_fwd: out_acc (%p) or lse_acc (%p) is NULL", (void *)out_acc,
+                   (void *)lse_acc);
     return dev->ops->attn_block_fwd(dev, blk, out_acc, lse_acc, merge, stream);
 }
 
@@ -226,6 +319,14 @@ ctxpar_status ctxpar_dev_attn_merge(ctxpar_device *dev, float *out_acc, float *l
                                     const float *out_b, const float *lse_b, int64_t batch,
                                     int64_t seq, int64_t heads, int64_t head_dim,
                                     ctxpar_stream *stream) {
+    if (batch < 0 || seq < 0 || heads < 0 || head_dim < 0)
+        return BAD("attn_merge: negative size (batch %lld, seq %lld, heads %lld, head_dim %lld)",
+                   (long long)batch, (long long)seq, (long long)heads, (long long)head_dim);
+    if (batch * seq * heads == 0)
+        return CTXPAR_OK;
+    if (!out_acc || !lse_acc || !out_b || !lse_b)
+        return BAD("attn_merge: NULL buffer (out_acc %p, lse_acc %p, out_b %p, lse_b %p)",
+                   (void *)out_acc, (void *)lse_acc, (const void *)out_b, (const void *)lse_b);
     return dev->ops->attn_merge(dev, out_acc, lse_acc, out_b, lse_b, batch, seq, heads, head_dim,
                                 stream);
 }
@@ -233,6 +334,13 @@ ctxpar_status ctxpar_dev_attn_merge(ctxpar_device *dev, float *out_acc, float *l
 ctxpar_status ctxpar_dev_attn_bwd_prep(ctxpar_device *dev, const ctxpar_tensor *out,
                                        const ctxpar_tensor *dout, float *delta,
                                        ctxpar_stream *stream) {
+    CTXPAR_CHECK(check_tensor("attn_bwd_prep", "out", out));
+    CTXPAR_CHECK(check_tensor("attn_bwd_prep", "dout", dout));
+    CTXPAR_CHECK(check_same_shape("attn_bwd_prep", "dout", dout, "out", out));
+    if (out->shape[0] * out->shape[1] * out->shape[2] == 0)
+        return CTXPAR_OK;
+    if (!delta)
+        return BAD("attn_bwd_prep: delta is NULL");
     return dev->ops->attn_bwd_prep(dev, out, dout, delta, stream);
 }
 
@@ -240,22 +348,43 @@ ctxpar_status ctxpar_dev_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
                                         const ctxpar_tensor *dout, const float *lse,
                                         const float *delta, float *dq_acc, float *dk_acc,
                                         float *dv_acc, ctxpar_stream *stream) {
+    CTXPAR_CHECK(check_block("attn_block_bwd", blk));
+    CTXPAR_CHECK(check_tensor("attn_block_bwd", "dout", dout));
+    if (dout->dtype != blk->q.dtype)
+        return BAD("attn_block_bwd: dout.dtype (%s) != q.dtype (%s)",
+                   ctxpar_dtype_name(dout->dtype), ctxpar_dtype_name(blk->q.dtype));
+    CTXPAR_CHECK(check_same_shape("attn_block_bwd", "dout", dout, "q", &blk->q));
+    if (block_rows(blk) > 0 && (!lse || !delta))
+        return BAD("attn_block_bwd: lse (%p) or delta (%p) is NULL", (const void *)lse,
+                   (const void *)delta);
     return dev->ops->attn_block_bwd(dev, blk, dout, lse, delta, dq_acc, dk_acc, dv_acc, stream);
 }
 
 ctxpar_status ctxpar_dev_cast(ctxpar_device *dev, const ctxpar_tensor *src, ctxpar_tensor *dst,
                               ctxpar_stream *stream) {
+    CTXPAR_CHECK(check_tensor("cast", "src", src));
+    CTXPAR_CHECK(check_tensor("cast", "dst", dst));
+    CTXPAR_CHECK(check_same_shape("cast", "dst", dst, "src", src));
     return dev->ops->cast(dev, src, dst, stream);
 }
 
 ctxpar_status ctxpar_dev_add(ctxpar_device *dev, float *dst, const float *src, size_t n,
                              ctxpar_stream *stream) {
-    return n ? dev->ops->add(dev, dst, src, n, stream) : CTXPAR_OK;
+    if (n == 0)
+        return CTXPAR_OK;
+    if (!dst || !src)
+        return BAD("add of %zu values: dst (%p) or src (%p) is NULL", n, (void *)dst,
+                   (const void *)src);
+    return dev->ops->add(dev, dst, src, n, stream);
 }
 
 ctxpar_status ctxpar_dev_fill(ctxpar_device *dev, float *dst, float value, size_t n,
                               ctxpar_stream *stream) {
-    return n ? dev->ops->fill(dev, dst, value, n, stream) : CTXPAR_OK;
+    if (n == 0)
+        return CTXPAR_OK;
+    if (!dst)
+        return BAD("fill of %zu values: dst is NULL", n);
+    return dev->ops->fill(dev, dst, value, n, stream);
 }
 
 // FNV-1a over 8-byte words, then the tail: fast enough on the host and order-sensitive, which

@@ -67,16 +67,6 @@ const char *ctxpar_dtype_name(ctxpar_dtype dtype) {
     return "?";
 }
 
-const char *ctxpar_algo_name(ctxpar_algo algo) {
-    switch (algo) {
-    case CTXPAR_ALGO_AUTO: return "auto";
-    case CTXPAR_ALGO_RING: return "ring";
-    case CTXPAR_ALGO_ALLGATHER: return "allgather";
-    case CTXPAR_ALGO_ALLTOALL: return "alltoall";
-    }
-    return "?";
-}
-
 const char *ctxpar_layout_name(ctxpar_layout layout) {
     switch (layout) {
     case CTXPAR_LAYOUT_CONTIGUOUS: return "contiguous";

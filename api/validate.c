@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ctxpar_count.h"
+#include "registry.h"
 #include "validate.h"
 
 #define BAD(...) CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, __VA_ARGS__)
@@ -119,7 +120,7 @@ ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_gl
     if (p->struct_size != sizeof *p)
         return CTXPAR_ERROR(CTXPAR_ERR_INTERNAL, "params were not normalized (struct_size %zu)",
                             p->struct_size);
-    if ((unsigned)p->algo > CTXPAR_ALGO_ALLTOALL)
+    if (p->algo != CTXPAR_ALGO_AUTO && !ctxpar_algorithm_find(p->algo))
         return BAD("params.algo (%d) is not a ctxpar_algo", (int)p->algo);
     if ((unsigned)p->layout > CTXPAR_LAYOUT_STRIPED)
         return BAD("params.layout (%d) is not a ctxpar_layout", (int)p->layout);
@@ -190,56 +191,4 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     pb.head_dim = q->shape[3];
     *pb_out = pb;
     return CTXPAR_OK;
-}
-
-ctxpar_status ctxpar_validate_supported(const ctxpar_device *dev, const ctxpar_problem *pb,
-                                        ctxpar_algo algo, int backward) {
-    ctxpar_attn_query q = {pb->dtype,    pb->batch,    pb->seq_local, pb->seq_local, pb->heads_q,
-                           pb->heads_kv, pb->head_dim, pb->mask,      backward};
-    if (algo == CTXPAR_ALGO_ALLGATHER) { // the local queries against the whole sequence
-        q.seq_k = pb->seq_global;
-    } else if (algo == CTXPAR_ALGO_ALLTOALL) { // the whole sequence, a share of the heads
-        q.seq_q = q.seq_k = pb->seq_global;
-        q.heads_q = pb->heads_q / pb->nranks;
-        q.heads_kv = pb->heads_kv >= pb->nranks ? pb->heads_kv / pb->nranks : 1;
-    }
-    return ctxpar_dev_attn_supported(dev, &q);
-}
-
-// Whether AUTO may take `algo`: its own conditions and the device's. Leaves no error behind.
-static int usable(const ctxpar_device *dev, const ctxpar_problem *pb, ctxpar_algo algo,
-                  int backward) {
-    int ok = (algo != CTXPAR_ALGO_ALLTOALL || ctxpar_alltoall_check(pb) == CTXPAR_OK) &&
-             ctxpar_validate_supported(dev, pb, algo, backward) == CTXPAR_OK;
-    ctxpar_clear_error();
-    return ok;
-}
-
-ctxpar_algo ctxpar_resolve_algo(ctxpar_algo requested, const ctxpar_problem *pb,
-                                const ctxpar_device *dev, int backward) {
-    if (requested != CTXPAR_ALGO_AUTO)
-        return requested;
-    const int64_t P = pb->nranks, hq = pb->heads_q, hkv = pb->heads_kv;
-    // In order of preference; the first one the problem and the device allow is taken.
-    ctxpar_algo pref[4];
-    int n = 0;
-    // Per rank and direction, ring and all-gather move (P-1)/P of all K/V (2 Hkv S D values);
-    // all-to-all moves (P-1)/P of the local Q, K, V and out (2 (Hq + Hkv) S/P D) but cannot hide
-    // it behind compute as the ring does. Take all-to-all when the heads divide and it moves less
-    // than half the ring's bytes.
-    if (2 * (hq + hkv) < P * hkv)
-        pref[n++] = CTXPAR_ALGO_ALLTOALL;
-    // All-gather holds the whole K/V at once; take it when that is no more than the local Q and
-    // out it sits beside (few K/V heads, as in GQA), for its bitwise reproducibility and its
-    // single large transfer. Otherwise the ring, whose memory stays O(S/P).
-    if (hkv * P <= hq)
-        pref[n++] = CTXPAR_ALGO_ALLGATHER;
-    pref[n++] = CTXPAR_ALGO_RING;
-    // A device that cannot run the ring's blocks may still run the others'.
-    if (hkv * P > hq)
-        pref[n++] = CTXPAR_ALGO_ALLGATHER;
-    for (int i = 0; i < n; i++)
-        if (usable(dev, pb, pref[i], backward))
-            return pref[i];
-    return CTXPAR_ALGO_RING; // nothing fits: the caller's check names why the ring does not
 }

@@ -25,14 +25,4 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
 ctxpar_status ctxpar_validate_same(const char *name, const ctxpar_tensor *t, const char *like_name,
                                    const ctxpar_tensor *like);
 
-// NOT_SUPPORTED, with the device's reason, unless the device can run the blocks that `algo`
-// passes for this problem (forward, and backward too when `backward`). No communication.
-ctxpar_status ctxpar_validate_supported(const ctxpar_device *dev, const ctxpar_problem *pb,
-                                        ctxpar_algo algo, int backward);
-
-// The algorithm AUTO resolves to (documented in docs/algorithms.md): the preferred one among
-// those the problem's heads and the device allow.
-ctxpar_algo ctxpar_resolve_algo(ctxpar_algo requested, const ctxpar_problem *pb,
-                                const ctxpar_device *dev, int backward);
-
 #endif // CTXPAR_VALIDATE_H

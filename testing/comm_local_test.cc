@@ -1,5 +1,7 @@
-// The local comm (ranks = threads): every op for P in {1,2,3,4,8} against expected bytes computed
-// here from (seed, rank, index), plus timeouts, abort, cancel and device copies.
+// The local comm (ranks = threads), what only it has: barriers among threads, back-to-back
+// collectives, progress while the poster computes, timeouts, abort, cancel, device copies, its
+// group's usage rules. Every op's results, for P in {1,2,3,4,8}, are in the comm conformance
+// suite (comm_conformance.cc).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,14 +19,12 @@
 
 #include "ctxpar_backend.h"
 #include "ctxpar_local.h"
+#include "testing/comm_conformance.h"
 
 namespace {
 
-#define EXPECT_OK(expr)                                                                            \
-    do {                                                                                           \
-        ctxpar_status st_ = (expr);                                                                \
-        EXPECT_EQ(st_, CTXPAR_OK) << #expr << ": " << ctxpar_last_error();                         \
-    } while (0)
+using namespace cpt_commconf;
+
 
 // A barrier for the test's own threads, independent of the comm under test.
 class Rendezvous {
@@ -60,40 +60,6 @@ bool AwaitFlag(const std::atomic<int> &flag, double limit_s = 30) {
     return true;
 }
 
-uint64_t Mix(uint64_t x) { // splitmix64
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-uint8_t ByteAt(uint64_t seed, int rank, size_t i) {
-    return (uint8_t)Mix(Mix(seed * 1000003u + (uint64_t)rank) + i);
-}
-
-std::vector<uint8_t> Pattern(uint64_t seed, int rank, size_t n) {
-    std::vector<uint8_t> v(n);
-    for (size_t i = 0; i < n; i++)
-        v[i] = ByteAt(seed, rank, i);
-    return v;
-}
-
-// A float with a random 24-bit mantissa, sign and an exponent in [-12, 12]: sums of these round
-// differently in different orders.
-float FloatAt(uint64_t seed, int rank, size_t i) {
-    uint64_t h = Mix(Mix(seed * 7919u + (uint64_t)rank) + i);
-    float m = (float)(h & 0xffffff) / 16777216.0f;
-    int e = (int)((h >> 24) % 25) - 12;
-    return ((h >> 60) & 1 ? -1.0f : 1.0f) * std::ldexp(0.5f + 0.5f * m, e);
-}
-
-// The index of the first byte where got differs from want, or -1.
-long FirstDiff(const uint8_t *got, const uint8_t *want, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (got[i] != want[i])
-            return (long)i;
-    return -1;
-}
 
 using Body = std::function<void(int rank, ctxpar_comm *&comm)>;
 
@@ -126,188 +92,6 @@ class LocalComm : public ::testing::TestWithParam<int> {
   protected:
     int P() const { return GetParam(); }
 };
-
-TEST_P(LocalComm, RankAndSize) {
-    int p = P();
-    RunRanks(p, [&](int r, ctxpar_comm *&comm) {
-        EXPECT_EQ(ctxpar_comm_rank(comm), r);
-        EXPECT_EQ(ctxpar_comm_size(comm), p);
-    });
-}
-
-TEST_P(LocalComm, SendrecvRingShift) {
-    int p = P();
-    const size_t sizes[] = {0, 1, 4099, (1u << 20) + 3};
-    RunRanks(p, [&](int r, ctxpar_comm *&comm) {
-        for (size_t bytes : sizes) {
-            for (int shift = 0; shift < p; shift++) { // shift 1 is the ring; 0 sends to itself
-                int dst = (r + shift) % p, src = (r - shift + p) % p;
-                uint64_t seed = bytes * 31 + (uint64_t)shift;
-                std::vector<uint8_t> send = Pattern(seed, r, bytes), recv(bytes, 0xEE);
-                ctxpar_request *req = nullptr;
-                EXPECT_OK(ctxpar_comm_sendrecv(comm, send.data(), bytes, dst, recv.data(), bytes,
-                                               src, 0, nullptr, &req));
-                EXPECT_OK(ctxpar_comm_wait(comm, req, nullptr));
-                std::vector<uint8_t> want = Pattern(seed, src, bytes);
-                EXPECT_EQ(FirstDiff(recv.data(), want.data(), bytes), -1)
-                    << "rank " << r << " from " << src << ", " << bytes << " bytes";
-            }
-        }
-    });
-}
-
-TEST_P(LocalComm, SendrecvSkippedHalves) {
-    int p = P();
-    const size_t bytes = 5000;
-    RunRanks(p, [&](int r, ctxpar_comm *&comm) {
-        int dst = (r + 1) % p, src = (r - 1 + p) % p;
-        std::vector<uint8_t> send = Pattern(7, r, bytes), recv(bytes, 0);
-        // The send and the receive as two ops, retired in the other order.
-        ctxpar_request *sreq = nullptr, *rreq = nullptr;
-        EXPECT_OK(
-            ctxpar_comm_sendrecv(comm, send.data(), bytes, dst, nullptr, 0, -1, 0, nullptr, &sreq));
-        EXPECT_OK(
-            ctxpar_comm_sendrecv(comm, nullptr, 0, -1, recv.data(), bytes, src, 0, nullptr, &rreq));
-        EXPECT_OK(ctxpar_comm_wait(comm, rreq, nullptr));
-        EXPECT_OK(ctxpar_comm_wait(comm, sreq, nullptr));
-        std::vector<uint8_t> want = Pattern(7, src, bytes);
-        EXPECT_EQ(FirstDiff(recv.data(), want.data(), bytes), -1);
-        // Both halves skipped: a request that is done at once.
-        ctxpar_request *none = nullptr;
-        EXPECT_OK(ctxpar_comm_sendrecv(comm, nullptr, 0, -1, nullptr, 0, -1, 0, nullptr, &none));
-        int done = 0;
-        EXPECT_OK(ctxpar_comm_test(comm, none, &done));
-        EXPECT_EQ(done, 1);
-        EXPECT_OK(ctxpar_comm_wait(comm, none, nullptr));
-    });
-}
-
-TEST_P(LocalComm, Allgather) {
-    int p = P();
-    const size_t sizes[] = {0, 1, 777, 65536 + 5};
-    RunRanks(p, [&](int r, ctxpar_comm *&comm) {
-        for (size_t bytes : sizes) {
-            std::vector<uint8_t> send = Pattern(bytes, r, bytes), recv(bytes * (size_t)p, 0xEE);
-            ctxpar_request *req = nullptr;
-            EXPECT_OK(ctxpar_comm_allgather(comm, send.data(), recv.data(), bytes, nullptr, &req));
-            EXPECT_OK(ctxpar_comm_wait(comm, req, nullptr));
-            for (int j = 0; j < p; j++) {
-                std::vector<uint8_t> want = Pattern(bytes, j, bytes);
-                EXPECT_EQ(FirstDiff(recv.data() + (size_t)j * bytes, want.data(), bytes), -1)
-                    << "rank " << r << ": block " << j << " of " << bytes << " bytes";
-            }
-        }
-    });
-}
-
-TEST_P(LocalComm, ReduceScatterKnownSums) {
-    int p = P();
-    const size_t counts[] = {1, 1000, 3000}; // 3000 crosses the comm's summation tiles
-    RunRanks(p, [&](int r, ctxpar_comm *&comm) {
-        for (size_t count : counts) {
-            // Small integers: every sum is exact, so the expected value is order-free.
-            std::vector<float> send(count * (size_t)p), recv(count, -1.0f);
-            for (int j = 0; j < p; j++)
-                for (size_t i = 0; i < count; i++)
-                    send[(size_t)j * count + i] = (float)(r * 1000 + j * 10 + (int)(i % 7));
-            ctxpar_request *req = nullptr;
-            EXPECT_OK(
-                ctxpar_comm_reduce_scatter(comm, send.data(), recv.data(), count, nullptr, &req));
-            EXPECT_OK(ctxpar_comm_wait(comm, req, nullptr));
-            for (size_t i = 0; i < count; i++) {
-                double want = 1000.0 * p * (p - 1) / 2 + (double)p * (r * 10 + (int)(i % 7));
-                if ((double)recv[i] != want) {
-                    ADD_FAILURE() << "rank " << r << " i " << i << ": " << recv[i]
-                                  << " != " << want;
-                    break;
-                }
-            }
-        }
-    });
-}
-
-TEST_P(LocalComm, ReduceScatterSumsInRankOrder) {
-    int p = P();
-    const size_t count = 2500;
-    RunRanks(p, [&](int r, ctxpar_comm *&comm) {
-        std::vector<float> send(count * (size_t)p), recv(count);
-        for (int j = 0; j < p; j++)
-            for (size_t i = 0; i < count; i++)
-                send[(size_t)j * count + i] = FloatAt(j, r, i); // block j: rank r's part for j
-        ctxpar_request *req = nullptr;
-        EXPECT_OK(ctxpar_comm_reduce_scatter(comm, send.data(), recv.data(), count, nullptr, &req));
-        EXPECT_OK(ctxpar_comm_wait(comm, req, nullptr));
-        int order_matters = 0;
-        for (size_t i = 0; i < count; i++) {
-            float fwd = FloatAt(r, 0, i), rev = FloatAt(r, p - 1, i);
-            for (int s = 1; s < p; s++)
-                fwd += FloatAt(r, s, i);
-            for (int s = p - 2; s >= 0; s--)
-                rev += FloatAt(r, s, i);
-            order_matters += std::memcmp(&fwd, &rev, sizeof fwd) != 0;
-            if (std::memcmp(&recv[i], &fwd, sizeof fwd) != 0) {
-                ADD_FAILURE() << "rank " << r << " i " << i << ": " << recv[i]
-                              << " is not the rank-order sum " << fwd;
-                break;
-            }
-        }
-        if (p >= 3) { // otherwise this test could not tell the orders apart
-            EXPECT_GT(order_matters, 0);
-        }
-    });
-}
-
-TEST_P(LocalComm, Alltoall) {
-    int p = P();
-    const size_t sizes[] = {0, 3, 4096 + 1};
-    RunRanks(p, [&](int r, ctxpar_comm *&comm) {
-        for (size_t bytes : sizes) {
-            // Block j of rank r's send buffer is Pattern(seed of (r -> j)).
-            std::vector<uint8_t> send(bytes * (size_t)p), recv(bytes * (size_t)p, 0xEE);
-            for (int j = 0; j < p; j++) {
-                std::vector<uint8_t> blk = Pattern(bytes * 100 + (uint64_t)j, r, bytes);
-                std::copy(blk.begin(), blk.end(), send.begin() + (long)((size_t)j * bytes));
-            }
-            ctxpar_request *req = nullptr;
-            EXPECT_OK(ctxpar_comm_alltoall(comm, send.data(), recv.data(), bytes, nullptr, &req));
-            EXPECT_OK(ctxpar_comm_wait(comm, req, nullptr));
-            for (int i = 0; i < p; i++) {
-                std::vector<uint8_t> want = Pattern(bytes * 100 + (uint64_t)r, i, bytes);
-                EXPECT_EQ(FirstDiff(recv.data() + (size_t)i * bytes, want.data(), bytes), -1)
-                    << "rank " << r << ": block from " << i;
-            }
-        }
-    });
-}
-
-TEST_P(LocalComm, AllreduceSumMinMax) {
-    int p = P();
-    const size_t count = 4;
-    auto value = [](int rank, size_t i) -> int64_t {
-        int64_t v = (int64_t)(rank + 1) * (int64_t)(i + 1) * 1000000007LL;
-        return rank % 2 ? -v : v;
-    };
-    RunRanks(p, [&](int r, ctxpar_comm *&comm) {
-        const ctxpar_reduce_op ops[] = {CTXPAR_REDUCE_SUM, CTXPAR_REDUCE_MIN, CTXPAR_REDUCE_MAX};
-        for (ctxpar_reduce_op op : ops) {
-            int64_t buf[count];
-            for (size_t i = 0; i < count; i++)
-                buf[i] = value(r, i);
-            EXPECT_OK(ctxpar_comm_allreduce_i64(comm, buf, count, op));
-            for (size_t i = 0; i < count; i++) {
-                int64_t want = value(0, i);
-                for (int s = 1; s < p; s++) {
-                    int64_t v = value(s, i);
-                    want = op == CTXPAR_REDUCE_SUM   ? want + v
-                           : op == CTXPAR_REDUCE_MIN ? std::min(want, v)
-                                                     : std::max(want, v);
-                }
-                EXPECT_EQ(buf[i], want) << "rank " << r << " op " << op << " i " << i;
-            }
-        }
-        EXPECT_OK(ctxpar_comm_allreduce_i64(comm, nullptr, 0, CTXPAR_REDUCE_SUM));
-    });
-}
 
 TEST_P(LocalComm, BarrierWaitsForEveryRank) {
     int p = P();
@@ -710,6 +494,7 @@ TEST(LocalCommUsage, BadArguments) {
     EXPECT_EQ(ctxpar_comm_allreduce_i64(comm, &v, 1, (ctxpar_reduce_op)7), CTXPAR_ERR_INVALID_ARG);
     EXPECT_EQ(ctxpar_comm_allreduce_i64(comm, nullptr, 1, CTXPAR_REDUCE_SUM),
               CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(ctxpar_comm_test(comm, nullptr, nullptr), CTXPAR_ERR_INVALID_ARG); // no done_out
     EXPECT_EQ(v, 1);
     EXPECT_EQ(req, nullptr); // no failed call wrote its output
     // The group outlives a destroy request while a comm still holds it; destroy(NULL) is a no-op.

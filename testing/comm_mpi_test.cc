@@ -1,7 +1,8 @@
-// The MPI comm under mpirun (every rank runs every test; see testing/mpi_run.sh): every op
-// against expected bytes computed here from (seed, rank, index), messages split in pieces,
-// ranks that skip an op or abort, cancellation. Only rank 0 prints the GoogleTest report; other
-// ranks print their failures, and the exit code is a failure if any rank failed.
+// The MPI comm under mpirun (every rank runs every test; see testing/mpi_run.sh), what only it
+// has: messages split in pieces, sizes above INT_MAX, ranks that skip an op or abort,
+// cancellation, its usage errors. Every op's results are in the comm conformance suite
+// (comm_conformance.cc, run under mpirun by comm_conformance_mpi_test); main() is
+// testing/mpi_gtest_main.cc.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -18,48 +19,13 @@
 #include "ctxpar_backend.h"
 #include "ctxpar_mpi.h"
 #include "ctxpar_mpi_testing.h"
+#include "testing/comm_conformance.h"
 
 namespace {
 
-#define EXPECT_OK(expr)                                                                            \
-    do {                                                                                           \
-        ctxpar_status st_ = (expr);                                                                \
-        EXPECT_EQ(st_, CTXPAR_OK) << #expr << ": " << ctxpar_last_error();                         \
-    } while (0)
+using namespace cpt_commconf;
 
-uint64_t Mix(uint64_t x) { // splitmix64
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
-uint8_t ByteAt(uint64_t seed, int rank, size_t i) {
-    return (uint8_t)Mix(Mix(seed * 1000003u + (uint64_t)rank) + i);
-}
-
-std::vector<uint8_t> Pattern(uint64_t seed, int rank, size_t n) {
-    std::vector<uint8_t> v(n);
-    for (size_t i = 0; i < n; i++)
-        v[i] = ByteAt(seed, rank, i);
-    return v;
-}
-
-// A float with a random 24-bit mantissa, sign and an exponent in [-12, 12]: sums of these round
-// differently in different orders.
-float FloatAt(uint64_t seed, int rank, size_t i) {
-    uint64_t h = Mix(Mix(seed * 7919u + (uint64_t)rank) + i);
-    float m = (float)(h & 0xffffff) / 16777216.0f;
-    int e = (int)((h >> 24) % 25) - 12;
-    return ((h >> 60) & 1 ? -1.0f : 1.0f) * std::ldexp(0.5f + 0.5f * m, e);
-}
-
-long FirstDiff(const uint8_t *got, const uint8_t *want, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (got[i] != want[i])
-            return (long)i;
-    return -1;
-}
 
 // Each test gets a fresh comm over MPI_COMM_WORLD; ranks line up again after it.
 class MpiComm : public ::testing::Test {
@@ -77,157 +43,6 @@ class MpiComm : public ::testing::Test {
     ctxpar_comm *comm_ = nullptr;
     int rank_ = 0, p_ = 1;
 };
-
-TEST_F(MpiComm, RankAndSize) {
-    EXPECT_EQ(ctxpar_comm_rank(comm_), rank_);
-    EXPECT_EQ(ctxpar_comm_size(comm_), p_);
-}
-
-TEST_F(MpiComm, SendrecvShifts) {
-    const size_t sizes[] = {0, 1, 4099, (1u << 20) + 3};
-    for (size_t bytes : sizes) {
-        for (int shift = 0; shift < p_; shift++) { // 1 is the ring; 0 sends to itself
-            int dst = (rank_ + shift) % p_, src = (rank_ - shift + p_) % p_;
-            uint64_t seed = bytes * 31 + (uint64_t)shift;
-            std::vector<uint8_t> send = Pattern(seed, rank_, bytes), recv(bytes, 0xEE);
-            ctxpar_request *req = nullptr;
-            EXPECT_OK(ctxpar_comm_sendrecv(comm_, send.data(), bytes, dst, recv.data(), bytes, src, 0,
-                                           nullptr, &req));
-            EXPECT_OK(ctxpar_comm_wait(comm_, req, nullptr));
-            std::vector<uint8_t> want = Pattern(seed, src, bytes);
-            EXPECT_EQ(FirstDiff(recv.data(), want.data(), bytes), -1)
-                << "from " << src << ", " << bytes << " bytes";
-        }
-    }
-}
-
-TEST_F(MpiComm, SendrecvSkippedHalves) {
-    const size_t bytes = 5000;
-    int dst = (rank_ + 1) % p_, src = (rank_ - 1 + p_) % p_;
-    std::vector<uint8_t> send = Pattern(7, rank_, bytes), recv(bytes, 0);
-    ctxpar_request *sreq = nullptr, *rreq = nullptr;
-    EXPECT_OK(ctxpar_comm_sendrecv(comm_, send.data(), bytes, dst, nullptr, 0, -1, 0, nullptr, &sreq));
-    EXPECT_OK(ctxpar_comm_sendrecv(comm_, nullptr, 0, -1, recv.data(), bytes, src, 0, nullptr, &rreq));
-    EXPECT_OK(ctxpar_comm_wait(comm_, rreq, nullptr));
-    EXPECT_OK(ctxpar_comm_wait(comm_, sreq, nullptr));
-    std::vector<uint8_t> want = Pattern(7, src, bytes);
-    EXPECT_EQ(FirstDiff(recv.data(), want.data(), bytes), -1);
-    ctxpar_request *none = nullptr;
-    EXPECT_OK(ctxpar_comm_sendrecv(comm_, nullptr, 0, -1, nullptr, 0, -1, 0, nullptr, &none));
-    int done = 0;
-    EXPECT_OK(ctxpar_comm_test(comm_, none, &done));
-    EXPECT_EQ(done, 1);
-    EXPECT_OK(ctxpar_comm_wait(comm_, none, nullptr));
-}
-
-TEST_F(MpiComm, Allgather) {
-    const size_t sizes[] = {0, 1, 777, 65536 + 5};
-    for (size_t bytes : sizes) {
-        std::vector<uint8_t> send = Pattern(bytes, rank_, bytes), recv(bytes * (size_t)p_, 0xEE);
-        ctxpar_request *req = nullptr;
-        EXPECT_OK(ctxpar_comm_allgather(comm_, send.data(), recv.data(), bytes, nullptr, &req));
-        EXPECT_OK(ctxpar_comm_wait(comm_, req, nullptr));
-        for (int j = 0; j < p_; j++) {
-            std::vector<uint8_t> want = Pattern(bytes, j, bytes);
-            EXPECT_EQ(FirstDiff(recv.data() + (size_t)j * bytes, want.data(), bytes), -1)
-                << "block " << j << " of " << bytes << " bytes";
-        }
-    }
-}
-
-TEST_F(MpiComm, ReduceScatterKnownSums) {
-    const size_t counts[] = {1, 1000, 3000};
-    for (size_t count : counts) {
-        // Small integers: every sum is exact, whatever the order.
-        std::vector<float> send(count * (size_t)p_), recv(count, -1.0f);
-        for (int j = 0; j < p_; j++)
-            for (size_t i = 0; i < count; i++)
-                send[(size_t)j * count + i] = (float)(rank_ * 1000 + j * 10 + (int)(i % 7));
-        ctxpar_request *req = nullptr;
-        EXPECT_OK(
-            ctxpar_comm_reduce_scatter(comm_, send.data(), recv.data(), count, nullptr, &req));
-        EXPECT_OK(ctxpar_comm_wait(comm_, req, nullptr));
-        for (size_t i = 0; i < count; i++) {
-            double want = 1000.0 * p_ * (p_ - 1) / 2 + (double)p_ * (rank_ * 10 + (int)(i % 7));
-            if ((double)recv[i] != want) {
-                ADD_FAILURE() << "i " << i << ": " << recv[i] << " != " << want;
-                break;
-            }
-        }
-    }
-}
-
-TEST_F(MpiComm, ReduceScatterSumsInRankOrder) {
-    const size_t count = 2500;
-    std::vector<float> send(count * (size_t)p_), recv(count);
-    for (int j = 0; j < p_; j++)
-        for (size_t i = 0; i < count; i++)
-            send[(size_t)j * count + i] = FloatAt(j, rank_, i);
-    ctxpar_request *req = nullptr;
-    EXPECT_OK(ctxpar_comm_reduce_scatter(comm_, send.data(), recv.data(), count, nullptr, &req));
-    EXPECT_OK(ctxpar_comm_wait(comm_, req, nullptr));
-    int order_matters = 0;
-    for (size_t i = 0; i < count; i++) {
-        float fwd = FloatAt(rank_, 0, i), rev = FloatAt(rank_, p_ - 1, i);
-        for (int s = 1; s < p_; s++)
-            fwd += FloatAt(rank_, s, i);
-        for (int s = p_ - 2; s >= 0; s--)
-            rev += FloatAt(rank_, s, i);
-        order_matters += std::memcmp(&fwd, &rev, sizeof fwd) != 0;
-        if (std::memcmp(&recv[i], &fwd, sizeof fwd) != 0) {
-            ADD_FAILURE() << "i " << i << ": " << recv[i] << " is not the rank-order sum " << fwd;
-            break;
-        }
-    }
-    if (p_ >= 3) { // otherwise this test could not tell the orders apart
-        EXPECT_GT(order_matters, 0);
-    }
-}
-
-TEST_F(MpiComm, Alltoall) {
-    const size_t sizes[] = {0, 3, 4096 + 1};
-    for (size_t bytes : sizes) {
-        std::vector<uint8_t> send(bytes * (size_t)p_), recv(bytes * (size_t)p_, 0xEE);
-        for (int j = 0; j < p_; j++) {
-            std::vector<uint8_t> blk = Pattern(bytes * 100 + (uint64_t)j, rank_, bytes);
-            std::copy(blk.begin(), blk.end(), send.begin() + (long)((size_t)j * bytes));
-        }
-        ctxpar_request *req = nullptr;
-        EXPECT_OK(ctxpar_comm_alltoall(comm_, send.data(), recv.data(), bytes, nullptr, &req));
-        EXPECT_OK(ctxpar_comm_wait(comm_, req, nullptr));
-        for (int i = 0; i < p_; i++) {
-            std::vector<uint8_t> want = Pattern(bytes * 100 + (uint64_t)rank_, i, bytes);
-            EXPECT_EQ(FirstDiff(recv.data() + (size_t)i * bytes, want.data(), bytes), -1)
-                << "block from " << i;
-        }
-    }
-}
-
-TEST_F(MpiComm, AllreduceSumMinMax) {
-    const size_t count = 4;
-    auto value = [](int rank, size_t i) -> int64_t {
-        int64_t v = (int64_t)(rank + 1) * (int64_t)(i + 1) * 1000000007LL;
-        return rank % 2 ? -v : v;
-    };
-    const ctxpar_reduce_op ops[] = {CTXPAR_REDUCE_SUM, CTXPAR_REDUCE_MIN, CTXPAR_REDUCE_MAX};
-    for (ctxpar_reduce_op op : ops) {
-        int64_t buf[count];
-        for (size_t i = 0; i < count; i++)
-            buf[i] = value(rank_, i);
-        EXPECT_OK(ctxpar_comm_allreduce_i64(comm_, buf, count, op));
-        for (size_t i = 0; i < count; i++) {
-            int64_t want = value(0, i);
-            for (int s = 1; s < p_; s++) {
-                int64_t v = value(s, i);
-                want = op == CTXPAR_REDUCE_SUM   ? want + v
-                       : op == CTXPAR_REDUCE_MIN ? std::min(want, v)
-                                                 : std::max(want, v);
-            }
-            EXPECT_EQ(buf[i], want) << "op " << op << " i " << i;
-        }
-    }
-    EXPECT_OK(ctxpar_comm_allreduce_i64(comm_, nullptr, 0, CTXPAR_REDUCE_SUM));
-}
 
 TEST_F(MpiComm, BackToBackCollectives) {
     const size_t bytes = 1000, count = 300;
@@ -572,36 +387,4 @@ TEST_F(MpiComm, BadArguments) {
     EXPECT_EQ(ctxpar_mpi_set_max_message(comm_, 0), CTXPAR_ERR_INVALID_ARG);
 }
 
-// Other ranks report only their failures, each line tagged with the rank.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
-  public:
-    explicit RankFailurePrinter(int rank) : rank_(rank) {}
-    void OnTestPartResult(const ::testing::TestPartResult &r) override {
-        if (r.failed())
-            std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_,
-                         r.file_name() ? r.file_name() : "?", r.line_number(), r.summary());
-    }
-
-  private:
-    int rank_;
-};
-
 } // namespace
-
-int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
-    ::testing::InitGoogleTest(&argc, argv);
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank != 0) {
-        ::testing::TestEventListeners &listeners = ::testing::UnitTest::GetInstance()->listeners();
-        delete listeners.Release(listeners.default_result_printer());
-        listeners.Append(new RankFailurePrinter(rank));
-    }
-    int failed = RUN_ALL_TESTS() != 0, any = 0;
-    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (rank == 0 && any && !failed)
-        std::fprintf(stderr, "another rank failed (see its [rank N] lines)\n");
-    MPI_Finalize();
-    return any;
-}

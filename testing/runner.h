@@ -39,17 +39,35 @@ typedef struct cpt_run_inputs {
     const void *q, *k, *v, *dout;
 } cpt_run_inputs;
 
-/* The device every rank runs on. */
+/* The device every rank runs on: an index into cpt_run_backends(); the CPU is always 0. */
 typedef enum cpt_run_backend {
     CPT_RUN_CPU = 0,
-    CPT_RUN_CUDA = 1, /* GPU 0 for every in-process rank; needs a build with CUDA */
 } cpt_run_backend;
 
-/* "cpu", "cuda". */
+/* One entry of the tool's backend registry (runner_device.c): what `--backend` accepts and
+ * `ctxpar --list-backends` prints. Only backends compiled into this binary are listed. */
+typedef struct cpt_run_backend_info {
+    const char *name;  /* the --backend value */
+    const char *about; /* one line for --list-backends */
+    /* The device of one rank; threads: OpenMP threads (0 = default) where that applies. */
+    ctxpar_status (*create)(int threads, ctxpar_device **dev_out);
+} cpt_run_backend_info;
+
+/* The registry, CPU first; *count_out entries. */
+const cpt_run_backend_info *const *cpt_run_backends(int *count_out);
+
+/* The index of the backend called `name`, or -1. */
+int cpt_run_backend_find(const char *name);
+
+/* The backend's name ("cpu", "cuda"), or "?" for an index not in the registry. */
 const char *cpt_run_backend_name(cpt_run_backend backend);
 
-/* Whether this build can create the backend's device (CUDA: compiled with the toolkit). */
+/* Whether `backend` is in the registry (compiled into this binary). */
 int cpt_run_backend_available(cpt_run_backend backend);
+
+/* OK when the backend's device can be created here now (one is created and destroyed); else
+ * the creation's status, with the reason in ctxpar_last_error() (CUDA: no device). */
+ctxpar_status cpt_run_backend_probe(cpt_run_backend backend);
 
 typedef struct cpt_run_config {
     int ranks;

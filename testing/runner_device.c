@@ -1,6 +1,8 @@
-// The device each rank of a run computes on: the CPU backend, or the CUDA one in builds that have
-// it (testing/gpu:cuda_config defines CTXPAR_TEST_NO_CUDA in those that do not).
+// The tool's backend registry: the devices a run can compute on. The CPU backend always; CUDA in
+// builds that have it (testing/gpu:cuda_config defines CTXPAR_TEST_NO_CUDA in those that do not).
+// A new backend is one entry here (and its dependency in testing/BUILD).
 #include <stdlib.h>
+#include <string.h>
 
 #include "ctxpar_backend.h"
 #include "ctxpar_cpu.h"
@@ -9,22 +11,6 @@
 #ifndef CTXPAR_TEST_NO_CUDA
 #include "ctxpar_cuda.h"
 #endif
-
-const char *cpt_run_backend_name(cpt_run_backend backend) {
-    switch (backend) {
-    case CPT_RUN_CPU: return "cpu";
-    case CPT_RUN_CUDA: return "cuda";
-    }
-    return "?";
-}
-
-int cpt_run_backend_available(cpt_run_backend backend) {
-#ifdef CTXPAR_TEST_NO_CUDA
-    return backend == CPT_RUN_CPU;
-#else
-    return backend == CPT_RUN_CPU || backend == CPT_RUN_CUDA;
-#endif
-}
 
 // Overrides of the CPU device's options for the tool, to compare instruction sets and backward
 // schedules on the same command line; tests choose through ctxpar_cpu_options instead.
@@ -39,18 +25,68 @@ static ctxpar_status cpu_env_overrides(ctxpar_cpu_options *co) {
     return CTXPAR_OK;
 }
 
+static ctxpar_status create_cpu(int threads, ctxpar_device **dev_out) {
+    ctxpar_cpu_options co = CTXPAR_CPU_OPTIONS_INIT;
+    co.num_threads = threads;
+    CTXPAR_CHECK(cpu_env_overrides(&co));
+    return ctxpar_device_create_cpu(&co, dev_out);
+}
+
+static const cpt_run_backend_info cpu = {
+    "cpu", "the CPU reference device (OpenMP, deterministic)", create_cpu};
+
+#ifndef CTXPAR_TEST_NO_CUDA
+static ctxpar_status create_cuda(int threads, ctxpar_device **dev_out) {
+    (void)threads;
+    return ctxpar_device_create_cuda(NULL, dev_out); // every rank on GPU 0
+}
+
+static const cpt_run_backend_info cuda = {"cuda", "NVIDIA GPU 0 (CUDA kernels, cuDNN where built)",
+                                             create_cuda};
+#endif
+
+static const cpt_run_backend_info *const registry[] = {
+    &cpu, // CPT_RUN_CPU: first
+#ifndef CTXPAR_TEST_NO_CUDA
+    &cuda,
+#endif
+};
+#define COUNT ((int)(sizeof registry / sizeof registry[0]))
+
+const cpt_run_backend_info *const *cpt_run_backends(int *count_out) {
+    *count_out = COUNT;
+    return registry;
+}
+
+int cpt_run_backend_find(const char *name) {
+    for (int i = 0; i < COUNT; i++)
+        if (!strcmp(name, registry[i]->name))
+            return i;
+    return -1;
+}
+
+int cpt_run_backend_available(cpt_run_backend backend) {
+    return (int)backend >= 0 && (int)backend < COUNT;
+}
+
+const char *cpt_run_backend_name(cpt_run_backend backend) {
+    return cpt_run_backend_available(backend) ? registry[backend]->name : "?";
+}
+
+ctxpar_status cpt_run_backend_probe(cpt_run_backend backend) {
+    if (!cpt_run_backend_available(backend))
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "backend %d is not built into this binary",
+                            (int)backend);
+    ctxpar_device *dev = NULL;
+    CTXPAR_CHECK(registry[backend]->create(1, &dev));
+    ctxpar_device_destroy(dev);
+    return CTXPAR_OK;
+}
+
 ctxpar_status cpt_run_device_create(const cpt_run_config *cfg, int threads,
                                        ctxpar_device **dev_out) {
-    if (cfg->backend == CPT_RUN_CPU) {
-        ctxpar_cpu_options co = CTXPAR_CPU_OPTIONS_INIT;
-        co.num_threads = threads;
-        CTXPAR_CHECK(cpu_env_overrides(&co));
-        return ctxpar_device_create_cpu(&co, dev_out);
-    }
-#ifndef CTXPAR_TEST_NO_CUDA
-    if (cfg->backend == CPT_RUN_CUDA)
-        return ctxpar_device_create_cuda(NULL, dev_out); // every rank on GPU 0
-#endif
-    return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "backend '%s' is not built into this binary",
-                        cpt_run_backend_name(cfg->backend));
+    if (!cpt_run_backend_available(cfg->backend))
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "backend %d is not built into this binary",
+                            (int)cfg->backend);
+    return registry[cfg->backend]->create(threads, dev_out);
 }

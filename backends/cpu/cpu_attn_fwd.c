@@ -219,21 +219,9 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
     const ctxpar_cpu_device *cpu = dev->impl;
     ctxpar_cpu_plan p;
     CTXPAR_CHECK(ctxpar_cpu_plan_init(blk, "attn_block_fwd", &p));
-    ctxpar_status st = CTXPAR_OK;
-    if (merge != 0 && merge != 1) {
-        st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "attn_block_fwd: merge (%d) must be 0 or 1",
-                          merge);
-        goto done;
-    }
+    ctxpar_status st = CTXPAR_OK; // the dispatch checked merge and the accumulators
     const int64_t groups = (p.q_tiles + CTXPAR_CPU_GROUP - 1) / CTXPAR_CPU_GROUP;
     const int64_t items = p.batch * p.heads_q * groups;
-    if (items > 0 && (!out_acc || !lse_acc)) {
-        st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                          "attn_block_fwd: out_acc (%p) or lse_acc (%p) "
-                          "is NULL",
-                          (void *)out_acc, (void *)lse_acc);
-        goto done;
-    }
     if (items == 0)
         goto done;
     if (p.whole == CTXPAR_BLOCK_SKIP) {

@@ -1,96 +1,10 @@
-// The per-call plan of a block pair: argument checks, global positions and documents of every
+// The per-call plan of a block pair: global positions and documents of every
 // row, the position range of every tile, and the helpers the forward and backward share.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backends/cpu/cpu_internal.h"
-
-static int dtype_known(ctxpar_dtype dtype) {
-    return dtype == CTXPAR_DTYPE_F32 || dtype == CTXPAR_DTYPE_F16 || dtype == CTXPAR_DTYPE_BF16;
-}
-
-ctxpar_status ctxpar_cpu_check_tensor(const ctxpar_tensor *t, const char *op, const char *name) {
-    if (!t)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s is NULL", op, name);
-    if (!dtype_known(t->dtype))
-        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
-                            "%s: %s.dtype (%d) is not supported by the cpu device (f32, f16, bf16)",
-                            op, name, (int)t->dtype);
-    int64_t n = 1;
-    for (int i = 0; i < 4; i++) {
-        if (t->shape[i] < 0)
-            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s.shape[%d] (%lld) is negative", op,
-                                name, i, (long long)t->shape[i]);
-        n *= t->shape[i];
-    }
-    if (t->shape[3] > 1 && t->stride[3] != 1)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s.stride[3] (%lld) must be 1", op, name,
-                            (long long)t->stride[3]);
-    if (n > 0 && !t->data)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s.data is NULL for %lld elements", op,
-                            name, (long long)n);
-    return CTXPAR_OK;
-}
-
-static ctxpar_status check_spans(ctxpar_spans s, int64_t rows, const char *op, const char *name) {
-    if (s.count < 0 || (s.count > 0 && !s.span))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s has count %d and span %p", op, name,
-                            s.count, (const void *)s.span);
-    for (int i = 0; i < s.count; i++)
-        if (s.span[i].len < 0)
-            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s.span[%d].len (%lld) is negative",
-                                op, name, i, (long long)s.span[i].len);
-    int64_t total = ctxpar_spans_total(s);
-    if (total != rows)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                            "%s: %s holds %lld positions but the tensor has %lld rows", op, name,
-                            (long long)total, (long long)rows);
-    return CTXPAR_OK;
-}
-
-static ctxpar_status check_block(const ctxpar_attn_block *blk, const char *op) {
-    if (!blk)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: blk is NULL", op);
-    const ctxpar_tensor *q = &blk->q, *k = &blk->k, *v = &blk->v;
-    CTXPAR_CHECK(ctxpar_cpu_check_tensor(q, op, "q"));
-    CTXPAR_CHECK(ctxpar_cpu_check_tensor(k, op, "k"));
-    CTXPAR_CHECK(ctxpar_cpu_check_tensor(v, op, "v"));
-    if (k->dtype != q->dtype || v->dtype != q->dtype)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: dtypes differ: q %s, k %s, v %s", op,
-                            ctxpar_dtype_name(q->dtype), ctxpar_dtype_name(k->dtype),
-                            ctxpar_dtype_name(v->dtype));
-    for (int i = 0; i < 4; i++)
-        if (v->shape[i] != k->shape[i])
-            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                                "%s: v.shape[%d] (%lld) != k.shape[%d] (%lld)", op, i,
-                                (long long)v->shape[i], i, (long long)k->shape[i]);
-    if (k->shape[0] != q->shape[0] || k->shape[3] != q->shape[3])
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                            "%s: k is [%lld, _, _, %lld] but q is [%lld, _, _, %lld] (batch, "
-                            "head_dim)",
-                            op, (long long)k->shape[0], (long long)k->shape[3],
-                            (long long)q->shape[0], (long long)q->shape[3]);
-    if (q->shape[3] < 1)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: head_dim (%lld) must be >= 1", op,
-                            (long long)q->shape[3]);
-    if (k->shape[2] < 1 || q->shape[2] % k->shape[2] != 0)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                            "%s: q heads (%lld) must be a multiple of k/v heads (%lld)", op,
-                            (long long)q->shape[2], (long long)k->shape[2]);
-    if (!isfinite(blk->scale) || blk->scale == 0.0f)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: scale (%g) must be finite and non-zero",
-                            op, (double)blk->scale);
-    if (blk->mask.window_left < 0)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: mask.window_left (%lld) is negative", op,
-                            (long long)blk->mask.window_left);
-    if (blk->mask.cu_seqlens && blk->mask.num_docs < 1)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                            "%s: mask.cu_seqlens is set but mask.num_docs is %lld", op,
-                            (long long)blk->mask.num_docs);
-    CTXPAR_CHECK(check_spans(blk->q_pos, q->shape[1], op, "q_pos"));
-    return check_spans(blk->k_pos, k->shape[1], op, "k_pos");
-}
 
 static void expand_positions(ctxpar_spans s, int64_t *pos) {
     int64_t n = 0;
@@ -114,7 +28,7 @@ static void tile_ranges(const int64_t *pos, int64_t rows, int64_t tile, int64_t 
 
 ctxpar_status ctxpar_cpu_plan_init(const ctxpar_attn_block *blk, const char *op,
                                    ctxpar_cpu_plan *plan) {
-    CTXPAR_CHECK(check_block(blk, op));
+    // The dispatch (api/dispatch_device.c) checked the block.
     ctxpar_cpu_plan p;
     memset(&p, 0, sizeof p);
     p.blk = blk;

@@ -53,13 +53,7 @@ ctxpar_status ctxpar_cpu_cast(ctxpar_device *dev, const ctxpar_tensor *src, ctxp
                               ctxpar_stream *stream) {
     (void)stream;
     const ctxpar_cpu_device *cpu = dev->impl;
-    CTXPAR_CHECK(ctxpar_cpu_check_tensor(src, "cast", "src"));
-    CTXPAR_CHECK(ctxpar_cpu_check_tensor(dst, "cast", "dst"));
-    for (int i = 0; i < 4; i++)
-        if (src->shape[i] != dst->shape[i])
-            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                                "cast: dst.shape[%d] (%lld) != src.shape[%d] (%lld)", i,
-                                (long long)dst->shape[i], i, (long long)src->shape[i]);
+    // Tensors and shapes were checked by the dispatch.
     const int64_t B = src->shape[0], S = src->shape[1], H = src->shape[2];
     const int64_t rows = B * S * H;
     const int nt = ctxpar_cpu_threads(cpu);
@@ -72,9 +66,6 @@ ctxpar_status ctxpar_cpu_cast(ctxpar_device *dev, const ctxpar_tensor *src, ctxp
 ctxpar_status ctxpar_cpu_add(ctxpar_device *dev, float *dst, const float *src, size_t n,
                              ctxpar_stream *stream) {
     (void)stream;
-    if (n && (!dst || !src))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "add: dst (%p) or src (%p) is NULL",
-                            (void *)dst, (const void *)src);
     const int nt = ctxpar_cpu_threads(dev->impl);
 #pragma omp parallel for simd num_threads(nt) schedule(static) if (n > PARALLEL_MIN)
     for (size_t i = 0; i < n; i++)
@@ -85,8 +76,6 @@ ctxpar_status ctxpar_cpu_add(ctxpar_device *dev, float *dst, const float *src, s
 ctxpar_status ctxpar_cpu_fill(ctxpar_device *dev, float *dst, float value, size_t n,
                               ctxpar_stream *stream) {
     (void)stream;
-    if (n && !dst)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "fill: dst is NULL for %zu elements", n);
     const int nt = ctxpar_cpu_threads(dev->impl);
 #pragma omp parallel for simd num_threads(nt) schedule(static) if (n > PARALLEL_MIN)
     for (size_t i = 0; i < n; i++)

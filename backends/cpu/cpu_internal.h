@@ -46,8 +46,8 @@ typedef struct ctxpar_cpu_plan {
     ctxpar_block_class whole;   /* class of the whole block pair */
 } ctxpar_cpu_plan;
 
-/* Checks blk (what the dispatch cannot know: dtypes, shapes, strides, spans) and fills plan.
- * `op` names the calling op in error messages. Release with ctxpar_cpu_plan_release. */
+/* Fills plan for blk (checked by the dispatch: dtypes, shapes, strides, spans). `op` names the
+ * calling op in error messages. Release with ctxpar_cpu_plan_release. */
 ctxpar_status ctxpar_cpu_plan_init(const ctxpar_attn_block *blk, const char *op,
                                    ctxpar_cpu_plan *plan);
 void ctxpar_cpu_plan_release(ctxpar_cpu_plan *plan);
@@ -82,9 +82,6 @@ void ctxpar_cpu_load_rows(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t
 
 /* Address of element (b, s, h, 0) of a host tensor. */
 const void *ctxpar_cpu_row(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t h);
-
-/* Checks a tensor argument of an op: known dtype, innermost stride 1, data set when not empty. */
-ctxpar_status ctxpar_cpu_check_tensor(const ctxpar_tensor *t, const char *op, const char *name);
 
 /* Merges one row (out_b, lse_b) into (out, *lse), D values; see attn_merge. */
 void ctxpar_cpu_merge_row(float *out, float *lse, const float *out_b, float lse_b, int64_t dim);

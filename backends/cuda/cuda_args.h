@@ -5,8 +5,8 @@
 #include "cuda_internal.h"
 #include "cuda_kernels.h"
 
-// `name` is a usable [B, S, H, D] tensor: data set, known dtype, positive shape (seq may be 0),
-// innermost stride 1, non-negative strides.
+// The CUDA kernels' own limits on a tensor (dimensions but seq >= 1, strides >= 0); the dispatch
+// checked the rest.
 ctxpar_status ctxpar_cuda_check_tensor(const char *op, const char *name, const ctxpar_tensor *t);
 
 // The kernel view (data and b, s, h strides) of a checked tensor.

@@ -13,6 +13,7 @@
 #    gcc/g++: wheel headers, -l:libcudnn.so.9 -l:libnccl.so.2, GoogleTest from the sources
 #    stage.sh carried.
 # 3. Tests, each binary with its own timeout ($CTXPAR_GPU_TEST_TIMEOUT, 120 s); cuda_ops_test
+#    and device_conformance_test (its CUDA factory's cases)
 #    suite by suite (a sticky CUDA error fails its own suite, named, not every later one).
 #    Without a GPU they report "skipped: no CUDA device" (counted as skipped, never passed).
 # 4. compute-sanitizer memcheck and racecheck on a reduced set of small shapes.
@@ -113,7 +114,7 @@ export LD_LIBRARY_PATH="${CUDNN_LIB:+$CUDNN_LIB:}${NCCL_LIB:+$NCCL_LIB:}$CUDA_HO
 say "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 
 # ---------------------------------------------------------------- binaries
-TESTS=(cuda_ops_test nccl_comm_test e2e_cuda_test)
+TESTS=(cuda_ops_test device_conformance_test nccl_comm_test e2e_cuda_test)
 ALL_BINS=("${TESTS[@]}" cuda_bench ctxpar)
 declare -A BIN
 
@@ -207,8 +208,11 @@ build_from_source() {
     fi
     local gt_flag="-isystem $gt_inc"
     [ "$gt_inc" = /usr/include ] && gt_flag="" # already searched; -isystem would reorder it
-    for t in testing/cuda_ops_test testing/gpu/nccl_comm_test testing/gpu/e2e_cuda_test; do
-        g++ -std=c++17 -O2 -fopenmp $inc $gt_flag "$ROOT/$t.cc" $LIBS -L"$gt_lib" \
+    for t in testing/cuda_ops_test testing/device_conformance_test testing/gpu/nccl_comm_test \
+        testing/gpu/e2e_cuda_test; do
+        local more="" # the conformance suite's cases are in a file of their own
+        [ "$t" = testing/device_conformance_test ] && more="$ROOT/testing/device_conformance.cc"
+        g++ -std=c++17 -O2 -fopenmp $inc $gt_flag "$ROOT/$t.cc" $more $LIBS -L"$gt_lib" \
             -lgtest_main -lgtest -o "$B/bin/$(basename $t)" || return 1
     done
 }
@@ -279,7 +283,12 @@ for t in "${TESTS[@]}"; do
     : > "$log"
     if [ -z "${BIN[$t]:-}" ]; then fail "$t: not built"; continue; fi
     say "$t:"
-    if [ "$t" = cuda_ops_test ]; then
+    if [ "$t" = device_conformance_test ]; then
+        # The CUDA factory's cases only (the CPU tables run in CI), suite by suite.
+        for suite in FwdOracle BwdOracle HeadDim DeviceTest; do
+            run_gtest "$t" "$log" "Devices/$suite.*/cuda*"
+        done
+    elif [ "$t" = cuda_ops_test ]; then
         # Suite by suite: "Construct.", "All/FwdOracle.", ... from the test list.
         suites=$("${BIN[$t]}" --gtest_list_tests 2>>"$log" | grep -v '^ ' | grep '\.$')
         [ -n "$suites" ] || fail "$t: lists no test suite (see $t.log)"
@@ -295,24 +304,30 @@ say "tests: ${COUNT[passed]} passed, ${COUNT[failed]} failed, ${COUNT[skipped]} 
 
 # ---------------------------------------------------------------- compute-sanitizer
 # Small shapes only: every kernel (SIMT and tensor-core forward, backward, merge, cuDNN) once.
-SAN_FILTER='Dims/FwdHeadDim.*/*_d64:Dims/FwdHeadDim.*/f32_d40:Dims/BwdHeadDim.*/*_d64'
-SAN_FILTER="$SAN_FILTER:Dtypes/Merge.*:Gpu.MergeOfTwoEmptyRowsZeroesLikeTheCpu"
-SAN_FILTER="$SAN_FILTER:Gpu.FwdEmptyKeyBlock:Gpu.FwdFullyMaskedRows:Shapes/Cudnn.*"
-section "compute-sanitizer (memcheck, racecheck) on cuda_ops_test, small shapes"
+# "binary|filter": the block ops' cases are in the conformance suite (its CUDA factory).
+SAN_RUNS=("device_conformance_test|Devices/HeadDim.*/cuda_*_d64:Devices/HeadDim.*/cuda_f32_d40:\
+Devices/DeviceTest.Merge*/cuda:Devices/DeviceTest.FwdEmptyKeyBlock/cuda:\
+Devices/DeviceTest.FwdFullyMaskedRows/cuda"
+          "cuda_ops_test|Gpu.MergeOfTwoEmptyRowsZeroesLikeTheCpu:Shapes/Cudnn.*")
+section "compute-sanitizer (memcheck, racecheck), small shapes"
 SAN="$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")"
 if [ $HAVE_GPU = 0 ]; then
     say "skipped: no CUDA device"
-elif [ ! -x "$SAN" ] || [ -z "${BIN[cuda_ops_test]:-}" ]; then
-    fail "compute-sanitizer or cuda_ops_test missing"
+elif [ ! -x "$SAN" ] || [ -z "${BIN[cuda_ops_test]:-}" ] ||
+    [ -z "${BIN[device_conformance_test]:-}" ]; then
+    fail "compute-sanitizer, cuda_ops_test or device_conformance_test missing"
 else
     for tool in memcheck racecheck; do
-        timeout 150 "$SAN" --tool "$tool" --error-exitcode 99 "${BIN[cuda_ops_test]}" \
-            --gtest_filter="$SAN_FILTER" > "$RESULTS_DIR/sanitizer_$tool.log" 2>&1
-        rc=$?
-        say "$tool: exit $rc $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" \
-            "$RESULTS_DIR/sanitizer_$tool.log" | tail -1) $(grep -E '^\[  (PASSED|FAILED) ' \
-            "$RESULTS_DIR/sanitizer_$tool.log" | tr '\n' ' ')"
-        [ $rc = 0 ] || fail "compute-sanitizer $tool (sanitizer_$tool.log)"
+        for run in "${SAN_RUNS[@]}"; do
+            bin=${run%%|*}
+            log="$RESULTS_DIR/sanitizer_${tool}_$bin.log"
+            timeout 150 "$SAN" --tool "$tool" --error-exitcode 99 "${BIN[$bin]}" \
+                --gtest_filter="${run#*|}" > "$log" 2>&1
+            rc=$?
+            say "$tool $bin: exit $rc $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" |
+                tail -1) $(grep -E '^\[  (PASSED|FAILED) ' "$log" | tr '\n' ' ')"
+            [ $rc = 0 ] || fail "compute-sanitizer $tool $bin ($(basename "$log"))"
+        done
     done
 fi
 

@@ -17,7 +17,8 @@ if ! command -v valgrind >/dev/null; then
     exit 1
 fi
 
-suites=(api_test npy_test fault_test comm_local_test cpu_ops_test e2e_test nonfinite_test)
+suites=(api_test npy_test fault_test comm_local_test comm_conformance_test cpu_ops_test
+        device_conformance_test e2e_test nonfinite_test)
 bazel build "${suites[@]/#///testing:}" || exit 1
 bin=$(bazel info bazel-bin)/testing
 logs=out/valgrind
@@ -27,11 +28,13 @@ mkdir -p "$logs"
 # few cases per algorithm, layout, mask, dtype and rank count.
 declare -A filter=([api_test]='*' [npy_test]='*' [fault_test]='*')
 filter[comm_local_test]='LocalCommUsage.*:LocalCommDevice.*:*/P1:*/P2:*/P4'
-f='Fwd.*:Bwd.*:BwdPrep.*:Cast.*:Errors.*:Memory.*:Elementwise.*:Dims/*:Dtypes/*:'
-f+='*/FwdOracle.*/causal_zigzag_f32_gqa2:*/FwdOracle.*/docs_causal_overlap_bf16_gqa1:'
-f+='*/FwdOracle.*/window_striped_f32_gqa4:*/BwdOracle.*/causal_window_zigzag_f16_gqa2:'
-f+='*/BwdOracle.*/docs_striped_f16_gqa4:Cpu/KernelTables.*generic'
+f='Bwd.*:Cast.*:Errors.*:Memory.*:Cpu/KernelTables.*generic'
 filter[cpu_ops_test]=$f
+filter[comm_conformance_test]='*/local_1:*/local_2:*/local_4:*/fault_passthrough_3'
+g='Devices/*/cpu_generic'
+f="$g:$g*_f32_d*:${g}_causal_zigzag_f32_gqa2:${g}_docs_causal_overlap_bf16_gqa1:"
+f+="${g}_window_striped_f32_gqa4:${g}_causal_window_zigzag_f16_gqa2:${g}_docs_striped_f16_gqa4"
+filter[device_conformance_test]=$f
 f='*ring_P2_zigzag_causal_f32*:*ring_P3_zigzag_causal_window_bf16*:'
 f+='*ring_P4_striped_docs_causal_f16*:*allgather_P2_zigzag_docs_causal_bf16*:'
 f+='*allgather_P3_contiguous_causal_window_f16*:*alltoall_P2_striped_none_f32*:'

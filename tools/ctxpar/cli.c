@@ -72,7 +72,8 @@ static const opt options[] = {
     {"--peak", O_PEAK, B, 1, NULL, "only measure and print the cores' FP32 FMA peak"},
     {"--verify-transfers", O_VERIFY, C | A | B, 1, NULL, "checksum every block sent between ranks"},
     {"--comm", O_COMM, C | A | B, 0, "local|mpi", "ranks as threads, or MPI processes"},
-    {"--backend", O_BACKEND, C | A | B, 0, "cpu|cuda", "the device every rank computes on"},
+    {"--backend", O_BACKEND, C | A | B, 0, "NAME",
+     "the device every rank computes on (ctxpar --list-backends)"},
     {"--json", O_JSON, C | A | B, 1, NULL, "print one JSON object instead of the table"},
     {"--trace", O_TRACE, C | A | B, 0, "FILE",
      "write a Chrome trace (per rank: compute, transfers, waits)"},
@@ -84,7 +85,27 @@ static const char *const mask_names[] = {"none", "causal"};
 static const char *const algo_names[] = {"auto", "ring", "allgather", "alltoall"};
 static const char *const layout_names[] = {"contiguous", "zigzag", "striped"};
 static const char *const comm_names[] = {"local", "mpi"};
-static const char *const backend_names[] = {"cpu", "cuda"};
+
+// The registry's names, "cpu, cuda".
+static void print_backend_names(FILE *f) {
+    int n = 0;
+    const cpt_run_backend_info *const *all = cpt_run_backends(&n);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s%s", i ? ", " : "", all[i]->name);
+}
+
+void cpt_cli_list_backends(FILE *out) {
+    int n = 0;
+    const cpt_run_backend_info *const *all = cpt_run_backends(&n);
+    for (int i = 0; i < n; i++) {
+        const ctxpar_status st = cpt_run_backend_probe((cpt_run_backend)i);
+        if (st == CTXPAR_OK)
+            fprintf(out, "%-6s available    %s\n", all[i]->name, all[i]->about);
+        else
+            fprintf(out, "%-6s unavailable  %s: %s\n", all[i]->name, all[i]->about,
+                    cpt_cli_message(ctxpar_last_error()));
+    }
+}
 
 static int cmd_bit(const char *cmd) {
     return !strcmp(cmd, "check") ? C : !strcmp(cmd, "audit") ? A : !strcmp(cmd, "bench") ? B : 0;
@@ -285,7 +306,7 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
         cli->comm = e + 1;
         return 1;
     case O_BACKEND:
-        if (!pick(val, backend_names, 2, &e))
+        if ((e = cpt_run_backend_find(val)) < 0)
             return 0;
         c->backend = (cpt_run_backend)e;
         return 1;
@@ -453,6 +474,12 @@ int cpt_cli_parse(const char *cmd, int argc, char **argv, cpt_cli *cli, FILE *ou
         const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!val) {
             fprintf(err, "ctxpar %s: %s needs a value (%s)\n", cmd, o->name, o->value);
+            return CPT_EXIT_USAGE;
+        }
+        if (!set_value(o, val, cli) && o->id == O_BACKEND) {
+            fprintf(err, "ctxpar %s: unknown backend '%s' (built into this binary: ", cmd, val);
+            print_backend_names(err);
+            fprintf(err, "; see ctxpar --list-backends)\n");
             return CPT_EXIT_USAGE;
         }
         if (!set_value(o, val, cli)) {

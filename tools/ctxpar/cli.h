@@ -55,6 +55,10 @@ int cpt_cli_parse(const char *cmd, int argc, char **argv, cpt_cli *cli, FILE *ou
 /* Prints the usage of `cmd`: its options with their defaults, and its notes. */
 void cpt_cli_usage(const char *cmd, FILE *out);
 
+/* `ctxpar --list-backends`: one line per backend compiled in, "available" or "unavailable"
+ * with the reason (the device could not be created here). */
+void cpt_cli_list_backends(FILE *out);
+
 /* A library or harness message without its "file.c:123: " source prefix, for users. */
 const char *cpt_cli_message(const char *msg);
 

@@ -25,7 +25,8 @@ static void usage(FILE *f) {
                "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
-    fprintf(f, "\n  --version  print the version\n");
+    fprintf(f, "\n  --version        print the version\n"
+               "  --list-backends  the devices --backend accepts, and whether each can run here\n");
 }
 
 int main(int argc, char **argv) {
@@ -39,6 +40,10 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "--version")) {
         printf("ctxpar %s\n", ctxpar_version());
+        return CPT_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "--list-backends")) {
+        cpt_cli_list_backends(stdout);
         return CPT_EXIT_OK;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

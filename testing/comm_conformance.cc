@@ -1,0 +1,230 @@
+// The comm conformance suite: every op of the comm vtable against expected bytes or exact sums,
+// for every world (comm kind and rank count) of the binary it is linked into. Cases specific to
+// one comm (timeouts, abort, cancel, message splitting, device copies) stay in its own suite.
+#include "testing/comm_conformance.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace cpt_commconf {
+namespace {
+
+class CommConformance : public ::testing::TestWithParam<CommWorld> {
+  protected:
+    void Run(const CommBody &body) {
+        const std::string skip = GetParam().run(body);
+        if (!skip.empty())
+            GTEST_SKIP() << "skipped: " << skip;
+    }
+};
+
+TEST_P(CommConformance, RankAndSize) {
+    Run([](int r, int p, ctxpar_comm *comm) {
+        EXPECT_EQ(ctxpar_comm_rank(comm), r);
+        EXPECT_EQ(ctxpar_comm_size(comm), p);
+    });
+}
+
+TEST_P(CommConformance, SendrecvShifts) {
+    const size_t sizes[] = {0, 1, 4099, (1u << 20) + 3};
+    Run([&](int r, int p, ctxpar_comm *comm) {
+        for (size_t bytes : sizes) {
+            for (int shift = 0; shift < p; shift++) { // shift 1 is the ring; 0 sends to itself
+                int dst = (r + shift) % p, src = (r - shift + p) % p;
+                uint64_t seed = bytes * 31 + (uint64_t)shift;
+                std::vector<uint8_t> send = Pattern(seed, r, bytes), recv(bytes, 0xEE);
+                ctxpar_request *req = nullptr;
+                EXPECT_OK(ctxpar_comm_sendrecv(comm, send.data(), bytes, dst, recv.data(), bytes,
+                                               src, 0, nullptr, &req));
+                EXPECT_OK(ctxpar_comm_wait(comm, req, nullptr));
+                std::vector<uint8_t> want = Pattern(seed, src, bytes);
+                EXPECT_EQ(FirstDiff(recv.data(), want.data(), bytes), -1)
+                    << "rank " << r << " from " << src << ", " << bytes << " bytes";
+            }
+        }
+    });
+}
+
+TEST_P(CommConformance, SendrecvSkippedHalves) {
+    const size_t bytes = 5000;
+    Run([&](int r, int p, ctxpar_comm *comm) {
+        int dst = (r + 1) % p, src = (r - 1 + p) % p;
+        std::vector<uint8_t> send = Pattern(7, r, bytes), recv(bytes, 0);
+        // The send and the receive as two ops, retired in the other order.
+        ctxpar_request *sreq = nullptr, *rreq = nullptr;
+        EXPECT_OK(
+            ctxpar_comm_sendrecv(comm, send.data(), bytes, dst, nullptr, 0, -1, 0, nullptr, &sreq));
+        EXPECT_OK(
+            ctxpar_comm_sendrecv(comm, nullptr, 0, -1, recv.data(), bytes, src, 0, nullptr, &rreq));
+        EXPECT_OK(ctxpar_comm_wait(comm, rreq, nullptr));
+        EXPECT_OK(ctxpar_comm_wait(comm, sreq, nullptr));
+        std::vector<uint8_t> want = Pattern(7, src, bytes);
+        EXPECT_EQ(FirstDiff(recv.data(), want.data(), bytes), -1);
+        // Both halves skipped: a request that is done at once.
+        ctxpar_request *none = nullptr;
+        EXPECT_OK(ctxpar_comm_sendrecv(comm, nullptr, 0, -1, nullptr, 0, -1, 0, nullptr, &none));
+        int done = 0;
+        EXPECT_OK(ctxpar_comm_test(comm, none, &done));
+        EXPECT_EQ(done, 1);
+        EXPECT_OK(ctxpar_comm_wait(comm, none, nullptr));
+    });
+}
+
+TEST_P(CommConformance, Allgather) {
+    const size_t sizes[] = {0, 1, 777, 65536 + 5};
+    Run([&](int r, int p, ctxpar_comm *comm) {
+        for (size_t bytes : sizes) {
+            std::vector<uint8_t> send = Pattern(bytes, r, bytes), recv(bytes * (size_t)p, 0xEE);
+            ctxpar_request *req = nullptr;
+            EXPECT_OK(ctxpar_comm_allgather(comm, send.data(), recv.data(), bytes, nullptr, &req));
+            EXPECT_OK(ctxpar_comm_wait(comm, req, nullptr));
+            for (int j = 0; j < p; j++) {
+                std::vector<uint8_t> want = Pattern(bytes, j, bytes);
+                EXPECT_EQ(FirstDiff(recv.data() + (size_t)j * bytes, want.data(), bytes), -1)
+                    << "rank " << r << ": block " << j << " of " << bytes << " bytes";
+            }
+        }
+    });
+}
+
+TEST_P(CommConformance, ReduceScatterKnownSums) {
+    const size_t counts[] = {1, 1000, 3000}; // 3000 crosses the local comm's summation tiles
+    Run([&](int r, int p, ctxpar_comm *comm) {
+        for (size_t count : counts) {
+            // Small integers: every sum is exact, so the expected value is order-free.
+            std::vector<float> send(count * (size_t)p), recv(count, -1.0f);
+            for (int j = 0; j < p; j++)
+                for (size_t i = 0; i < count; i++)
+                    send[(size_t)j * count + i] = (float)(r * 1000 + j * 10 + (int)(i % 7));
+            ctxpar_request *req = nullptr;
+            EXPECT_OK(
+                ctxpar_comm_reduce_scatter(comm, send.data(), recv.data(), count, nullptr, &req));
+            EXPECT_OK(ctxpar_comm_wait(comm, req, nullptr));
+            for (size_t i = 0; i < count; i++) {
+                double want = 1000.0 * p * (p - 1) / 2 + (double)p * (r * 10 + (int)(i % 7));
+                if ((double)recv[i] != want) {
+                    ADD_FAILURE() << "rank " << r << " i " << i << ": " << recv[i]
+                                  << " != " << want;
+                    break;
+                }
+            }
+        }
+    });
+}
+
+// Sums in rank order, whatever order the parts arrive in: bit for bit the sequential sum.
+TEST_P(CommConformance, ReduceScatterSumsInRankOrder) {
+    const size_t count = 2500;
+    Run([&](int r, int p, ctxpar_comm *comm) {
+        std::vector<float> send(count * (size_t)p), recv(count);
+        for (int j = 0; j < p; j++)
+            for (size_t i = 0; i < count; i++)
+                send[(size_t)j * count + i] = FloatAt(j, r, i); // block j: rank r's part for j
+        ctxpar_request *req = nullptr;
+        EXPECT_OK(ctxpar_comm_reduce_scatter(comm, send.data(), recv.data(), count, nullptr, &req));
+        EXPECT_OK(ctxpar_comm_wait(comm, req, nullptr));
+        int order_matters = 0;
+        for (size_t i = 0; i < count; i++) {
+            float fwd = FloatAt(r, 0, i), rev = FloatAt(r, p - 1, i);
+            for (int s = 1; s < p; s++)
+                fwd += FloatAt(r, s, i);
+            for (int s = p - 2; s >= 0; s--)
+                rev += FloatAt(r, s, i);
+            order_matters += std::memcmp(&fwd, &rev, sizeof fwd) != 0;
+            if (std::memcmp(&recv[i], &fwd, sizeof fwd) != 0) {
+                ADD_FAILURE() << "rank " << r << " i " << i << ": " << recv[i]
+                              << " is not the rank-order sum " << fwd;
+                break;
+            }
+        }
+        if (p >= 3) { // otherwise this test could not tell the orders apart
+            EXPECT_GT(order_matters, 0);
+        }
+    });
+}
+
+TEST_P(CommConformance, Alltoall) {
+    const size_t sizes[] = {0, 3, 4096 + 1};
+    Run([&](int r, int p, ctxpar_comm *comm) {
+        for (size_t bytes : sizes) {
+            // Block j of rank r's send buffer is Pattern(seed of (r -> j)).
+            std::vector<uint8_t> send(bytes * (size_t)p), recv(bytes * (size_t)p, 0xEE);
+            for (int j = 0; j < p; j++) {
+                std::vector<uint8_t> blk = Pattern(bytes * 100 + (uint64_t)j, r, bytes);
+                std::copy(blk.begin(), blk.end(), send.begin() + (long)((size_t)j * bytes));
+            }
+            ctxpar_request *req = nullptr;
+            EXPECT_OK(ctxpar_comm_alltoall(comm, send.data(), recv.data(), bytes, nullptr, &req));
+            EXPECT_OK(ctxpar_comm_wait(comm, req, nullptr));
+            for (int i = 0; i < p; i++) {
+                std::vector<uint8_t> want = Pattern(bytes * 100 + (uint64_t)r, i, bytes);
+                EXPECT_EQ(FirstDiff(recv.data() + (size_t)i * bytes, want.data(), bytes), -1)
+                    << "rank " << r << ": block from " << i;
+            }
+        }
+    });
+}
+
+TEST_P(CommConformance, AllreduceSumMinMax) {
+    const size_t count = 4;
+    auto value = [](int rank, size_t i) -> int64_t {
+        int64_t v = (int64_t)(rank + 1) * (int64_t)(i + 1) * 1000000007LL;
+        return rank % 2 ? -v : v;
+    };
+    Run([&](int r, int p, ctxpar_comm *comm) {
+        const ctxpar_reduce_op ops[] = {CTXPAR_REDUCE_SUM, CTXPAR_REDUCE_MIN, CTXPAR_REDUCE_MAX};
+        for (ctxpar_reduce_op op : ops) {
+            int64_t buf[count];
+            for (size_t i = 0; i < count; i++)
+                buf[i] = value(r, i);
+            EXPECT_OK(ctxpar_comm_allreduce_i64(comm, buf, count, op));
+            for (size_t i = 0; i < count; i++) {
+                int64_t want = value(0, i);
+                for (int s = 1; s < p; s++) {
+                    int64_t v = value(s, i);
+                    want = op == CTXPAR_REDUCE_SUM   ? want + v
+                           : op == CTXPAR_REDUCE_MIN ? std::min(want, v)
+                                                     : std::max(want, v);
+                }
+                EXPECT_EQ(buf[i], want) << "rank " << r << " op " << op << " i " << i;
+            }
+        }
+        EXPECT_OK(ctxpar_comm_allreduce_i64(comm, nullptr, 0, CTXPAR_REDUCE_SUM));
+    });
+}
+
+// Rejected by the dispatch before any rank communicates (so every rank can make the same bad
+// calls and the comm stays usable); no output is written.
+TEST_P(CommConformance, BadArgumentsAreRejectedAndTheCommStaysUsable) {
+    Run([](int r, int p, ctxpar_comm *comm) {
+        uint8_t buf[64] = {0};
+        ctxpar_request *req = nullptr;
+        EXPECT_EQ(ctxpar_comm_sendrecv(comm, buf, 32, p, buf + 32, 32, 0, 0, nullptr, &req),
+                  CTXPAR_ERR_INVALID_ARG); // no such peer
+        EXPECT_EQ(ctxpar_comm_sendrecv(comm, buf, 32, 0, buf + 16, 32, 0, 0, nullptr, &req),
+                  CTXPAR_ERR_INVALID_ARG); // overlapping buffers
+        EXPECT_EQ(ctxpar_comm_allgather(comm, buf, nullptr, 8, nullptr, &req),
+                  CTXPAR_ERR_INVALID_ARG);
+        EXPECT_EQ(ctxpar_comm_allgather(comm, buf, buf, 8, nullptr, nullptr),
+                  CTXPAR_ERR_INVALID_ARG); // no req_out
+        EXPECT_EQ(ctxpar_comm_reduce_scatter(comm, nullptr, (float *)buf, 2, nullptr, &req),
+                  CTXPAR_ERR_INVALID_ARG);
+        int64_t v = 1;
+        EXPECT_EQ(ctxpar_comm_allreduce_i64(comm, &v, 1, (ctxpar_reduce_op)7),
+                  CTXPAR_ERR_INVALID_ARG);
+        EXPECT_EQ(ctxpar_comm_allreduce_i64(comm, nullptr, 1, CTXPAR_REDUCE_SUM),
+                  CTXPAR_ERR_INVALID_ARG);
+        EXPECT_EQ(ctxpar_comm_test(comm, nullptr, nullptr), CTXPAR_ERR_INVALID_ARG);
+        EXPECT_EQ(v, 1);
+        EXPECT_EQ(req, nullptr);
+        v = r;
+        EXPECT_OK(ctxpar_comm_allreduce_i64(comm, &v, 1, CTXPAR_REDUCE_SUM));
+        EXPECT_EQ(v, (int64_t)p * (p - 1) / 2);
+    });
+}
+
+INSTANTIATE_TEST_SUITE_P(Comms, CommConformance, ::testing::ValuesIn(CommWorlds()),
+                         [](const ::testing::TestParamInfo<CommWorld> &i) { return i.param.name; });
+
+} // namespace
+} // namespace cpt_commconf

@@ -149,6 +149,10 @@ def test_bad_results_raise_with_the_tools_message(tool):
         ctxpar.audit(q, k[:, :, :, :8], v, out=res["out"], ranks=2)
     with pytest.raises(ctxpar.AuditError, match="cu_seqlens"):
         ctxpar.audit(q, k, v, out=res["out"], ranks=2, cu_seqlens=[0, 20, 16, 32])
+    # Only the library knows: all-to-all splits the 4 query heads over the ranks.
+    (q, k, v, _), res, _ = case("f32", s=48)
+    with pytest.raises(ctxpar.CtxparError, match="divide by the ranks"):
+        ctxpar.audit(q, k, v, out=res["out"], ranks=3, algo="alltoall", layout="contiguous")
 
 
 def test_bad_options_raise_before_the_tool_runs(monkeypatch):

@@ -174,7 +174,7 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
     natural log or base 2 (`lse_base` "e" or "2"). cu_seqlens: packed documents, int32/int64.
     mask, window, algo: the attention and ctxpar's algorithm for its own reference run. dtype:
     the dtype ctxpar's own run uses (default: the results'). max_ratio: the verdict's bound.
-    scale: the softmax scale; the tool audits the default 1/sqrt(head_dim) only.
+    scale: the softmax scale (None: 1/sqrt(head_dim)), the tool's --scale.
 
     It runs the ctxpar tool (tool_path(tool)) as `ctxpar audit --inputs inputs.safetensors
     --against results.safetensors ... --json` in `folder` (kept; default a temporary folder,
@@ -200,11 +200,8 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
         raise ValueError(f"window ({window}) must be >= 0")
     if not float(max_ratio) > 0:
         raise ValueError(f"max_ratio ({max_ratio}) must be > 0")
-    if scale is not None:
-        default = 1.0 / math.sqrt(q.shape[-1])
-        if abs(float(scale) - default) > 1e-6 * default:
-            raise ValueError(f"scale {scale}: the ctxpar tool audits with the default softmax "
-                             f"scale 1/sqrt(head_dim) = {default:.6g} only")
+    if scale is not None and not (math.isfinite(float(scale)) and float(scale) != 0.0):
+        raise ValueError(f"scale ({scale}) must be finite and non-zero")
     exe = tool_path(tool)
     if exe is None:
         raise FileNotFoundError("ctxpar audit needs the ctxpar tool: set CTXPAR_TOOL to it, "
@@ -223,6 +220,8 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
                "--threads", str(int(num_threads)), "--comm", "local", "--json"]
     if dtype is not None:
         command += ["--dtype", dtype]
+    if scale is not None:
+        command += ["--scale", repr(float(scale))]
     if folder is not None:
         os.makedirs(folder, exist_ok=True)
         return _run(command, str(folder), inputs, results, timeout, keep=True)

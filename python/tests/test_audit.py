@@ -34,7 +34,8 @@ def lse_to(lse, layout):
     return {"bhs": lse, "bsh": lse.transpose(0, 2, 1), "ht": lse[0]}[layout]
 
 
-def case(dtype="f32", s=64, hq=4, hk=2, d=16, seed=0, cu_seqlens=None, mask="causal"):
+def case(dtype="f32", s=64, hq=4, hk=2, d=16, seed=0, cu_seqlens=None, mask="causal",
+         scale=None):
     """Inputs in dtype (NumPy bf16: uint16 bits) and a correct third-party result: the float64
     oracle on those inputs, rounded to dtype (lse to float32). All [B, S, H, D]."""
     q, k, v, do = inputs(s=s, hq=hq, hk=hk, d=d, seed=seed)
@@ -42,7 +43,7 @@ def case(dtype="f32", s=64, hq=4, hk=2, d=16, seed=0, cu_seqlens=None, mask="cau
         q, k, v, do = (_tensor.to_bf16_bits(x) for x in (q, k, v, do))
     elif dtype == "f16":
         q, k, v, do = (x.astype(np.float16) for x in (q, k, v, do))
-    ref = ctxpar.oracle(q, k, v, do, mask=mask, cu_seqlens=cu_seqlens,
+    ref = ctxpar.oracle(q, k, v, do, mask=mask, cu_seqlens=cu_seqlens, scale=scale,
                         bf16_bits=dtype == "bf16")
     res = {}
     for name in ("out", "dq", "dk", "dv"):
@@ -74,6 +75,17 @@ def test_correct_result_rounded_to_dtype_is_consistent(dtype, tool):
         pos = ctxpar.positions("zigzag", 64, verdict.worst.rank, 2)
         assert verdict.worst.position in pos, name  # the rank is the one holding the row
     assert str(rep).startswith("ctxpar audit: CONSISTENT")
+
+
+def test_scale_is_the_one_the_results_were_made_with(tool):
+    # Results made at scale -0.3 (negative: the sign matters too) are consistent when the
+    # audit is told so, and not at the default scale.
+    (q, k, v, do), res, _ = case("f32", scale=-0.3)
+    rep = ctxpar.audit(q, k, v, do, **res, ranks=2, scale=-0.3)
+    assert rep.consistent, str(rep)
+    assert not ctxpar.audit(q, k, v, do, **res, ranks=2).consistent
+    with pytest.raises(ValueError, match="scale"):
+        ctxpar.audit(q, k, v, do, **res, ranks=2, scale=0.0)
 
 
 @pytest.mark.parametrize("layout,fmt,bad_rank", [("zigzag", "bshd", 2), ("striped", "bhsd", 1),
@@ -161,7 +173,7 @@ def test_bad_options_raise_before_the_tool_runs(monkeypatch):
     out = res["out"]
     for kw, match in ((dict(), "at least one"), (dict(out=out, format="bsdh"), "format"),
                       (dict(out=out, lse_base=10), "lse_base"), (dict(out=out, ranks=0), "ranks"),
-                      (dict(out=out, scale=0.5), "scale"), (dict(out=out, mask="sliding"), "mask"),
+                      (dict(out=out, scale=float("nan")), "scale"), (dict(out=out, mask="sliding"), "mask"),
                       (dict(out=out.astype(np.float64)), "float64")):
         kw.setdefault("ranks", 2)
         with pytest.raises(ValueError, match=match):

@@ -16,9 +16,9 @@ enum MaskKind { kNone, kCausal, kCausalWindow, kDocsCausal, kTwoSided, kTwoSided
 const char *const kMaskName[] = {"none",          "causal",    "causal_window",
                                  "docs_causal",   "two_sided", "two_sided_docs"};
 
-// Documents of arbitrary lengths (17, 33, 1, 45 tokens) over seq 96: no length is a multiple of
-// 2P, and one document is a single token.
-const int32_t kDocs[] = {0, 17, 50, 51, 96};
+// Documents of arbitrary lengths (17, 33, 0, 1, 45 tokens) over seq 96: no length is a multiple
+// of 2P, one document is empty (as data loaders make them) and one is a single token.
+const int32_t kDocs[] = {0, 17, 50, 50, 51, 96};
 
 struct Case {
     int ranks;
@@ -66,7 +66,7 @@ cpt_run_config Config(const Case &c) {
     }
     if (c.mask == kDocsCausal || c.mask == kTwoSidedDocs) {
         cfg.params.cu_seqlens = kDocs;
-        cfg.params.num_docs = 4;
+        cfg.params.num_docs = 5;
     }
     cfg.backward = 1;
     cfg.threads = 1;

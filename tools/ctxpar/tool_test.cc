@@ -591,12 +591,13 @@ TEST_F(BadInputs, CuSeqlensOutOfInt32) {
                    "cu_big.npy: cu_seqlens[1] = 5000000000 does not fit in int32");
 }
 
-TEST_F(BadInputs, CuSeqlensNotIncreasing) {
-    std::vector<int32_t> cu = {0, 30, 30, 64};
-    int64_t n = 4;
-    std::string p = dir + "/cu_flat.npy";
+TEST_F(BadInputs, CuSeqlensDecreasing) {
+    // Equal boundaries are an empty document (allowed); a boundary going back is not.
+    std::vector<int32_t> cu = {0, 30, 30, 20, 64};
+    int64_t n = 5;
+    std::string p = dir + "/cu_back.npy";
     ASSERT_EQ(cpt_npy_write(p.c_str(), CPT_NPY_I32, 1, &n, cu.data()), CTXPAR_OK);
-    ExpectRejected("--cu-seqlens '" + p + "'", "cu_flat.npy: cu_seqlens[2] = 30");
+    ExpectRejected("--cu-seqlens '" + p + "'", "cu_back.npy: cu_seqlens[3] = 20");
 }
 
 TEST_F(BadInputs, CuSeqlensFloat) {

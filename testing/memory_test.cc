@@ -308,4 +308,46 @@ TEST(NoLostErrors, AFaultInTheLastCallOfAnOpIsTheCallsResult) {
     }
 }
 
+// The status of every free is the result of the call that freed: a call that grows the
+// workspace frees the old block, and a fault the device reports there turns the otherwise OK
+// call into an error; so does release. The same sequence without the fault is OK throughout.
+ctxpar_status GrowThenRelease(int fail_at, ctxpar_status *release_out, int *frees_out,
+                              std::string *message_out = nullptr) {
+    ctxpar_fault_device_config cfg = {0, fail_at >= 0 ? "free" : nullptr, fail_at};
+    Rank r(1, &cfg);
+    Tensors small(64), large(256);
+    ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
+    ctxpar_tensor q = small.T(small.q), k = small.T(small.k), v = small.T(small.v),
+                  out = small.T(small.out);
+    EXPECT_EQ(ctxpar_attn_fwd(r.ctx, &p, &q, &k, &v, &out, small.lse.data(), nullptr), CTXPAR_OK)
+        << "no free yet: " << ctxpar_last_error();
+    EXPECT_EQ(ctxpar_fault_device_calls(r.dev, "free"), 0);
+    q = large.T(large.q), k = large.T(large.k), v = large.T(large.v), out = large.T(large.out);
+    const ctxpar_status st =
+        ctxpar_attn_fwd(r.ctx, &p, &q, &k, &v, &out, large.lse.data(), nullptr);
+    if (message_out)
+        *message_out = ctxpar_last_error();
+    *frees_out = ctxpar_fault_device_calls(r.dev, "free");
+    *release_out = ctxpar_context_release(r.ctx);
+    EXPECT_EQ(r.Current(), 0u) << "a failed free still gives the block back";
+    return st;
+}
+
+TEST(NoLostErrors, AFailingFreeIsTheCallsResult) {
+    ctxpar_status release = CTXPAR_ERR_INTERNAL;
+    int frees = 0;
+    ASSERT_EQ(GrowThenRelease(-1, &release, &frees), CTXPAR_OK) << ctxpar_last_error();
+    EXPECT_EQ(release, CTXPAR_OK);
+    ASSERT_GE(frees, 1) << "growing the workspace frees the smaller block";
+    // The first free is the growing call's.
+    std::string message;
+    int failed_frees = 0;
+    EXPECT_EQ(GrowThenRelease(0, &release, &failed_frees, &message), CTXPAR_ERR_DEVICE);
+    EXPECT_NE(message.find("free"), std::string::npos) << message;
+    EXPECT_EQ(release, CTXPAR_OK);
+    // A fault in release's free is release's result.
+    EXPECT_EQ(GrowThenRelease(frees, &release, &frees), CTXPAR_OK);
+    EXPECT_EQ(release, CTXPAR_ERR_DEVICE);
+}
+
 }  // namespace

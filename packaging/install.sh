@@ -59,7 +59,7 @@ install_shared() {
 install_shared libctxpar.so
 install_shared libctxpar_mpi.so
 install -m 644 libctxpar.a "$lib/libctxpar.a"
-install -m 755 testing/ctxpar "$prefix/bin/ctxpar"
+install -m 755 tools/ctxpar/ctxpar "$prefix/bin/ctxpar"
 install -m 644 python/ctxpar/*.py "$lib/python3/site-packages/ctxpar/"
 
 # Templates: @PREFIX@, @VERSION@ and @CUDA_ROOT@ filled in.

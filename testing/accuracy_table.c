@@ -15,8 +15,8 @@
 #include "testing/accuracy.h"
 
 int main(int argc, char **argv) {
-    ctxpar_acc_case c;
-    ctxpar_run_config_default(&c.run);
+    cpt_acc_case c;
+    cpt_run_config_default(&c.run);
     c.run.seq = argc > 1 ? atoll(argv[1]) : 4096;
     c.run.head_dim = argc > 2 ? atoll(argv[2]) : 32;
     c.run.heads = c.run.kv_heads = argc > 3 ? atoll(argv[3]) : 2;
@@ -47,22 +47,22 @@ int main(int argc, char **argv) {
            "ctxpar", "naive f32", "ratio", "c/bound", "n/bound", "ctxpar by quartile",
            "naive by quartile");
     int worse = 0;
-    for (int d = 0; d < CTXPAR_DIST_COUNT; d++)
+    for (int d = 0; d < CPT_DIST_COUNT; d++)
         for (int ones = 0; ones <= 1; ones++) {
-            c.dist = (ctxpar_acc_dist)d;
+            c.dist = (cpt_acc_dist)d;
             c.dout_ones = ones;
-            ctxpar_acc_result r;
-            if (ctxpar_acc_run(&c, &r) != CTXPAR_OK) {
+            cpt_acc_result r;
+            if (cpt_acc_run(&c, &r) != CTXPAR_OK) {
                 fprintf(stderr, "accuracy_table: %s\n", ctxpar_last_error());
                 return 1;
             }
-            for (int t = 0; t < CTXPAR_RUN_TENSORS; t++) {
+            for (int t = 0; t < CPT_RUN_TENSORS; t++) {
                 printf("%-10s %-4s %-4s %10.2e %10.2e %6.2f %7.3f %7.3f  ",
-                       ctxpar_acc_dist_name(c.dist), ones ? "1" : "rand",
-                       ctxpar_run_tensor_name((ctxpar_run_tensor)t), r.err[0][t], r.err[1][t],
+                       cpt_acc_dist_name(c.dist), ones ? "1" : "rand",
+                       cpt_run_tensor_name((cpt_run_tensor)t), r.err[0][t], r.err[1][t],
                        r.err[0][t] / r.err[1][t], r.bound_ratio[0][t], r.bound_ratio[1][t]);
                 for (int s = 0; s < 2; s++) {
-                    for (int k = 0; k < CTXPAR_ACC_QUARTILES; k++)
+                    for (int k = 0; k < CPT_ACC_QUARTILES; k++)
                         printf(" %.2e", r.quart[s][t][k]);
                     printf(" ");
                 }

@@ -44,14 +44,14 @@ using Param = std::tuple<int, int, int>; // shape, distribution, dO = 1
 
 std::string Name(const testing::TestParamInfo<Param> &info) {
     return std::string(kShapes[std::get<0>(info.param)].name) + "_" +
-           ctxpar_acc_dist_name((ctxpar_acc_dist)std::get<1>(info.param)) +
+           cpt_acc_dist_name((cpt_acc_dist)std::get<1>(info.param)) +
            (std::get<2>(info.param) ? "_dO1" : "_dOrand");
 }
 
-ctxpar_acc_case Case(const Param &p) {
+cpt_acc_case Case(const Param &p) {
     const Shape &s = kShapes[std::get<0>(p)];
-    ctxpar_acc_case c;
-    ctxpar_run_config_default(&c.run);
+    cpt_acc_case c;
+    cpt_run_config_default(&c.run);
     c.run.ranks = s.ranks;
     c.run.seq = s.seq;
     c.run.head_dim = s.head_dim;
@@ -68,7 +68,7 @@ ctxpar_acc_case Case(const Param &p) {
     }
     c.run.backward = 1;
     c.run.seed = 42;
-    c.dist = (ctxpar_acc_dist)std::get<1>(p);
+    c.dist = (cpt_acc_dist)std::get<1>(p);
     c.dout_ones = std::get<2>(p);
     return c;
 }
@@ -76,12 +76,12 @@ ctxpar_acc_case Case(const Param &p) {
 class Accuracy : public testing::TestWithParam<Param> {};
 
 TEST_P(Accuracy, NoWorseThanNaiveFloat32) {
-    ctxpar_acc_case c = Case(GetParam());
-    ctxpar_acc_result r;
-    ASSERT_EQ(ctxpar_acc_run(&c, &r), CTXPAR_OK) << ctxpar_last_error();
-    for (int t = 0; t < CTXPAR_RUN_TENSORS; t++) {
+    cpt_acc_case c = Case(GetParam());
+    cpt_acc_result r;
+    ASSERT_EQ(cpt_acc_run(&c, &r), CTXPAR_OK) << ctxpar_last_error();
+    for (int t = 0; t < CPT_RUN_TENSORS; t++) {
         ASSERT_TRUE(r.has[t]);
-        const char *name = ctxpar_run_tensor_name((ctxpar_run_tensor)t);
+        const char *name = cpt_run_tensor_name((cpt_run_tensor)t);
         // Both errors are measured, not assumed: naive float32 is never exact on these sizes.
         ASSERT_GT(r.err[1][t], 0.0) << name;
         // Plus one float ulp of the tensor's scale (2^-23 max |ref|): where both errors come
@@ -95,7 +95,7 @@ TEST_P(Accuracy, NoWorseThanNaiveFloat32) {
         // F32 lse, whose rounding (up to |lse| 2^-25) scales a whole row of P. With a sharp
         // softmax (|lse| ~ 40) one row dominates a key's gradient and the rounding shows, up to
         // 3x naive's (docs/numerics.md); naive float32 keeps P from its own forward.
-        if (c.dist == CTXPAR_DIST_SHARP && t >= CTXPAR_T_DQ)
+        if (c.dist == CPT_DIST_SHARP && t >= CPT_T_DQ)
             allowed = 4.0 * r.err[1][t];
         EXPECT_LE(r.err[0][t], allowed)
             << name << ": ctxpar " << r.err[0][t] << " vs naive float32 " << r.err[1][t];
@@ -103,22 +103,22 @@ TEST_P(Accuracy, NoWorseThanNaiveFloat32) {
     // Flat along the sequence: under a causal mask the last quarter of the rows sees the most
     // keys; its error is no larger than 1.5x the first quarter's (F32 running sums grew as
     // sqrt(keys): 2.2x at seq 4096).
-    if (c.run.params.mask == CTXPAR_MASK_CAUSAL && c.dist != CTXPAR_DIST_SHARP) {
-        for (int t : {CTXPAR_T_OUT, CTXPAR_T_DQ}) {
+    if (c.run.params.mask == CTXPAR_MASK_CAUSAL && c.dist != CPT_DIST_SHARP) {
+        for (int t : {CPT_T_OUT, CPT_T_DQ}) {
             EXPECT_LE(r.quart[0][t][3], 1.5 * r.quart[0][t][0])
-                << ctxpar_run_tensor_name((ctxpar_run_tensor)t) << " in the last quarter";
+                << cpt_run_tensor_name((cpt_run_tensor)t) << " in the last quarter";
         }
     }
     // The per-element bound (tolerance.h) holds for ctxpar and for naive float32 alike.
-    for (int t = 0; t < CTXPAR_RUN_TENSORS; t++) {
-        EXPECT_LE(r.bound_ratio[0][t], 1.0) << ctxpar_run_tensor_name((ctxpar_run_tensor)t);
-        EXPECT_LE(r.bound_ratio[1][t], 1.0) << ctxpar_run_tensor_name((ctxpar_run_tensor)t);
+    for (int t = 0; t < CPT_RUN_TENSORS; t++) {
+        EXPECT_LE(r.bound_ratio[0][t], 1.0) << cpt_run_tensor_name((cpt_run_tensor)t);
+        EXPECT_LE(r.bound_ratio[1][t], 1.0) << cpt_run_tensor_name((cpt_run_tensor)t);
     }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Accuracy,
                          testing::Combine(testing::Range(0, (int)(sizeof kShapes / sizeof *kShapes)),
-                                          testing::Range(0, (int)CTXPAR_DIST_COUNT),
+                                          testing::Range(0, (int)CPT_DIST_COUNT),
                                           testing::Values(0, 1)),
                          Name);
 
@@ -131,37 +131,37 @@ namespace {
 class Bound : public testing::TestWithParam<int> {};
 
 struct Problem {
-    ctxpar_oracle_shape sh{1, 512, 512, 2, 2, 64};
+    cpt_oracle_shape sh{1, 512, 512, 2, 2, 64};
     std::vector<float> in[4];
     std::vector<double> in64[4];
     std::vector<uint8_t> vis;
     float scale = 0.125f;
     std::vector<double> ref[5], mag[5];
 
-    explicit Problem(ctxpar_acc_dist dist) {
+    explicit Problem(cpt_acc_dist dist) {
         const size_t n = sh.batch * sh.seq_q * sh.heads_q * sh.head_dim;
         for (int i = 0; i < 4; i++) {
             in[i].resize(n);
             in64[i].resize(n);
             for (size_t x = 0; x < n; x++) // dO = 1: the PyTorch loss out.sum(); dq cancels
-                in64[i][x] = in[i][x] = ctxpar_acc_input(dist, 1, 7, i + 1, x);
+                in64[i][x] = in[i][x] = cpt_acc_input(dist, 1, 7, i + 1, x);
         }
         vis.resize(sh.seq_q * sh.seq_k);
         ctxpar_mask_desc causal = {1, 0, nullptr, 0};
-        EXPECT_EQ(ctxpar_oracle_visibility(&sh, nullptr, nullptr, &causal, vis.data()), CTXPAR_OK);
+        EXPECT_EQ(cpt_oracle_visibility(&sh, nullptr, nullptr, &causal, vis.data()), CTXPAR_OK);
         const size_t sizes[5] = {n, (size_t)(sh.batch * sh.heads_q * sh.seq_q), n, n, n};
         for (int t = 0; t < 5; t++) {
             ref[t].resize(sizes[t]);
             mag[t].resize(sizes[t]);
         }
-        ctxpar_oracle_fwd(&sh, in64[0].data(), in64[1].data(), in64[2].data(), nullptr, nullptr,
+        cpt_oracle_fwd(&sh, in64[0].data(), in64[1].data(), in64[2].data(), nullptr, nullptr,
                           &causal, scale, ref[0].data(), ref[1].data());
-        ctxpar_oracle_bwd(&sh, in64[0].data(), in64[1].data(), in64[2].data(), nullptr, nullptr,
+        cpt_oracle_bwd(&sh, in64[0].data(), in64[1].data(), in64[2].data(), nullptr, nullptr,
                           &causal, scale, in64[3].data(), ref[2].data(), ref[3].data(),
                           ref[4].data());
-        ctxpar_magnitudes m = {{mag[0].data(), mag[1].data(), mag[2].data(), mag[3].data(),
+        cpt_magnitudes m = {{mag[0].data(), mag[1].data(), mag[2].data(), mag[3].data(),
                                 mag[4].data()}};
-        EXPECT_EQ(ctxpar_bound_magnitudes(&sh, in64[0].data(), in64[1].data(), in64[2].data(),
+        EXPECT_EQ(cpt_bound_magnitudes(&sh, in64[0].data(), in64[1].data(), in64[2].data(),
                                           in64[3].data(), vis.data(), scale, &m),
                   CTXPAR_OK);
     }
@@ -171,9 +171,9 @@ struct Problem {
         std::vector<float> got[5];
         for (int t = 0; t < 5; t++)
             got[t].resize(ref[t].size());
-        ctxpar_naive_f32_fwd(&sh, in[0].data(), in[1].data(), in[2].data(), v.data(), scale,
+        cpt_naive_f32_fwd(&sh, in[0].data(), in[1].data(), in[2].data(), v.data(), scale,
                              got[0].data(), got[1].data());
-        ctxpar_naive_f32_bwd(&sh, in[0].data(), in[1].data(), in[2].data(), v.data(), scale,
+        cpt_naive_f32_bwd(&sh, in[0].data(), in[1].data(), in[2].data(), v.data(), scale,
                              got[0].data(), in[3].data(), got[2].data(), got[3].data(),
                              got[4].data());
         return Ratios(got);
@@ -182,7 +182,7 @@ struct Problem {
     std::vector<double> Ratios(const std::vector<float> *got) {
         std::vector<double> r(5);
         for (int t = 0; t < 5; t++)
-            r[t] = ctxpar_bound_check(got[t].data(), ref[t].data(), mag[t].data(), ref[t].size(),
+            r[t] = cpt_bound_check(got[t].data(), ref[t].data(), mag[t].data(), ref[t].size(),
                                       CTXPAR_DTYPE_F32, t == 1)
                        .max_ratio;
         return r;
@@ -190,27 +190,27 @@ struct Problem {
 };
 
 TEST_P(Bound, AcceptsNaiveFloat32WhereOutputsCancel) {
-    Problem p((ctxpar_acc_dist)GetParam());
+    Problem p((cpt_acc_dist)GetParam());
     std::vector<double> r = p.NaiveRatios(p.vis);
     for (int t = 0; t < 5; t++)
-        EXPECT_LE(r[t], 1.0) << ctxpar_run_tensor_name((ctxpar_run_tensor)t);
+        EXPECT_LE(r[t], 1.0) << cpt_run_tensor_name((cpt_run_tensor)t);
     // The old measure max |err| / max |ref| on the cancelling dq is what failed peers: here the
     // same error passes because the bound follows each element's own magnitudes.
 }
 
 TEST_P(Bound, RejectsADroppedKeyBlock) {
-    Problem p((ctxpar_acc_dist)GetParam());
+    Problem p((cpt_acc_dist)GetParam());
     std::vector<uint8_t> dropped = p.vis;
     for (int64_t i = 0; i < p.sh.seq_q; i++)
         for (int64_t j = 128; j < 192; j++)
             dropped[i * p.sh.seq_k + j] = 0;
     std::vector<double> r = p.NaiveRatios(dropped);
     for (int t = 0; t < 5; t++)
-        EXPECT_GT(r[t], 1.0) << ctxpar_run_tensor_name((ctxpar_run_tensor)t);
+        EXPECT_GT(r[t], 1.0) << cpt_run_tensor_name((cpt_run_tensor)t);
 }
 
 TEST_P(Bound, RejectsAMergeWithoutLseWeights) {
-    Problem p((ctxpar_acc_dist)GetParam());
+    Problem p((cpt_acc_dist)GetParam());
     // Keys [0, 256) and [256, 512) separately, as two ranks of a ring would.
     std::vector<uint8_t> half[2] = {p.vis, p.vis};
     for (int64_t i = 0; i < p.sh.seq_q; i++)
@@ -220,7 +220,7 @@ TEST_P(Bound, RejectsAMergeWithoutLseWeights) {
     for (int h = 0; h < 2; h++) {
         out[h].resize(p.ref[0].size());
         lse[h].resize(p.ref[1].size());
-        ctxpar_naive_f32_fwd(&p.sh, p.in[0].data(), p.in[1].data(), p.in[2].data(),
+        cpt_naive_f32_fwd(&p.sh, p.in[0].data(), p.in[1].data(), p.in[2].data(),
                              half[h].data(), p.scale, out[h].data(), lse[h].data());
     }
     std::vector<float> got[5], right[5];
@@ -241,9 +241,9 @@ TEST_P(Bound, RejectsAMergeWithoutLseWeights) {
     EXPECT_LE(p.Ratios(right)[0], 1.0); // the right merge of the same halves passes
 }
 
-INSTANTIATE_TEST_SUITE_P(Dists, Bound, testing::Range(0, (int)CTXPAR_DIST_COUNT),
+INSTANTIATE_TEST_SUITE_P(Dists, Bound, testing::Range(0, (int)CPT_DIST_COUNT),
                          [](const testing::TestParamInfo<int> &i) {
-                             return std::string(ctxpar_acc_dist_name((ctxpar_acc_dist)i.param));
+                             return std::string(cpt_acc_dist_name((cpt_acc_dist)i.param));
                          });
 
 } // namespace

@@ -437,7 +437,7 @@ struct TwoRanks {
         EXPECT_EQ(ctxpar_local_group_create(2, &group), CTXPAR_OK);
         const int64_t max_dim[2] = {max_dim0, max_dim1};
         for (int r = 0; r < 2; r++) {
-            EXPECT_EQ(ctxpar_test_limited_device_create(max_dim[r], 0, &dev[r]), CTXPAR_OK);
+            EXPECT_EQ(cpt_test_limited_device_create(max_dim[r], 0, &dev[r]), CTXPAR_OK);
             EXPECT_EQ(ctxpar_comm_create_local(group, r, nullptr, &comm[r]), CTXPAR_OK);
             EXPECT_EQ(ctxpar_comm_set_timeout(comm[r], 20.0), CTXPAR_OK);
             EXPECT_EQ(ctxpar_context_create(dev[r], comm[r], nullptr, &ctx[r]), CTXPAR_OK);
@@ -549,7 +549,7 @@ TEST(Capability, AutoAvoidsWhatTheDeviceCannotRun) {
     for (int64_t max_seq_k : {0, 16}) {
         ctxpar_device *dev = nullptr;
         ctxpar_context *ctx = nullptr;
-        ASSERT_EQ(ctxpar_test_limited_device_create(0, max_seq_k, &dev), CTXPAR_OK);
+        ASSERT_EQ(cpt_test_limited_device_create(0, max_seq_k, &dev), CTXPAR_OK);
         ASSERT_EQ(ctxpar_context_create(dev, comm, nullptr, &ctx), CTXPAR_OK);
         ctxpar_algo algo = CTXPAR_ALGO_AUTO;
         EXPECT_EQ(ctxpar_attn_choose_algo(ctx, &p, &q, &kv, &algo), CTXPAR_OK);

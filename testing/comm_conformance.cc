@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-namespace ctxpar_commconf {
+namespace cpt_commconf {
 namespace {
 
 class CommConformance : public ::testing::TestWithParam<CommWorld> {
@@ -227,4 +227,4 @@ INSTANTIATE_TEST_SUITE_P(Comms, CommConformance, ::testing::ValuesIn(CommWorlds(
                          [](const ::testing::TestParamInfo<CommWorld> &i) { return i.param.name; });
 
 } // namespace
-} // namespace ctxpar_commconf
+} // namespace cpt_commconf

@@ -4,8 +4,8 @@
 // (comm_conformance.cc) runs every case for every world its binary lists (CommWorlds()):
 // comm_conformance_test.cc (local, the fault-injecting decorator in pass-through) and
 // comm_conformance_mpi_test.cc (MPI).
-#ifndef CTXPAR_TESTING_COMM_CONFORMANCE_H
-#define CTXPAR_TESTING_COMM_CONFORMANCE_H
+#ifndef CPT_TESTING_COMM_CONFORMANCE_H
+#define CPT_TESTING_COMM_CONFORMANCE_H
 
 #include <gtest/gtest.h>
 
@@ -23,7 +23,7 @@
         EXPECT_EQ(st_, CTXPAR_OK) << #expr << ": " << ctxpar_last_error();                         \
     } while (0)
 
-namespace ctxpar_commconf {
+namespace cpt_commconf {
 
 // One rank's part of a case: its rank, the comm's size, its comm.
 using CommBody = std::function<void(int rank, int size, ctxpar_comm *comm)>;
@@ -74,6 +74,6 @@ inline long FirstDiff(const uint8_t *got, const uint8_t *want, size_t n) {
     return -1;
 }
 
-} // namespace ctxpar_commconf
+} // namespace cpt_commconf
 
-#endif // CTXPAR_TESTING_COMM_CONFORMANCE_H
+#endif // CPT_TESTING_COMM_CONFORMANCE_H

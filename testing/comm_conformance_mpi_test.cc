@@ -5,7 +5,7 @@
 #include "ctxpar_mpi.h"
 #include "testing/comm_conformance.h"
 
-namespace ctxpar_commconf {
+namespace cpt_commconf {
 
 // A fresh comm over MPI_COMM_WORLD for each case; the ranks line up again after it.
 std::vector<CommWorld> CommWorlds() {
@@ -24,4 +24,4 @@ std::vector<CommWorld> CommWorlds() {
              }}};
 }
 
-} // namespace ctxpar_commconf
+} // namespace cpt_commconf

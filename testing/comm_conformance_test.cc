@@ -8,7 +8,7 @@
 #include "testing/comm_conformance.h"
 #include "testing/fault_comm.h"
 
-namespace ctxpar_commconf {
+namespace cpt_commconf {
 namespace {
 
 // Runs body on P threads, each with its rank's comm of one group (wrapped by the fault
@@ -26,8 +26,8 @@ std::string RunLocal(int P, bool fault, const CommBody &body) {
             EXPECT_OK(ctxpar_comm_set_timeout(local, 30));
             outer = local;
             if (fault) {
-                const ctxpar_fault none = {CTXPAR_FAULT_NONE, 0, 0, 0.0, 0};
-                EXPECT_OK(ctxpar_comm_create_fault(local, &none, &outer));
+                const cpt_fault none = {CPT_FAULT_NONE, 0, 0, 0.0, 0};
+                EXPECT_OK(cpt_comm_create_fault(local, &none, &outer));
             }
             if (outer)
                 body(r, P, outer);
@@ -54,4 +54,4 @@ std::vector<CommWorld> CommWorlds() {
     return w;
 }
 
-} // namespace ctxpar_commconf
+} // namespace cpt_commconf

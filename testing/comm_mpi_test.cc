@@ -23,7 +23,7 @@
 
 namespace {
 
-using namespace ctxpar_commconf;
+using namespace cpt_commconf;
 
 
 

@@ -24,10 +24,10 @@
 
 namespace {
 
-using namespace ctxpar_devconf;
+using namespace cpt_devconf;
 
 // Tolerances: max |got - oracle| / max |oracle| (metrics.h). Inputs in F16/BF16 are rounded
-// before the oracle sees them (ctxpar_test_to_f64 reads the stored values), and every output of
+// before the oracle sees them (cpt_test_to_f64 reads the stored values), and every output of
 // the block kernels is F32, so one bound serves all three dtypes; it covers F32 accumulation only.
 //  - forward out and lse: F32 rounding (2^-24 ~ 6e-8) of the pre-scaled q, of every score (a
 //    D-term FMA chain), of the 2^x polynomial (~1 ulp) and of the O(Sk)-term running sums. The
@@ -390,7 +390,7 @@ std::vector<float> CastValues(size_t n) {
     for (size_t i = 0; i < n; i++)
         x[i] = i < sizeof special / sizeof special[0]
                    ? special[i]
-                   : (float)(ctxpar_test_value(3, 9, i) * std::ldexp(1.0, (int)(i % 40) - 20));
+                   : (float)(cpt_test_value(3, 9, i) * std::ldexp(1.0, (int)(i % 40) - 20));
     return x;
 }
 

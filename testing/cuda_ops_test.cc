@@ -51,7 +51,7 @@ TEST(CudaOps, NotBuilt) {
 
 namespace {
 
-using namespace ctxpar_devconf;
+using namespace cpt_devconf;
 
 // ---------------------------------------------------------------- tolerances
 // Relative errors max |got - ref| / max |ref| (metrics.h), against the float64 oracle, from the
@@ -73,7 +73,7 @@ using namespace ctxpar_devconf;
 double OutTol(ctxpar_dtype dt, int64_t head_dim) {
     if (dt == CTXPAR_DTYPE_F32 || head_dim % 8 != 0)
         return kTolF32;
-    return ctxpar_tolerance(dt, "out");
+    return cpt_tolerance(dt, "out");
 }
 
 // ---------------------------------------------------------------- the GPU, or why not
@@ -141,7 +141,7 @@ FwdResult RunFwd(Device *d, const Problem &p, int merge = 0, const FwdResult *in
     EXPECT_EQ(d->st, CTXPAR_OK) << ctxpar_last_error();
     if (d->st != CTXPAR_OK)
         return FwdResult();
-    return ctxpar_devconf::RunFwd(d->dev, p, merge, init);
+    return cpt_devconf::RunFwd(d->dev, p, merge, init);
 }
 
 BwdResult RunBwd(Device *d, const Problem &p, const std::vector<double> &ref_out,
@@ -149,7 +149,7 @@ BwdResult RunBwd(Device *d, const Problem &p, const std::vector<double> &ref_out
     EXPECT_EQ(d->st, CTXPAR_OK) << ctxpar_last_error();
     if (d->st != CTXPAR_OK)
         return BwdResult();
-    return ctxpar_devconf::RunBwd(d->dev, p, ref_out, ref_lse);
+    return cpt_devconf::RunBwd(d->dev, p, ref_out, ref_lse);
 }
 
 FwdResult RunFwd(bool gpu, const Problem &p) {
@@ -315,8 +315,8 @@ TEST_P(Cudnn, RunsWhereItAppliesAndMatchesOracle) {
     p.Make();
     std::vector<double> ref_out, ref_lse;
     p.OracleFwd(&ref_out, &ref_lse);
-    const double tol = ctxpar_tolerance(prm.dtype, "out");
-    const double tol_lse = ctxpar_tolerance(prm.dtype, "lse");
+    const double tol = cpt_tolerance(prm.dtype, "out");
+    const double tol_lse = cpt_tolerance(prm.dtype, "lse");
     uint64_t n_cudnn = 0, n_native = 0;
     FwdResult r = RunFwd(&d, p);
     ASSERT_EQ(ctxpar_cuda_device_fwd_counts(d.dev, &n_cudnn, &n_native), CTXPAR_OK);
@@ -626,7 +626,7 @@ std::vector<float> CastValues(size_t n) {
     for (size_t i = 0; i < n; i++)
         x[i] = i < sizeof special / sizeof special[0]
                    ? special[i]
-                   : (float)(ctxpar_test_value(3, 9, i) * std::ldexp(1.0, (int)(i % 40) - 20));
+                   : (float)(cpt_test_value(3, 9, i) * std::ldexp(1.0, (int)(i % 40) - 20));
     return x;
 }
 
@@ -673,7 +673,7 @@ TEST_F(Gpu, ChecksumIsDeterministicAndSensitive) {
     ASSERT_EQ(d.st, CTXPAR_OK);
     std::vector<unsigned char> bytes(100007);
     for (size_t i = 0; i < bytes.size(); i++)
-        bytes[i] = (unsigned char)(ctxpar_test_value(5, 1, i) * 127.0 + 128.0);
+        bytes[i] = (unsigned char)(cpt_test_value(5, 1, i) * 127.0 + 128.0);
     Space sp(d.dev);
     auto sum = [&](const std::vector<unsigned char> &b, size_t offset, size_t n) {
         unsigned char *p = (unsigned char *)sp.Put(b.data(), b.size());
@@ -803,7 +803,7 @@ TEST_F(Gpu, CudnnReasonIsKeptAndReported) {
     const std::string how = CudnnOutcome(on.dev);
     std::printf("cuda_ops_test: bf16 d=128 unmasked block: %s\n", how.c_str());
     EXPECT_EQ(how.find("native"), std::string::npos) << how;
-    ExpectClose(r.out, ref_out, ctxpar_tolerance(p.dtype, "out"), "out");
+    ExpectClose(r.out, ref_out, cpt_tolerance(p.dtype, "out"), "out");
     ctxpar_cuda_diag dg;
     ASSERT_EQ(ctxpar_cuda_device_diag(on.dev, &dg), CTXPAR_OK);
     EXPECT_GE(dg.cudnn_version, 90800);

@@ -16,7 +16,7 @@ static uint64_t mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-double ctxpar_test_value(uint64_t seed, uint64_t tensor_id, uint64_t index) {
+double cpt_test_value(uint64_t seed, uint64_t tensor_id, uint64_t index) {
     // Chaining the three words through the mixer keeps (s, t, i) and (s, i, t) apart.
     uint64_t h = mix64(mix64(mix64(seed) ^ tensor_id) ^ index);
     // 53 random bits k: k * 2^-52 - 1 lies in [-1, 1) and is exact in double.
@@ -24,7 +24,7 @@ double ctxpar_test_value(uint64_t seed, uint64_t tensor_id, uint64_t index) {
 }
 
 // The value as the library stores it: through float, then the 16-bit format if any.
-double ctxpar_test_round(ctxpar_dtype dtype, double x) {
+double cpt_test_round(ctxpar_dtype dtype, double x) {
     float f = (float)x;
     switch (dtype) {
     case CTXPAR_DTYPE_F16:
@@ -59,7 +59,7 @@ static int dtype_known(ctxpar_dtype dtype) {
     return dtype == CTXPAR_DTYPE_F32 || dtype == CTXPAR_DTYPE_F16 || dtype == CTXPAR_DTYPE_BF16;
 }
 
-void ctxpar_test_fill(ctxpar_tensor *t, uint64_t seed, uint64_t tensor_id, int64_t seq_global,
+void cpt_test_fill(ctxpar_tensor *t, uint64_t seed, uint64_t tensor_id, int64_t seq_global,
                       const int64_t *pos) {
     if (!t || !t->data || !dtype_known(t->dtype))
         return;
@@ -70,22 +70,22 @@ void ctxpar_test_fill(ctxpar_tensor *t, uint64_t seed, uint64_t tensor_id, int64
             for (int64_t h = 0; h < H; h++)
                 for (int64_t d = 0; d < D; d++) {
                     uint64_t idx = (uint64_t)(((b * seq_global + g) * H + h) * D + d);
-                    store(t, elem_offset(t, b, s, h, d), ctxpar_test_value(seed, tensor_id, idx));
+                    store(t, elem_offset(t, b, s, h, d), cpt_test_value(seed, tensor_id, idx));
                 }
         }
 }
 
-void ctxpar_test_fill_global_f64(double *dst, ctxpar_dtype dtype, uint64_t seed, uint64_t tensor_id,
+void cpt_test_fill_global_f64(double *dst, ctxpar_dtype dtype, uint64_t seed, uint64_t tensor_id,
                                  int64_t batch, int64_t seq_global, int64_t heads,
                                  int64_t head_dim) {
     if (!dst)
         return;
     const int64_t n = batch * seq_global * heads * head_dim;
     for (int64_t i = 0; i < n; i++)
-        dst[i] = ctxpar_test_round(dtype, ctxpar_test_value(seed, tensor_id, (uint64_t)i));
+        dst[i] = cpt_test_round(dtype, cpt_test_value(seed, tensor_id, (uint64_t)i));
 }
 
-double ctxpar_test_get(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d) {
+double cpt_test_get(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d) {
     int64_t off = elem_offset(t, b, s, h, d);
     switch (t->dtype) {
     case CTXPAR_DTYPE_F32:
@@ -98,16 +98,16 @@ double ctxpar_test_get(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t h, 
     return NAN;
 }
 
-void ctxpar_test_set(ctxpar_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d, double x) {
+void cpt_test_set(ctxpar_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d, double x) {
     store(t, elem_offset(t, b, s, h, d), x);
 }
 
-void ctxpar_test_to_f64(const ctxpar_tensor *t, double *dst) {
+void cpt_test_to_f64(const ctxpar_tensor *t, double *dst) {
     const int64_t B = t->shape[0], S = t->shape[1], H = t->shape[2], D = t->shape[3];
     int64_t i = 0;
     for (int64_t b = 0; b < B; b++)
         for (int64_t s = 0; s < S; s++)
             for (int64_t h = 0; h < H; h++)
                 for (int64_t d = 0; d < D; d++)
-                    dst[i++] = ctxpar_test_get(t, b, s, h, d);
+                    dst[i++] = cpt_test_get(t, b, s, h, d);
 }

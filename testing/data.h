@@ -4,8 +4,8 @@
  * Every value is a pure function of (seed, tensor id, global element index), so each rank makes
  * its own shard and the oracle the whole sequence, with no data exchanged.
  */
-#ifndef CTXPAR_TESTING_DATA_H
-#define CTXPAR_TESTING_DATA_H
+#ifndef CPT_TESTING_DATA_H
+#define CPT_TESTING_DATA_H
 
 #include <stdint.h>
 
@@ -16,35 +16,35 @@ extern "C" {
 #endif
 
 /* Uniform in [-1, 1), from a counter-based hash of (seed, tensor_id, index). */
-double ctxpar_test_value(uint64_t seed, uint64_t tensor_id, uint64_t index);
+double cpt_test_value(uint64_t seed, uint64_t tensor_id, uint64_t index);
 
 /* Fills t ([B, S_local, H, D], host, any dtype/strides) so that local row s holds the values of
  * global row pos[s] of a [B, seq_global, H, D] tensor, rounded to t's dtype. pos NULL = identity. */
-void ctxpar_test_fill(ctxpar_tensor *t, uint64_t seed, uint64_t tensor_id, int64_t seq_global,
+void cpt_test_fill(ctxpar_tensor *t, uint64_t seed, uint64_t tensor_id, int64_t seq_global,
                       const int64_t *pos);
 
 /* The same global tensor as doubles, each value first rounded through `dtype` so the oracle sees
  * exactly what the library stores: dense [B, seq_global, H, D]. */
-void ctxpar_test_fill_global_f64(double *dst, ctxpar_dtype dtype, uint64_t seed,
+void cpt_test_fill_global_f64(double *dst, ctxpar_dtype dtype, uint64_t seed,
                                  uint64_t tensor_id, int64_t batch, int64_t seq_global,
                                  int64_t heads, int64_t head_dim);
 
 /* Element (b, s, h, d) of a host tensor as double. */
-double ctxpar_test_get(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d);
+double cpt_test_get(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d);
 
 /* x as the library would store it in `dtype`: rounded to float, then to F16/BF16 (round to
- * nearest even, the ctxpar_half.h conversions). ctxpar_test_fill and ctxpar_test_fill_global_f64
+ * nearest even, the ctxpar_half.h conversions). cpt_test_fill and cpt_test_fill_global_f64
  * both round this way. */
-double ctxpar_test_round(ctxpar_dtype dtype, double x);
+double cpt_test_round(ctxpar_dtype dtype, double x);
 
-/* Stores x (rounded as ctxpar_test_round does) at element (b, s, h, d) of a host tensor. */
-void ctxpar_test_set(ctxpar_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d, double x);
+/* Stores x (rounded as cpt_test_round does) at element (b, s, h, d) of a host tensor. */
+void cpt_test_set(ctxpar_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d, double x);
 
 /* Copies a host tensor of any dtype/strides into dst, densely packed [B, S, H, D] doubles. */
-void ctxpar_test_to_f64(const ctxpar_tensor *t, double *dst);
+void cpt_test_to_f64(const ctxpar_tensor *t, double *dst);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* CTXPAR_TESTING_DATA_H */
+#endif /* CPT_TESTING_DATA_H */

@@ -10,7 +10,7 @@
 
 #include "ctxpar_cpu.h"
 
-namespace ctxpar_devconf {
+namespace cpt_devconf {
 namespace {
 
 // The CPU reference device, for the ggml-style comparison (in addition to the oracle).
@@ -500,8 +500,8 @@ TEST_P(DeviceTest, BwdPrepMatchesFloat64) {
         for (ctxpar_dtype dt_dout : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16}) {
             const int64_t B = 2, S = 33, H = 3, D = 300;
             HostTensor out(dt_out, B, S, H, D, 7), dout(dt_dout, B, S, H, D);
-            ctxpar_test_fill(&out.t, 11, 1, S, nullptr);
-            ctxpar_test_fill(&dout.t, 11, 2, S, nullptr);
+            cpt_test_fill(&out.t, 11, 1, S, nullptr);
+            cpt_test_fill(&dout.t, 11, 2, S, nullptr);
             std::vector<double> o = out.f64(), g = dout.f64(), ref((size_t)(B * H * S), 0.0);
             for (int64_t b = 0; b < B; b++)
                 for (int64_t s = 0; s < S; s++)
@@ -654,12 +654,12 @@ TEST_P(DeviceTest, EventsOrderWorkAcrossStreams) {
 }
 
 // F32 -> 16-bit -> F32 through the device's cast gives each value rounded to the 16-bit type
-// (round to nearest even, as ctxpar_test_round says), on padded tensors.
+// (round to nearest even, as cpt_test_round says), on padded tensors.
 TEST_P(DeviceTest, CastRoundsAsTheDtypeSays) {
     for (ctxpar_dtype dt : {CTXPAR_DTYPE_BF16, CTXPAR_DTYPE_F16}) {
         HostTensor src(CTXPAR_DTYPE_F32, 2, 17, 3, 40, 3), mid(dt, 2, 17, 3, 40, 5),
             back(CTXPAR_DTYPE_F32, 2, 17, 3, 40);
-        ctxpar_test_fill(&src.t, 5, 1, 17, nullptr);
+        cpt_test_fill(&src.t, 5, 1, 17, nullptr);
         Space sp(dev());
         ctxpar_tensor s = src.On(&sp), m = mid.On(&sp), b = back.On(&sp);
         ASSERT_EQ(ctxpar_dev_cast(dev(), &s, &m, nullptr), CTXPAR_OK) << ctxpar_last_error();
@@ -667,7 +667,7 @@ TEST_P(DeviceTest, CastRoundsAsTheDtypeSays) {
         sp.Get(back.mem.data(), b.data, back.mem.size());
         std::vector<double> want = src.f64(), got = back.f64();
         for (size_t i = 0; i < want.size(); i++)
-            ASSERT_EQ(got[i], ctxpar_test_round(dt, want[i])) << ctxpar_dtype_name(dt) << " " << i;
+            ASSERT_EQ(got[i], cpt_test_round(dt, want[i])) << ctxpar_dtype_name(dt) << " " << i;
     }
 }
 
@@ -754,4 +754,4 @@ INSTANTIATE_TEST_SUITE_P(Devices, DeviceTest, ::testing::ValuesIn(DeviceFactorie
                          });
 
 } // namespace
-} // namespace ctxpar_devconf
+} // namespace cpt_devconf

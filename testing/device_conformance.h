@@ -2,8 +2,8 @@
 // as a test sees it, block problems in a global sequence and the fp64 oracle's answers. The
 // suite (device_conformance.cc) runs every case for every factory (device_conformance_test.cc);
 // backend-specific suites (cpu_ops_test, cuda_ops_test) build on the same harness.
-#ifndef CTXPAR_TESTING_DEVICE_CONFORMANCE_H
-#define CTXPAR_TESTING_DEVICE_CONFORMANCE_H
+#ifndef CPT_TESTING_DEVICE_CONFORMANCE_H
+#define CPT_TESTING_DEVICE_CONFORMANCE_H
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@
 #include "testing/metrics.h"
 #include "testing/oracle.h"
 
-namespace ctxpar_devconf {
+namespace cpt_devconf {
 
 // How to make one kind of device. A new backend gets the whole suite by adding one of these to
 // DeviceFactories() (device_conformance_test.cc).
@@ -126,7 +126,7 @@ struct HostTensor {
     int64_t numel() const { return t.shape[0] * t.shape[1] * t.shape[2] * t.shape[3]; }
     std::vector<double> f64() const {
         std::vector<double> x((size_t)numel());
-        ctxpar_test_to_f64(&t, x.data());
+        cpt_test_to_f64(&t, x.data());
         return x;
     }
     // The same tensor in `space` (same strides).
@@ -211,10 +211,10 @@ struct Problem {
         k.reset(new HostTensor(dtype, B, Sk(), Hkv, D, pad));
         v.reset(new HostTensor(dtype, B, Sk(), Hkv, D, pad));
         dout.reset(new HostTensor(dtype, B, Sq(), Hq, D, pad));
-        ctxpar_test_fill(&q->t, seed, 1, seq_global, qpos.data());
-        ctxpar_test_fill(&k->t, seed, 2, seq_global, kpos.data());
-        ctxpar_test_fill(&v->t, seed, 3, seq_global, kpos.data());
-        ctxpar_test_fill(&dout->t, seed, 4, seq_global, qpos.data());
+        cpt_test_fill(&q->t, seed, 1, seq_global, qpos.data());
+        cpt_test_fill(&k->t, seed, 2, seq_global, kpos.data());
+        cpt_test_fill(&v->t, seed, 3, seq_global, kpos.data());
+        cpt_test_fill(&dout->t, seed, 4, seq_global, qpos.data());
     }
 
     ctxpar_mask_desc Mask() const {
@@ -248,15 +248,15 @@ struct Problem {
         return blk;
     }
 
-    ctxpar_oracle_shape Shape() const { return {B, Sq(), Sk(), Hq, Hkv, D}; }
+    cpt_oracle_shape Shape() const { return {B, Sq(), Sk(), Hq, Hkv, D}; }
 
     void OracleFwd(std::vector<double> *out, std::vector<double> *lse) const {
         out->assign(OutSize(), 0.0);
         lse->assign(LseSize(), 0.0);
-        ctxpar_oracle_shape sh = Shape();
+        cpt_oracle_shape sh = Shape();
         ctxpar_mask_desc m = Mask();
         std::vector<double> qd = q->f64(), kd = k->f64(), vd = v->f64();
-        ctxpar_oracle_fwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
+        cpt_oracle_fwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
                           (double)Scale(), out->data(), lse->data());
     }
 
@@ -265,10 +265,10 @@ struct Problem {
         dq->assign(OutSize(), 0.0);
         dk->assign(KvSize(), 0.0);
         dv->assign(KvSize(), 0.0);
-        ctxpar_oracle_shape sh = Shape();
+        cpt_oracle_shape sh = Shape();
         ctxpar_mask_desc m = Mask();
         std::vector<double> qd = q->f64(), kd = k->f64(), vd = v->f64(), dod = dout->f64();
-        ctxpar_oracle_bwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
+        cpt_oracle_bwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
                           (double)Scale(), dod.data(), dq->data(), dk->data(), dv->data());
     }
 };
@@ -341,7 +341,7 @@ inline std::vector<double> F64(const std::vector<float> &x) {
 inline void ExpectClose(const std::vector<float> &got, const std::vector<double> &ref, double tol,
                         const std::string &what) {
     ASSERT_EQ(got.size(), ref.size()) << what;
-    ctxpar_error_stats e = ctxpar_compare_f32(got.data(), ref.data(), got.size());
+    cpt_error_stats e = cpt_compare_f32(got.data(), ref.data(), got.size());
     EXPECT_EQ(e.nonfinite, 0) << what << ": worst element " << e.worst;
     EXPECT_LE(e.rel, tol) << what << ": worst element " << e.worst << " got "
                           << (e.worst >= 0 ? got[(size_t)e.worst] : 0.0) << " want "
@@ -351,7 +351,7 @@ inline void ExpectClose(const std::vector<float> &got, const std::vector<double>
 inline size_t BitDiff(const std::vector<float> &a, const std::vector<float> &b) {
     if (a.size() != b.size())
         return SIZE_MAX;
-    return ctxpar_bitwise_diff(a.data(), b.data(), a.size(), sizeof(float), nullptr);
+    return cpt_bitwise_diff(a.data(), b.data(), a.size(), sizeof(float), nullptr);
 }
 
 // Rows the oracle finds fully masked have out exactly 0 and lse -inf; no NaN anywhere.
@@ -373,6 +373,6 @@ inline void ExpectEmptyRows(const Problem &p, const FwdResult &r,
         ASSERT_FALSE(std::isnan(x));
 }
 
-} // namespace ctxpar_devconf
+} // namespace cpt_devconf
 
-#endif // CTXPAR_TESTING_DEVICE_CONFORMANCE_H
+#endif // CPT_TESTING_DEVICE_CONFORMANCE_H

@@ -10,7 +10,7 @@
 #include "ctxpar_cuda.h"
 #endif
 
-namespace ctxpar_devconf {
+namespace cpt_devconf {
 namespace {
 
 // The CPU device with a forced kernel table and backward schedule (ctxpar_cpu_options).
@@ -46,7 +46,7 @@ std::string CreateCuda(ctxpar_device **dev_out) {
 double CudaOutTol(ctxpar_dtype dt, int64_t head_dim) {
     if (dt == CTXPAR_DTYPE_F32 || head_dim % 8 != 0)
         return kTolF32;
-    return ctxpar_tolerance(dt, "out");
+    return cpt_tolerance(dt, "out");
 }
 #else
 std::string CreateCuda(ctxpar_device **) {
@@ -76,4 +76,4 @@ std::vector<DeviceFactory> DeviceFactories() {
     };
 }
 
-} // namespace ctxpar_devconf
+} // namespace cpt_devconf

@@ -50,8 +50,8 @@ class EndToEndMpi : public testing::TestWithParam<MpiCase> {};
 TEST_P(EndToEndMpi, MatchesOracleAndSingleRank) {
     const MpiCase &c = GetParam();
     const int P = Size();
-    ctxpar_run_config cfg;
-    ctxpar_run_config_default(&cfg);
+    cpt_run_config cfg;
+    cpt_run_config_default(&cfg);
     cfg.ranks = P;
     cfg.batch = 1;
     cfg.seq = 48 * 7; // 336: divides by 2P for P in {1, 2, 3, 4}; not a power of two
@@ -72,22 +72,22 @@ TEST_P(EndToEndMpi, MatchesOracleAndSingleRank) {
     }
     cfg.backward = 1;
     cfg.threads = 1;
-    ctxpar_run_result r;
-    ASSERT_EQ(ctxpar_run_mpi(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    cpt_run_result r;
+    ASSERT_EQ(cpt_run_mpi(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
     EXPECT_TRUE(r.ok); // every rank: rank 0's verdict, broadcast
     if (Rank() == 0) {
-        for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
-            const char *name = ctxpar_run_tensor_name(static_cast<ctxpar_run_tensor>(i));
-            EXPECT_LE(r.error[i], ctxpar_tolerance(c.dtype, name)) << name;
-            EXPECT_TRUE(ctxpar_error_ratio_ok(r.error[i], r.error_1[i])) << name;
+        for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+            const char *name = cpt_run_tensor_name(static_cast<cpt_run_tensor>(i));
+            EXPECT_LE(r.error[i], cpt_tolerance(c.dtype, name)) << name;
+            EXPECT_TRUE(cpt_error_ratio_ok(r.error[i], r.error_1[i])) << name;
         }
         if (c.algo == CTXPAR_ALGO_ALLGATHER) {
-            EXPECT_TRUE(r.bitwise_single[CTXPAR_T_OUT]);
-            EXPECT_TRUE(r.bitwise_single[CTXPAR_T_LSE]);
+            EXPECT_TRUE(r.bitwise_single[CPT_T_OUT]);
+            EXPECT_TRUE(r.bitwise_single[CPT_T_LSE]);
         }
     }
-    ctxpar_run_result_free(&r);
+    cpt_run_result_free(&r);
 }
 
 std::vector<MpiCase> Cases() {
@@ -125,16 +125,16 @@ struct Direct {
     ctxpar_attn_params params = CTXPAR_ATTN_PARAMS_INIT;
 
     // max_seq_k > 0: a device that refuses blocks of more keys (limited_device.h).
-    Direct(int64_t seq_local, double timeout_s, const ctxpar_fault *fault = nullptr, int verify = 0,
+    Direct(int64_t seq_local, double timeout_s, const cpt_fault *fault = nullptr, int verify = 0,
            int64_t max_seq_k = 0) {
         if (max_seq_k > 0)
-            EXPECT_EQ(ctxpar_test_limited_device_create(0, max_seq_k, &dev), CTXPAR_OK);
+            EXPECT_EQ(cpt_test_limited_device_create(0, max_seq_k, &dev), CTXPAR_OK);
         else
             EXPECT_EQ(ctxpar_device_create_cpu(nullptr, &dev), CTXPAR_OK);
         EXPECT_EQ(ctxpar_comm_create_mpi(MPI_COMM_WORLD, &mpi), CTXPAR_OK);
         comm = mpi;
         if (fault) {
-            EXPECT_EQ(ctxpar_comm_create_fault(mpi, fault, &comm), CTXPAR_OK);
+            EXPECT_EQ(cpt_comm_create_fault(mpi, fault, &comm), CTXPAR_OK);
         }
         EXPECT_EQ(ctxpar_comm_set_timeout(comm, timeout_s), CTXPAR_OK);
         ctxpar_context_options opts = CTXPAR_CONTEXT_OPTIONS_INIT;
@@ -147,9 +147,9 @@ struct Direct {
         // Values that differ by position, so that a misrouted block changes the result.
         for (int64_t i = 0; i < n; i++) {
             uint64_t g = static_cast<uint64_t>(Rank()) * n + i;
-            q[i] = static_cast<float>(ctxpar_test_value(3, 1, g));
-            k[i] = static_cast<float>(ctxpar_test_value(3, 2, g));
-            v[i] = static_cast<float>(ctxpar_test_value(3, 3, g));
+            q[i] = static_cast<float>(cpt_test_value(3, 1, g));
+            k[i] = static_cast<float>(cpt_test_value(3, 2, g));
+            v[i] = static_cast<float>(cpt_test_value(3, 3, g));
         }
         out.assign(n, -7.0f);
         lse.assign(seq_local * 2, -7.0f);
@@ -193,7 +193,7 @@ TEST(MpiFault, DelayChangesNothing) {
         GTEST_SKIP() << "needs 2 ranks";
     const std::vector<float> clean = CleanRingOut();
     ASSERT_FALSE(clean.empty());
-    ctxpar_fault f = {CTXPAR_FAULT_DELAY, 1, 0, 0.3, 0};
+    cpt_fault f = {CPT_FAULT_DELAY, 1, 0, 0.3, 0};
     Direct d(24, 30.0, &f);
     ASSERT_EQ(d.Fwd(), CTXPAR_OK) << ctxpar_last_error();
     EXPECT_EQ(d.out, clean);
@@ -202,7 +202,7 @@ TEST(MpiFault, DelayChangesNothing) {
 TEST(MpiFault, DroppedMessageFailsEveryRank) {
     if (Size() < 2)
         GTEST_SKIP() << "needs 2 ranks";
-    ctxpar_fault f = {CTXPAR_FAULT_DROP, 0, 0, 0, 0};
+    cpt_fault f = {CPT_FAULT_DROP, 0, 0, 0, 0};
     Direct d(24, 1.0, &f);
     double t0 = MPI_Wtime();
     ctxpar_status st = d.Fwd();
@@ -215,7 +215,7 @@ TEST(MpiFault, DroppedMessageFailsEveryRank) {
 TEST(MpiFault, CorruptionIsCaughtByTransferChecksums) {
     if (Size() < 2)
         GTEST_SKIP() << "needs 2 ranks";
-    ctxpar_fault f = {CTXPAR_FAULT_CORRUPT, 0, 0, 0, 0};
+    cpt_fault f = {CPT_FAULT_CORRUPT, 0, 0, 0, 0};
     Direct d(24, 5.0, &f, /*verify=*/1);
     ctxpar_status st = d.Fwd();
     std::string msg = ctxpar_last_error();

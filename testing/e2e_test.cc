@@ -41,9 +41,9 @@ std::string CaseName(const testing::TestParamInfo<Case> &info) {
            std::to_string(c.batch) + (c.scale < 0.0f ? "_negative_scale" : "");
 }
 
-ctxpar_run_config Config(const Case &c) {
-    ctxpar_run_config cfg;
-    ctxpar_run_config_default(&cfg);
+cpt_run_config Config(const Case &c) {
+    cpt_run_config cfg;
+    cpt_run_config_default(&cfg);
     cfg.ranks = c.ranks;
     cfg.batch = c.batch;
     cfg.heads = c.heads;
@@ -72,31 +72,31 @@ class EndToEnd : public testing::TestWithParam<Case> {};
 
 TEST_P(EndToEnd, MatchesOracleAndSingleRank) {
     const Case &c = GetParam();
-    ctxpar_run_config cfg = Config(c);
-    ctxpar_run_result r;
-    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    cpt_run_config cfg = Config(c);
+    cpt_run_result r;
+    ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
-        const char *name = ctxpar_run_tensor_name(static_cast<ctxpar_run_tensor>(i));
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+        const char *name = cpt_run_tensor_name(static_cast<cpt_run_tensor>(i));
         ASSERT_TRUE(r.has[i]) << name;
-        EXPECT_LE(r.error[i], ctxpar_tolerance(c.dtype, name)) << name;
+        EXPECT_LE(r.error[i], cpt_tolerance(c.dtype, name)) << name;
         if (c.ranks > 1)
-            EXPECT_TRUE(ctxpar_error_ratio_ok(r.error[i], r.error_1[i]))
+            EXPECT_TRUE(cpt_error_ratio_ok(r.error[i], r.error_1[i]))
                 << name << ": error " << r.error[i] << " at P=" << c.ranks << " vs " << r.error_1[i]
                 << " at P=1";
         else // no ratio at P = 1: the single-rank run is the same computation
             EXPECT_TRUE(std::isnan(r.ratio[i])) << name << ": ratio " << r.ratio[i] << " at P=1";
     }
     if (c.algo == CTXPAR_ALGO_ALLGATHER) { // the design's promise: same bits as one rank
-        EXPECT_TRUE(r.bitwise_single[CTXPAR_T_OUT]);
-        EXPECT_TRUE(r.bitwise_single[CTXPAR_T_LSE]);
+        EXPECT_TRUE(r.bitwise_single[CPT_T_OUT]);
+        EXPECT_TRUE(r.bitwise_single[CPT_T_LSE]);
     }
     if (c.ranks == 1) { // P = 1 against itself: a run must be reproducible bit for bit
-        for (int i = 0; i < CTXPAR_RUN_TENSORS; i++)
-            EXPECT_TRUE(r.bitwise_single[i]) << ctxpar_run_tensor_name((ctxpar_run_tensor)i);
+        for (int i = 0; i < CPT_RUN_TENSORS; i++)
+            EXPECT_TRUE(r.bitwise_single[i]) << cpt_run_tensor_name((cpt_run_tensor)i);
     }
     EXPECT_TRUE(r.ok);
-    ctxpar_run_result_free(&r);
+    cpt_run_result_free(&r);
 }
 
 std::vector<Case> AllCases() {
@@ -165,18 +165,18 @@ TEST(EndToEndLarge, RingCausalZigzagF32AtSeq4096) {
     // the smaller cases above run under ASan too.
     GTEST_SKIP() << "skipped under ASan: the seq 4096 oracle is too slow there";
 #endif
-    ctxpar_run_config cfg;
-    ctxpar_run_config_default(&cfg); // 4 ranks, causal, zigzag, ring, seq 4096, 4 heads, dim 64
+    cpt_run_config cfg;
+    cpt_run_config_default(&cfg); // 4 ranks, causal, zigzag, ring, seq 4096, 4 heads, dim 64
     cfg.backward = 1;
-    ctxpar_run_result r;
-    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    cpt_run_result r;
+    ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
-        EXPECT_LE(r.error[i], 1e-5) << ctxpar_run_tensor_name((ctxpar_run_tensor)i);
-        EXPECT_LE(r.error[i], 2.0 * std::max(r.error_1[i], CTXPAR_TOL_RATIO_FLOOR));
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+        EXPECT_LE(r.error[i], 1e-5) << cpt_run_tensor_name((cpt_run_tensor)i);
+        EXPECT_LE(r.error[i], 2.0 * std::max(r.error_1[i], CPT_TOL_RATIO_FLOOR));
     }
     EXPECT_TRUE(r.ok);
-    ctxpar_run_result_free(&r);
+    cpt_run_result_free(&r);
 }
 
 // Per-rank memory of the ring scales as 1/P: at P ranks it is at most 1/P of P = 1 plus the
@@ -185,15 +185,15 @@ TEST(EndToEndLarge, RingCausalZigzagF32AtSeq4096) {
 // finished sum coming home reuses the rank's own contribution's buffer).
 TEST(EndToEndMemory, RingPeakScalesAsOneOverP) {
     for (int P : {2, 4}) {
-        ctxpar_run_config cfg;
-        ctxpar_run_config_default(&cfg);
+        cpt_run_config cfg;
+        cpt_run_config_default(&cfg);
         cfg.ranks = P;
         cfg.seq = 2048;
         cfg.backward = 1;
         cfg.threads = 1;
         cfg.compare_oracle = 0; // memory only
-        ctxpar_run_result r;
-        ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+        cpt_run_result r;
+        ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
         ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
         const double shard_rows = static_cast<double>(cfg.batch * (cfg.seq / P) * cfg.kv_heads *
                                                       cfg.head_dim);
@@ -205,71 +205,71 @@ TEST(EndToEndMemory, RingPeakScalesAsOneOverP) {
         EXPECT_LE(static_cast<double>(r.peak_bytes_per_rank), bound)
             << "P=" << P << " peak " << r.peak_bytes_per_rank << " vs P=1 peak "
             << r.single_rank_peak_bytes;
-        ctxpar_run_result_free(&r);
+        cpt_run_result_free(&r);
     }
 }
 
 // The CPU backend is deterministic: the same bits with 1 and 2 OpenMP threads per rank.
 TEST(EndToEndDeterminism, SameBitsForAnyThreadCount) {
     for (ctxpar_algo algo : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER}) {
-        ctxpar_run_config cfg;
-        ctxpar_run_config_default(&cfg);
+        cpt_run_config cfg;
+        cpt_run_config_default(&cfg);
         cfg.seq = 512;
         cfg.ranks = 2;
         cfg.backward = 1;
         cfg.params.algo = algo;
         cfg.compare_oracle = 0;
         cfg.compare_single = 0;
-        ctxpar_run_result a, b;
+        cpt_run_result a, b;
         cfg.threads = 1;
-        ASSERT_EQ(ctxpar_run(&cfg, &a), CTXPAR_OK);
+        ASSERT_EQ(cpt_run(&cfg, &a), CTXPAR_OK);
         ASSERT_EQ(a.status, CTXPAR_OK) << a.message;
         cfg.threads = 2;
-        ASSERT_EQ(ctxpar_run(&cfg, &b), CTXPAR_OK);
+        ASSERT_EQ(cpt_run(&cfg, &b), CTXPAR_OK);
         ASSERT_EQ(b.status, CTXPAR_OK) << b.message;
-        for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
-            size_t n = i == CTXPAR_T_LSE ? cfg.batch * cfg.heads * cfg.seq
+        for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+            size_t n = i == CPT_T_LSE ? cfg.batch * cfg.heads * cfg.seq
                                          : cfg.batch * cfg.seq * cfg.heads * cfg.head_dim;
             EXPECT_EQ(0, memcmp(a.outputs.t[i], b.outputs.t[i], n * 4))
-                << ctxpar_algo_name(algo) << " " << ctxpar_run_tensor_name((ctxpar_run_tensor)i);
+                << ctxpar_algo_name(algo) << " " << cpt_run_tensor_name((cpt_run_tensor)i);
         }
-        ctxpar_run_result_free(&a);
-        ctxpar_run_result_free(&b);
+        cpt_run_result_free(&a);
+        cpt_run_result_free(&b);
     }
 }
 
 // All-to-all re-shards heads: heads that do not divide by the ranks are refused, naming them.
 TEST(EndToEndAllToAll, HeadsThatDoNotDivideAreRejected) {
-    ctxpar_run_config cfg;
-    ctxpar_run_config_default(&cfg);
+    cpt_run_config cfg;
+    cpt_run_config_default(&cfg);
     cfg.ranks = 3;
     cfg.seq = 96;
     cfg.heads = 4;
     cfg.kv_heads = 4;
     cfg.params.algo = CTXPAR_ALGO_ALLTOALL;
-    ctxpar_run_result r;
-    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    cpt_run_result r;
+    ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     EXPECT_EQ(r.status, CTXPAR_ERR_INVALID_ARG);
     EXPECT_NE(std::string(r.message).find("query heads (4) to divide by the ranks (3)"),
               std::string::npos)
         << r.message;
     EXPECT_FALSE(r.ok);
-    ctxpar_run_result_free(&r);
+    cpt_run_result_free(&r);
     cfg.ranks = 4;
     cfg.kv_heads = 4;
     cfg.heads = 12;
     cfg.kv_heads = 3; // 3 does not divide 4, nor 4 by 3
-    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     EXPECT_EQ(r.status, CTXPAR_ERR_INVALID_ARG);
     EXPECT_NE(std::string(r.message).find("k/v heads (3)"), std::string::npos) << r.message;
-    ctxpar_run_result_free(&r);
+    cpt_run_result_free(&r);
 }
 
 // A sliding window narrower than a shard: each rank needs only its left neighbour's block, so
 // the ring sends one block per rank and nothing at the other steps (counted bytes).
 TEST(EndToEndWindow, DeadRingStepsSendNothing) {
-    ctxpar_run_config cfg;
-    ctxpar_run_config_default(&cfg);
+    cpt_run_config cfg;
+    cpt_run_config_default(&cfg);
     cfg.ranks = 4;
     cfg.seq = 1024;
     cfg.params.layout = CTXPAR_LAYOUT_CONTIGUOUS;
@@ -277,8 +277,8 @@ TEST(EndToEndWindow, DeadRingStepsSendNothing) {
     cfg.params.window_left = 64; // < 256 tokens per rank
     cfg.threads = 1;
     cfg.compare_single = 0;
-    ctxpar_run_result r;
-    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    cpt_run_result r;
+    ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
     const uint64_t block = 2ull * cfg.batch * (cfg.seq / 4) * cfg.kv_heads * cfg.head_dim * 4;
     for (int rank = 0; rank < 3; rank++) // to the right neighbour, at step 0 only
@@ -286,42 +286,42 @@ TEST(EndToEndWindow, DeadRingStepsSendNothing) {
     EXPECT_EQ(r.rank[3].bytes_sent, 0u) << "rank 3: nobody needs its keys";
     for (int rank = 0; rank < 4; rank++) // its own block and, but for rank 0, the left one
         EXPECT_EQ(r.rank[rank].work.blocks_computed, rank == 0 ? 1u : 2u) << "rank " << rank;
-    EXPECT_LE(r.error[CTXPAR_T_OUT], ctxpar_tolerance(CTXPAR_DTYPE_F32, "out"));
-    ctxpar_run_result_free(&r);
+    EXPECT_LE(r.error[CPT_T_OUT], cpt_tolerance(CTXPAR_DTYPE_F32, "out"));
+    cpt_run_result_free(&r);
 
     // Backward: dK/dV partial sums go to the right with the block and come straight home.
     cfg.backward = 1;
-    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
     for (int rank = 0; rank < 4; rank++) {
         uint64_t fwd = rank < 3 ? block : 0;
         uint64_t bwd = (rank < 3 ? 2 * block : 0) + (rank > 0 ? block : 0); // kv+dkv, dkv home
         EXPECT_EQ(r.rank[rank].bytes_sent, fwd + bwd) << "rank " << rank;
     }
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++)
-        EXPECT_LE(r.error[i], 1e-5) << ctxpar_run_tensor_name((ctxpar_run_tensor)i);
-    ctxpar_run_result_free(&r);
+    for (int i = 0; i < CPT_RUN_TENSORS; i++)
+        EXPECT_LE(r.error[i], 1e-5) << cpt_run_tensor_name((cpt_run_tensor)i);
+    cpt_run_result_free(&r);
 }
 
 // A causal contiguous ring never wraps a block around: block j is needed only by ranks >= j.
 TEST(EndToEndWindow, CausalContiguousBlocksStopAtTheLastRank) {
-    ctxpar_run_config cfg;
-    ctxpar_run_config_default(&cfg);
+    cpt_run_config cfg;
+    cpt_run_config_default(&cfg);
     cfg.ranks = 4;
     cfg.seq = 512;
     cfg.params.layout = CTXPAR_LAYOUT_CONTIGUOUS;
     cfg.threads = 1;
     cfg.compare_single = 0;
-    ctxpar_run_result r;
-    ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    cpt_run_result r;
+    ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
     const uint64_t block = 2ull * cfg.batch * (cfg.seq / 4) * cfg.kv_heads * cfg.head_dim * 4;
     // Rank r forwards blocks r, r-1, ..., 0 (those with a user beyond r): r + 1 hops, but rank 3
     // is the last user of everything.
     for (int rank = 0; rank < 4; rank++)
         EXPECT_EQ(r.rank[rank].bytes_sent, rank < 3 ? (rank + 1) * block : 0) << "rank " << rank;
-    EXPECT_LE(r.error[CTXPAR_T_OUT], 1e-5);
-    ctxpar_run_result_free(&r);
+    EXPECT_LE(r.error[CPT_T_OUT], 1e-5);
+    cpt_run_result_free(&r);
 }
 
 // The work statistics count every visible (query, key) pair exactly once over all ranks.
@@ -329,8 +329,8 @@ TEST(EndToEndWork, FlopsCountEveryVisiblePairOnce) {
     static const int32_t docs[] = {0, 37, 100, 101, 240};
     for (ctxpar_layout layout :
          {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED}) {
-        ctxpar_run_config cfg;
-        ctxpar_run_config_default(&cfg);
+        cpt_run_config cfg;
+        cpt_run_config_default(&cfg);
         cfg.ranks = 4;
         cfg.seq = 240;
         cfg.params.layout = layout;
@@ -339,8 +339,8 @@ TEST(EndToEndWork, FlopsCountEveryVisiblePairOnce) {
         cfg.params.num_docs = 4;
         cfg.compare_single = 0;
         cfg.threads = 1;
-        ctxpar_run_result r;
-        ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+        cpt_run_result r;
+        ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
         ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
         double pairs = 0; // brute force, independent of the library
         for (int q = 0; q < cfg.seq; q++)
@@ -358,7 +358,7 @@ TEST(EndToEndWork, FlopsCountEveryVisiblePairOnce) {
         EXPECT_EQ(flops, 4.0 * cfg.head_dim * cfg.batch * cfg.heads * pairs)
             << ctxpar_layout_name(layout);
         EXPECT_TRUE(r.ok);
-        ctxpar_run_result_free(&r);
+        cpt_run_result_free(&r);
     }
 }
 
@@ -369,16 +369,16 @@ TEST(EndToEndWork, StripedBalancesPackedCausalDocuments) {
     double spread[2];
     const ctxpar_layout layouts[2] = {CTXPAR_LAYOUT_STRIPED, CTXPAR_LAYOUT_CONTIGUOUS};
     for (int i = 0; i < 2; i++) {
-        ctxpar_run_config cfg;
-        ctxpar_run_config_default(&cfg);
+        cpt_run_config cfg;
+        cpt_run_config_default(&cfg);
         cfg.ranks = 4;
         cfg.params.layout = layouts[i];
         cfg.params.cu_seqlens = docs;
         cfg.params.num_docs = 5;
         cfg.compare_single = 0;
         cfg.compare_oracle = 0;
-        ctxpar_run_result r;
-        ASSERT_EQ(ctxpar_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+        cpt_run_result r;
+        ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
         ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
         double mean = 0, worst = 0;
         for (int rank = 0; rank < 4; rank++)
@@ -386,7 +386,7 @@ TEST(EndToEndWork, StripedBalancesPackedCausalDocuments) {
         for (int rank = 0; rank < 4; rank++)
             worst = std::max(worst, std::fabs(r.rank[rank].work.flops - mean) / mean);
         spread[i] = worst;
-        ctxpar_run_result_free(&r);
+        cpt_run_result_free(&r);
     }
     EXPECT_LE(spread[0], 0.10) << "striped";
     EXPECT_GT(spread[1], 0.10) << "contiguous (the check must be able to fail)";

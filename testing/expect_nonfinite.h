@@ -3,8 +3,8 @@
  * (nonfinite_test) and the CUDA device (cuda_ops_test): a result against the fp64 oracle where
  * both may hold NaN and infinities.
  */
-#ifndef CTXPAR_TESTING_EXPECT_NONFINITE_H
-#define CTXPAR_TESTING_EXPECT_NONFINITE_H
+#ifndef CPT_TESTING_EXPECT_NONFINITE_H
+#define CPT_TESTING_EXPECT_NONFINITE_H
 
 #include <gtest/gtest.h>
 
@@ -48,4 +48,4 @@ inline void ExpectSameNonFinite(const std::vector<float> &got, const std::vector
         << what << ": finite values differ by " << max_err << " (max |oracle| " << max_ref << ")";
 }
 
-#endif /* CTXPAR_TESTING_EXPECT_NONFINITE_H */
+#endif /* CPT_TESTING_EXPECT_NONFINITE_H */

@@ -9,7 +9,7 @@
 
 typedef struct fault_impl {
     ctxpar_comm *inner;
-    ctxpar_fault fault;
+    cpt_fault fault;
     int transfers;
     int dead;
 } fault_impl;
@@ -56,17 +56,17 @@ static ctxpar_status fault_sendrecv(ctxpar_comm *c, const void *sendbuf, size_t 
     void *copy = NULL;
     if (hit) {
         switch (f->fault.kind) {
-        case CTXPAR_FAULT_DELAY: {
+        case CPT_FAULT_DELAY: {
             struct timespec ts = {(time_t)f->fault.delay_s,
                                   (long)((f->fault.delay_s - (double)(time_t)f->fault.delay_s) *
                                          1e9)};
             nanosleep(&ts, NULL);
             break;
         }
-        case CTXPAR_FAULT_DROP:
+        case CPT_FAULT_DROP:
             dst = -1; // the peer waits for a message that never comes
             break;
-        case CTXPAR_FAULT_CORRUPT:
+        case CPT_FAULT_CORRUPT:
             if (dst >= 0 && send_bytes > 0) {
                 copy = malloc(send_bytes);
                 if (!copy)
@@ -76,12 +76,12 @@ static ctxpar_status fault_sendrecv(ctxpar_comm *c, const void *sendbuf, size_t 
                 sendbuf = copy;
             }
             break;
-        case CTXPAR_FAULT_DEAD:
+        case CPT_FAULT_DEAD:
             f->dead = 1;
             if (f->fault.announce)
                 ctxpar_comm_abort(f->inner);
             return dead_error(c);
-        case CTXPAR_FAULT_NONE:
+        case CPT_FAULT_NONE:
             break;
         }
     }
@@ -177,7 +177,7 @@ static const struct ctxpar_comm_ops fault_ops = {
     .abort = fault_abort,
 };
 
-ctxpar_status ctxpar_comm_create_fault(ctxpar_comm *inner, const ctxpar_fault *fault,
+ctxpar_status cpt_comm_create_fault(ctxpar_comm *inner, const cpt_fault *fault,
                                        ctxpar_comm **comm_out) {
     if (!inner || !fault || !comm_out)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "inner, fault and comm_out must be set");
@@ -195,6 +195,6 @@ ctxpar_status ctxpar_comm_create_fault(ctxpar_comm *inner, const ctxpar_fault *f
     return CTXPAR_OK;
 }
 
-int ctxpar_fault_transfers(const ctxpar_comm *fault_comm) {
+int cpt_fault_transfers(const ctxpar_comm *fault_comm) {
     return ((const fault_impl *)fault_comm->impl)->transfers;
 }

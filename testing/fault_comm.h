@@ -10,8 +10,8 @@
  *            inner comm so peers learn at once (REMOTE) rather than by timing out (TIMEOUT).
  * Buffers must be host memory (the CORRUPT copy is made with memcpy).
  */
-#ifndef CTXPAR_TESTING_FAULT_COMM_H
-#define CTXPAR_TESTING_FAULT_COMM_H
+#ifndef CPT_TESTING_FAULT_COMM_H
+#define CPT_TESTING_FAULT_COMM_H
 
 #include "ctxpar.h"
 
@@ -19,32 +19,32 @@
 extern "C" {
 #endif
 
-typedef enum ctxpar_fault_kind {
-    CTXPAR_FAULT_NONE = 0,
-    CTXPAR_FAULT_DELAY,
-    CTXPAR_FAULT_DROP,
-    CTXPAR_FAULT_CORRUPT,
-    CTXPAR_FAULT_DEAD,
-} ctxpar_fault_kind;
+typedef enum cpt_fault_kind {
+    CPT_FAULT_NONE = 0,
+    CPT_FAULT_DELAY,
+    CPT_FAULT_DROP,
+    CPT_FAULT_CORRUPT,
+    CPT_FAULT_DEAD,
+} cpt_fault_kind;
 
-typedef struct ctxpar_fault {
-    ctxpar_fault_kind kind;
+typedef struct cpt_fault {
+    cpt_fault_kind kind;
     int rank;        /* the faulty rank */
     int transfer;    /* which of its point-to-point transfers (0-based) */
     double delay_s;  /* DELAY */
     int announce;    /* DEAD: abort the inner comm so that peers see REMOTE */
-} ctxpar_fault;
+} cpt_fault;
 
 /* Wraps `inner` (borrowed: destroy it after the wrapper). The wrapper has inner's rank, size and
  * timeout. */
-ctxpar_status ctxpar_comm_create_fault(ctxpar_comm *inner, const ctxpar_fault *fault,
+ctxpar_status cpt_comm_create_fault(ctxpar_comm *inner, const cpt_fault *fault,
                                        ctxpar_comm **comm_out);
 
 /* Point-to-point transfers the wrapper has posted so far. */
-int ctxpar_fault_transfers(const ctxpar_comm *fault_comm);
+int cpt_fault_transfers(const ctxpar_comm *fault_comm);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* CTXPAR_TESTING_FAULT_COMM_H */
+#endif /* CPT_TESTING_FAULT_COMM_H */

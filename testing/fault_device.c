@@ -9,7 +9,7 @@
 
 typedef struct fault_dev {
     ctxpar_device *inner;
-    ctxpar_fault_device_config cfg;
+    cpt_fault_device_config cfg;
     const char *name[MAX_OPS];
     int calls[MAX_OPS];
     int n_ops;
@@ -174,8 +174,8 @@ static const struct ctxpar_device_ops stream_ops = {
     .stream_wait_event = fd_stream_wait_event,
 };
 
-ctxpar_status ctxpar_device_create_fault(ctxpar_device *inner,
-                                         const ctxpar_fault_device_config *config,
+ctxpar_status cpt_device_create_fault(ctxpar_device *inner,
+                                         const cpt_fault_device_config *config,
                                          ctxpar_device **device_out) {
     if (!inner || !config || !device_out)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "inner, config and device_out must be set");
@@ -191,7 +191,7 @@ ctxpar_status ctxpar_device_create_fault(ctxpar_device *inner,
     return st;
 }
 
-int ctxpar_fault_device_calls(const ctxpar_device *device, const char *op) {
+int cpt_fault_device_calls(const ctxpar_device *device, const char *op) {
     fault_dev *f = fd_of(device);
     for (int i = 0; i < f->n_ops; i++)
         if (strcmp(f->name[i], op) == 0)
@@ -199,7 +199,7 @@ int ctxpar_fault_device_calls(const ctxpar_device *device, const char *op) {
     return 0;
 }
 
-void *ctxpar_fault_device_last_alloc(const ctxpar_device *device, size_t *bytes_out) {
+void *cpt_fault_device_last_alloc(const ctxpar_device *device, size_t *bytes_out) {
     const fault_dev *f = fd_of(device);
     if (bytes_out)
         *bytes_out = f->last_bytes;

@@ -32,7 +32,7 @@ struct FaultRun {
 };
 
 // Ring forward + backward on P threads, each rank's comm wrapped in the fault decorator.
-FaultRun RunRanks(const ctxpar_fault &fault, int verify, double timeout_s,
+FaultRun RunRanks(const cpt_fault &fault, int verify, double timeout_s,
              ctxpar_algo algo = CTXPAR_ALGO_RING) {
     FaultRun run;
     ctxpar_local_group *group = nullptr;
@@ -67,7 +67,7 @@ FaultRun RunRanks(const ctxpar_fault &fault, int verify, double timeout_s,
         if (st == CTXPAR_OK)
             st = ctxpar_comm_create_local(group, r, nullptr, &local);
         if (st == CTXPAR_OK)
-            st = ctxpar_comm_create_fault(local, &fault, &comm);
+            st = cpt_comm_create_fault(local, &fault, &comm);
         if (st == CTXPAR_OK)
             st = ctxpar_comm_set_timeout(comm, timeout_s);
         if (st == CTXPAR_OK)
@@ -75,10 +75,10 @@ FaultRun RunRanks(const ctxpar_fault &fault, int verify, double timeout_s,
         if (st == CTXPAR_OK)
             st = ctxpar_positions(p.layout, S, r, P, pos.data());
         if (st == CTXPAR_OK) {
-            ctxpar_test_fill(&tq, 7, 1, S, pos.data());
-            ctxpar_test_fill(&tk, 7, 2, S, pos.data());
-            ctxpar_test_fill(&tv, 7, 3, S, pos.data());
-            ctxpar_test_fill(&tdout, 7, 4, S, pos.data());
+            cpt_test_fill(&tq, 7, 1, S, pos.data());
+            cpt_test_fill(&tk, 7, 2, S, pos.data());
+            cpt_test_fill(&tv, 7, 3, S, pos.data());
+            cpt_test_fill(&tdout, 7, 4, S, pos.data());
             st = ctxpar_attn_fwd(ctx, &p, &tq, &tk, &tv, &tout, lse.data(), nullptr);
         }
         if (st == CTXPAR_OK)
@@ -109,12 +109,12 @@ bool SameBits(const RankResult &a, const RankResult &b) {
     return eq(a.out, b.out) && eq(a.dq, b.dq) && eq(a.dk, b.dk) && eq(a.dv, b.dv);
 }
 
-const ctxpar_fault kNoFault = {CTXPAR_FAULT_NONE, 0, 0, 0, 0};
+const cpt_fault kNoFault = {CPT_FAULT_NONE, 0, 0, 0, 0};
 
 TEST(Fault, DelayChangesNothing) {
     FaultRun clean = RunRanks(kNoFault, 0, 30);
     for (int transfer : {0, 2, 5}) {
-        ctxpar_fault f = {CTXPAR_FAULT_DELAY, 1, transfer, 0.2, 0};
+        cpt_fault f = {CPT_FAULT_DELAY, 1, transfer, 0.2, 0};
         FaultRun slow = RunRanks(f, 0, 30);
         for (int r = 0; r < P; r++) {
             ASSERT_EQ(slow.rank[r].status, CTXPAR_OK) << slow.rank[r].message;
@@ -138,7 +138,7 @@ void ExpectAllFail(const FaultRun &run, double timeout_s, const std::string &wha
 TEST(Fault, DroppedMessageTimesOutEverywhereAndNewCommsWork) {
     const double timeout = 0.5;
     for (int transfer : {0, 3}) {
-        ctxpar_fault f = {CTXPAR_FAULT_DROP, 2, transfer, 0, 0};
+        cpt_fault f = {CPT_FAULT_DROP, 2, transfer, 0, 0};
         FaultRun run = RunRanks(f, 0, timeout);
         ExpectAllFail(run, timeout, "drop #" + std::to_string(transfer));
         // The receiver of the dropped message sees the next one arrive under another tag (a comm
@@ -159,18 +159,18 @@ TEST(Fault, DroppedMessageTimesOutEverywhereAndNewCommsWork) {
 
 TEST(Fault, DeadRankIsReportedAsRemoteWhenItAnnouncesAndTimeoutWhenSilent) {
     const double timeout = 0.5;
-    ctxpar_fault loud = {CTXPAR_FAULT_DEAD, 3, 1, 0, 1};
+    cpt_fault loud = {CPT_FAULT_DEAD, 3, 1, 0, 1};
     FaultRun a = RunRanks(loud, 0, 30); // a long timeout: peers must learn from the abort, not time out
     for (int r = 0; r < P; r++)
         EXPECT_EQ(a.rank[r].status, CTXPAR_ERR_REMOTE) << "rank " << r << ": " << a.rank[r].message;
     EXPECT_LT(a.seconds, 20.0);
-    ctxpar_fault silent = {CTXPAR_FAULT_DEAD, 3, 1, 0, 0};
+    cpt_fault silent = {CPT_FAULT_DEAD, 3, 1, 0, 0};
     FaultRun b = RunRanks(silent, 0, timeout);
     ExpectAllFail(b, timeout, "silent death");
 }
 
 TEST(Fault, CorruptionIsCaughtByTransferChecksums) {
-    ctxpar_fault f = {CTXPAR_FAULT_CORRUPT, 0, 1, 0, 0};
+    cpt_fault f = {CPT_FAULT_CORRUPT, 0, 1, 0, 0};
     FaultRun run = RunRanks(f, /*verify=*/1, 30);
     // Rank 0's second transfer goes to rank 1: it detects the corruption and names it.
     EXPECT_EQ(run.rank[1].status, CTXPAR_ERR_COMM) << run.rank[1].message;

@@ -36,7 +36,7 @@ static void limited_destroy(ctxpar_device *dev) {
     free(l);
 }
 
-ctxpar_status ctxpar_test_limited_device_create(int64_t max_head_dim, int64_t max_seq_k,
+ctxpar_status cpt_test_limited_device_create(int64_t max_head_dim, int64_t max_seq_k,
                                                 ctxpar_device **dev_out) {
     limited *l = calloc(1, sizeof *l);
     if (!l)

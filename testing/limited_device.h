@@ -4,8 +4,8 @@
  * blocks of more than max_seq_k keys (0 = no limit), then asks the CPU device. For the tests that
  * show a NOT_SUPPORTED call leaving the comm and context usable, and AUTO steering around it.
  */
-#ifndef CTXPAR_TESTING_LIMITED_DEVICE_H
-#define CTXPAR_TESTING_LIMITED_DEVICE_H
+#ifndef CPT_TESTING_LIMITED_DEVICE_H
+#define CPT_TESTING_LIMITED_DEVICE_H
 
 #include <stdint.h>
 
@@ -16,11 +16,11 @@ extern "C" {
 #endif
 
 /* One OpenMP thread; destroy with ctxpar_device_destroy. */
-ctxpar_status ctxpar_test_limited_device_create(int64_t max_head_dim, int64_t max_seq_k,
+ctxpar_status cpt_test_limited_device_create(int64_t max_head_dim, int64_t max_seq_k,
                                                 ctxpar_device **dev_out);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* CTXPAR_TESTING_LIMITED_DEVICE_H */
+#endif /* CPT_TESTING_LIMITED_DEVICE_H */

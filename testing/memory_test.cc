@@ -25,9 +25,9 @@
 
 namespace {
 
-ctxpar_run_config Config(ctxpar_algo algo, int ranks, int64_t seq, bool backward) {
-    ctxpar_run_config c;
-    ctxpar_run_config_default(&c);
+cpt_run_config Config(ctxpar_algo algo, int ranks, int64_t seq, bool backward) {
+    cpt_run_config c;
+    cpt_run_config_default(&c);
     c.ranks = ranks;
     c.seq = seq;
     c.params.algo = algo;
@@ -48,16 +48,16 @@ class Allocations : public ::testing::TestWithParam<AllocCase> {};
 // within the oracle's tolerance.
 TEST_P(Allocations, NoneAfterWarmup) {
     const AllocCase a = GetParam();
-    ctxpar_run_config c = Config(a.algo, a.ranks, 512, a.backward);
+    cpt_run_config c = Config(a.algo, a.ranks, 512, a.backward);
     c.warmup = 1;
     c.repeat = 3;
     c.compare_single = 0;
-    ctxpar_run_result r;
-    ASSERT_EQ(ctxpar_run(&c, &r), CTXPAR_OK);
+    cpt_run_result r;
+    ASSERT_EQ(cpt_run(&c, &r), CTXPAR_OK);
     EXPECT_TRUE(r.ok) << r.message;
     for (int i = 0; i < a.ranks; i++)
         EXPECT_EQ(r.rank[i].allocations, 0u) << "rank " << i;
-    ctxpar_run_result_free(&r);
+    cpt_run_result_free(&r);
 }
 
 std::vector<AllocCase> AllocCases() {
@@ -80,17 +80,17 @@ INSTANTIATE_TEST_SUITE_P(Cpu, Allocations, ::testing::ValuesIn(AllocCases()),
 // at P = 4), measured by the runner on both sides of the same run.
 TEST(RingMemory, PeakFallsAsOneOverP) {
     for (int P : {2, 4, 8}) {
-        ctxpar_run_config c = Config(CTXPAR_ALGO_RING, P, 4096, true);
+        cpt_run_config c = Config(CTXPAR_ALGO_RING, P, 4096, true);
         c.compare_oracle = 0;
         c.warmup = 1;
-        ctxpar_run_result r;
-        ASSERT_EQ(ctxpar_run(&c, &r), CTXPAR_OK);
+        cpt_run_result r;
+        ASSERT_EQ(cpt_run(&c, &r), CTXPAR_OK);
         ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
         ASSERT_GT(r.single_rank_peak_bytes, 0u);
         const double ratio = (double)r.peak_bytes_per_rank / (double)r.single_rank_peak_bytes;
         EXPECT_LE(ratio, 2.0 / P) << "P = " << P << ": " << r.peak_bytes_per_rank << " vs "
                                   << r.single_rank_peak_bytes << " bytes";
-        ctxpar_run_result_free(&r);
+        cpt_run_result_free(&r);
     }
 }
 
@@ -101,14 +101,14 @@ struct Rank {
     ctxpar_device *cpu = nullptr, *dev = nullptr;
     ctxpar_comm *comm = nullptr;
     ctxpar_context *ctx = nullptr;
-    explicit Rank(int P, const ctxpar_fault_device_config *fault = nullptr) {
+    explicit Rank(int P, const cpt_fault_device_config *fault = nullptr) {
         ctxpar_cpu_options co = CTXPAR_CPU_OPTIONS_INIT;
         co.num_threads = 1;
         EXPECT_EQ(ctxpar_local_group_create(P, &group), CTXPAR_OK);
         EXPECT_EQ(ctxpar_device_create_cpu(&co, &cpu), CTXPAR_OK);
         dev = cpu;
         if (fault) {
-            EXPECT_EQ(ctxpar_device_create_fault(cpu, fault, &dev), CTXPAR_OK);
+            EXPECT_EQ(cpt_device_create_fault(cpu, fault, &dev), CTXPAR_OK);
         }
         EXPECT_EQ(ctxpar_comm_create_local(group, 0, nullptr, &comm), CTXPAR_OK);
         EXPECT_EQ(ctxpar_context_create(dev, comm, nullptr, &ctx), CTXPAR_OK);
@@ -144,7 +144,7 @@ struct Tensors {
         int id = 1;
         for (auto *x : {&q, &k, &v, &dout}) {
             ctxpar_tensor t = T(*x);
-            ctxpar_test_fill(&t, 3, id++, s, pos.data());
+            cpt_test_fill(&t, 3, id++, s, pos.data());
         }
     }
     ctxpar_tensor T(std::vector<float> &x) {
@@ -220,14 +220,14 @@ TEST(Workspace, IdleWorkspaceIsPoisonedUnderAsan) {
     if (!HAVE_ASAN)
         GTEST_SKIP() << "skipped: needs AddressSanitizer (bazel test --config=asan)";
 #if HAVE_ASAN
-    ctxpar_fault_device_config none = {0, nullptr, 0};
+    cpt_fault_device_config none = {0, nullptr, 0};
     Rank r(1, &none);
     Tensors t(128);
     ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
     ctxpar_tensor q = t.T(t.q), k = t.T(t.k), v = t.T(t.v), out = t.T(t.out);
     ASSERT_EQ(ctxpar_context_reserve(r.ctx, &p, &q, &k, &v), CTXPAR_OK);
     size_t bytes = 0;
-    char *ws = static_cast<char *>(ctxpar_fault_device_last_alloc(r.dev, &bytes));
+    char *ws = static_cast<char *>(cpt_fault_device_last_alloc(r.dev, &bytes));
     ASSERT_NE(ws, nullptr);
     EXPECT_TRUE(__asan_address_is_poisoned(ws)) << "reserved, not in use";
     ASSERT_EQ(ctxpar_attn_fwd(r.ctx, &p, &q, &k, &v, &out, t.lse.data(), nullptr), CTXPAR_OK);
@@ -256,7 +256,7 @@ ctxpar_status RunTwoRanks(const char *op, int fail_at, bool verify, int *calls_o
         ctxpar_context *ctx = nullptr;
         ctxpar_context_options opts = CTXPAR_CONTEXT_OPTIONS_INIT;
         opts.verify_transfers = verify;
-        ctxpar_fault_device_config cfg = {1, rk == 0 && fail_at >= 0 ? op : nullptr, fail_at};
+        cpt_fault_device_config cfg = {1, rk == 0 && fail_at >= 0 ? op : nullptr, fail_at};
         Tensors t(s);
         ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
         p.algo = CTXPAR_ALGO_RING;
@@ -266,7 +266,7 @@ ctxpar_status RunTwoRanks(const char *op, int fail_at, bool verify, int *calls_o
                       dout = t.T(t.dout), dq = t.T(t.dq), dk = t.T(t.dk), dv = t.T(t.dv);
         ctxpar_status st = ctxpar_device_create_cpu(&co, &cpu);
         if (st == CTXPAR_OK)
-            st = ctxpar_device_create_fault(cpu, &cfg, &dev);
+            st = cpt_device_create_fault(cpu, &cfg, &dev);
         if (st == CTXPAR_OK)
             st = ctxpar_comm_create_local(group, rk, nullptr, &comm);
         if (st == CTXPAR_OK)
@@ -280,7 +280,7 @@ ctxpar_status RunTwoRanks(const char *op, int fail_at, bool verify, int *calls_o
                                  nullptr);
         result[rk] = st;
         if (rk == 0 && calls_out)
-            *calls_out = dev ? ctxpar_fault_device_calls(dev, op) : -1;
+            *calls_out = dev ? cpt_fault_device_calls(dev, op) : -1;
         ctxpar_context_destroy(ctx);
         ctxpar_comm_destroy(comm);
         ctxpar_device_destroy(dev);
@@ -313,7 +313,7 @@ TEST(NoLostErrors, AFaultInTheLastCallOfAnOpIsTheCallsResult) {
 // call into an error; so does release. The same sequence without the fault is OK throughout.
 ctxpar_status GrowThenRelease(int fail_at, ctxpar_status *release_out, int *frees_out,
                               std::string *message_out = nullptr) {
-    ctxpar_fault_device_config cfg = {0, fail_at >= 0 ? "free" : nullptr, fail_at};
+    cpt_fault_device_config cfg = {0, fail_at >= 0 ? "free" : nullptr, fail_at};
     Rank r(1, &cfg);
     Tensors small(64), large(256);
     ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
@@ -321,13 +321,13 @@ ctxpar_status GrowThenRelease(int fail_at, ctxpar_status *release_out, int *free
                   out = small.T(small.out);
     EXPECT_EQ(ctxpar_attn_fwd(r.ctx, &p, &q, &k, &v, &out, small.lse.data(), nullptr), CTXPAR_OK)
         << "no free yet: " << ctxpar_last_error();
-    EXPECT_EQ(ctxpar_fault_device_calls(r.dev, "free"), 0);
+    EXPECT_EQ(cpt_fault_device_calls(r.dev, "free"), 0);
     q = large.T(large.q), k = large.T(large.k), v = large.T(large.v), out = large.T(large.out);
     const ctxpar_status st =
         ctxpar_attn_fwd(r.ctx, &p, &q, &k, &v, &out, large.lse.data(), nullptr);
     if (message_out)
         *message_out = ctxpar_last_error();
-    *frees_out = ctxpar_fault_device_calls(r.dev, "free");
+    *frees_out = cpt_fault_device_calls(r.dev, "free");
     *release_out = ctxpar_context_release(r.ctx);
     EXPECT_EQ(r.Current(), 0u) << "a failed free still gives the block back";
     return st;

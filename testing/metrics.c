@@ -17,7 +17,7 @@ static double elem_error(double got, double ref) {
     return fabs(got - ref);
 }
 
-static void stats_add(ctxpar_error_stats *st, double got, double ref) {
+static void stats_add(cpt_error_stats *st, double got, double ref) {
     double e = elem_error(got, ref);
     if (isinf(e))
         st->nonfinite++;
@@ -30,42 +30,42 @@ static void stats_add(ctxpar_error_stats *st, double got, double ref) {
     st->count++;
 }
 
-static void stats_finish(ctxpar_error_stats *st) {
+static void stats_finish(cpt_error_stats *st) {
     st->rel = st->max_ref > 0.0 ? st->max_abs / st->max_ref : st->max_abs;
 }
 
-static ctxpar_error_stats stats_init(void) {
-    ctxpar_error_stats st = {0};
+static cpt_error_stats stats_init(void) {
+    cpt_error_stats st = {0};
     st.worst = -1;
     return st;
 }
 
-ctxpar_error_stats ctxpar_compare_f32(const float *got, const double *ref, size_t n) {
-    ctxpar_error_stats st = stats_init();
+cpt_error_stats cpt_compare_f32(const float *got, const double *ref, size_t n) {
+    cpt_error_stats st = stats_init();
     for (size_t i = 0; i < n; i++)
         stats_add(&st, got[i], ref[i]);
     stats_finish(&st);
     return st;
 }
 
-ctxpar_error_stats ctxpar_compare_tensor(const ctxpar_tensor *got, const double *ref) {
-    ctxpar_error_stats st = stats_init();
+cpt_error_stats cpt_compare_tensor(const ctxpar_tensor *got, const double *ref) {
+    cpt_error_stats st = stats_init();
     const int64_t B = got->shape[0], S = got->shape[1], H = got->shape[2], D = got->shape[3];
     for (int64_t b = 0; b < B; b++)
         for (int64_t s = 0; s < S; s++)
             for (int64_t h = 0; h < H; h++)
                 for (int64_t d = 0; d < D; d++)
-                    stats_add(&st, ctxpar_test_get(got, b, s, h, d), ref[st.count]);
+                    stats_add(&st, cpt_test_get(got, b, s, h, d), ref[st.count]);
     stats_finish(&st);
     return st;
 }
 
-double ctxpar_rel_error_rows(const float *got, const double *ref, size_t rows, size_t row_len,
+double cpt_rel_error_rows(const float *got, const double *ref, size_t rows, size_t row_len,
                              int64_t *worst_row_out) {
     double worst = 0.0;
     int64_t at = rows ? 0 : -1;
     for (size_t r = 0; r < rows; r++) {
-        double e = ctxpar_compare_f32(got + r * row_len, ref + r * row_len, row_len).rel;
+        double e = cpt_compare_f32(got + r * row_len, ref + r * row_len, row_len).rel;
         if (isnan(e) || e > worst) {
             worst = isnan(e) ? INFINITY : e;
             at = (int64_t)r;
@@ -76,12 +76,12 @@ double ctxpar_rel_error_rows(const float *got, const double *ref, size_t rows, s
     return worst;
 }
 
-double ctxpar_max_abs_error(const float *got, const double *ref, size_t n) {
-    return ctxpar_compare_f32(got, ref, n).max_abs;
+double cpt_max_abs_error(const float *got, const double *ref, size_t n) {
+    return cpt_compare_f32(got, ref, n).max_abs;
 }
 
-double ctxpar_rel_error(const float *got, const double *ref, size_t n) {
-    return ctxpar_compare_f32(got, ref, n).rel;
+double cpt_rel_error(const float *got, const double *ref, size_t n) {
+    return cpt_compare_f32(got, ref, n).rel;
 }
 
 // Position of f on the number line of floats: consecutive floats map to consecutive integers,
@@ -93,19 +93,19 @@ static int64_t float_ordinal(float f) {
     return (u >> 31) ? -mag : mag;
 }
 
-uint64_t ctxpar_ulp_distance_f32(float a, float b) {
+uint64_t cpt_ulp_distance_f32(float a, float b) {
     if (isnan(a) || isnan(b))
         return UINT64_MAX;
     int64_t d = float_ordinal(a) - float_ordinal(b);
     return (uint64_t)(d < 0 ? -d : d);
 }
 
-ctxpar_ulp_stats ctxpar_ulp_f32(const float *got, const double *ref, size_t n) {
-    ctxpar_ulp_stats st = {0, 0.0, -1};
+cpt_ulp_stats cpt_ulp_f32(const float *got, const double *ref, size_t n) {
+    cpt_ulp_stats st = {0, 0.0, -1};
     double sum = 0.0;
     size_t finite = 0;
     for (size_t i = 0; i < n; i++) {
-        uint64_t d = ctxpar_ulp_distance_f32(got[i], (float)ref[i]);
+        uint64_t d = cpt_ulp_distance_f32(got[i], (float)ref[i]);
         if (st.worst < 0 || d > st.max) {
             st.max = d;
             st.worst = (int64_t)i;
@@ -119,7 +119,7 @@ ctxpar_ulp_stats ctxpar_ulp_f32(const float *got, const double *ref, size_t n) {
     return st;
 }
 
-size_t ctxpar_bitwise_diff(const void *a, const void *b, size_t n, size_t elem_size,
+size_t cpt_bitwise_diff(const void *a, const void *b, size_t n, size_t elem_size,
                            int64_t *first_out) {
     const unsigned char *pa = a, *pb = b;
     size_t diff = 0;
@@ -136,7 +136,7 @@ size_t ctxpar_bitwise_diff(const void *a, const void *b, size_t n, size_t elem_s
     return diff;
 }
 
-size_t ctxpar_bitwise_diff_tensor(const ctxpar_tensor *a, const ctxpar_tensor *b,
+size_t cpt_bitwise_diff_tensor(const ctxpar_tensor *a, const ctxpar_tensor *b,
                                   int64_t *first_out) {
     if (first_out)
         *first_out = -1;

@@ -8,7 +8,7 @@
 #include <string.h>
 
 typedef struct naive {
-    ctxpar_oracle_shape sh;
+    cpt_oracle_shape sh;
     const float *q, *k, *v;
     const uint8_t *vis;
     float scale;
@@ -61,7 +61,7 @@ static float softmax_row(const naive *n, int64_t b, int64_t h, int64_t i, float 
         if (sees(n, i, j))
             p[j] = expf(p[j] - m);
         part += p[j];
-        if ((j + 1) % CTXPAR_NAIVE_KC == 0 || j + 1 == Sk) {
+        if ((j + 1) % CPT_NAIVE_KC == 0 || j + 1 == Sk) {
             sum += part;
             part = 0.0f;
         }
@@ -71,14 +71,14 @@ static float softmax_row(const naive *n, int64_t b, int64_t h, int64_t i, float 
     return m + logf(sum);
 }
 
-// dst[d] = sum_j w[j] * rows(j)[d] over the visible j, in blocks of CTXPAR_NAIVE_KC keys.
+// dst[d] = sum_j w[j] * rows(j)[d] over the visible j, in blocks of CPT_NAIVE_KC keys.
 static void blocked_gemv(const naive *n, int64_t i, const float *w, const float *t, int64_t b,
                          int64_t hk, float *acc, float *dst) {
     const int64_t Sk = n->sh.seq_k, D = n->sh.head_dim;
     memset(dst, 0, (size_t)D * sizeof *dst);
-    for (int64_t j0 = 0; j0 < Sk; j0 += CTXPAR_NAIVE_KC) {
+    for (int64_t j0 = 0; j0 < Sk; j0 += CPT_NAIVE_KC) {
         memset(acc, 0, (size_t)D * sizeof *acc);
-        for (int64_t j = j0; j < j0 + CTXPAR_NAIVE_KC && j < Sk; j++)
+        for (int64_t j = j0; j < j0 + CPT_NAIVE_KC && j < Sk; j++)
             if (sees(n, i, j))
                 axpy_f32(w[j], row_kv(n, t, b, j, hk), acc, D);
         for (int64_t d = 0; d < D; d++)
@@ -86,7 +86,7 @@ static void blocked_gemv(const naive *n, int64_t i, const float *w, const float 
     }
 }
 
-void ctxpar_naive_f32_fwd(const ctxpar_oracle_shape *sh, const float *q, const float *k,
+void cpt_naive_f32_fwd(const cpt_oracle_shape *sh, const float *q, const float *k,
                           const float *v, const uint8_t *vis, float scale, float *out,
                           float *lse) {
     const naive n = {*sh, q, k, v, vis, scale};
@@ -124,7 +124,7 @@ static void flush(float *dk, float *dv, float *bk, float *bv, int64_t Sk, int64_
     memset(bv, 0, sizeof(float) * (size_t)(Sk * D));
 }
 
-void ctxpar_naive_f32_bwd(const ctxpar_oracle_shape *sh, const float *q, const float *k,
+void cpt_naive_f32_bwd(const cpt_oracle_shape *sh, const float *q, const float *k,
                           const float *v, const uint8_t *vis, float scale, const float *out,
                           const float *dout, float *dq, float *dk, float *dv) {
     const naive n = {*sh, q, k, v, vis, scale};
@@ -163,7 +163,7 @@ void ctxpar_naive_f32_bwd(const ctxpar_oracle_shape *sh, const float *q, const f
                         axpy_f32(p[j], doi, bv + j * D, D);
                         axpy_f32(ds[j], qi, bk + j * D, D);
                     }
-                if (++in_block == CTXPAR_NAIVE_KC) {
+                if (++in_block == CPT_NAIVE_KC) {
                     flush(dk, dv, bk, bv, Sk, Hk, hk, b, D);
                     in_block = 0;
                 }

@@ -7,16 +7,16 @@
  * textbook backward (dV = P^T dO, dP = dO V^T, delta = rowsum(dO * O), dS = P (dP - delta),
  * dQ = scale dS K, dK = scale dS^T Q). Every product is a float32 multiply-add; the long sums
  * (over keys, or over query rows) are taken as a BLAS GEMM takes them: in blocks of
- * CTXPAR_NAIVE_KC terms, each block summed from zero and then added to the total. Sums over
+ * CPT_NAIVE_KC terms, each block summed from zero and then added to the total. Sums over
  * head_dim (<= 256) are one block. This is what users compare against (float32 BLAS products,
  * PyTorch's math attention); a plain running sum over all keys would be a weaker baseline.
  *
  * Shapes and layouts are the oracle's (oracle.h): dense BSHD floats, lse [B, Hq, Sq] (natural
  * log; -inf and out = 0 for a row that sees no key). The mask is given as the oracle's visibility
- * matrix (ctxpar_oracle_visibility), vis [Sq, Sk], NULL for no mask.
+ * matrix (cpt_oracle_visibility), vis [Sq, Sk], NULL for no mask.
  */
-#ifndef CTXPAR_TESTING_NAIVE_F32_H
-#define CTXPAR_TESTING_NAIVE_F32_H
+#ifndef CPT_TESTING_NAIVE_F32_H
+#define CPT_TESTING_NAIVE_F32_H
 
 #include <stdint.h>
 
@@ -27,15 +27,15 @@ extern "C" {
 #endif
 
 /* Terms per block of a long sum (the k-blocking of a float32 GEMM). */
-#define CTXPAR_NAIVE_KC 256
+#define CPT_NAIVE_KC 256
 
-void ctxpar_naive_f32_fwd(const ctxpar_oracle_shape *sh, const float *q, const float *k,
+void cpt_naive_f32_fwd(const cpt_oracle_shape *sh, const float *q, const float *k,
                           const float *v, const uint8_t *vis, float scale, float *out,
                           float *lse);
 
 /* out is the naive forward's own output (delta = rowsum(dout * out) from it, as autograd does);
  * dq, dk, dv are overwritten. */
-void ctxpar_naive_f32_bwd(const ctxpar_oracle_shape *sh, const float *q, const float *k,
+void cpt_naive_f32_bwd(const cpt_oracle_shape *sh, const float *q, const float *k,
                           const float *v, const uint8_t *vis, float scale, const float *out,
                           const float *dout, float *dq, float *dk, float *dv);
 
@@ -43,4 +43,4 @@ void ctxpar_naive_f32_bwd(const ctxpar_oracle_shape *sh, const float *q, const f
 }
 #endif
 
-#endif /* CTXPAR_TESTING_NAIVE_F32_H */
+#endif /* CPT_TESTING_NAIVE_F32_H */

@@ -115,7 +115,7 @@ Inputs MakeInputs(const Scenario &sc) {
     const int64_t heads[4] = {HQ, HKV, HKV, HQ};
     for (int i = 0; i < 4; i++) {
         in.t[i].resize(B * S * heads[i] * D);
-        ctxpar_test_fill_global_f64(in.t[i].data(), CTXPAR_DTYPE_F32, 31, i + 1, B, S, heads[i], D);
+        cpt_test_fill_global_f64(in.t[i].data(), CTXPAR_DTYPE_F32, 31, i + 1, B, S, heads[i], D);
     }
     if (sc.positive_q_row)
         for (int64_t h = 0; h < HQ; h++)
@@ -235,7 +235,7 @@ struct Reference {
 
 Reference Oracle(const Scenario &sc, const Inputs &in) {
     Reference ref;
-    ctxpar_oracle_shape sh = {B, S, S, HQ, HKV, D};
+    cpt_oracle_shape sh = {B, S, S, HQ, HKV, D};
     ctxpar_mask_desc mask = {sc.mask == CTXPAR_MASK_CAUSAL, sc.window, sc.docs ? kDocs : nullptr,
                              sc.docs ? 3 : 0};
     // The scale the library resolves: 1/sqrt(D) in float.
@@ -245,9 +245,9 @@ Reference Oracle(const Scenario &sc, const Inputs &in) {
     ref.t[2].resize(B * S * HQ * D);
     ref.t[3].resize(B * S * HKV * D);
     ref.t[4].resize(B * S * HKV * D);
-    ctxpar_oracle_fwd(&sh, in.t[kQ].data(), in.t[kK].data(), in.t[kV].data(), nullptr, nullptr,
+    cpt_oracle_fwd(&sh, in.t[kQ].data(), in.t[kK].data(), in.t[kV].data(), nullptr, nullptr,
                       &mask, scale, ref.t[0].data(), ref.t[1].data());
-    ctxpar_oracle_bwd(&sh, in.t[kQ].data(), in.t[kK].data(), in.t[kV].data(), nullptr, nullptr,
+    cpt_oracle_bwd(&sh, in.t[kQ].data(), in.t[kK].data(), in.t[kV].data(), nullptr, nullptr,
                       &mask, scale, in.t[kDout].data(), ref.t[2].data(), ref.t[3].data(),
                       ref.t[4].data());
     return ref;
@@ -323,11 +323,11 @@ Reference ConventionOracle(const Scenario &sc, const Inputs &in,
                 k[j * D + d] = in.t[kK][(j * HKV + g) * D + d];
                 v[j * D + d] = in.t[kV][(j * HKV + g) * D + d];
             }
-        ctxpar_oracle_shape sh = {1, n, S, 1, 1, D};
+        cpt_oracle_shape sh = {1, n, S, 1, 1, D};
         std::vector<double> out(n * D), lse(n), dq(n * D), dk(S * D), dv(S * D);
-        ctxpar_oracle_fwd(&sh, q.data(), k.data(), v.data(), pos.data(), nullptr, &mask, scale,
+        cpt_oracle_fwd(&sh, q.data(), k.data(), v.data(), pos.data(), nullptr, &mask, scale,
                           out.data(), lse.data());
-        ctxpar_oracle_bwd(&sh, q.data(), k.data(), v.data(), pos.data(), nullptr, &mask, scale,
+        cpt_oracle_bwd(&sh, q.data(), k.data(), v.data(), pos.data(), nullptr, &mask, scale,
                           dout.data(), dq.data(), dk.data(), dv.data());
         for (int64_t r = 0; r < n; r++) {
             ref.t[1][h * S + pos[r]] = lse[r];
@@ -351,7 +351,7 @@ const char *const kTensorName[5] = {"out", "lse", "dq", "dk", "dv"};
 // within the F32 tolerance of the largest finite reference value.
 void ExpectSameNonFinite(const std::vector<float> &got, const std::vector<double> &ref,
                          const char *name) {
-    ::ExpectSameNonFinite(got, ref, ctxpar_tolerance(CTXPAR_DTYPE_F32, name), name);
+    ::ExpectSameNonFinite(got, ref, cpt_tolerance(CTXPAR_DTYPE_F32, name), name);
 }
 
 int64_t CountNonFinite(const std::vector<double> &x) {

@@ -25,52 +25,52 @@ static const unsigned char npy_magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 // NumPy aligns the start of the data to this many bytes.
 #define NPY_ALIGN 64
 
-size_t ctxpar_npy_dtype_size(ctxpar_npy_dtype dtype) {
+size_t cpt_npy_dtype_size(cpt_npy_dtype dtype) {
     switch (dtype) {
-    case CTXPAR_NPY_F32:
-    case CTXPAR_NPY_I32:
+    case CPT_NPY_F32:
+    case CPT_NPY_I32:
         return 4;
-    case CTXPAR_NPY_F16:
-    case CTXPAR_NPY_BF16:
+    case CPT_NPY_F16:
+    case CPT_NPY_BF16:
         return 2;
-    case CTXPAR_NPY_I64:
+    case CPT_NPY_I64:
         return 8;
     }
     return 0;
 }
 
-const char *ctxpar_npy_dtype_descr(ctxpar_npy_dtype dtype) {
+const char *cpt_npy_dtype_descr(cpt_npy_dtype dtype) {
     switch (dtype) {
-    case CTXPAR_NPY_F32:
+    case CPT_NPY_F32:
         return "<f4";
-    case CTXPAR_NPY_F16:
+    case CPT_NPY_F16:
         return "<f2";
-    case CTXPAR_NPY_I32:
+    case CPT_NPY_I32:
         return "<i4";
-    case CTXPAR_NPY_I64:
+    case CPT_NPY_I64:
         return "<i8";
-    case CTXPAR_NPY_BF16:
+    case CPT_NPY_BF16:
         return "<V2";
     }
     return "?";
 }
 
-const char *ctxpar_npy_dtype_text(ctxpar_npy_dtype dtype) {
+const char *cpt_npy_dtype_text(cpt_npy_dtype dtype) {
     switch (dtype) {
-    case CTXPAR_NPY_F32: return "float32";
-    case CTXPAR_NPY_F16: return "float16";
-    case CTXPAR_NPY_BF16: return "bfloat16";
-    case CTXPAR_NPY_I32: return "int32";
-    case CTXPAR_NPY_I64: return "int64";
+    case CPT_NPY_F32: return "float32";
+    case CPT_NPY_F16: return "float16";
+    case CPT_NPY_BF16: return "bfloat16";
+    case CPT_NPY_I32: return "int32";
+    case CPT_NPY_I64: return "int64";
     }
     return "?";
 }
 
 // What the header says, and the data size it implies.
 typedef struct npy_meta {
-    ctxpar_npy_dtype dtype;
+    cpt_npy_dtype dtype;
     int ndim;
-    int64_t shape[CTXPAR_NPY_MAX_DIMS];
+    int64_t shape[CPT_NPY_MAX_DIMS];
     size_t count;
     size_t data_bytes;
 } npy_meta;
@@ -90,7 +90,7 @@ static ctxpar_status meta_sizes(npy_meta *m, const char *name) {
                                 name);
         count *= d;
     }
-    size_t es = ctxpar_npy_dtype_size(m->dtype);
+    size_t es = cpt_npy_dtype_size(m->dtype);
     if (count > SIZE_MAX / es)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: data size overflows (%zu elements)", name,
                             count);
@@ -242,9 +242,9 @@ static ctxpar_status parse_shape(hparser *p, npy_meta *m) {
     if (accept(p, ')'))
         return CTXPAR_OK;
     for (;;) {
-        if (m->ndim == CTXPAR_NPY_MAX_DIMS)
+        if (m->ndim == CPT_NPY_MAX_DIMS)
             return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: more than %d dimensions", p->name,
-                                CTXPAR_NPY_MAX_DIMS);
+                                CPT_NPY_MAX_DIMS);
         CTXPAR_CHECK(parse_dim(p, &m->shape[m->ndim]));
         m->ndim++;
         int comma = accept(p, ',');
@@ -265,12 +265,12 @@ static ctxpar_status parse_descr(hparser *p, npy_meta *m) {
     char descr[16];
     CTXPAR_CHECK(parse_string(p, descr, sizeof descr));
     if (strcmp(descr, "|V2") == 0) { // the same 2-byte void, written without a byte order
-        m->dtype = CTXPAR_NPY_BF16;
+        m->dtype = CPT_NPY_BF16;
         return CTXPAR_OK;
     }
-    for (int t = CTXPAR_NPY_F32; t <= CTXPAR_NPY_BF16; t++) {
-        if (strcmp(descr, ctxpar_npy_dtype_descr((ctxpar_npy_dtype)t)) == 0) {
-            m->dtype = (ctxpar_npy_dtype)t;
+    for (int t = CPT_NPY_F32; t <= CPT_NPY_BF16; t++) {
+        if (strcmp(descr, cpt_npy_dtype_descr((cpt_npy_dtype)t)) == 0) {
+            m->dtype = (cpt_npy_dtype)t;
             return CTXPAR_OK;
         }
     }
@@ -355,7 +355,7 @@ static ctxpar_status alloc_data(const npy_meta *m, const char *name, void **data
     return CTXPAR_OK;
 }
 
-static void array_from_meta(const npy_meta *m, void *data, ctxpar_npy_array *a) {
+static void array_from_meta(const npy_meta *m, void *data, cpt_npy_array *a) {
     memset(a, 0, sizeof *a);
     a->dtype = m->dtype;
     a->ndim = m->ndim;
@@ -366,8 +366,8 @@ static void array_from_meta(const npy_meta *m, void *data, ctxpar_npy_array *a) 
 
 /* ---------------------------------------------------------------- reading */
 
-ctxpar_status ctxpar_npy_read_mem(const void *bytes, size_t size, const char *name,
-                                  ctxpar_npy_array *array_out) {
+ctxpar_status cpt_npy_read_mem(const void *bytes, size_t size, const char *name,
+                                  cpt_npy_array *array_out) {
     if (!name)
         name = "<memory>";
     if ((!bytes && size) || !array_out)
@@ -396,7 +396,7 @@ static ctxpar_status read_at(FILE *f, size_t off, void *dst, size_t n, const cha
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_npy_read(const char *path, ctxpar_npy_array *array_out) {
+ctxpar_status cpt_npy_read(const char *path, cpt_npy_array *array_out) {
     if (!path || !array_out)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "npy read: path or array_out is NULL");
     FILE *f = fopen(path, "rb");
@@ -441,26 +441,35 @@ done:
     return st;
 }
 
-void ctxpar_npy_free(ctxpar_npy_array *array) {
+void cpt_npy_free(cpt_npy_array *array) {
     if (!array)
         return;
     free(array->data);
     memset(array, 0, sizeof *array);
 }
 
+int cpt_npy_same(const cpt_npy_array *a, const cpt_npy_array *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim || a->count != b->count)
+        return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return 0;
+    return memcmp(a->data, b->data, a->count * cpt_npy_dtype_size(a->dtype)) == 0;
+}
+
 /* ---------------------------------------------------------------- writing */
 
 // Checks the arguments and builds preamble + header: *head_out (malloc'ed) of *head_len_out
 // bytes, a multiple of NPY_ALIGN; *data_bytes_out is the size of the data that follows.
-static ctxpar_status build_head(ctxpar_npy_dtype dtype, int ndim, const int64_t *shape,
+static ctxpar_status build_head(cpt_npy_dtype dtype, int ndim, const int64_t *shape,
                                 const void *data, const char *name, char **head_out,
                                 size_t *head_len_out, size_t *data_bytes_out) {
     npy_meta m = {0};
-    if (ctxpar_npy_dtype_size(dtype) == 0)
+    if (cpt_npy_dtype_size(dtype) == 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: unknown npy dtype %d", name, (int)dtype);
-    if (ndim < 0 || ndim > CTXPAR_NPY_MAX_DIMS || (ndim > 0 && !shape))
+    if (ndim < 0 || ndim > CPT_NPY_MAX_DIMS || (ndim > 0 && !shape))
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: ndim %d (0..%d, shape not NULL)", name,
-                            ndim, CTXPAR_NPY_MAX_DIMS);
+                            ndim, CPT_NPY_MAX_DIMS);
     m.dtype = dtype;
     m.ndim = ndim;
     for (int i = 0; i < ndim; i++)
@@ -470,9 +479,9 @@ static ctxpar_status build_head(ctxpar_npy_dtype dtype, int ndim, const int64_t 
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: data is NULL for %zu elements", name,
                             m.count);
 
-    char dict[64 + 24 * CTXPAR_NPY_MAX_DIMS];
+    char dict[64 + 24 * CPT_NPY_MAX_DIMS];
     int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (",
-                     ctxpar_npy_dtype_descr(dtype));
+                     cpt_npy_dtype_descr(dtype));
     for (int i = 0; i < ndim; i++)
         n += snprintf(dict + n, sizeof dict - (size_t)n, i == 0 ? "%lld," : " %lld,",
                       (long long)shape[i]);
@@ -502,7 +511,7 @@ static ctxpar_status build_head(ctxpar_npy_dtype dtype, int ndim, const int64_t 
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_npy_write_mem(ctxpar_npy_dtype dtype, int ndim, const int64_t *shape,
+ctxpar_status cpt_npy_write_mem(cpt_npy_dtype dtype, int ndim, const int64_t *shape,
                                    const void *data, void **bytes_out, size_t *size_out) {
     const char *name = "<memory>";
     if (!bytes_out || !size_out)
@@ -527,7 +536,7 @@ ctxpar_status ctxpar_npy_write_mem(ctxpar_npy_dtype dtype, int ndim, const int64
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_npy_write(const char *path, ctxpar_npy_dtype dtype, int ndim,
+ctxpar_status cpt_npy_write(const char *path, cpt_npy_dtype dtype, int ndim,
                                const int64_t *shape, const void *data) {
     if (!path)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "npy write: path is NULL");

@@ -9,11 +9,11 @@
  * and a ctxpar_last_error() message naming the file and the problem: bad magic, other versions,
  * truncated header or data, bytes after the data, malformed or duplicate or missing keys,
  * big-endian or other dtypes, fortran_order True, negative dimensions, more than
- * CTXPAR_NPY_MAX_DIMS dimensions, sizes that overflow. A read never trusts a length before
+ * CPT_NPY_MAX_DIMS dimensions, sizes that overflow. A read never trusts a length before
  * checking it against the bytes that are there.
  */
-#ifndef CTXPAR_TESTING_NPY_H
-#define CTXPAR_TESTING_NPY_H
+#ifndef CPT_TESTING_NPY_H
+#define CPT_TESTING_NPY_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -24,57 +24,60 @@
 extern "C" {
 #endif
 
-#define CTXPAR_NPY_MAX_DIMS 8
+#define CPT_NPY_MAX_DIMS 8
 
-typedef enum ctxpar_npy_dtype {
-    CTXPAR_NPY_F32 = 0, /* '<f4' */
-    CTXPAR_NPY_F16 = 1, /* '<f2' (IEEE half, as uint16_t bits) */
-    CTXPAR_NPY_I32 = 2, /* '<i4' */
-    CTXPAR_NPY_I64 = 3, /* '<i8' */
-    CTXPAR_NPY_BF16 = 4, /* '<V2' (bfloat16 bits as uint16_t, as ml_dtypes writes them) */
-} ctxpar_npy_dtype;
+typedef enum cpt_npy_dtype {
+    CPT_NPY_F32 = 0, /* '<f4' */
+    CPT_NPY_F16 = 1, /* '<f2' (IEEE half, as uint16_t bits) */
+    CPT_NPY_I32 = 2, /* '<i4' */
+    CPT_NPY_I64 = 3, /* '<i8' */
+    CPT_NPY_BF16 = 4, /* '<V2' (bfloat16 bits as uint16_t, as ml_dtypes writes them) */
+} cpt_npy_dtype;
 
 /* Bytes per element (0 for an unknown dtype) and the 'descr' string ("<f4"; "?" if unknown). */
-size_t ctxpar_npy_dtype_size(ctxpar_npy_dtype dtype);
-const char *ctxpar_npy_dtype_descr(ctxpar_npy_dtype dtype);
+size_t cpt_npy_dtype_size(cpt_npy_dtype dtype);
+const char *cpt_npy_dtype_descr(cpt_npy_dtype dtype);
 /* "float32", "float16", "bfloat16", "int32", "int64" ("?" if unknown), for messages. */
-const char *ctxpar_npy_dtype_text(ctxpar_npy_dtype dtype);
+const char *cpt_npy_dtype_text(cpt_npy_dtype dtype);
 
 /* An array read from a file: C order, `count` elements of `dtype` in `data` (malloc'ed, owned by
  * the struct; never NULL after a successful read, even for zero elements). ndim 0 is a scalar
  * (count 1). */
-typedef struct ctxpar_npy_array {
-    ctxpar_npy_dtype dtype;
+typedef struct cpt_npy_array {
+    cpt_npy_dtype dtype;
     int ndim;
-    int64_t shape[CTXPAR_NPY_MAX_DIMS];
+    int64_t shape[CPT_NPY_MAX_DIMS];
     size_t count;
     void *data;
-} ctxpar_npy_array;
+} cpt_npy_array;
 
-/* Reads `path`. On failure *array_out is untouched. Free with ctxpar_npy_free. */
-ctxpar_status ctxpar_npy_read(const char *path, ctxpar_npy_array *array_out);
+/* Reads `path`. On failure *array_out is untouched. Free with cpt_npy_free. */
+ctxpar_status cpt_npy_read(const char *path, cpt_npy_array *array_out);
 
 /* Parses a whole .npy file held in memory (for fuzzing and tests); `name` is used in messages
  * (NULL: "<memory>"). The data is copied: bytes may be freed afterwards. */
-ctxpar_status ctxpar_npy_read_mem(const void *bytes, size_t size, const char *name,
-                                  ctxpar_npy_array *array_out);
+ctxpar_status cpt_npy_read_mem(const void *bytes, size_t size, const char *name,
+                                  cpt_npy_array *array_out);
 
 /* Frees array->data and zeroes the struct; NULL or an already freed array is a no-op. */
-void ctxpar_npy_free(ctxpar_npy_array *array);
+void cpt_npy_free(cpt_npy_array *array);
 
-/* Writes a C-order array of `ndim` (0..CTXPAR_NPY_MAX_DIMS) dimensions to `path`, format 1.0
+/* 1 when a and b have the same dtype, shape and element bytes. */
+int cpt_npy_same(const cpt_npy_array *a, const cpt_npy_array *b);
+
+/* Writes a C-order array of `ndim` (0..CPT_NPY_MAX_DIMS) dimensions to `path`, format 1.0
  * (2.0 when the header does not fit in 65535 bytes), header padded with spaces so that the data
  * starts at a multiple of 64 bytes, as NumPy does. data may be NULL only when the array is
  * empty. On failure the file is removed. */
-ctxpar_status ctxpar_npy_write(const char *path, ctxpar_npy_dtype dtype, int ndim,
+ctxpar_status cpt_npy_write(const char *path, cpt_npy_dtype dtype, int ndim,
                                const int64_t *shape, const void *data);
 
 /* The same file image in memory: *bytes_out (malloc'ed, caller frees) of *size_out bytes. */
-ctxpar_status ctxpar_npy_write_mem(ctxpar_npy_dtype dtype, int ndim, const int64_t *shape,
+ctxpar_status cpt_npy_write_mem(cpt_npy_dtype dtype, int ndim, const int64_t *shape,
                                    const void *data, void **bytes_out, size_t *size_out);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* CTXPAR_TESTING_NPY_H */
+#endif /* CPT_TESTING_NPY_H */

@@ -63,9 +63,9 @@ TEST(NpyRead, MlDtypesBfloat16) {
     std::string header = dict + std::string(118 - dict.size() - 1, ' ') + "\n";
     Bytes file = Build(1, 0, header, Bytes("\x80\x3f\x20\xc0\x49\x40", 6));
     ASSERT_EQ(file.size() - 6, 128u); // data at byte 128, as NumPy aligns it
-    ctxpar_npy_array a;
-    ASSERT_EQ(ctxpar_npy_read_mem(file.data(), file.size(), "bf16.npy", &a), CTXPAR_OK);
-    EXPECT_EQ(a.dtype, CTXPAR_NPY_BF16);
+    cpt_npy_array a;
+    ASSERT_EQ(cpt_npy_read_mem(file.data(), file.size(), "bf16.npy", &a), CTXPAR_OK);
+    EXPECT_EQ(a.dtype, CPT_NPY_BF16);
     ASSERT_EQ(a.count, 3u);
     const uint16_t *bits = static_cast<const uint16_t *>(a.data);
     // bfloat16 is the high half of a float32.
@@ -76,25 +76,25 @@ TEST(NpyRead, MlDtypesBfloat16) {
         std::memcpy(&f, &u, 4);
         EXPECT_EQ(f, want[i]) << i;
     }
-    ctxpar_npy_free(&a);
-    EXPECT_STREQ(ctxpar_npy_dtype_descr(CTXPAR_NPY_BF16), "<V2");
+    cpt_npy_free(&a);
+    EXPECT_STREQ(cpt_npy_dtype_descr(CPT_NPY_BF16), "<V2");
 }
 
 TEST(NpyRead, ValidVersion1) {
     Bytes file = Build(1, 0, Header("<f4", "False", "(2, 3)"), FloatData(6));
-    ctxpar_npy_array a;
-    ASSERT_EQ(ctxpar_npy_read_mem(file.data(), file.size(), "x.npy", &a), CTXPAR_OK)
+    cpt_npy_array a;
+    ASSERT_EQ(cpt_npy_read_mem(file.data(), file.size(), "x.npy", &a), CTXPAR_OK)
         << ctxpar_last_error();
-    EXPECT_EQ(a.dtype, CTXPAR_NPY_F32);
+    EXPECT_EQ(a.dtype, CPT_NPY_F32);
     EXPECT_EQ(a.ndim, 2);
     EXPECT_EQ(a.shape[0], 2);
     EXPECT_EQ(a.shape[1], 3);
     EXPECT_EQ(a.count, 6u);
     EXPECT_EQ(((float *)a.data)[5], 1.5f);
-    ctxpar_npy_free(&a);
+    cpt_npy_free(&a);
     EXPECT_EQ(a.data, nullptr);
-    ctxpar_npy_free(&a); // a second free does nothing
-    ctxpar_npy_free(nullptr);
+    cpt_npy_free(&a); // a second free does nothing
+    cpt_npy_free(nullptr);
 }
 
 TEST(NpyRead, ValidVersion2AnyKeyOrderDoubleQuotes) {
@@ -103,28 +103,28 @@ TEST(NpyRead, ValidVersion2AnyKeyOrderDoubleQuotes) {
     std::memcpy(&data[0], v, sizeof v);
     Bytes file =
         Build(2, 0, "{\"shape\": (3,), \"descr\": \"<i8\", \"fortran_order\": False}", data);
-    ctxpar_npy_array a;
-    ASSERT_EQ(ctxpar_npy_read_mem(file.data(), file.size(), nullptr, &a), CTXPAR_OK)
+    cpt_npy_array a;
+    ASSERT_EQ(cpt_npy_read_mem(file.data(), file.size(), nullptr, &a), CTXPAR_OK)
         << ctxpar_last_error();
-    EXPECT_EQ(a.dtype, CTXPAR_NPY_I64);
+    EXPECT_EQ(a.dtype, CPT_NPY_I64);
     EXPECT_EQ(a.ndim, 1);
     EXPECT_EQ(((int64_t *)a.data)[1], 1LL << 40);
-    ctxpar_npy_free(&a);
+    cpt_npy_free(&a);
 }
 
 TEST(NpyRead, ScalarAndEmpty) {
     Bytes file = Build(1, 0, Header("<i4", "False", "()"), Bytes("\x2a\0\0\0", 4));
-    ctxpar_npy_array a;
-    ASSERT_EQ(ctxpar_npy_read_mem(file.data(), file.size(), "s", &a), CTXPAR_OK);
+    cpt_npy_array a;
+    ASSERT_EQ(cpt_npy_read_mem(file.data(), file.size(), "s", &a), CTXPAR_OK);
     EXPECT_EQ(a.ndim, 0);
     EXPECT_EQ(a.count, 1u);
     EXPECT_EQ(((int32_t *)a.data)[0], 42);
-    ctxpar_npy_free(&a);
+    cpt_npy_free(&a);
     file = Build(1, 0, Header("<f2", "False", "(4, 0)"), "");
-    ASSERT_EQ(ctxpar_npy_read_mem(file.data(), file.size(), "e", &a), CTXPAR_OK);
+    ASSERT_EQ(cpt_npy_read_mem(file.data(), file.size(), "e", &a), CTXPAR_OK);
     EXPECT_EQ(a.count, 0u);
     EXPECT_NE(a.data, nullptr);
-    ctxpar_npy_free(&a);
+    cpt_npy_free(&a);
 }
 
 TEST(NpyWrite, HeaderIsNumpysExactBytes) {
@@ -133,7 +133,7 @@ TEST(NpyWrite, HeaderIsNumpysExactBytes) {
     int64_t shape[2] = {2, 3};
     void *bytes = nullptr;
     size_t size = 0;
-    ASSERT_EQ(ctxpar_npy_write_mem(CTXPAR_NPY_F32, 2, shape, x, &bytes, &size), CTXPAR_OK);
+    ASSERT_EQ(cpt_npy_write_mem(CPT_NPY_F32, 2, shape, x, &bytes, &size), CTXPAR_OK);
     std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
     Bytes expect("\x93NUMPY\x01\x00\x76\x00", 10);
     expect += dict + std::string(128 - 10 - dict.size() - 1, ' ') + "\n";
@@ -143,19 +143,19 @@ TEST(NpyWrite, HeaderIsNumpysExactBytes) {
     std::free(bytes);
     // One dimension keeps Python's trailing comma: (5,).
     int64_t n = 5;
-    ASSERT_EQ(ctxpar_npy_write_mem(CTXPAR_NPY_F32, 1, &n, x, &bytes, &size), CTXPAR_OK);
+    ASSERT_EQ(cpt_npy_write_mem(CPT_NPY_F32, 1, &n, x, &bytes, &size), CTXPAR_OK);
     EXPECT_NE(Bytes((const char *)bytes, 128).find("'shape': (5,), }"), std::string::npos);
     std::free(bytes);
 }
 
 struct RoundTrip {
-    ctxpar_npy_dtype dtype;
+    cpt_npy_dtype dtype;
     std::vector<int64_t> shape;
 };
 
 // gtest would otherwise print the struct's bytes, padding included (valgrind objects).
 void PrintTo(const RoundTrip &c, std::ostream *os) {
-    *os << ctxpar_npy_dtype_descr(c.dtype) << " ndim " << c.shape.size();
+    *os << cpt_npy_dtype_descr(c.dtype) << " ndim " << c.shape.size();
 }
 
 class NpyRoundTrip : public ::testing::TestWithParam<RoundTrip> {};
@@ -165,29 +165,29 @@ TEST_P(NpyRoundTrip, FileAndMemory) {
     size_t count = 1;
     for (int64_t d : c.shape)
         count *= (size_t)d;
-    const size_t es = ctxpar_npy_dtype_size(c.dtype);
+    const size_t es = cpt_npy_dtype_size(c.dtype);
     Bytes data(count * es, '\0');
     for (size_t i = 0; i < data.size(); i++)
         data[i] = (char)(i * 37 + 11);
     const int ndim = (int)c.shape.size();
     std::string path =
-        TempPath(std::string("rt_") + std::to_string(ctxpar_npy_dtype_size(c.dtype)) + "_" +
+        TempPath(std::string("rt_") + std::to_string(cpt_npy_dtype_size(c.dtype)) + "_" +
                  std::to_string(ndim) + "_" + std::to_string(count) + ".npy");
-    ASSERT_EQ(ctxpar_npy_write(path.c_str(), c.dtype, ndim, c.shape.data(), data.data()), CTXPAR_OK)
+    ASSERT_EQ(cpt_npy_write(path.c_str(), c.dtype, ndim, c.shape.data(), data.data()), CTXPAR_OK)
         << ctxpar_last_error();
-    ctxpar_npy_array a;
-    ASSERT_EQ(ctxpar_npy_read(path.c_str(), &a), CTXPAR_OK) << ctxpar_last_error();
+    cpt_npy_array a;
+    ASSERT_EQ(cpt_npy_read(path.c_str(), &a), CTXPAR_OK) << ctxpar_last_error();
     EXPECT_EQ(a.dtype, c.dtype);
     ASSERT_EQ(a.ndim, ndim);
     for (int i = 0; i < ndim; i++)
         EXPECT_EQ(a.shape[i], c.shape[i]);
     ASSERT_EQ(a.count, count);
     EXPECT_EQ(Bytes((const char *)a.data, count * es), data);
-    ctxpar_npy_free(&a);
+    cpt_npy_free(&a);
     // The in-memory image is the same file, aligned to 64 bytes, and reads back the same.
     void *bytes = nullptr;
     size_t size = 0;
-    ASSERT_EQ(ctxpar_npy_write_mem(c.dtype, ndim, c.shape.data(), data.data(), &bytes, &size),
+    ASSERT_EQ(cpt_npy_write_mem(c.dtype, ndim, c.shape.data(), data.data(), &bytes, &size),
               CTXPAR_OK);
     EXPECT_EQ((size - data.size()) % 64, 0u);
     EXPECT_EQ(((const char *)bytes)[size - data.size() - 1], '\n');
@@ -197,20 +197,20 @@ TEST_P(NpyRoundTrip, FileAndMemory) {
     EXPECT_EQ(std::fread(&on_disk[0], 1, size + 1, f), size);
     std::fclose(f);
     EXPECT_EQ(on_disk.substr(0, size), Bytes((const char *)bytes, size));
-    ASSERT_EQ(ctxpar_npy_read_mem(bytes, size, "mem", &a), CTXPAR_OK);
+    ASSERT_EQ(cpt_npy_read_mem(bytes, size, "mem", &a), CTXPAR_OK);
     EXPECT_EQ(Bytes((const char *)a.data, count * es), data);
-    ctxpar_npy_free(&a);
+    cpt_npy_free(&a);
     std::free(bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, NpyRoundTrip,
-    ::testing::Values(RoundTrip{CTXPAR_NPY_F32, {}}, RoundTrip{CTXPAR_NPY_F32, {0}},
-                      RoundTrip{CTXPAR_NPY_F32, {7}}, RoundTrip{CTXPAR_NPY_F32, {2, 3, 4, 5}},
-                      RoundTrip{CTXPAR_NPY_F16, {3, 5}}, RoundTrip{CTXPAR_NPY_I32, {4, 1, 2}},
-                      RoundTrip{CTXPAR_NPY_I64, {1, 1, 1, 1, 1, 1, 1, 9}},
-                      RoundTrip{CTXPAR_NPY_BF16, {2, 3}},
-                      RoundTrip{CTXPAR_NPY_F32, {1000, 1000}}));
+    ::testing::Values(RoundTrip{CPT_NPY_F32, {}}, RoundTrip{CPT_NPY_F32, {0}},
+                      RoundTrip{CPT_NPY_F32, {7}}, RoundTrip{CPT_NPY_F32, {2, 3, 4, 5}},
+                      RoundTrip{CPT_NPY_F16, {3, 5}}, RoundTrip{CPT_NPY_I32, {4, 1, 2}},
+                      RoundTrip{CPT_NPY_I64, {1, 1, 1, 1, 1, 1, 1, 9}},
+                      RoundTrip{CPT_NPY_BF16, {2, 3}},
+                      RoundTrip{CPT_NPY_F32, {1000, 1000}}));
 
 // Each malformed image: INVALID_ARG, the file name and `why` in the message, nothing leaked.
 struct Bad {
@@ -281,10 +281,10 @@ std::vector<Bad> BadFiles() {
 
 TEST(NpyRead, MalformedFilesFailCleanly) {
     for (const Bad &b : BadFiles()) {
-        ctxpar_npy_array a;
+        cpt_npy_array a;
         std::memset(&a, 0x5a, sizeof a);
         std::string name = std::string(b.label) + ".npy";
-        ctxpar_status st = ctxpar_npy_read_mem(b.file.data(), b.file.size(), name.c_str(), &a);
+        ctxpar_status st = cpt_npy_read_mem(b.file.data(), b.file.size(), name.c_str(), &a);
         EXPECT_EQ(st, CTXPAR_ERR_INVALID_ARG) << b.label;
         std::string msg = ctxpar_last_error();
         EXPECT_NE(msg.find(name), std::string::npos) << b.label << ": " << msg;
@@ -293,7 +293,7 @@ TEST(NpyRead, MalformedFilesFailCleanly) {
         // The same through a real file.
         std::string path = TempPath(name);
         WriteFile(path, b.file);
-        st = ctxpar_npy_read(path.c_str(), &a);
+        st = cpt_npy_read(path.c_str(), &a);
         EXPECT_EQ(st, CTXPAR_ERR_INVALID_ARG) << b.label;
         msg = ctxpar_last_error();
         EXPECT_NE(msg.find(path), std::string::npos) << b.label << ": " << msg;
@@ -308,24 +308,24 @@ TEST(NpyRead, EveryPrefixAndEveryByteFlipIsHandled) {
     float x[6] = {1, 2, 3, 4, 5, 6};
     void *bytes = nullptr;
     size_t size = 0;
-    ASSERT_EQ(ctxpar_npy_write_mem(CTXPAR_NPY_F32, 2, shape, x, &bytes, &size), CTXPAR_OK);
+    ASSERT_EQ(cpt_npy_write_mem(CPT_NPY_F32, 2, shape, x, &bytes, &size), CTXPAR_OK);
     const Bytes good((const char *)bytes, size);
     std::free(bytes);
-    ctxpar_npy_array a;
+    cpt_npy_array a;
     for (size_t n = 0; n < size; n++) {
         Bytes prefix = good.substr(0, n);
-        EXPECT_EQ(ctxpar_npy_read_mem(prefix.data(), n, "prefix", &a), CTXPAR_ERR_INVALID_ARG) << n;
+        EXPECT_EQ(cpt_npy_read_mem(prefix.data(), n, "prefix", &a), CTXPAR_ERR_INVALID_ARG) << n;
     }
     size_t accepted = 0;
     for (size_t i = 0; i < size; i++) {
         for (int bit = 0; bit < 8; bit++) {
             Bytes m = good;
             m[i] = (char)(m[i] ^ (1 << bit));
-            ctxpar_status st = ctxpar_npy_read_mem(m.data(), m.size(), "flip", &a);
+            ctxpar_status st = cpt_npy_read_mem(m.data(), m.size(), "flip", &a);
             ASSERT_TRUE(st == CTXPAR_OK || st == CTXPAR_ERR_INVALID_ARG) << i << " " << bit;
             if (st == CTXPAR_OK) {
                 accepted++;
-                ctxpar_npy_free(&a);
+                cpt_npy_free(&a);
             }
         }
     }
@@ -335,12 +335,12 @@ TEST(NpyRead, EveryPrefixAndEveryByteFlipIsHandled) {
 }
 
 TEST(NpyRead, MissingFileNamesIt) {
-    ctxpar_npy_array a;
+    cpt_npy_array a;
     std::string path = TempPath("does_not_exist.npy");
-    EXPECT_EQ(ctxpar_npy_read(path.c_str(), &a), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(cpt_npy_read(path.c_str(), &a), CTXPAR_ERR_INVALID_ARG);
     EXPECT_NE(std::string(ctxpar_last_error()).find(path), std::string::npos);
-    EXPECT_EQ(ctxpar_npy_read(nullptr, &a), CTXPAR_ERR_INVALID_ARG);
-    EXPECT_EQ(ctxpar_npy_read_mem(nullptr, 10, "x", &a), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(cpt_npy_read(nullptr, &a), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(cpt_npy_read_mem(nullptr, 10, "x", &a), CTXPAR_ERR_INVALID_ARG);
 }
 
 TEST(NpyWrite, RejectsBadArguments) {
@@ -349,28 +349,28 @@ TEST(NpyWrite, RejectsBadArguments) {
     int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 2};
     int64_t two = 2, huge[2] = {INT64_MAX, INT64_MAX};
     std::string path = TempPath("bad_write.npy");
-    EXPECT_EQ(ctxpar_npy_write(path.c_str(), CTXPAR_NPY_F32, 2, neg, x), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(cpt_npy_write(path.c_str(), CPT_NPY_F32, 2, neg, x), CTXPAR_ERR_INVALID_ARG);
     EXPECT_NE(std::string(ctxpar_last_error()).find("negative"), std::string::npos);
-    EXPECT_EQ(ctxpar_npy_write(path.c_str(), CTXPAR_NPY_F32, 9, nine, x), CTXPAR_ERR_INVALID_ARG);
-    EXPECT_EQ(ctxpar_npy_write(path.c_str(), CTXPAR_NPY_F32, 2, huge, x), CTXPAR_ERR_INVALID_ARG);
-    EXPECT_EQ(ctxpar_npy_write(path.c_str(), CTXPAR_NPY_F32, 1, &two, nullptr),
+    EXPECT_EQ(cpt_npy_write(path.c_str(), CPT_NPY_F32, 9, nine, x), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(cpt_npy_write(path.c_str(), CPT_NPY_F32, 2, huge, x), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(cpt_npy_write(path.c_str(), CPT_NPY_F32, 1, &two, nullptr),
               CTXPAR_ERR_INVALID_ARG);
-    EXPECT_EQ(ctxpar_npy_write(path.c_str(), (ctxpar_npy_dtype)9, 1, &two, x),
+    EXPECT_EQ(cpt_npy_write(path.c_str(), (cpt_npy_dtype)9, 1, &two, x),
               CTXPAR_ERR_INVALID_ARG);
-    EXPECT_EQ(ctxpar_npy_write(nullptr, CTXPAR_NPY_F32, 1, &two, x), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(cpt_npy_write(nullptr, CPT_NPY_F32, 1, &two, x), CTXPAR_ERR_INVALID_ARG);
     // None of these created the file.
     EXPECT_EQ(std::fopen(path.c_str(), "rb"), nullptr);
     std::string bad_dir = TempPath("no_such_dir/x.npy");
-    EXPECT_EQ(ctxpar_npy_write(bad_dir.c_str(), CTXPAR_NPY_F32, 1, &two, x),
+    EXPECT_EQ(cpt_npy_write(bad_dir.c_str(), CPT_NPY_F32, 1, &two, x),
               CTXPAR_ERR_INVALID_ARG);
     EXPECT_NE(std::string(ctxpar_last_error()).find(bad_dir), std::string::npos);
 }
 
 TEST(NpyDtype, NamesAndSizes) {
-    EXPECT_STREQ(ctxpar_npy_dtype_descr(CTXPAR_NPY_F16), "<f2");
-    EXPECT_STREQ(ctxpar_npy_dtype_descr((ctxpar_npy_dtype)9), "?");
-    EXPECT_EQ(ctxpar_npy_dtype_size(CTXPAR_NPY_I64), 8u);
-    EXPECT_EQ(ctxpar_npy_dtype_size((ctxpar_npy_dtype)9), 0u);
+    EXPECT_STREQ(cpt_npy_dtype_descr(CPT_NPY_F16), "<f2");
+    EXPECT_STREQ(cpt_npy_dtype_descr((cpt_npy_dtype)9), "?");
+    EXPECT_EQ(cpt_npy_dtype_size(CPT_NPY_I64), 8u);
+    EXPECT_EQ(cpt_npy_dtype_size((cpt_npy_dtype)9), 0u);
 }
 
 } // namespace

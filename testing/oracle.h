@@ -13,8 +13,8 @@
  * Rows are spread over OpenMP threads; every output element is computed by one thread, so the
  * results are identical for any thread count. Pass the scale the library resolves (a float).
  */
-#ifndef CTXPAR_TESTING_ORACLE_H
-#define CTXPAR_TESTING_ORACLE_H
+#ifndef CPT_TESTING_ORACLE_H
+#define CPT_TESTING_ORACLE_H
 
 #include <stdint.h>
 
@@ -24,26 +24,53 @@
 extern "C" {
 #endif
 
-typedef struct ctxpar_oracle_shape {
+typedef struct cpt_oracle_shape {
     int64_t batch, seq_q, seq_k, heads_q, heads_kv, head_dim;
-} ctxpar_oracle_shape;
+} cpt_oracle_shape;
+
+/* What attention computes beyond the mask; all zero (or a NULL pointer to it) is plain
+ * attention. docs/numerics.md gives the formulas. */
+typedef struct cpt_oracle_features {
+    int64_t head_dim_v;            /* of v, out, dout, dv (MLA: e.g. 128 with q/k 192); 0: D */
+    int64_t window_right;          /* key visible when k - q <= window_right; 0: no limit */
+    double softcap;                /* C > 0: the score is C tanh(scale q.k / C); 0: none */
+    const double *sinks;           /* [Hq] logits, added once to each row's denominator */
+    const int32_t *row_cu_seqlens; /* [B, row_num_docs + 1] documents of each batch row (they
+                                    * replace the mask's); NULL: the mask's, or none */
+    int64_t row_num_docs;
+} cpt_oracle_features;
 
 /* Forward: out and lse (lse may be NULL). scale multiplies QK^T. */
-void ctxpar_oracle_fwd(const ctxpar_oracle_shape *shape, const double *q, const double *k,
+void cpt_oracle_fwd(const cpt_oracle_shape *shape, const double *q, const double *k,
                        const double *v, const int64_t *q_pos, const int64_t *k_pos,
                        const ctxpar_mask_desc *mask, double scale, double *out, double *lse);
 
+/* The same with features (NULL: none); out [B, Sq, Hq, Dv]. With sinks a row that sees no key
+ * has lse = its sink and out = 0. */
+void cpt_oracle_fwd_ex(const cpt_oracle_shape *shape, const double *q, const double *k,
+                       const double *v, const int64_t *q_pos, const int64_t *k_pos,
+                       const ctxpar_mask_desc *mask, const cpt_oracle_features *features,
+                       double scale, double *out, double *lse);
+
 /* Backward given dout [B, Sq, Hq, D]: dq [B, Sq, Hq, D], dk and dv [B, Sk, Hkv, D] (overwritten).
  * Recomputes the forward internally. */
-void ctxpar_oracle_bwd(const ctxpar_oracle_shape *shape, const double *q, const double *k,
+void cpt_oracle_bwd(const cpt_oracle_shape *shape, const double *q, const double *k,
                        const double *v, const int64_t *q_pos, const int64_t *k_pos,
                        const ctxpar_mask_desc *mask, double scale, const double *dout,
                        double *dq, double *dk, double *dv);
 
+/* The same with features; dout [B, Sq, Hq, Dv], dv [B, Sk, Hkv, Dv]; dsinks [Hq] (may be NULL;
+ * zeros without sinks): the gradient of each head's sink logit, summed over batch and rows. */
+void cpt_oracle_bwd_ex(const cpt_oracle_shape *shape, const double *q, const double *k,
+                       const double *v, const int64_t *q_pos, const int64_t *k_pos,
+                       const ctxpar_mask_desc *mask, const cpt_oracle_features *features,
+                       double scale, const double *dout, double *dq, double *dk, double *dv,
+                       double *dsinks);
+
 /* The oracle's own mask as a dense [Sq, Sk] byte matrix (1: query row i sees key row j), for
  * harness code that must mask exactly as the oracle does (naive_f32.h). Returns the status of
  * the arguments' check; vis is untouched on error. */
-ctxpar_status ctxpar_oracle_visibility(const ctxpar_oracle_shape *shape, const int64_t *q_pos,
+ctxpar_status cpt_oracle_visibility(const cpt_oracle_shape *shape, const int64_t *q_pos,
                                        const int64_t *k_pos, const ctxpar_mask_desc *mask,
                                        uint8_t *vis);
 
@@ -51,4 +78,4 @@ ctxpar_status ctxpar_oracle_visibility(const ctxpar_oracle_shape *shape, const i
 }
 #endif
 
-#endif /* CTXPAR_TESTING_ORACLE_H */
+#endif /* CPT_TESTING_ORACLE_H */

@@ -117,8 +117,8 @@ TEST(Registry, AutoTakesOnlyWhatTheDeviceRuns) {
         const ctxpar_problem pb = Problem(P, 8, 1);
         ASSERT_EQ(DocumentedRule(P, 8, 1), CTXPAR_ALGO_ALLGATHER);
         ctxpar_device *full = nullptr, *limited = nullptr;
-        ASSERT_EQ(ctxpar_test_limited_device_create(0, 0, &full), CTXPAR_OK);
-        ASSERT_EQ(ctxpar_test_limited_device_create(0, pb.seq_local, &limited), CTXPAR_OK);
+        ASSERT_EQ(cpt_test_limited_device_create(0, 0, &full), CTXPAR_OK);
+        ASSERT_EQ(cpt_test_limited_device_create(0, pb.seq_local, &limited), CTXPAR_OK);
         for (int backward : {0, 1}) {
             SCOPED_TRACE(testing::Message() << "P=" << P << " backward=" << backward);
             EXPECT_EQ(ctxpar_algorithm_choose(CTXPAR_ALGO_AUTO, &pb, full, backward)->id,

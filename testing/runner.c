@@ -13,12 +13,12 @@
 #include "runner_internal.h"
 #include "tolerance.h"
 
-const char *ctxpar_run_tensor_name(ctxpar_run_tensor t) {
-    static const char *const names[CTXPAR_RUN_TENSORS] = {"out", "lse", "dq", "dk", "dv"};
-    return (unsigned)t < CTXPAR_RUN_TENSORS ? names[t] : "?";
+const char *cpt_run_tensor_name(cpt_run_tensor t) {
+    static const char *const names[CPT_RUN_TENSORS] = {"out", "lse", "dq", "dk", "dv"};
+    return (unsigned)t < CPT_RUN_TENSORS ? names[t] : "?";
 }
 
-void ctxpar_run_config_default(ctxpar_run_config *cfg) {
+void cpt_run_config_default(cpt_run_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
     p.algo = CTXPAR_ALGO_RING;
@@ -37,12 +37,12 @@ void ctxpar_run_config_default(ctxpar_run_config *cfg) {
     cfg->compare_oracle = 1;
 }
 
-void ctxpar_run_progress(const ctxpar_run_config *cfg, const char *stage, int done, int total) {
+void cpt_run_progress(const cpt_run_config *cfg, const char *stage, int done, int total) {
     if (cfg->progress)
         cfg->progress(cfg->progress_user, stage, done, total);
 }
 
-int ctxpar_run_threads_per_rank(const ctxpar_run_config *cfg, int ranks) {
+int cpt_run_threads_per_rank(const cpt_run_config *cfg, int ranks) {
     if (cfg->threads > 0)
         return cfg->threads;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -51,53 +51,53 @@ int ctxpar_run_threads_per_rank(const ctxpar_run_config *cfg, int ranks) {
 }
 
 // Element counts of the five global tensors.
-static size_t global_count(const ctxpar_run_config *cfg, int i) {
-    int64_t heads = (i == CTXPAR_T_DK || i == CTXPAR_T_DV) ? cfg->kv_heads : cfg->heads;
-    if (i == CTXPAR_T_LSE)
+static size_t global_count(const cpt_run_config *cfg, int i) {
+    int64_t heads = (i == CPT_T_DK || i == CPT_T_DV) ? cfg->kv_heads : cfg->heads;
+    if (i == CPT_T_LSE)
         return (size_t)(cfg->batch * cfg->heads * cfg->seq);
     return (size_t)(cfg->batch * cfg->seq * heads * cfg->head_dim);
 }
 
-static int has_tensor(const ctxpar_run_config *cfg, int i) {
-    return i <= CTXPAR_T_LSE || cfg->backward;
+static int has_tensor(const cpt_run_config *cfg, int i) {
+    return i <= CPT_T_LSE || cfg->backward;
 }
 
-ctxpar_status ctxpar_run_outputs_alloc(const ctxpar_run_config *cfg, ctxpar_run_outputs *out) {
+ctxpar_status cpt_run_outputs_alloc(const cpt_run_config *cfg, cpt_run_outputs *out) {
     memset(out, 0, sizeof *out);
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         if (!has_tensor(cfg, i))
             continue;
-        size_t es = i == CTXPAR_T_LSE ? sizeof(float) : ctxpar_dtype_size(cfg->dtype);
+        size_t es = i == CPT_T_LSE ? sizeof(float) : ctxpar_dtype_size(cfg->dtype);
         out->t[i] = calloc(global_count(cfg, i), es);
         if (!out->t[i]) {
-            ctxpar_run_outputs_free(out);
+            cpt_run_outputs_free(out);
             return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the global %s",
-                                ctxpar_run_tensor_name((ctxpar_run_tensor)i));
+                                cpt_run_tensor_name((cpt_run_tensor)i));
         }
     }
     return CTXPAR_OK;
 }
 
-void ctxpar_run_outputs_free(ctxpar_run_outputs *out) {
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+void cpt_run_outputs_free(cpt_run_outputs *out) {
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         free(out->t[i]);
         out->t[i] = NULL;
     }
 }
 
-static ctxpar_tensor global_view(const ctxpar_run_config *cfg, void *data, int i) {
-    int64_t heads = (i == CTXPAR_T_DK || i == CTXPAR_T_DV) ? cfg->kv_heads : cfg->heads;
+static ctxpar_tensor global_view(const cpt_run_config *cfg, void *data, int i) {
+    int64_t heads = (i == CPT_T_DK || i == CPT_T_DV) ? cfg->kv_heads : cfg->heads;
     return ctxpar_tensor_bshd(data, cfg->dtype, cfg->batch, cfg->seq, heads, cfg->head_dim);
 }
 
-ctxpar_status ctxpar_run_outputs_place(const ctxpar_run_config *cfg, int rank, int nranks,
-                                       const ctxpar_rank_outputs *local,
-                                       ctxpar_run_outputs *global) {
+ctxpar_status cpt_run_outputs_place(const cpt_run_config *cfg, int rank, int nranks,
+                                       const cpt_rank_outputs *local,
+                                       cpt_run_outputs *global) {
     int64_t seq = cfg->seq / nranks;
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         if (!has_tensor(cfg, i) || !local->t[i])
             continue;
-        if (i == CTXPAR_T_LSE) { // [B, H, S]: place by positions
+        if (i == CPT_T_LSE) { // [B, H, S]: place by positions
             int64_t *pos = malloc((size_t)seq * sizeof *pos);
             if (!pos)
                 return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
@@ -120,25 +120,25 @@ ctxpar_status ctxpar_run_outputs_place(const ctxpar_run_config *cfg, int rank, i
 }
 
 typedef struct thread_job {
-    const ctxpar_run_config *cfg;
+    const cpt_run_config *cfg;
     ctxpar_local_group *group;
     int rank, ranks;
-    ctxpar_rank_report *report;
+    cpt_rank_report *report;
 } thread_job;
 
 static void *thread_main(void *arg) {
     thread_job *job = arg;
-    ctxpar_rank_report *r = job->report;
+    cpt_rank_report *r = job->report;
     ctxpar_device *dev = NULL;
     ctxpar_comm *comm = NULL;
-    ctxpar_status st = ctxpar_run_device_create(
-        job->cfg, ctxpar_run_threads_per_rank(job->cfg, job->ranks), &dev);
+    ctxpar_status st = cpt_run_device_create(
+        job->cfg, cpt_run_threads_per_rank(job->cfg, job->ranks), &dev);
     // Host memory moves with memcpy; device memory through the device.
     if (st == CTXPAR_OK)
         st = ctxpar_comm_create_local(job->group, job->rank,
-                                      job->cfg->backend == CTXPAR_RUN_CPU ? NULL : dev, &comm);
+                                      job->cfg->backend == CPT_RUN_CPU ? NULL : dev, &comm);
     if (st == CTXPAR_OK) {
-        ctxpar_run_rank(job->cfg, dev, comm, r);
+        cpt_run_rank(job->cfg, dev, comm, r);
     } else {
         r->status = st;
         snprintf(r->message, sizeof r->message, "rank %d: %s", job->rank, ctxpar_last_error());
@@ -148,8 +148,8 @@ static void *thread_main(void *arg) {
     return NULL;
 }
 
-ctxpar_status ctxpar_run_threads(const ctxpar_run_config *cfg, int ranks,
-                                 ctxpar_run_outputs *global, ctxpar_rank_report *reports) {
+ctxpar_status cpt_run_threads(const cpt_run_config *cfg, int ranks,
+                                 cpt_run_outputs *global, cpt_rank_report *reports) {
     ctxpar_local_group *group = NULL;
     CTXPAR_CHECK(ctxpar_local_group_create(ranks, &group));
     pthread_t *threads = calloc((size_t)ranks, sizeof *threads);
@@ -171,7 +171,7 @@ ctxpar_status ctxpar_run_threads(const ctxpar_run_config *cfg, int ranks,
         pthread_join(threads[i], NULL);
     for (int i = 0; st == CTXPAR_OK && i < ranks; i++)
         if (reports[i].status == CTXPAR_OK)
-            st = ctxpar_run_outputs_place(cfg, i, ranks, &reports[i].out, global);
+            st = cpt_run_outputs_place(cfg, i, ranks, &reports[i].out, global);
 done:
     free(threads);
     free(jobs);
@@ -181,38 +181,38 @@ done:
 
 // The oracle on the global inputs, each rounded through the run's dtype first.
 typedef struct oracle_result {
-    double *t[CTXPAR_RUN_TENSORS];
+    double *t[CPT_RUN_TENSORS];
 } oracle_result;
 
 static void oracle_free(oracle_result *o) {
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++)
+    for (int i = 0; i < CPT_RUN_TENSORS; i++)
         free(o->t[i]);
 }
 
-static ctxpar_status run_oracle(const ctxpar_run_config *cfg, oracle_result *o) {
+static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
     memset(o, 0, sizeof *o);
-    size_t nq = global_count(cfg, CTXPAR_T_OUT), nk = global_count(cfg, CTXPAR_T_DK);
+    size_t nq = global_count(cfg, CPT_T_OUT), nk = global_count(cfg, CPT_T_DK);
     double *q = malloc(nq * sizeof *q), *k = malloc(nk * sizeof *k), *v = malloc(nk * sizeof *v);
     double *dout = cfg->backward ? malloc(nq * sizeof *dout) : NULL;
     int64_t *pos = malloc((size_t)cfg->seq * sizeof *pos);
     ctxpar_status st = CTXPAR_OK;
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++)
+    for (int i = 0; i < CPT_RUN_TENSORS; i++)
         if (has_tensor(cfg, i))
             o->t[i] = malloc(global_count(cfg, i) * sizeof(double));
     int ok = q && k && v && pos && (!cfg->backward || dout);
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++)
+    for (int i = 0; i < CPT_RUN_TENSORS; i++)
         ok = ok && (!has_tensor(cfg, i) || o->t[i]);
     if (!ok) {
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the oracle's tensors");
         goto done;
     }
-    ctxpar_run_progress(cfg, "fp64 oracle", 0, 0);
-    ctxpar_run_fill_global_f64(cfg, CTXPAR_RUN_ID_Q, q);
-    ctxpar_run_fill_global_f64(cfg, CTXPAR_RUN_ID_K, k);
-    ctxpar_run_fill_global_f64(cfg, CTXPAR_RUN_ID_V, v);
+    cpt_run_progress(cfg, "fp64 oracle", 0, 0);
+    cpt_run_fill_global_f64(cfg, CPT_RUN_ID_Q, q);
+    cpt_run_fill_global_f64(cfg, CPT_RUN_ID_K, k);
+    cpt_run_fill_global_f64(cfg, CPT_RUN_ID_V, v);
     for (int64_t i = 0; i < cfg->seq; i++)
         pos[i] = i;
-    ctxpar_oracle_shape shape = {cfg->batch, cfg->seq,      cfg->seq,
+    cpt_oracle_shape shape = {cfg->batch, cfg->seq,      cfg->seq,
                                  cfg->heads, cfg->kv_heads, cfg->head_dim};
     ctxpar_mask_desc mask = {cfg->params.mask == CTXPAR_MASK_CAUSAL, cfg->params.window_left,
                              cfg->params.cu_seqlens, cfg->params.num_docs};
@@ -221,12 +221,12 @@ static ctxpar_status run_oracle(const ctxpar_run_config *cfg, oracle_result *o) 
     // The library resolves the default scale in float; use the same value.
     if (cfg->params.softmax_scale == 0.0f)
         scale = (double)(1.0f / sqrtf((float)cfg->head_dim));
-    ctxpar_oracle_fwd(&shape, q, k, v, pos, pos, &mask, scale, o->t[CTXPAR_T_OUT],
-                      o->t[CTXPAR_T_LSE]);
+    cpt_oracle_fwd(&shape, q, k, v, pos, pos, &mask, scale, o->t[CPT_T_OUT],
+                      o->t[CPT_T_LSE]);
     if (cfg->backward) {
-        ctxpar_run_fill_global_f64(cfg, CTXPAR_RUN_ID_DOUT, dout);
-        ctxpar_oracle_bwd(&shape, q, k, v, pos, pos, &mask, scale, dout, o->t[CTXPAR_T_DQ],
-                          o->t[CTXPAR_T_DK], o->t[CTXPAR_T_DV]);
+        cpt_run_fill_global_f64(cfg, CPT_RUN_ID_DOUT, dout);
+        cpt_oracle_bwd(&shape, q, k, v, pos, pos, &mask, scale, dout, o->t[CPT_T_DQ],
+                          o->t[CPT_T_DK], o->t[CPT_T_DV]);
     }
 done:
     free(q);
@@ -239,30 +239,30 @@ done:
     return st;
 }
 
-static double tensor_error(const ctxpar_run_config *cfg, const ctxpar_run_outputs *outs, int i,
+static double tensor_error(const cpt_run_config *cfg, const cpt_run_outputs *outs, int i,
                            const double *ref) {
-    if (i == CTXPAR_T_LSE)
-        return ctxpar_compare_f32(outs->t[i], ref, global_count(cfg, i)).rel;
+    if (i == CPT_T_LSE)
+        return cpt_compare_f32(outs->t[i], ref, global_count(cfg, i)).rel;
     ctxpar_tensor t = global_view(cfg, outs->t[i], i);
-    return ctxpar_compare_tensor(&t, ref).rel;
+    return cpt_compare_tensor(&t, ref).rel;
 }
 
-static int bitwise_equal(const ctxpar_run_config *cfg, const ctxpar_run_outputs *a,
-                         const ctxpar_run_outputs *b, int i) {
-    size_t es = i == CTXPAR_T_LSE ? sizeof(float) : ctxpar_dtype_size(cfg->dtype);
-    return ctxpar_bitwise_diff(a->t[i], b->t[i], global_count(cfg, i), es, NULL) == 0;
+static int bitwise_equal(const cpt_run_config *cfg, const cpt_run_outputs *a,
+                         const cpt_run_outputs *b, int i) {
+    size_t es = i == CPT_T_LSE ? sizeof(float) : ctxpar_dtype_size(cfg->dtype);
+    return cpt_bitwise_diff(a->t[i], b->t[i], global_count(cfg, i), es, NULL) == 0;
 }
 
-ctxpar_status ctxpar_run_evaluate(const ctxpar_run_config *cfg, const ctxpar_run_outputs *single,
-                                  ctxpar_run_result *res) {
+ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs *single,
+                                  cpt_run_result *res) {
     oracle_result o = {{0}};
     if (cfg->compare_oracle)
         CTXPAR_CHECK(run_oracle(cfg, &o));
     res->ok = res->status == CTXPAR_OK;
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         res->has[i] = has_tensor(cfg, i);
         res->error[i] = res->error_1[i] = res->ratio[i] = NAN;
-        res->tolerance[i] = ctxpar_tolerance_for_seq(cfg->dtype, ctxpar_run_tensor_name(i),
+        res->tolerance[i] = cpt_tolerance_for_seq(cfg->dtype, cpt_run_tensor_name(i),
                                                      cfg->seq);
         res->within_tol[i] = res->ratio_ok[i] = 1;
         if (!res->has[i])
@@ -279,12 +279,12 @@ ctxpar_status ctxpar_run_evaluate(const ctxpar_run_config *cfg, const ctxpar_run
             res->error_1[i] = tensor_error(cfg, single, i, o.t[i]);
             res->ratio[i] = res->error_1[i] > 0 ? res->error[i] / res->error_1[i]
                                                 : (res->error[i] > 0 ? INFINITY : 1.0);
-            res->ratio_ok[i] = ctxpar_error_ratio_ok(res->error[i], res->error_1[i]);
+            res->ratio_ok[i] = cpt_error_ratio_ok(res->error[i], res->error_1[i]);
         }
         res->ok = res->ok && res->within_tol[i] && res->ratio_ok[i];
     }
     if (cfg->keep_oracle) // handed over to the result
-        for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+        for (int i = 0; i < CPT_RUN_TENSORS; i++) {
             res->oracle[i] = o.t[i];
             o.t[i] = NULL;
         }
@@ -292,7 +292,7 @@ ctxpar_status ctxpar_run_evaluate(const ctxpar_run_config *cfg, const ctxpar_run
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_run_check_config(const ctxpar_run_config *cfg) {
+ctxpar_status cpt_run_check_config(const cpt_run_config *cfg) {
     if (cfg->ranks < 1 || cfg->ranks > 1024)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ranks (%d) must be in [1, 1024]", cfg->ranks);
     if (cfg->batch < 1 || cfg->seq < 1 || cfg->heads < 1 || cfg->kv_heads < 1 ||
@@ -313,25 +313,25 @@ ctxpar_status ctxpar_run_check_config(const ctxpar_run_config *cfg) {
                         (cfg->backward && !cfg->inputs->dout)))
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "inputs: q, k, v%s must be given",
                             cfg->backward ? " and dout" : "");
-    if (!ctxpar_run_backend_available(cfg->backend))
+    if (!cpt_run_backend_available(cfg->backend))
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "backend '%s' is not built into this binary",
-                            ctxpar_run_backend_name(cfg->backend));
+                            cpt_run_backend_name(cfg->backend));
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_run_collect(const ctxpar_run_config *cfg, int ranks, ctxpar_run_outputs *g,
-                                 ctxpar_run_result *res, double *time_out, double *time_fwd_out,
+ctxpar_status cpt_run_collect(const cpt_run_config *cfg, int ranks, cpt_run_outputs *g,
+                                 cpt_run_result *res, double *time_out, double *time_fwd_out,
                                  size_t *peak_out) {
-    ctxpar_rank_report *reports = calloc((size_t)ranks, sizeof *reports);
+    cpt_rank_report *reports = calloc((size_t)ranks, sizeof *reports);
     if (!reports)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate rank reports");
-    ctxpar_status st = ctxpar_run_outputs_alloc(cfg, g);
+    ctxpar_status st = cpt_run_outputs_alloc(cfg, g);
     if (st == CTXPAR_OK)
-        st = ctxpar_run_threads(cfg, ranks, g, reports);
+        st = cpt_run_threads(cfg, ranks, g, reports);
     *time_out = *time_fwd_out = 0;
     *peak_out = 0;
     for (int i = 0; st == CTXPAR_OK && i < ranks; i++) {
-        ctxpar_rank_report *r = &reports[i];
+        cpt_rank_report *r = &reports[i];
         if (r->status != CTXPAR_OK && res->status == CTXPAR_OK) {
             res->status = r->status;
             snprintf(res->message, sizeof res->message, "%s", r->message);
@@ -348,22 +348,22 @@ ctxpar_status ctxpar_run_collect(const ctxpar_run_config *cfg, int ranks, ctxpar
             res->algo = r->algo;
     }
     for (int i = 0; i < ranks; i++)
-        ctxpar_rank_outputs_free(&reports[i].out);
+        cpt_rank_outputs_free(&reports[i].out);
     free(reports);
     return st;
 }
 
-ctxpar_status ctxpar_run_finish(const ctxpar_run_config *cfg, ctxpar_run_result *res) {
-    ctxpar_run_outputs single = {{0}};
+ctxpar_status cpt_run_finish(const cpt_run_config *cfg, cpt_run_result *res) {
+    cpt_run_outputs single = {{0}};
     ctxpar_status st = CTXPAR_OK;
     if (res->status == CTXPAR_OK && cfg->compare_single) {
-        ctxpar_run_result r1;
+        cpt_run_result r1;
         memset(&r1, 0, sizeof r1);
-        ctxpar_run_config c1 = *cfg;
+        cpt_run_config c1 = *cfg;
         c1.ranks = 1;
         c1.trace = NULL;
         double fwd_1;
-        st = ctxpar_run_collect(&c1, 1, &single, &r1, &res->time_single_s, &fwd_1,
+        st = cpt_run_collect(&c1, 1, &single, &r1, &res->time_single_s, &fwd_1,
                                 &res->single_rank_peak_bytes);
         if (st == CTXPAR_OK && r1.status != CTXPAR_OK) {
             res->status = r1.status;
@@ -371,30 +371,30 @@ ctxpar_status ctxpar_run_finish(const ctxpar_run_config *cfg, ctxpar_run_result 
         }
     }
     if (st == CTXPAR_OK && res->status == CTXPAR_OK)
-        st = ctxpar_run_evaluate(cfg, cfg->compare_single ? &single : NULL, res);
-    ctxpar_run_outputs_free(&single);
+        st = cpt_run_evaluate(cfg, cfg->compare_single ? &single : NULL, res);
+    cpt_run_outputs_free(&single);
     return st;
 }
 
-ctxpar_status ctxpar_run(const ctxpar_run_config *cfg_in, ctxpar_run_result *res) {
+ctxpar_status cpt_run(const cpt_run_config *cfg_in, cpt_run_result *res) {
     memset(res, 0, sizeof *res);
-    CTXPAR_CHECK(ctxpar_run_check_config(cfg_in));
-    ctxpar_run_config copy, *cfg = &copy;
+    CTXPAR_CHECK(cpt_run_check_config(cfg_in));
+    cpt_run_config copy, *cfg = &copy;
     int32_t *cu = NULL;
-    CTXPAR_CHECK(ctxpar_run_resolve_docs(cfg_in, &copy, &cu));
-    ctxpar_status st = ctxpar_run_collect(cfg, cfg->ranks, &res->outputs, res, &res->time_s,
+    CTXPAR_CHECK(cpt_run_resolve_docs(cfg_in, &copy, &cu));
+    ctxpar_status st = cpt_run_collect(cfg, cfg->ranks, &res->outputs, res, &res->time_s,
                                           &res->time_fwd_s, &res->peak_bytes_per_rank);
     if (st == CTXPAR_OK)
-        st = ctxpar_run_finish(cfg, res);
+        st = cpt_run_finish(cfg, res);
     if (st != CTXPAR_OK) // the caller frees only results it was given
-        ctxpar_run_outputs_free(&res->outputs);
+        cpt_run_outputs_free(&res->outputs);
     free(cu);
     return st;
 }
 
-void ctxpar_run_result_free(ctxpar_run_result *res) {
-    ctxpar_run_outputs_free(&res->outputs);
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+void cpt_run_result_free(cpt_run_result *res) {
+    cpt_run_outputs_free(&res->outputs);
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         free(res->oracle[i]);
         res->oracle[i] = NULL;
     }

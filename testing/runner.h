@@ -4,12 +4,12 @@
  * end-to-end test suites, so that what the tests assert is what users run.
  *
  * Inputs come from the counter-based generator (data.h): each rank makes its own shard, the
- * oracle the whole sequence; or from global arrays the caller supplies (ctxpar_run_inputs: the
+ * oracle the whole sequence; or from global arrays the caller supplies (cpt_run_inputs: the
  * tensors of `ctxpar audit`), which each rank shards by the layout. Results are gathered into
  * global (unsharded) order on the host.
  */
-#ifndef CTXPAR_TESTING_RUNNER_H
-#define CTXPAR_TESTING_RUNNER_H
+#ifndef CPT_TESTING_RUNNER_H
+#define CPT_TESTING_RUNNER_H
 
 #include <stdint.h>
 
@@ -19,57 +19,57 @@
 extern "C" {
 #endif
 
-#define CTXPAR_RUN_TENSORS 5 /* out, lse, dq, dk, dv */
+#define CPT_RUN_TENSORS 5 /* out, lse, dq, dk, dv */
 
-typedef enum ctxpar_run_tensor {
-    CTXPAR_T_OUT = 0,
-    CTXPAR_T_LSE = 1,
-    CTXPAR_T_DQ = 2,
-    CTXPAR_T_DK = 3,
-    CTXPAR_T_DV = 4,
-} ctxpar_run_tensor;
+typedef enum cpt_run_tensor {
+    CPT_T_OUT = 0,
+    CPT_T_LSE = 1,
+    CPT_T_DQ = 2,
+    CPT_T_DK = 3,
+    CPT_T_DV = 4,
+} cpt_run_tensor;
 
 /* "out", "lse", "dq", "dk", "dv". */
-const char *ctxpar_run_tensor_name(ctxpar_run_tensor t);
+const char *cpt_run_tensor_name(cpt_run_tensor t);
 
 /* Global inputs given by the caller instead of the generator: densely packed BSHD host arrays in
  * the run's dtype, q [batch, seq, heads, head_dim], k and v [batch, seq, kv_heads, head_dim],
  * dout like q (required with backward, ignored without). Borrowed for the whole run. */
-typedef struct ctxpar_run_inputs {
+typedef struct cpt_run_inputs {
     const void *q, *k, *v, *dout;
-} ctxpar_run_inputs;
+} cpt_run_inputs;
 
-/* The device every rank runs on: an index into ctxpar_run_backends(); the CPU is always 0. */
-typedef enum ctxpar_run_backend {
-    CTXPAR_RUN_CPU = 0,
-} ctxpar_run_backend;
+/* The device every rank runs on: an index into cpt_run_backends(); the CPU is always 0. */
+typedef enum cpt_run_backend {
+    CPT_RUN_CPU = 0,
+} cpt_run_backend;
 
 /* One entry of the tool's backend registry (runner_device.c): what `--backend` accepts and
  * `ctxpar --list-backends` prints. Only backends compiled into this binary are listed. */
-typedef struct ctxpar_run_backend_info {
+typedef struct cpt_run_backend_info {
     const char *name;  /* the --backend value */
     const char *about; /* one line for --list-backends */
     /* The device of one rank; threads: OpenMP threads (0 = default) where that applies. */
     ctxpar_status (*create)(int threads, ctxpar_device **dev_out);
-} ctxpar_run_backend_info;
+} cpt_run_backend_info;
 
 /* The registry, CPU first; *count_out entries. */
-const ctxpar_run_backend_info *const *ctxpar_run_backends(int *count_out);
+const cpt_run_backend_info *const *cpt_run_backends(int *count_out);
 
 /* The index of the backend called `name`, or -1. */
-int ctxpar_run_backend_find(const char *name);
+int cpt_run_backend_find(const char *name);
 
 /* The backend's name ("cpu", "cuda"), or "?" for an index not in the registry. */
-const char *ctxpar_run_backend_name(ctxpar_run_backend backend);
+const char *cpt_run_backend_name(cpt_run_backend backend);
 
 /* Whether `backend` is in the registry (compiled into this binary). */
-int ctxpar_run_backend_available(ctxpar_run_backend backend);
+int cpt_run_backend_available(cpt_run_backend backend);
 
 /* OK when the backend's device can be created here now (one is created and destroyed); else
  * the creation's status, with the reason in ctxpar_last_error() (CUDA: no device). */
-ctxpar_status ctxpar_run_backend_probe(ctxpar_run_backend backend);
+ctxpar_status cpt_run_backend_probe(cpt_run_backend backend);
 
-typedef struct ctxpar_run_config {
+typedef struct cpt_run_config {
     int ranks;
     int64_t batch, seq, heads, kv_heads, head_dim; /* seq: global */
     ctxpar_dtype dtype;
@@ -83,10 +83,10 @@ typedef struct ctxpar_run_config {
     int verify_transfers;   /* context option */
     int repeat;             /* timed repetitions of the call (median reported); 0 = 1 */
     int warmup;             /* untimed calls before the timed ones (not traced, not counted) */
-    ctxpar_run_backend backend;
-    const ctxpar_run_inputs *inputs; /* NULL: the counter-based generator with `seed` */
+    cpt_run_backend backend;
+    const cpt_run_inputs *inputs; /* NULL: the counter-based generator with `seed` */
     /* > 0 with params.cu_seqlens NULL: pack that many documents of generated lengths
-     * (ctxpar_run_docs) into the sequence. */
+     * (cpt_run_docs) into the sequence. */
     int64_t docs;
     /* Optional: every trace event of the timed calls, on the rank's own thread. */
     void (*trace)(void *user, int rank, const ctxpar_trace_event *event);
@@ -96,18 +96,18 @@ typedef struct ctxpar_run_config {
      * runs the stage (rank 0's for the calls), one at a time. */
     void (*progress)(void *user, const char *stage, int done, int total);
     void *progress_user;
-} ctxpar_run_config;
+} cpt_run_config;
 
 /* Defaults: 4 ranks, batch 1, seq 4096, 4 heads, dim 64, f32, causal zigzag ring, forward only,
  * CPU backend, generated inputs, oracle and single-rank comparison on, 1 call, no warm-up. */
-void ctxpar_run_config_default(ctxpar_run_config *cfg);
+void cpt_run_config_default(cpt_run_config *cfg);
 
 /* Global results of one run (host, BSHD / [B, H, S] for lse), in the run's dtype. */
-typedef struct ctxpar_run_outputs {
-    void *t[CTXPAR_RUN_TENSORS]; /* NULL where not computed; lse is float */
-} ctxpar_run_outputs;
+typedef struct cpt_run_outputs {
+    void *t[CPT_RUN_TENSORS]; /* NULL where not computed; lse is float */
+} cpt_run_outputs;
 
-typedef struct ctxpar_run_rank_stats {
+typedef struct cpt_run_rank_stats {
     size_t peak_bytes;
     uint64_t allocations; /* device allocations per timed call (after the warm-up) */
     uint64_t bytes_sent;
@@ -115,20 +115,20 @@ typedef struct ctxpar_run_rank_stats {
     /* Seconds per timed call, from the library's trace events: kernels (COMPUTE), transfers in
      * flight (TRANSFER, post to completion) and the rank blocked on them (WAIT). */
     double compute_s, transfer_s, wait_s;
-} ctxpar_run_rank_stats;
+} cpt_run_rank_stats;
 
-typedef struct ctxpar_run_result {
+typedef struct cpt_run_result {
     ctxpar_status status;   /* first failing rank's status, or OK */
     char message[600];      /* its message, "rank R: ..." */
     ctxpar_algo algo;       /* what AUTO resolved to */
-    int has[CTXPAR_RUN_TENSORS];
-    double error[CTXPAR_RUN_TENSORS];    /* rel error vs oracle (NAN when not compared) */
-    double error_1[CTXPAR_RUN_TENSORS];  /* the same at P = 1 */
-    double ratio[CTXPAR_RUN_TENSORS];    /* error / error_1 */
-    int ratio_ok[CTXPAR_RUN_TENSORS];
-    double tolerance[CTXPAR_RUN_TENSORS];
-    int within_tol[CTXPAR_RUN_TENSORS];
-    int bitwise_single[CTXPAR_RUN_TENSORS]; /* bitwise equal to P = 1 */
+    int has[CPT_RUN_TENSORS];
+    double error[CPT_RUN_TENSORS];    /* rel error vs oracle (NAN when not compared) */
+    double error_1[CPT_RUN_TENSORS];  /* the same at P = 1 */
+    double ratio[CPT_RUN_TENSORS];    /* error / error_1 */
+    int ratio_ok[CPT_RUN_TENSORS];
+    double tolerance[CPT_RUN_TENSORS];
+    int within_tol[CPT_RUN_TENSORS];
+    int bitwise_single[CPT_RUN_TENSORS]; /* bitwise equal to P = 1 */
     int ok;                 /* status OK, every error within tolerance and ratio */
     double time_s;          /* median wall time of the P-rank call (fwd, or fwd + bwd), slowest
                                rank */
@@ -136,32 +136,32 @@ typedef struct ctxpar_run_result {
     double time_single_s;   /* time_s at P = 1 */
     size_t peak_bytes_per_rank;     /* max over ranks */
     size_t single_rank_peak_bytes;
-    ctxpar_run_rank_stats rank[64]; /* first min(ranks, 64) */
-    ctxpar_run_outputs outputs;     /* owned; freed by ctxpar_run_result_free */
+    cpt_run_rank_stats rank[64]; /* first min(ranks, 64) */
+    cpt_run_outputs outputs;     /* owned; freed by cpt_run_result_free */
     /* With keep_oracle: the fp64 oracle's global tensors (the layout of outputs), else NULL;
-     * owned, freed by ctxpar_run_result_free. */
-    double *oracle[CTXPAR_RUN_TENSORS];
-} ctxpar_run_result;
+     * owned, freed by cpt_run_result_free. */
+    double *oracle[CPT_RUN_TENSORS];
+} cpt_run_result;
 
 /* Runs cfg with cfg->ranks in-process ranks (threads, the local comm, cfg->backend's device).
  * Returns the status of the harness itself (bad config: INVALID_ARG); the library's status is in
  * result. Errors are held to the tolerance table's bound for the run's seq
- * (ctxpar_tolerance_for_seq). */
-ctxpar_status ctxpar_run(const ctxpar_run_config *cfg, ctxpar_run_result *result);
+ * (cpt_tolerance_for_seq). */
+ctxpar_status cpt_run(const cpt_run_config *cfg, cpt_run_result *result);
 
-void ctxpar_run_result_free(ctxpar_run_result *result);
+void cpt_run_result_free(cpt_run_result *result);
 
 /* Boundaries of `docs` documents packed into seq tokens, lengths drawn from seed (each between
  * about a quarter and twice the mean, at least 1): cu_out[0] = 0 < ... < cu_out[docs] = seq
  * (docs + 1 entries). INVALID_ARG when docs is not in [1, seq] or seq exceeds INT32_MAX. */
-ctxpar_status ctxpar_run_docs(uint64_t seed, int64_t seq, int64_t docs, int32_t *cu_out);
+ctxpar_status cpt_run_docs(uint64_t seed, int64_t seq, int64_t docs, int32_t *cu_out);
 
 /* OpenMP threads each of `ranks` ranks gets: cfg->threads, or when 0 the online cores divided
  * by ranks (at least 1). */
-int ctxpar_run_threads_per_rank(const ctxpar_run_config *cfg, int ranks);
+int cpt_run_threads_per_rank(const cpt_run_config *cfg, int ranks);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* CTXPAR_TESTING_RUNNER_H */
+#endif /* CPT_TESTING_RUNNER_H */

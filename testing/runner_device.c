@@ -32,7 +32,7 @@ static ctxpar_status create_cpu(int threads, ctxpar_device **dev_out) {
     return ctxpar_device_create_cpu(&co, dev_out);
 }
 
-static const ctxpar_run_backend_info cpu = {
+static const cpt_run_backend_info cpu = {
     "cpu", "the CPU reference device (OpenMP, deterministic)", create_cpu};
 
 #ifndef CTXPAR_TEST_NO_CUDA
@@ -41,40 +41,40 @@ static ctxpar_status create_cuda(int threads, ctxpar_device **dev_out) {
     return ctxpar_device_create_cuda(NULL, dev_out); // every rank on GPU 0
 }
 
-static const ctxpar_run_backend_info cuda = {"cuda", "NVIDIA GPU 0 (CUDA kernels, cuDNN where built)",
+static const cpt_run_backend_info cuda = {"cuda", "NVIDIA GPU 0 (CUDA kernels, cuDNN where built)",
                                              create_cuda};
 #endif
 
-static const ctxpar_run_backend_info *const registry[] = {
-    &cpu, // CTXPAR_RUN_CPU: first
+static const cpt_run_backend_info *const registry[] = {
+    &cpu, // CPT_RUN_CPU: first
 #ifndef CTXPAR_TEST_NO_CUDA
     &cuda,
 #endif
 };
 #define COUNT ((int)(sizeof registry / sizeof registry[0]))
 
-const ctxpar_run_backend_info *const *ctxpar_run_backends(int *count_out) {
+const cpt_run_backend_info *const *cpt_run_backends(int *count_out) {
     *count_out = COUNT;
     return registry;
 }
 
-int ctxpar_run_backend_find(const char *name) {
+int cpt_run_backend_find(const char *name) {
     for (int i = 0; i < COUNT; i++)
         if (!strcmp(name, registry[i]->name))
             return i;
     return -1;
 }
 
-int ctxpar_run_backend_available(ctxpar_run_backend backend) {
+int cpt_run_backend_available(cpt_run_backend backend) {
     return (int)backend >= 0 && (int)backend < COUNT;
 }
 
-const char *ctxpar_run_backend_name(ctxpar_run_backend backend) {
-    return ctxpar_run_backend_available(backend) ? registry[backend]->name : "?";
+const char *cpt_run_backend_name(cpt_run_backend backend) {
+    return cpt_run_backend_available(backend) ? registry[backend]->name : "?";
 }
 
-ctxpar_status ctxpar_run_backend_probe(ctxpar_run_backend backend) {
-    if (!ctxpar_run_backend_available(backend))
+ctxpar_status cpt_run_backend_probe(cpt_run_backend backend) {
+    if (!cpt_run_backend_available(backend))
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "backend %d is not built into this binary",
                             (int)backend);
     ctxpar_device *dev = NULL;
@@ -83,9 +83,9 @@ ctxpar_status ctxpar_run_backend_probe(ctxpar_run_backend backend) {
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_run_device_create(const ctxpar_run_config *cfg, int threads,
+ctxpar_status cpt_run_device_create(const cpt_run_config *cfg, int threads,
                                        ctxpar_device **dev_out) {
-    if (!ctxpar_run_backend_available(cfg->backend))
+    if (!cpt_run_backend_available(cfg->backend))
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "backend %d is not built into this binary",
                             (int)cfg->backend);
     return registry[cfg->backend]->create(threads, dev_out);

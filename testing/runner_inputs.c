@@ -8,40 +8,40 @@
 #include "runner_internal.h"
 
 // The caller's global array of input `id` as a tensor view, or data NULL when absent.
-static ctxpar_tensor input_view(const ctxpar_run_config *cfg, int id) {
-    const ctxpar_run_inputs *in = cfg->inputs;
-    const void *p = id == CTXPAR_RUN_ID_Q   ? in->q
-                    : id == CTXPAR_RUN_ID_K ? in->k
-                    : id == CTXPAR_RUN_ID_V ? in->v
+static ctxpar_tensor input_view(const cpt_run_config *cfg, int id) {
+    const cpt_run_inputs *in = cfg->inputs;
+    const void *p = id == CPT_RUN_ID_Q   ? in->q
+                    : id == CPT_RUN_ID_K ? in->k
+                    : id == CPT_RUN_ID_V ? in->v
                                             : in->dout;
-    int64_t heads = id == CTXPAR_RUN_ID_K || id == CTXPAR_RUN_ID_V ? cfg->kv_heads : cfg->heads;
-    // The view is only read (ctxpar_shard, ctxpar_test_to_f64 take it const).
+    int64_t heads = id == CPT_RUN_ID_K || id == CPT_RUN_ID_V ? cfg->kv_heads : cfg->heads;
+    // The view is only read (ctxpar_shard, cpt_test_to_f64 take it const).
     return ctxpar_tensor_bshd((void *)p, cfg->dtype, cfg->batch, cfg->seq, heads, cfg->head_dim);
 }
 
-ctxpar_status ctxpar_run_fill_local(const ctxpar_run_config *cfg, int id, int rank, int nranks,
+ctxpar_status cpt_run_fill_local(const cpt_run_config *cfg, int id, int rank, int nranks,
                                     const int64_t *pos, ctxpar_tensor *local) {
     if (!cfg->inputs) {
-        ctxpar_test_fill(local, cfg->seed, (uint64_t)id, cfg->seq, pos);
+        cpt_test_fill(local, cfg->seed, (uint64_t)id, cfg->seq, pos);
         return CTXPAR_OK;
     }
     ctxpar_tensor g = input_view(cfg, id);
     return ctxpar_shard(cfg->params.layout, rank, nranks, &g, local);
 }
 
-void ctxpar_run_fill_global_f64(const ctxpar_run_config *cfg, int id, double *dst) {
+void cpt_run_fill_global_f64(const cpt_run_config *cfg, int id, double *dst) {
     if (!cfg->inputs) {
         int64_t heads =
-            id == CTXPAR_RUN_ID_K || id == CTXPAR_RUN_ID_V ? cfg->kv_heads : cfg->heads;
-        ctxpar_test_fill_global_f64(dst, cfg->dtype, cfg->seed, (uint64_t)id, cfg->batch,
+            id == CPT_RUN_ID_K || id == CPT_RUN_ID_V ? cfg->kv_heads : cfg->heads;
+        cpt_test_fill_global_f64(dst, cfg->dtype, cfg->seed, (uint64_t)id, cfg->batch,
                                     cfg->seq, heads, cfg->head_dim);
         return;
     }
     ctxpar_tensor g = input_view(cfg, id);
-    ctxpar_test_to_f64(&g, dst);
+    cpt_test_to_f64(&g, dst);
 }
 
-ctxpar_status ctxpar_run_docs(uint64_t seed, int64_t seq, int64_t docs, int32_t *cu_out) {
+ctxpar_status cpt_run_docs(uint64_t seed, int64_t seq, int64_t docs, int32_t *cu_out) {
     if (docs < 1 || docs > seq || seq > INT32_MAX)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "docs (%lld) must be in [1, seq (%lld)]",
                             (long long)docs, (long long)seq);
@@ -49,11 +49,11 @@ ctxpar_status ctxpar_run_docs(uint64_t seed, int64_t seq, int64_t docs, int32_t 
     // strictly increasing with room for the documents still to come.
     double total = 0;
     for (int64_t i = 0; i < docs; i++)
-        total += 1.0 + 0.75 * ctxpar_test_value(seed, 99, (uint64_t)i);
+        total += 1.0 + 0.75 * cpt_test_value(seed, 99, (uint64_t)i);
     double acc = 0;
     cu_out[0] = 0;
     for (int64_t i = 1; i <= docs; i++) {
-        acc += 1.0 + 0.75 * ctxpar_test_value(seed, 99, (uint64_t)(i - 1));
+        acc += 1.0 + 0.75 * cpt_test_value(seed, 99, (uint64_t)(i - 1));
         int64_t b = (int64_t)(acc / total * (double)seq + 0.5);
         int64_t lo = cu_out[i - 1] + 1, hi = seq - (docs - i);
         cu_out[i] = (int32_t)(b < lo ? lo : b > hi ? hi : b);
@@ -62,7 +62,7 @@ ctxpar_status ctxpar_run_docs(uint64_t seed, int64_t seq, int64_t docs, int32_t 
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_run_resolve_docs(const ctxpar_run_config *cfg, ctxpar_run_config *copy_out,
+ctxpar_status cpt_run_resolve_docs(const cpt_run_config *cfg, cpt_run_config *copy_out,
                                       int32_t **cu_out) {
     *copy_out = *cfg;
     *cu_out = NULL;
@@ -75,7 +75,7 @@ ctxpar_status ctxpar_run_resolve_docs(const ctxpar_run_config *cfg, ctxpar_run_c
     if (!cu)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %lld document bounds",
                             (long long)cfg->docs);
-    ctxpar_status st = ctxpar_run_docs(cfg->seed, cfg->seq, cfg->docs, cu);
+    ctxpar_status st = cpt_run_docs(cfg->seed, cfg->seq, cfg->docs, cu);
     if (st != CTXPAR_OK) {
         free(cu);
         return st;

@@ -12,7 +12,7 @@
 #include "runner_internal.h"
 #include "runner_mpi.h"
 
-int ctxpar_run_mpi_launched(void) {
+int cpt_run_mpi_launched(void) {
     const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         if (getenv(vars[i]))
@@ -21,20 +21,20 @@ int ctxpar_run_mpi_launched(void) {
 }
 
 // Rank 0 receives every rank's local copy of tensor i and places it.
-static ctxpar_status gather_tensor(const ctxpar_run_config *cfg, int rank, int P, int i,
-                                   const ctxpar_rank_report *mine, ctxpar_run_outputs *global) {
+static ctxpar_status gather_tensor(const cpt_run_config *cfg, int rank, int P, int i,
+                                   const cpt_rank_report *mine, cpt_run_outputs *global) {
     size_t bytes = mine->out.bytes[i];
     if (!mine->out.t[i])
         return CTXPAR_OK;
     if (bytes > (size_t)1 << 30)
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "a local %s of %zu bytes is too large to "
                                                       "gather for checking",
-                            ctxpar_run_tensor_name((ctxpar_run_tensor)i), bytes);
+                            cpt_run_tensor_name((cpt_run_tensor)i), bytes);
     if (rank != 0) {
         MPI_Send(mine->out.t[i], (int)bytes, MPI_BYTE, 0, 100 + i, MPI_COMM_WORLD);
         return CTXPAR_OK;
     }
-    ctxpar_rank_outputs one = {{0}, {0}};
+    cpt_rank_outputs one = {{0}, {0}};
     one.t[i] = malloc(bytes ? bytes : 1);
     if (!one.t[i])
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes", bytes);
@@ -45,13 +45,13 @@ static ctxpar_status gather_tensor(const ctxpar_run_config *cfg, int rank, int P
         else
             MPI_Recv(one.t[i], (int)bytes, MPI_BYTE, r, 100 + i, MPI_COMM_WORLD,
                      MPI_STATUS_IGNORE);
-        st = ctxpar_run_outputs_place(cfg, r, P, &one, global);
+        st = cpt_run_outputs_place(cfg, r, P, &one, global);
     }
     free(one.t[i]);
     return st;
 }
 
-int ctxpar_run_mpi_quiet_barrier(void) {
+int cpt_run_mpi_quiet_barrier(void) {
     MPI_Request req;
     if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS)
         return -1;
@@ -68,7 +68,7 @@ int ctxpar_run_mpi_quiet_barrier(void) {
     }
 }
 
-int ctxpar_run_mpi_gather_bytes(const void *mine, size_t bytes, void **all_out,
+int cpt_run_mpi_gather_bytes(const void *mine, size_t bytes, void **all_out,
                                 size_t *total_out) {
     int rank = 0, P = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -123,15 +123,15 @@ int ctxpar_run_mpi_gather_bytes(const void *mine, size_t bytes, void **all_out,
     return 0;
 }
 
-static void run_this_rank(const ctxpar_run_config *cfg, ctxpar_rank_report *rep) {
+static void run_this_rank(const cpt_run_config *cfg, cpt_rank_report *rep) {
     ctxpar_device *dev = NULL;
     ctxpar_comm *comm = NULL;
     ctxpar_status st =
-        ctxpar_run_device_create(cfg, ctxpar_run_threads_per_rank(cfg, cfg->ranks), &dev);
+        cpt_run_device_create(cfg, cpt_run_threads_per_rank(cfg, cfg->ranks), &dev);
     if (st == CTXPAR_OK)
         st = ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm);
     if (st == CTXPAR_OK) {
-        ctxpar_run_rank(cfg, dev, comm, rep);
+        cpt_run_rank(cfg, dev, comm, rep);
     } else {
         rep->status = st;
         snprintf(rep->message, sizeof rep->message, "%s", ctxpar_last_error());
@@ -140,34 +140,34 @@ static void run_this_rank(const ctxpar_run_config *cfg, ctxpar_rank_report *rep)
     ctxpar_device_destroy(dev);
 }
 
-static ctxpar_status run_mpi(const ctxpar_run_config *cfg, ctxpar_run_result *res);
+static ctxpar_status run_mpi(const cpt_run_config *cfg, cpt_run_result *res);
 
-ctxpar_status ctxpar_run_mpi(const ctxpar_run_config *cfg_in, ctxpar_run_result *res) {
+ctxpar_status cpt_run_mpi(const cpt_run_config *cfg_in, cpt_run_result *res) {
     memset(res, 0, sizeof *res);
-    ctxpar_run_config cfg;
+    cpt_run_config cfg;
     int32_t *cu = NULL;
     // Every rank makes the same documents (a function of seed, seq and their number).
-    CTXPAR_CHECK(ctxpar_run_resolve_docs(cfg_in, &cfg, &cu));
+    CTXPAR_CHECK(cpt_run_resolve_docs(cfg_in, &cfg, &cu));
     ctxpar_status st = run_mpi(&cfg, res);
     if (st != CTXPAR_OK) // the caller frees only results it was given
-        ctxpar_run_outputs_free(&res->outputs);
+        cpt_run_outputs_free(&res->outputs);
     free(cu);
     return st;
 }
 
-static ctxpar_status run_mpi(const ctxpar_run_config *cfg, ctxpar_run_result *res) {
+static ctxpar_status run_mpi(const cpt_run_config *cfg, cpt_run_result *res) {
     int rank = 0, P = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &P);
     if (cfg->ranks != P)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "--ranks (%d) != number of MPI processes (%d)",
                             cfg->ranks, P);
-    CTXPAR_CHECK(ctxpar_run_check_config(cfg));
-    if (cfg->backend != CTXPAR_RUN_CPU)
+    CTXPAR_CHECK(cpt_run_check_config(cfg));
+    if (cfg->backend != CPT_RUN_CPU)
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "the MPI comm moves host memory: backend "
                                                       "'%s' runs with the local comm only",
-                            ctxpar_run_backend_name(cfg->backend));
-    ctxpar_rank_report *rep = calloc(1, sizeof *rep);
+                            cpt_run_backend_name(cfg->backend));
+    cpt_rank_report *rep = calloc(1, sizeof *rep);
     if (!rep)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate a rank report");
     run_this_rank(cfg, rep);
@@ -191,7 +191,7 @@ static ctxpar_status run_mpi(const ctxpar_run_config *cfg, ctxpar_run_result *re
     unsigned long long peak = rep->stats.peak_bytes, max_peak = 0;
     MPI_Reduce(&peak, &max_peak, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, 0, MPI_COMM_WORLD);
     res->peak_bytes_per_rank = (size_t)max_peak;
-    ctxpar_run_rank_stats all[64];
+    cpt_run_rank_stats all[64];
     int nstats = P < 64 ? P : 64;
     if (rank < nstats && rank != 0)
         MPI_Send(&rep->stats, sizeof rep->stats, MPI_BYTE, 0, 99, MPI_COMM_WORLD);
@@ -201,15 +201,15 @@ static ctxpar_status run_mpi(const ctxpar_run_config *cfg, ctxpar_run_result *re
             MPI_Recv(&all[r], sizeof all[r], MPI_BYTE, r, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         memcpy(res->rank, all, (size_t)nstats * sizeof all[0]);
         res->algo = rep->algo;
-        st = ctxpar_run_outputs_alloc(cfg, &res->outputs);
+        st = cpt_run_outputs_alloc(cfg, &res->outputs);
     }
-    for (int i = 0; i < CTXPAR_RUN_TENSORS && st == CTXPAR_OK; i++)
+    for (int i = 0; i < CPT_RUN_TENSORS && st == CTXPAR_OK; i++)
         st = gather_tensor(cfg, rank, P, i, rep, &res->outputs);
     if (rank == 0 && st == CTXPAR_OK)
-        st = ctxpar_run_finish(cfg, res);
+        st = cpt_run_finish(cfg, res);
 done:
     // Everybody leaves with rank 0's verdict, after waiting for it without spinning.
-    if (ctxpar_run_mpi_quiet_barrier() != 0 && st == CTXPAR_OK)
+    if (cpt_run_mpi_quiet_barrier() != 0 && st == CTXPAR_OK)
         st = CTXPAR_ERROR(CTXPAR_ERR_COMM, "MPI_Ibarrier failed");
     int verdict[3] = {st, res->status, res->ok};
     MPI_Bcast(verdict, 3, MPI_INT, 0, MPI_COMM_WORLD);
@@ -218,7 +218,7 @@ done:
         res->status = (ctxpar_status)verdict[1];
         st = (ctxpar_status)verdict[0];
     }
-    ctxpar_rank_outputs_free(&rep->out);
+    cpt_rank_outputs_free(&rep->out);
     free(rep);
     return st;
 }

@@ -9,7 +9,7 @@
 #include "runner_internal.h"
 
 typedef struct rank_trace {
-    const ctxpar_run_config *cfg;
+    const cpt_run_config *cfg;
     int rank;
     int active; // only the timed calls count
     double compute_s, transfer_s, wait_s;
@@ -45,7 +45,7 @@ static double median(double *v, int n) {
 enum { L_Q, L_K, L_V, L_DOUT, L_OUT, L_LSE, L_DQ, L_DK, L_DV, L_COUNT };
 
 typedef struct local_set {
-    const ctxpar_run_config *cfg;
+    const cpt_run_config *cfg;
     ctxpar_device *dev;
     int64_t seq; // local
     void *host[L_COUNT];
@@ -53,22 +53,22 @@ typedef struct local_set {
     size_t bytes[L_COUNT];
 } local_set;
 
-static int slot_used(const ctxpar_run_config *cfg, int i) {
+static int slot_used(const cpt_run_config *cfg, int i) {
     return i == L_Q || i == L_K || i == L_V || i == L_OUT || i == L_LSE || cfg->backward;
 }
 
-static int64_t slot_heads(const ctxpar_run_config *cfg, int i) {
+static int64_t slot_heads(const cpt_run_config *cfg, int i) {
     return i == L_K || i == L_V || i == L_DK || i == L_DV ? cfg->kv_heads : cfg->heads;
 }
 
 static ctxpar_tensor slot_tensor(const local_set *t, int i, int on_device) {
-    const ctxpar_run_config *c = t->cfg;
+    const cpt_run_config *c = t->cfg;
     return ctxpar_tensor_bshd(on_device ? t->devp[i] : t->host[i], c->dtype, c->batch, t->seq,
                               slot_heads(c, i), c->head_dim);
 }
 
 static ctxpar_status alloc_local(local_set *t) {
-    const ctxpar_run_config *c = t->cfg;
+    const cpt_run_config *c = t->cfg;
     for (int i = 0; i < L_COUNT; i++) {
         if (!slot_used(c, i))
             continue;
@@ -106,16 +106,16 @@ static ctxpar_status copy_slots(local_set *t, int first, int last, ctxpar_copy_k
 }
 
 // Moves the host copies of the results into the report (the report owns them afterwards).
-static void keep_outputs(local_set *t, ctxpar_rank_report *r) {
-    static const int slot_of[CTXPAR_RUN_TENSORS] = {L_OUT, L_LSE, L_DQ, L_DK, L_DV};
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+static void keep_outputs(local_set *t, cpt_rank_report *r) {
+    static const int slot_of[CPT_RUN_TENSORS] = {L_OUT, L_LSE, L_DQ, L_DK, L_DV};
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         r->out.t[i] = t->host[slot_of[i]];
         r->out.bytes[i] = t->bytes[slot_of[i]];
         t->host[slot_of[i]] = NULL;
     }
 }
 
-static ctxpar_status fail(ctxpar_rank_report *r, ctxpar_status st, int rank) {
+static ctxpar_status fail(cpt_rank_report *r, ctxpar_status st, int rank) {
     r->status = st;
     snprintf(r->message, sizeof r->message, "rank %d: %s: %s", rank, ctxpar_status_string(st),
              ctxpar_last_error());
@@ -126,7 +126,7 @@ static ctxpar_status fail(ctxpar_rank_report *r, ctxpar_status st, int rank) {
 // forward's time goes to *fwd_s.
 static ctxpar_status call(ctxpar_context *ctx, ctxpar_comm *comm, local_set *t, double *fwd_s,
                           double *total_s) {
-    const ctxpar_run_config *cfg = t->cfg;
+    const cpt_run_config *cfg = t->cfg;
     ctxpar_tensor q = slot_tensor(t, L_Q, 1), k = slot_tensor(t, L_K, 1),
                   v = slot_tensor(t, L_V, 1), out = slot_tensor(t, L_OUT, 1);
     float *lse = t->devp[L_LSE];
@@ -149,19 +149,19 @@ static ctxpar_status call(ctxpar_context *ctx, ctxpar_comm *comm, local_set *t, 
 }
 
 static ctxpar_status fill_inputs(local_set *t, int rank, int P, const int64_t *pos) {
-    static const int ids[4] = {CTXPAR_RUN_ID_Q, CTXPAR_RUN_ID_K, CTXPAR_RUN_ID_V,
-                               CTXPAR_RUN_ID_DOUT};
+    static const int ids[4] = {CPT_RUN_ID_Q, CPT_RUN_ID_K, CPT_RUN_ID_V,
+                               CPT_RUN_ID_DOUT};
     for (int i = L_Q; i <= L_DOUT; i++) {
         if (!t->host[i])
             continue;
         ctxpar_tensor h = slot_tensor(t, i, 0);
-        CTXPAR_CHECK(ctxpar_run_fill_local(t->cfg, ids[i], rank, P, pos, &h));
+        CTXPAR_CHECK(cpt_run_fill_local(t->cfg, ids[i], rank, P, pos, &h));
     }
     return copy_slots(t, L_Q, L_DOUT, CTXPAR_COPY_H2D);
 }
 
-void ctxpar_run_rank(const ctxpar_run_config *cfg, ctxpar_device *dev, ctxpar_comm *comm,
-                     ctxpar_rank_report *r) {
+void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *comm,
+                     cpt_rank_report *r) {
     memset(r, 0, sizeof *r);
     const int rank = ctxpar_comm_rank(comm), P = ctxpar_comm_size(comm);
     const int reps = cfg->repeat > 0 ? cfg->repeat : 1;
@@ -195,7 +195,7 @@ void ctxpar_run_rank(const ctxpar_run_config *cfg, ctxpar_device *dev, ctxpar_co
     const size_t staged = ms.current_bytes;
     for (int i = 0; i < cfg->warmup; i++) {
         if (rank == 0)
-            ctxpar_run_progress(cfg, "warm-up", i, cfg->warmup);
+            cpt_run_progress(cfg, "warm-up", i, cfg->warmup);
         CTXPAR_CHECK_GOTO(call(ctx, comm, &t, &fwd_s, &total_s), st, failed);
     }
     CTXPAR_CHECK_GOTO(ctxpar_context_reset_peak(ctx), st, failed);
@@ -206,13 +206,13 @@ void ctxpar_run_rank(const ctxpar_run_config *cfg, ctxpar_device *dev, ctxpar_co
     rt.active = 1;
     for (int i = 0; i < reps; i++) {
         if (rank == 0)
-            ctxpar_run_progress(cfg, stage, i, reps);
+            cpt_run_progress(cfg, stage, i, reps);
         CTXPAR_CHECK_GOTO(call(ctx, comm, &t, &fwd_times[i], &times[i]), st, failed);
     }
     rt.active = 0;
     r->stats.allocations = (dev->alloc_count - allocs0) / (uint64_t)reps;
     if (rank == 0)
-        ctxpar_run_progress(cfg, stage, reps, reps);
+        cpt_run_progress(cfg, stage, reps, reps);
     r->time_s = median(times, reps);
     r->time_fwd_s = median(fwd_times, reps);
     r->stats.compute_s = rt.compute_s / reps;
@@ -240,8 +240,8 @@ done:
     free(fwd_times);
 }
 
-void ctxpar_rank_outputs_free(ctxpar_rank_outputs *out) {
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+void cpt_rank_outputs_free(cpt_rank_outputs *out) {
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         free(out->t[i]);
         out->t[i] = NULL;
     }

@@ -25,14 +25,14 @@
 
 static const struct {
     const char *name;
-    ctxpar_npy_dtype dtype;
+    cpt_npy_dtype dtype;
 } st_dtypes[] = {
-    {"F32", CTXPAR_NPY_F32}, {"F16", CTXPAR_NPY_F16}, {"BF16", CTXPAR_NPY_BF16},
-    {"I32", CTXPAR_NPY_I32}, {"I64", CTXPAR_NPY_I64},
+    {"F32", CPT_NPY_F32}, {"F16", CPT_NPY_F16}, {"BF16", CPT_NPY_BF16},
+    {"I32", CPT_NPY_I32}, {"I64", CPT_NPY_I64},
 };
 #define N_ST_DTYPES (sizeof st_dtypes / sizeof st_dtypes[0])
 
-const char *ctxpar_st_dtype_name(ctxpar_npy_dtype dtype) {
+const char *cpt_st_dtype_name(cpt_npy_dtype dtype) {
     for (size_t i = 0; i < N_ST_DTYPES; i++)
         if (st_dtypes[i].dtype == dtype)
             return st_dtypes[i].name;
@@ -44,7 +44,7 @@ const char *ctxpar_st_dtype_name(ctxpar_npy_dtype dtype) {
 // One entry of the header before its data is read.
 typedef struct st_entry {
     const char *name; // points into the parsed JSON
-    ctxpar_npy_array a;
+    cpt_npy_array a;
     uint64_t begin, end;
 } st_entry;
 
@@ -56,7 +56,7 @@ static int by_begin(const void *x, const void *y) {
 }
 
 static ctxpar_status parse_dtype(json_t *v, const char *file, const char *tensor,
-                                 ctxpar_npy_dtype *out) {
+                                 cpt_npy_dtype *out) {
     const char *s = json_string_value(v);
     if (!s)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: tensor '%s': dtype is not a string", file,
@@ -73,14 +73,14 @@ static ctxpar_status parse_dtype(json_t *v, const char *file, const char *tensor
 }
 
 static ctxpar_status parse_shape(json_t *v, const char *file, const char *tensor,
-                                 ctxpar_npy_array *a) {
+                                 cpt_npy_array *a) {
     if (!json_is_array(v))
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: tensor '%s': shape is not an array", file,
                             tensor);
     size_t n = json_array_size(v);
-    if (n > CTXPAR_NPY_MAX_DIMS)
+    if (n > CPT_NPY_MAX_DIMS)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: tensor '%s': %zu dimensions (at most %d)",
-                            file, tensor, n, CTXPAR_NPY_MAX_DIMS);
+                            file, tensor, n, CPT_NPY_MAX_DIMS);
     size_t count = 1;
     for (size_t i = 0; i < n; i++) {
         json_t *d = json_array_get(v, i);
@@ -129,13 +129,13 @@ static ctxpar_status parse_entry(const char *key, json_t *v, const char *file, s
     CTXPAR_CHECK(parse_dtype(dt, file, key, &e->a.dtype));
     CTXPAR_CHECK(parse_shape(sh, file, key, &e->a));
     CTXPAR_CHECK(parse_offsets(off, file, e));
-    size_t es = ctxpar_npy_dtype_size(e->a.dtype);
+    size_t es = cpt_npy_dtype_size(e->a.dtype);
     if (e->a.count > SIZE_MAX / es || e->end - e->begin != (uint64_t)(e->a.count * es))
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "%s: tensor '%s': data_offsets span %llu bytes, but %s of %zu "
                             "elements needs %zu",
                             file, key, (unsigned long long)(e->end - e->begin),
-                            ctxpar_st_dtype_name(e->a.dtype), e->a.count,
+                            cpt_st_dtype_name(e->a.dtype), e->a.count,
                             e->a.count <= SIZE_MAX / es ? e->a.count * es : SIZE_MAX);
     return CTXPAR_OK;
 }
@@ -266,16 +266,16 @@ static ctxpar_status source_read(const st_source *s, uint64_t off, void *dst, si
     return CTXPAR_OK;
 }
 
-static void free_tensors(ctxpar_st_tensor *t, int n) {
+static void free_tensors(cpt_st_tensor *t, int n) {
     for (int i = 0; t && i < n; i++) {
         free(t[i].name);
-        ctxpar_npy_free(&t[i].array);
+        cpt_npy_free(&t[i].array);
     }
     free(t);
 }
 
 // Reads a whole image of `total` bytes from src into *out.
-static ctxpar_status read_source(const st_source *src, uint64_t total, ctxpar_st_file *out) {
+static ctxpar_status read_source(const st_source *src, uint64_t total, cpt_st_file *out) {
     unsigned char pre[8];
     size_t npre = total < 8 ? (size_t)total : 8, hlen = 0;
     uint64_t data_size = 0;
@@ -288,7 +288,7 @@ static ctxpar_status read_source(const st_source *src, uint64_t total, ctxpar_st
     json_t *root = NULL;
     st_entry *e = NULL;
     size_t n = 0;
-    ctxpar_st_tensor *t = NULL;
+    cpt_st_tensor *t = NULL;
     int done = 0;
     ctxpar_status st = source_read(src, 8, text, hlen);
     if (st == CTXPAR_OK)
@@ -329,8 +329,8 @@ static ctxpar_status read_source(const st_source *src, uint64_t total, ctxpar_st
     return st;
 }
 
-ctxpar_status ctxpar_st_read_mem(const void *bytes, size_t size, const char *name,
-                                 ctxpar_st_file *file_out) {
+ctxpar_status cpt_st_read_mem(const void *bytes, size_t size, const char *name,
+                                 cpt_st_file *file_out) {
     if (!name)
         name = "<memory>";
     if ((!bytes && size) || !file_out)
@@ -339,7 +339,7 @@ ctxpar_status ctxpar_st_read_mem(const void *bytes, size_t size, const char *nam
     return read_source(&src, size, file_out);
 }
 
-ctxpar_status ctxpar_st_read(const char *path, ctxpar_st_file *file_out) {
+ctxpar_status cpt_st_read(const char *path, cpt_st_file *file_out) {
     if (!path || !file_out)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "safetensors read: path or file_out is NULL");
     FILE *f = fopen(path, "rb");
@@ -360,14 +360,14 @@ ctxpar_status ctxpar_st_read(const char *path, ctxpar_st_file *file_out) {
     return st;
 }
 
-const ctxpar_npy_array *ctxpar_st_find(const ctxpar_st_file *file, const char *name) {
+const cpt_npy_array *cpt_st_find(const cpt_st_file *file, const char *name) {
     for (int i = 0; file && i < file->count; i++)
         if (strcmp(file->tensors[i].name, name) == 0)
             return &file->tensors[i].array;
     return NULL;
 }
 
-void ctxpar_st_free(ctxpar_st_file *file) {
+void cpt_st_free(cpt_st_file *file) {
     if (!file)
         return;
     free_tensors(file->tensors, file->count);
@@ -377,7 +377,7 @@ void ctxpar_st_free(ctxpar_st_file *file) {
 /* ---------------------------------------------------------------- writing */
 
 // The padded header (length prefix included) for the tensors: *head_out of *head_len_out bytes.
-static ctxpar_status build_head(int count, const ctxpar_st_tensor *t, char **head_out,
+static ctxpar_status build_head(int count, const cpt_st_tensor *t, char **head_out,
                                 size_t *head_len_out, size_t *data_bytes_out) {
     if (count < 0 || (count > 0 && !t))
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "safetensors write: %d tensors", count);
@@ -387,10 +387,10 @@ static ctxpar_status build_head(int count, const ctxpar_st_tensor *t, char **hea
     ctxpar_status st = CTXPAR_OK;
     size_t at = 0;
     for (int i = 0; st == CTXPAR_OK && i < count; i++) {
-        const ctxpar_npy_array *a = &t[i].array;
-        size_t es = ctxpar_npy_dtype_size(a->dtype);
+        const cpt_npy_array *a = &t[i].array;
+        size_t es = cpt_npy_dtype_size(a->dtype);
         if (!t[i].name || !strcmp(t[i].name, "__metadata__") || json_object_get(root, t[i].name) ||
-            es == 0 || a->ndim < 0 || a->ndim > CTXPAR_NPY_MAX_DIMS || (!a->data && a->count)) {
+            es == 0 || a->ndim < 0 || a->ndim > CPT_NPY_MAX_DIMS || (!a->data && a->count)) {
             st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                               "safetensors write: tensor %d ('%s'): missing, reserved or "
                               "duplicate name, bad dtype, ndim or data",
@@ -403,7 +403,7 @@ static ctxpar_status build_head(int count, const ctxpar_st_tensor *t, char **hea
         json_array_append_new(off, json_integer((json_int_t)at));
         at += a->count * es;
         json_array_append_new(off, json_integer((json_int_t)at));
-        json_object_set_new(e, "dtype", json_string(ctxpar_st_dtype_name(a->dtype)));
+        json_object_set_new(e, "dtype", json_string(cpt_st_dtype_name(a->dtype)));
         json_object_set_new(e, "shape", shape);
         json_object_set_new(e, "data_offsets", off);
         if (json_object_set_new(root, t[i].name, e) != 0)
@@ -433,11 +433,11 @@ static ctxpar_status build_head(int count, const ctxpar_st_tensor *t, char **hea
     return CTXPAR_OK;
 }
 
-static size_t tensor_bytes(const ctxpar_st_tensor *t) {
-    return t->array.count * ctxpar_npy_dtype_size(t->array.dtype);
+static size_t tensor_bytes(const cpt_st_tensor *t) {
+    return t->array.count * cpt_npy_dtype_size(t->array.dtype);
 }
 
-ctxpar_status ctxpar_st_write_mem(int count, const ctxpar_st_tensor *tensors, void **bytes_out,
+ctxpar_status cpt_st_write_mem(int count, const cpt_st_tensor *tensors, void **bytes_out,
                                   size_t *size_out) {
     if (!bytes_out || !size_out)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "safetensors write: NULL output");
@@ -461,7 +461,7 @@ ctxpar_status ctxpar_st_write_mem(int count, const ctxpar_st_tensor *tensors, vo
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_st_write(const char *path, int count, const ctxpar_st_tensor *tensors) {
+ctxpar_status cpt_st_write(const char *path, int count, const cpt_st_tensor *tensors) {
     if (!path)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "safetensors write: path is NULL");
     char *head;

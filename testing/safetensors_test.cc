@@ -26,45 +26,45 @@ const std::string kHfFile =
 
 TEST(Safetensors, ReadsWhatTheSafetensorsLibraryWrites) {
     ASSERT_EQ(kHfFile.size(), 196u);
-    ctxpar_st_file f;
-    ASSERT_EQ(ctxpar_st_read_mem(kHfFile.data(), kHfFile.size(), "hf", &f), CTXPAR_OK)
+    cpt_st_file f;
+    ASSERT_EQ(cpt_st_read_mem(kHfFile.data(), kHfFile.size(), "hf", &f), CTXPAR_OK)
         << ctxpar_last_error();
     ASSERT_EQ(f.count, 3);
-    const ctxpar_npy_array *a = ctxpar_st_find(&f, "a"), *b = ctxpar_st_find(&f, "b"),
-                           *c = ctxpar_st_find(&f, "c");
+    const cpt_npy_array *a = cpt_st_find(&f, "a"), *b = cpt_st_find(&f, "b"),
+                           *c = cpt_st_find(&f, "c");
     ASSERT_TRUE(a && b && c);
-    EXPECT_EQ(a->dtype, CTXPAR_NPY_F32);
+    EXPECT_EQ(a->dtype, CPT_NPY_F32);
     EXPECT_EQ(static_cast<const float *>(a->data)[0], 1.5f);
     EXPECT_EQ(static_cast<const float *>(a->data)[1], -2.0f);
-    EXPECT_EQ(b->dtype, CTXPAR_NPY_BF16);
+    EXPECT_EQ(b->dtype, CPT_NPY_BF16);
     EXPECT_EQ(b->ndim, 2);
     EXPECT_EQ(b->shape[1], 2);
     EXPECT_EQ(static_cast<const uint16_t *>(b->data)[1], 0xc020); // -2.5
-    EXPECT_EQ(c->dtype, CTXPAR_NPY_I64);
+    EXPECT_EQ(c->dtype, CPT_NPY_I64);
     EXPECT_EQ(static_cast<const int64_t *>(c->data)[0], 7);
-    EXPECT_EQ(ctxpar_st_find(&f, "d"), nullptr);
+    EXPECT_EQ(cpt_st_find(&f, "d"), nullptr);
 
     // Written back and read again: the same tensors and bytes.
     void *bytes = nullptr;
     size_t n = 0;
-    ASSERT_EQ(ctxpar_st_write_mem(f.count, f.tensors, &bytes, &n), CTXPAR_OK);
+    ASSERT_EQ(cpt_st_write_mem(f.count, f.tensors, &bytes, &n), CTXPAR_OK);
     uint64_t header = 0;
     std::memcpy(&header, bytes, 8);
     EXPECT_EQ(header % 8, 0u); // the data starts 8-byte aligned, as the library writes it
-    ctxpar_st_file g;
-    ASSERT_EQ(ctxpar_st_read_mem(bytes, n, "again", &g), CTXPAR_OK) << ctxpar_last_error();
+    cpt_st_file g;
+    ASSERT_EQ(cpt_st_read_mem(bytes, n, "again", &g), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_EQ(g.count, 3);
     for (int i = 0; i < 3; i++) {
         EXPECT_STREQ(g.tensors[i].name, f.tensors[i].name);
         EXPECT_EQ(g.tensors[i].array.count, f.tensors[i].array.count);
         EXPECT_EQ(
             std::memcmp(g.tensors[i].array.data, f.tensors[i].array.data,
-                        f.tensors[i].array.count * ctxpar_npy_dtype_size(f.tensors[i].array.dtype)),
+                        f.tensors[i].array.count * cpt_npy_dtype_size(f.tensors[i].array.dtype)),
             0);
     }
     std::free(bytes);
-    ctxpar_st_free(&g);
-    ctxpar_st_free(&f);
+    cpt_st_free(&g);
+    cpt_st_free(&f);
 }
 
 std::string Le64(uint64_t n) {
@@ -97,10 +97,10 @@ TEST(Safetensors, RejectsMalformedFilesAndLeavesTheOutputAlone) {
          "overflows"},
     };
     for (const Case &c : cases) {
-        ctxpar_st_file f;
+        cpt_st_file f;
         std::memset(&f, 0x5a, sizeof f);
-        ctxpar_st_file untouched = f;
-        EXPECT_EQ(ctxpar_st_read_mem(c.bytes.data(), c.bytes.size(), "bad.safetensors", &f),
+        cpt_st_file untouched = f;
+        EXPECT_EQ(cpt_st_read_mem(c.bytes.data(), c.bytes.size(), "bad.safetensors", &f),
                   CTXPAR_ERR_INVALID_ARG)
             << c.why;
         EXPECT_EQ(std::memcmp(&f, &untouched, sizeof f), 0) << c.why;
@@ -115,7 +115,7 @@ TEST(Safetensors, RejectsMalformedFilesAndLeavesTheOutputAlone) {
 TEST(TensorFormat, EveryOrderRoundTripsBitExactly) {
     const int64_t B = 2, S = 5, H = 3, D = 4;
     for (int f = 0; f < 4; f++) {
-        const int64_t b = f == CTXPAR_TFORMAT_THD ? 1 : B;
+        const int64_t b = f == CPT_TFORMAT_THD ? 1 : B;
         const int64_t dims[4] = {b, S, H, D};
         for (ctxpar_dtype dt : {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_F16, CTXPAR_DTYPE_BF16}) {
             const size_t n = (size_t)(b * S * H * D), es = ctxpar_dtype_size(dt);
@@ -123,47 +123,47 @@ TEST(TensorFormat, EveryOrderRoundTripsBitExactly) {
             for (size_t i = 0; i < g.size(); i++)
                 g[i] = (unsigned char)(i * 37 + 11); // arbitrary bits, NaN payloads included
             ctxpar_tensor gv = ctxpar_tensor_bshd(g.data(), dt, b, S, H, D);
-            ctxpar_tensor sv = ctxpar_tformat_view((ctxpar_tformat)f, stored.data(), dt, dims);
-            ctxpar_tensor_copy(&gv, &sv);
+            ctxpar_tensor sv = cpt_tformat_view((cpt_tformat)f, stored.data(), dt, dims);
+            cpt_tensor_copy(&gv, &sv);
             int64_t shape[4], again[4];
-            int nd = ctxpar_tformat_shape((ctxpar_tformat)f, dims, shape);
-            ASSERT_TRUE(ctxpar_tformat_dims((ctxpar_tformat)f, nd, shape, again));
-            EXPECT_EQ(std::memcmp(again, dims, sizeof again), 0) << ctxpar_tformat_names[f];
+            int nd = cpt_tformat_shape((cpt_tformat)f, dims, shape);
+            ASSERT_TRUE(cpt_tformat_dims((cpt_tformat)f, nd, shape, again));
+            EXPECT_EQ(std::memcmp(again, dims, sizeof again), 0) << cpt_tformat_names[f];
             for (int64_t i0 = 0; i0 < b; i0++)
                 for (int64_t s = 0; s < S; s++)
                     for (int64_t h = 0; h < H; h++)
                         for (int64_t d = 0; d < D; d++) {
-                            int64_t want = f == CTXPAR_TFORMAT_BHSD ? ((i0 * H + h) * S + s) * D + d
-                                           : f == CTXPAR_TFORMAT_SBHD
+                            int64_t want = f == CPT_TFORMAT_BHSD ? ((i0 * H + h) * S + s) * D + d
+                                           : f == CPT_TFORMAT_SBHD
                                                ? ((s * b + i0) * H + h) * D + d
                                                : ((i0 * S + s) * H + h) * D + d;
                             int64_t from = ((i0 * S + s) * H + h) * D + d;
                             ASSERT_EQ(
                                 std::memcmp(&stored[(size_t)want * es], &g[(size_t)from * es], es),
                                 0)
-                                << ctxpar_tformat_names[f];
+                                << cpt_tformat_names[f];
                         }
             ctxpar_tensor bv = ctxpar_tensor_bshd(back.data(), dt, b, S, H, D);
-            ctxpar_tensor_copy(&sv, &bv);
-            EXPECT_EQ(back, g) << ctxpar_tformat_names[f] << " " << ctxpar_dtype_name(dt);
+            cpt_tensor_copy(&sv, &bv);
+            EXPECT_EQ(back, g) << cpt_tformat_names[f] << " " << ctxpar_dtype_name(dt);
         }
     }
     for (int l = 0; l < 3; l++) {
-        const int64_t b = l == CTXPAR_LSE_HT ? 1 : 2, H = 3, S = 7;
+        const int64_t b = l == CPT_LSE_HT ? 1 : 2, H = 3, S = 7;
         std::vector<float> x((size_t)(b * H * S)), stored(x.size()), back(x.size());
         for (size_t i = 0; i < x.size(); i++)
             x[i] = 0.37f * (float)i - 3.0f;
-        ctxpar_lse_from_bhs(x.data(), (ctxpar_lse_layout)l, 0, b, H, S, stored.data());
-        ctxpar_lse_to_bhs(stored.data(), CTXPAR_NPY_F32, (ctxpar_lse_layout)l, 0, b, H, S,
+        cpt_lse_from_bhs(x.data(), (cpt_lse_layout)l, 0, b, H, S, stored.data());
+        cpt_lse_to_bhs(stored.data(), CPT_NPY_F32, (cpt_lse_layout)l, 0, b, H, S,
                           back.data());
-        EXPECT_EQ(back, x) << ctxpar_lse_layout_names[l];
+        EXPECT_EQ(back, x) << cpt_lse_layout_names[l];
         // bsh: (b, h, s) at (b * S + s) * H + h.
-        if (l == CTXPAR_LSE_BSH) {
+        if (l == CPT_LSE_BSH) {
             EXPECT_EQ(stored[(size_t)((1 * S + 4) * H + 2)], x[(size_t)((1 * H + 2) * S + 4)]);
         }
         int64_t shape[3], bb, hh, ss;
-        int nd = ctxpar_lse_shape((ctxpar_lse_layout)l, b, H, S, shape);
-        ASSERT_TRUE(ctxpar_lse_dims((ctxpar_lse_layout)l, nd, shape, &bb, &hh, &ss));
+        int nd = cpt_lse_shape((cpt_lse_layout)l, b, H, S, shape);
+        ASSERT_TRUE(cpt_lse_dims((cpt_lse_layout)l, nd, shape, &bb, &hh, &ss));
         EXPECT_TRUE(bb == b && hh == H && ss == S);
     }
 }

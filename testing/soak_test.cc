@@ -196,22 +196,22 @@ void ExpectMatchesOracle(const Problem &pb, const Results &res, const std::strin
                                 std::vector<double>(nk), std::vector<double>(nq)};
     const int64_t heads[4] = {pb.Hq, pb.Hkv, pb.Hkv, pb.Hq};
     for (int i = 0; i < 4; i++)
-        ctxpar_test_fill_global_f64(x[i].data(), pb.dtype, pb.seed, i + 1, pb.B, pb.S, heads[i],
+        cpt_test_fill_global_f64(x[i].data(), pb.dtype, pb.seed, i + 1, pb.B, pb.S, heads[i],
                                     pb.D);
-    ctxpar_oracle_shape sh = {pb.B, pb.S, pb.S, pb.Hq, pb.Hkv, pb.D};
+    cpt_oracle_shape sh = {pb.B, pb.S, pb.S, pb.Hq, pb.Hkv, pb.D};
     ctxpar_mask_desc mask = {pb.params.mask == CTXPAR_MASK_CAUSAL, pb.params.window_left,
                              pb.params.cu_seqlens, pb.params.num_docs};
     const double scale = 1.0f / std::sqrt(static_cast<float>(pb.D)); // as the library resolves
     std::vector<double> ref[5] = {std::vector<double>(nq), std::vector<double>(pb.B * pb.Hq * pb.S),
                                   std::vector<double>(nq), std::vector<double>(nk),
                                   std::vector<double>(nk)};
-    ctxpar_oracle_fwd(&sh, x[kQ].data(), x[kK].data(), x[kV].data(), nullptr, nullptr, &mask, scale,
+    cpt_oracle_fwd(&sh, x[kQ].data(), x[kK].data(), x[kV].data(), nullptr, nullptr, &mask, scale,
                       ref[kOut].data(), ref[kLse].data());
-    ctxpar_oracle_bwd(&sh, x[kQ].data(), x[kK].data(), x[kV].data(), nullptr, nullptr, &mask, scale,
+    cpt_oracle_bwd(&sh, x[kQ].data(), x[kK].data(), x[kV].data(), nullptr, nullptr, &mask, scale,
                       x[kDout].data(), ref[kDq].data(), ref[kDk].data(), ref[kDv].data());
     for (int i = 0; i < 5; i++) {
-        ctxpar_error_stats e = ctxpar_compare_tensor(&res.t[i].t, ref[i].data());
-        EXPECT_LE(e.rel, ctxpar_tolerance_for_seq(pb.dtype, kName[i], pb.S))
+        cpt_error_stats e = cpt_compare_tensor(&res.t[i].t, ref[i].data());
+        EXPECT_LE(e.rel, cpt_tolerance_for_seq(pb.dtype, kName[i], pb.S))
             << what << ": " << kName[i] << " max_abs " << e.max_abs << " at " << e.worst << ", "
             << e.nonfinite << " non-finite";
     }
@@ -231,7 +231,7 @@ TEST(Soak, ThousandCallsKeepMemoryFlatAndMatchTheOracle) {
         const int64_t heads[4] = {pb.Hq, pb.Hkv, pb.Hkv, pb.Hq};
         for (int i = 0; i < 4; i++) {
             in.emplace_back(pb.dtype, pb.B, pb.S, heads[i], pb.D);
-            ctxpar_test_fill(&in.back().t, pb.seed, i + 1, pb.S, nullptr);
+            cpt_test_fill(&in.back().t, pb.seed, i + 1, pb.S, nullptr);
         }
         Results res(pb);
         Group &g = *groups[pb.P - 1];

@@ -47,7 +47,7 @@ static const double tol_table[3][TOL_COUNT] = {
     [CTXPAR_DTYPE_BF16] = {1e-2, 1e-5, 1e-2, 1e-2, 1e-2},
 };
 
-double ctxpar_tolerance(ctxpar_dtype dtype, const char *tensor_name) {
+double cpt_tolerance(ctxpar_dtype dtype, const char *tensor_name) {
     if ((int)dtype < 0 || (int)dtype > 2 || !tensor_name)
         return NAN;
     for (int t = 0; t < TOL_COUNT; t++)
@@ -56,16 +56,16 @@ double ctxpar_tolerance(ctxpar_dtype dtype, const char *tensor_name) {
     return NAN;
 }
 
-double ctxpar_tolerance_for_seq(ctxpar_dtype dtype, const char *tensor_name, int64_t seq) {
-    double tol = ctxpar_tolerance(dtype, tensor_name);
+double cpt_tolerance_for_seq(ctxpar_dtype dtype, const char *tensor_name, int64_t seq) {
+    double tol = cpt_tolerance(dtype, tensor_name);
     // F32 errors grow as sqrt(S) (see the top); 16-bit ones are set by the storage rounding.
     if (dtype == CTXPAR_DTYPE_F32 && seq > 4096)
         tol *= sqrt((double)seq / 4096.0);
     return tol;
 }
 
-int ctxpar_error_ratio_ok(double err_p, double err_1) {
+int cpt_error_ratio_ok(double err_p, double err_1) {
     if (isnan(err_p) || isnan(err_1))
         return 0;
-    return err_p <= CTXPAR_TOL_ERROR_RATIO * fmax(err_1, CTXPAR_TOL_RATIO_FLOOR);
+    return err_p <= CPT_TOL_ERROR_RATIO * fmax(err_1, CPT_TOL_RATIO_FLOOR);
 }

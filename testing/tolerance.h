@@ -1,16 +1,16 @@
 /*
  * tolerance.h - the one table of accepted errors against the float64 oracle.
  *
- * Errors are ctxpar_error_stats.rel: max |got - oracle| / max |oracle| over a whole tensor
+ * Errors are cpt_error_stats.rel: max |got - oracle| / max |oracle| over a whole tensor
  * (metrics.h). How each bound was chosen is written next to it in tolerance.c.
  */
-#ifndef CTXPAR_TESTING_TOLERANCE_H
-#define CTXPAR_TESTING_TOLERANCE_H
+#ifndef CPT_TESTING_TOLERANCE_H
+#define CPT_TESTING_TOLERANCE_H
 
 #include <stdint.h>
 
 #include "ctxpar.h"
-#include "testing/oracle.h" /* ctxpar_oracle_shape */
+#include "testing/oracle.h" /* cpt_oracle_shape */
 
 #ifdef __cplusplus
 extern "C" {
@@ -19,31 +19,31 @@ extern "C" {
 /* Bound on the relative error of tensor `tensor_name` ("out", "lse", "dq", "dk", "dv") computed
  * with inputs and outputs of `dtype` (lse is always F32; its bound still depends on the input
  * dtype). NAN for an unknown dtype or name, so that any check against it fails. */
-double ctxpar_tolerance(ctxpar_dtype dtype, const char *tensor_name);
+double cpt_tolerance(ctxpar_dtype dtype, const char *tensor_name);
 
 /* The bound for a global sequence length `seq`: the table was measured at seq 4096, and F32
  * accumulation errors grow about as sqrt(seq), so F32 bounds scale by sqrt(seq / 4096) above
  * 4096. 16-bit bounds are set by the storage rounding and do not scale. */
-double ctxpar_tolerance_for_seq(ctxpar_dtype dtype, const char *tensor_name, int64_t seq);
+double cpt_tolerance_for_seq(ctxpar_dtype dtype, const char *tensor_name, int64_t seq);
 
 /* Context parallelism must add no meaningful error: err(P ranks) / err(P = 1) <= this. */
-#define CTXPAR_TOL_ERROR_RATIO 2.0
+#define CPT_TOL_ERROR_RATIO 2.0
 
 /* Below this relative error, 4 F32 ulps of the tensor's scale (4 x 2^-23), the P = 1 error is
  * rounding noise and the ratio of two such numbers means nothing. */
-#define CTXPAR_TOL_RATIO_FLOOR 4.8e-7
+#define CPT_TOL_RATIO_FLOOR 4.8e-7
 
 /* Whether err_p (P ranks) is acceptable next to err_1 (the same problem on P = 1):
- * err_p <= CTXPAR_TOL_ERROR_RATIO * max(err_1, CTXPAR_TOL_RATIO_FLOOR). So the ratio is checked
+ * err_p <= CPT_TOL_ERROR_RATIO * max(err_1, CPT_TOL_RATIO_FLOOR). So the ratio is checked
  * when err_1 is above the floor, and below it err_p is held to the floor's absolute bound. NaN
  * in either gives 0. */
-int ctxpar_error_ratio_ok(double err_p, double err_1);
+int cpt_error_ratio_ok(double err_p, double err_1);
 
 /* ------------------------------------------------------------------ the per-element bound
  *
  * What a correct float computation of each element may be off by, from the magnitudes the fp64
  * computation goes through (docs/numerics.md, "A bound per element"):
- *   |got - ref| <= CTXPAR_BOUND_C * 2^-24 * M + 2 u_store |ref|
+ *   |got - ref| <= CPT_BOUND_C * 2^-24 * M + 2 u_store |ref|
  * with M per element: out_id = sum_j p_ij (|v_jd| + w_ij |v_jd - out_id|),
  * lse_i = |lse_i| + 1 + sum_j p_ij w_ij, dv_jd = sum_i p_ij w_ij |dO_id|,
  * dq_id = |scale| sum_j mu_ij |k_jd|, dk_jd = |scale| sum_i mu_ij |q_id|,
@@ -54,33 +54,33 @@ int ctxpar_error_ratio_ok(double err_p, double err_1);
 /* The constant, measured: ctxpar (F32 parts of at most 128 terms, then F64) and naive float32
  * (blocks of 256, like a float32 GEMM) stay below 14 u M in every case of docs/numerics.md
  * (error/bound <= 0.21 at C = 64); 64 leaves about 5x. */
-#define CTXPAR_BOUND_C 64.0
+#define CPT_BOUND_C 64.0
 
 /* The magnitudes M of every element: t[0] out [B, Sq, Hq, D], t[1] lse [B, Hq, Sq], and with
  * dout (else NULL, t[2..4] unused) t[2] dq, t[3] dk, t[4] dv; float64 inputs, dense BSHD, vis the
  * oracle's visibility matrix [Sq, Sk] (NULL: no mask). */
-typedef struct ctxpar_magnitudes {
+typedef struct cpt_magnitudes {
     double *t[5];
-} ctxpar_magnitudes;
+} cpt_magnitudes;
 
-ctxpar_status ctxpar_bound_magnitudes(const ctxpar_oracle_shape *sh, const double *q,
+ctxpar_status cpt_bound_magnitudes(const cpt_oracle_shape *sh, const double *q,
                                       const double *k, const double *v, const double *dout,
-                                      const uint8_t *vis, double scale, ctxpar_magnitudes *m);
+                                      const uint8_t *vis, double scale, cpt_magnitudes *m);
 
 /* The bound of one element of dtype (is_lse: an lse element, always F32) from its magnitude. */
-double ctxpar_bound_elem(ctxpar_dtype dtype, int is_lse, double magnitude, double ref);
+double cpt_bound_elem(ctxpar_dtype dtype, int is_lse, double magnitude, double ref);
 
-typedef struct ctxpar_bound_stats {
+typedef struct cpt_bound_stats {
     double max_ratio; /* max |got - ref| / bound (INFINITY for a non-finite mismatch) */
     int64_t worst;    /* flat index where it occurs; -1 when n == 0 */
-} ctxpar_bound_stats;
+} cpt_bound_stats;
 
 /* The largest error-to-bound ratio over n elements (<= 1: within the bound everywhere). */
-ctxpar_bound_stats ctxpar_bound_check(const float *got, const double *ref, const double *mag,
+cpt_bound_stats cpt_bound_check(const float *got, const double *ref, const double *mag,
                                       size_t n, ctxpar_dtype dtype, int is_lse);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* CTXPAR_TESTING_TOLERANCE_H */
+#endif /* CPT_TESTING_TOLERANCE_H */

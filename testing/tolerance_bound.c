@@ -10,7 +10,7 @@
 #include "testing/tolerance.h"
 
 typedef struct bound_problem {
-    const ctxpar_oracle_shape *sh;
+    const cpt_oracle_shape *sh;
     const double *q, *k, *v;
     const uint8_t *vis;
     double scale;
@@ -26,7 +26,7 @@ static const double *brow(const bound_problem *b, const double *t, int64_t bi, i
 // the float exponent of p_ij can be off, in units of u); returns lse (-inf: no key).
 static double row_softmax(const bound_problem *b, int64_t bi, int64_t h, int64_t i, double *p,
                           double *w) {
-    const ctxpar_oracle_shape *sh = b->sh;
+    const cpt_oracle_shape *sh = b->sh;
     const int64_t D = sh->head_dim, hk = h / (sh->heads_q / sh->heads_kv);
     const double *qi = brow(b, b->q, bi, i, h, sh->seq_q, sh->heads_q);
     double m = -INFINITY;
@@ -61,9 +61,9 @@ static double row_softmax(const bound_problem *b, int64_t bi, int64_t h, int64_t
     return lse;
 }
 
-ctxpar_status ctxpar_bound_magnitudes(const ctxpar_oracle_shape *sh, const double *q,
+ctxpar_status cpt_bound_magnitudes(const cpt_oracle_shape *sh, const double *q,
                                       const double *k, const double *v, const double *dout,
-                                      const uint8_t *vis, double scale, ctxpar_magnitudes *m) {
+                                      const uint8_t *vis, double scale, cpt_magnitudes *m) {
     if (!sh || !q || !k || !v || !m || !m->t[0] || !m->t[1] ||
         (dout && (!m->t[2] || !m->t[3] || !m->t[4])))
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "bound: NULL input or output");
@@ -144,17 +144,17 @@ ctxpar_status ctxpar_bound_magnitudes(const ctxpar_oracle_shape *sh, const doubl
     return CTXPAR_OK;
 }
 
-double ctxpar_bound_elem(ctxpar_dtype dtype, int is_lse, double magnitude, double ref) {
+double cpt_bound_elem(ctxpar_dtype dtype, int is_lse, double magnitude, double ref) {
     // Storage rounding of the result (lse is always F32), then F32 accumulation.
     double u_store = is_lse || dtype == CTXPAR_DTYPE_F32 ? 0x1p-24
                      : dtype == CTXPAR_DTYPE_F16        ? 0x1p-11
                                                         : 0x1p-8;
-    return CTXPAR_BOUND_C * 0x1p-24 * magnitude + 2.0 * u_store * fabs(ref);
+    return CPT_BOUND_C * 0x1p-24 * magnitude + 2.0 * u_store * fabs(ref);
 }
 
-ctxpar_bound_stats ctxpar_bound_check(const float *got, const double *ref, const double *mag,
+cpt_bound_stats cpt_bound_check(const float *got, const double *ref, const double *mag,
                                       size_t n, ctxpar_dtype dtype, int is_lse) {
-    ctxpar_bound_stats st = {0.0, -1};
+    cpt_bound_stats st = {0.0, -1};
     for (size_t x = 0; x < n; x++) {
         double r;
         if (isnan(got[x]) || isnan(ref[x]))
@@ -162,7 +162,7 @@ ctxpar_bound_stats ctxpar_bound_check(const float *got, const double *ref, const
         else if (isinf(got[x]) || isinf(ref[x]))
             r = got[x] == ref[x] ? 0.0 : INFINITY;
         else {
-            double e = fabs(got[x] - ref[x]), bnd = ctxpar_bound_elem(dtype, is_lse, mag[x], ref[x]);
+            double e = fabs(got[x] - ref[x]), bnd = cpt_bound_elem(dtype, is_lse, mag[x], ref[x]);
             r = e == 0.0 ? 0.0 : bnd > 0.0 ? e / bnd : INFINITY;
         }
         if (st.worst < 0 || r > st.max_ratio) {

@@ -280,24 +280,8 @@ cudaError_t launch_bwd(const ctxpar_cuda_attn_args *a, const ctxpar_cuda_bwd_arg
     return cudaSuccess;
 }
 
-template <typename T> cudaError_t allow_smem(size_t bytes) {
-    cudaError_t e = cudaFuncSetAttribute(attn_bwd_dkdv_kernel<T>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (e != cudaSuccess)
-        return e;
-    return cudaFuncSetAttribute(attn_bwd_dq_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)bytes);
-}
-
 template <typename T> cudaError_t allowed_smem(size_t *bytes) {
-    cudaFuncAttributes fa[2];
-    cudaError_t e = cudaFuncGetAttributes(&fa[0], attn_bwd_dkdv_kernel<T>);
-    if (e == cudaSuccess)
-        e = cudaFuncGetAttributes(&fa[1], attn_bwd_dq_kernel<T>);
-    for (int i = 0; e == cudaSuccess && i < 2; i++)
-        if ((size_t)fa[i].maxDynamicSharedSizeBytes < *bytes)
-            *bytes = (size_t)fa[i].maxDynamicSharedSizeBytes;
-    return e;
+    return lower_to_smem_limit(bytes, attn_bwd_dkdv_kernel<T>, attn_bwd_dq_kernel<T>);
 }
 
 } // namespace
@@ -305,12 +289,12 @@ template <typename T> cudaError_t allowed_smem(size_t *bytes) {
 
 extern "C" cudaError_t ctxpar_cuda_simt_bwd_configure(size_t limit, size_t *set_out) {
     using namespace ctxpar_cuda;
-    const size_t need = ctxpar_cuda_simt_bwd_smem(CTXPAR_CUDA_MAX_HEAD_DIM);
-    const size_t bytes = need < limit ? need : limit;
-    cudaError_t e = for_each_dtype([&](auto t) { return allow_smem<decltype(t)>(bytes); });
-    if (e == cudaSuccess)
-        *set_out = bytes;
-    return e;
+    return configure_smem(ctxpar_cuda_simt_bwd_smem(CTXPAR_CUDA_MAX_HEAD_DIM), limit, set_out,
+                          [](auto t, size_t bytes) {
+                              using T = decltype(t);
+                              return set_smem_limit(bytes, attn_bwd_dkdv_kernel<T>,
+                                                    attn_bwd_dq_kernel<T>);
+                          });
 }
 
 // For ctxpar_cuda_simt_smem_allowed (attn_fwd_simt.cu).

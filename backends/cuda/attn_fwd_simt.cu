@@ -160,17 +160,8 @@ cudaError_t launch_simt(const ctxpar_cuda_attn_args *a, float *out, float *lse, 
     return cudaGetLastError();
 }
 
-template <typename T> cudaError_t allow_smem(size_t bytes) {
-    return cudaFuncSetAttribute(attn_fwd_simt_kernel<T>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-}
-
 template <typename T> cudaError_t allowed_smem(size_t *bytes) {
-    cudaFuncAttributes fa;
-    cudaError_t e = cudaFuncGetAttributes(&fa, attn_fwd_simt_kernel<T>);
-    if (e == cudaSuccess && (size_t)fa.maxDynamicSharedSizeBytes < *bytes)
-        *bytes = (size_t)fa.maxDynamicSharedSizeBytes;
-    return e;
+    return lower_to_smem_limit(bytes, attn_fwd_simt_kernel<T>);
 }
 
 } // namespace
@@ -178,12 +169,10 @@ template <typename T> cudaError_t allowed_smem(size_t *bytes) {
 
 extern "C" cudaError_t ctxpar_cuda_simt_fwd_configure(size_t limit, size_t *set_out) {
     using namespace ctxpar_cuda;
-    const size_t need = ctxpar_cuda_simt_fwd_smem(CTXPAR_CUDA_MAX_HEAD_DIM);
-    const size_t bytes = need < limit ? need : limit;
-    cudaError_t e = for_each_dtype([&](auto t) { return allow_smem<decltype(t)>(bytes); });
-    if (e == cudaSuccess)
-        *set_out = bytes;
-    return e;
+    return configure_smem(ctxpar_cuda_simt_fwd_smem(CTXPAR_CUDA_MAX_HEAD_DIM), limit, set_out,
+                          [](auto t, size_t bytes) {
+                              return set_smem_limit(bytes, attn_fwd_simt_kernel<decltype(t)>);
+                          });
 }
 
 // In attn_bwd.cu: lowers *bytes to the smallest limit of the backward kernels.

@@ -44,6 +44,39 @@ __device__ __forceinline__ float row_max8(float x) {
     return x;
 }
 
+// Raises the dynamic shared-memory limit of each kernel to `bytes`.
+template <class... K> cudaError_t set_smem_limit(size_t bytes, K... kernels) {
+    cudaError_t e = cudaSuccess;
+    auto one = [&](auto k) {
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    };
+    (one(kernels), ...);
+    return e;
+}
+
+// Lowers *bytes to the smallest dynamic shared-memory limit the kernels have.
+template <class... K> cudaError_t lower_to_smem_limit(size_t *bytes, K... kernels) {
+    cudaError_t e = cudaSuccess;
+    auto one = [&](auto k) {
+        cudaFuncAttributes fa;
+        if (e == cudaSuccess && (e = cudaFuncGetAttributes(&fa, k)) == cudaSuccess &&
+            (size_t)fa.maxDynamicSharedSizeBytes < *bytes)
+            *bytes = (size_t)fa.maxDynamicSharedSizeBytes;
+    };
+    (one(kernels), ...);
+    return e;
+}
+
+// Sets min(need, limit) bytes on the kernels `set(dtype tag, bytes)` names, for every dtype.
+template <class F> cudaError_t configure_smem(size_t need, size_t limit, size_t *set_out, F set) {
+    const size_t bytes = need < limit ? need : limit;
+    cudaError_t e = for_each_dtype([&](auto t) { return set(t, bytes); });
+    if (e == cudaSuccess)
+        *set_out = bytes;
+    return e;
+}
+
 } // namespace ctxpar_cuda
 
 #endif // CTXPAR_CUDA_SIMT_TILE_CUH

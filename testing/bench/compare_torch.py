@@ -22,7 +22,7 @@ Agreement: the same q, k, v and dout go, as .npy files, to `ctxpar audit --dout 
 audit also checks ctxpar against float64 attention and exits 1 when out of tolerance), and its
 out, dq, dk, dv are compared with PyTorch's: max |ctxpar - torch| / max |torch| must be within
 the float32 tolerance of testing/tolerance.c, 1e-5 for out, dq, dk and dv alike, grown by
-sqrt(seq / 4096) above seq 4096 as F32 summation errors grow (ctxpar_tolerance_for_seq; the
+sqrt(seq / 4096) above seq 4096 as F32 summation errors grow (cpt_tolerance_for_seq; the
 value used is the one audit reports for that seq). Otherwise the script exits 1 naming the
 tensor. The table's last column is the worst of the four.
 
@@ -33,7 +33,7 @@ Not part of CI. Needs numpy and PyTorch (CPU is enough), e.g. in a virtual envir
 
     python3 -m venv /tmp/torchenv
     /tmp/torchenv/bin/pip install numpy torch
-    bazel build //testing:ctxpar
+    bazel build //tools/ctxpar
     /tmp/torchenv/bin/python testing/bench/compare_torch.py --seq 2048,4096,8192
 
 (PyPI's default torch wheel also carries CUDA libraries, a few GB; PyTorch's CPU-only index,
@@ -52,7 +52,7 @@ GRAD_NAMES = ("dq", "dk", "dv")
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ctxpar", default="bazel-bin/testing/ctxpar", help="the ctxpar binary")
+    ap.add_argument("--ctxpar", default="bazel-bin/tools/ctxpar/ctxpar", help="the ctxpar binary")
     ap.add_argument("--seq", default="2048,4096,8192", help="comma list of sequence lengths")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--heads", type=int, default=8)
@@ -162,7 +162,7 @@ def main():
     except ImportError as e:
         sys.exit(f"compare_torch: needs numpy and PyTorch ({e}); see the top of this file")
     if not os.access(args.ctxpar, os.X_OK):
-        sys.exit(f"compare_torch: {args.ctxpar} not found: bazel build //testing:ctxpar")
+        sys.exit(f"compare_torch: {args.ctxpar} not found: bazel build //tools/ctxpar")
     torch.set_num_threads(args.threads)
     kvh = args.kv_heads or args.heads
     causal = args.mask == "causal"

@@ -15,7 +15,7 @@ half when causal); backward 2.5x forward; forward + backward 3.5x forward.
 
 Not part of CI. Needs numpy and PyTorch for the PyTorch column (without them it shows "-"):
 
-    bazel build //testing:ctxpar
+    bazel build //tools/ctxpar
     /tmp/torchenv/bin/python testing/bench/perf_table.py --rounds 3
 """
 import argparse
@@ -54,7 +54,7 @@ TORCH = {
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ctxpar", default="bazel-bin/testing/ctxpar")
+    ap.add_argument("--ctxpar", default="bazel-bin/tools/ctxpar/ctxpar")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3, help="timed calls per bench (median)")
     ap.add_argument("--no-mpi", action="store_true", help="leave out the mpirun cases")
@@ -192,7 +192,7 @@ def main():
         except ImportError as e:
             print(f"perf_table: no PyTorch column ({e})", file=sys.stderr)
     if not os.access(args.ctxpar, os.X_OK):
-        sys.exit(f"perf_table: {args.ctxpar} not found: bazel build //testing:ctxpar")
+        sys.exit(f"perf_table: {args.ctxpar} not found: bazel build //tools/ctxpar")
     best, last = measure(args, torch, np)
     j0 = next(iter(last.values()))
     print(f"ctxpar {compare_torch.run([args.ctxpar, '--version']).split()[-1]}"

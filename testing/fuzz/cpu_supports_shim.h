@@ -1,8 +1,8 @@
 /* cpu_supports_shim.h - the prototype run_fuzzers.sh force-includes into cpu_device.c (see
  * cpu_supports_shim.c). */
-#ifndef CTXPAR_FUZZ_CPU_SUPPORTS_SHIM_H
-#define CTXPAR_FUZZ_CPU_SUPPORTS_SHIM_H
+#ifndef CPT_FUZZ_CPU_SUPPORTS_SHIM_H
+#define CPT_FUZZ_CPU_SUPPORTS_SHIM_H
 
-int ctxpar_fuzz_cpu_supports(const char *feature);
+int cpt_fuzz_cpu_supports(const char *feature);
 
-#endif /* CTXPAR_FUZZ_CPU_SUPPORTS_SHIM_H */
+#endif /* CPT_FUZZ_CPU_SUPPORTS_SHIM_H */

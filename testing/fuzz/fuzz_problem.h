@@ -12,8 +12,8 @@
  * tensor whose decoded shape is not positive gets a one-element buffer: validation must reject
  * it before anything reads it.
  */
-#ifndef CTXPAR_FUZZ_PROBLEM_H
-#define CTXPAR_FUZZ_PROBLEM_H
+#ifndef CPT_FUZZ_PROBLEM_H
+#define CPT_FUZZ_PROBLEM_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -93,4 +93,4 @@ void fuzz_tensor_mark(const ctxpar_tensor *t, unsigned char *mask, size_t n);
 }
 #endif
 
-#endif /* CTXPAR_FUZZ_PROBLEM_H */
+#endif /* CPT_FUZZ_PROBLEM_H */

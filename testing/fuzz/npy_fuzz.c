@@ -19,27 +19,18 @@ static void fail(const char *what) {
     abort();
 }
 
-static int same_array(const ctxpar_npy_array *a, const ctxpar_npy_array *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim || a->count != b->count)
-        return 0;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] != b->shape[i])
-            return 0;
-    return memcmp(a->data, b->data, a->count * ctxpar_npy_dtype_size(a->dtype)) == 0;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    ctxpar_npy_array a, untouched;
+    cpt_npy_array a, untouched;
     memset(&a, 0xa5, sizeof a);
     untouched = a;
-    if (ctxpar_npy_read_mem(data, size, "fuzz", &a) != CTXPAR_OK) {
+    if (cpt_npy_read_mem(data, size, "fuzz", &a) != CTXPAR_OK) {
         if (memcmp(&a, &untouched, sizeof a) != 0)
             fail("a failed read wrote its output");
         if (ctxpar_last_error()[0] == '\0')
             fail("a failed read left no message");
         return 0;
     }
-    if (!a.data || a.ndim < 0 || a.ndim > CTXPAR_NPY_MAX_DIMS)
+    if (!a.data || a.ndim < 0 || a.ndim > CPT_NPY_MAX_DIMS)
         fail("a successful read gave no data or a bad ndim");
     size_t count = 1;
     for (int i = 0; i < a.ndim; i++)
@@ -49,15 +40,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     void *bytes = NULL;
     size_t n = 0;
-    ctxpar_npy_array b;
-    if (ctxpar_npy_write_mem(a.dtype, a.ndim, a.shape, a.data, &bytes, &n) != CTXPAR_OK)
+    cpt_npy_array b;
+    if (cpt_npy_write_mem(a.dtype, a.ndim, a.shape, a.data, &bytes, &n) != CTXPAR_OK)
         fail("an array that was read cannot be written back");
-    if (ctxpar_npy_read_mem(bytes, n, "rewritten", &b) != CTXPAR_OK)
+    if (cpt_npy_read_mem(bytes, n, "rewritten", &b) != CTXPAR_OK)
         fail("a written array cannot be read back");
-    if (!same_array(&a, &b))
+    if (!cpt_npy_same(&a, &b))
         fail("write then read changed the array");
     free(bytes);
-    ctxpar_npy_free(&b);
-    ctxpar_npy_free(&a);
+    cpt_npy_free(&b);
+    cpt_npy_free(&a);
     return 0;
 }

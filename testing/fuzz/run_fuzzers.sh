@@ -47,7 +47,7 @@ file_flags() {
     # clang 14's __builtin_cpu_supports lacks "f16c": see cpu_supports_shim.c.
     backends/cpu/cpu_device.c)
         echo "-include testing/fuzz/cpu_supports_shim.h"
-        echo "-D__builtin_cpu_supports=ctxpar_fuzz_cpu_supports"
+        echo "-D__builtin_cpu_supports=cpt_fuzz_cpu_supports"
         ;;
     esac
 }

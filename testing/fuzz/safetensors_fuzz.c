@@ -19,22 +19,15 @@ static void fail(const char *what) {
     abort();
 }
 
-static int same_tensor(const ctxpar_st_tensor *x, const ctxpar_st_tensor *y) {
-    const ctxpar_npy_array *a = &x->array, *b = &y->array;
-    if (strcmp(x->name, y->name) != 0 || a->dtype != b->dtype || a->ndim != b->ndim ||
-        a->count != b->count)
-        return 0;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] != b->shape[i])
-            return 0;
-    return memcmp(a->data, b->data, a->count * ctxpar_npy_dtype_size(a->dtype)) == 0;
+static int same_tensor(const cpt_st_tensor *x, const cpt_st_tensor *y) {
+    return strcmp(x->name, y->name) == 0 && cpt_npy_same(&x->array, &y->array);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    ctxpar_st_file f, untouched;
+    cpt_st_file f, untouched;
     memset(&f, 0xa5, sizeof f);
     untouched = f;
-    if (ctxpar_st_read_mem(data, size, "fuzz", &f) != CTXPAR_OK) {
+    if (cpt_st_read_mem(data, size, "fuzz", &f) != CTXPAR_OK) {
         if (memcmp(&f, &untouched, sizeof f) != 0)
             fail("a failed read wrote its output");
         if (ctxpar_last_error()[0] == '\0')
@@ -42,8 +35,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     for (int i = 0; i < f.count; i++) {
-        const ctxpar_npy_array *a = &f.tensors[i].array;
-        if (!f.tensors[i].name || !a->data || a->ndim < 0 || a->ndim > CTXPAR_NPY_MAX_DIMS)
+        const cpt_npy_array *a = &f.tensors[i].array;
+        if (!f.tensors[i].name || !a->data || a->ndim < 0 || a->ndim > CPT_NPY_MAX_DIMS)
             fail("a successful read gave no name, no data or a bad ndim");
         size_t count = 1;
         for (int d = 0; d < a->ndim; d++)
@@ -53,10 +46,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     void *bytes = NULL;
     size_t n = 0;
-    ctxpar_st_file g;
-    if (ctxpar_st_write_mem(f.count, f.tensors, &bytes, &n) != CTXPAR_OK)
+    cpt_st_file g;
+    if (cpt_st_write_mem(f.count, f.tensors, &bytes, &n) != CTXPAR_OK)
         fail("tensors that were read cannot be written back");
-    if (ctxpar_st_read_mem(bytes, n, "rewritten", &g) != CTXPAR_OK)
+    if (cpt_st_read_mem(bytes, n, "rewritten", &g) != CTXPAR_OK)
         fail("a written file cannot be read back");
     if (g.count != f.count)
         fail("write then read changed the number of tensors");
@@ -64,7 +57,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!same_tensor(&f.tensors[i], &g.tensors[i]))
             fail("write then read changed a tensor");
     free(bytes);
-    ctxpar_st_free(&g);
-    ctxpar_st_free(&f);
+    cpt_st_free(&g);
+    cpt_st_free(&f);
     return 0;
 }

@@ -143,10 +143,10 @@ static void check_finite(const char *call, const ctxpar_tensor *t, const char *n
         for (int64_t s = 0; s < sh[1]; s++)
             for (int64_t h = 0; h < sh[2]; h++)
                 for (int64_t d = 0; d < sh[3]; d++)
-                    if (!isfinite(ctxpar_test_get(t, b, s, h, d)))
+                    if (!isfinite(cpt_test_get(t, b, s, h, d)))
                         fail("%s: %s[%lld, %lld, %lld, %lld] is %g from finite inputs", call, name,
                              (long long)b, (long long)s, (long long)h, (long long)d,
-                             ctxpar_test_get(t, b, s, h, d));
+                             cpt_test_get(t, b, s, h, d));
 }
 
 // The table bounds max |got - oracle| / max |oracle|, measured at seq 4096. On a few keys a
@@ -157,8 +157,8 @@ static void check_finite(const char *call, const ctxpar_tensor *t, const char *n
 // (inputs lie in [-1, 1]: 1 for out, lse and dv; |scale| * head_dim for dq and dk). A wrong
 // mask, index or stride still shows as an error of the size of the result.
 static void expect_close(const char *call, const char *name, ctxpar_dtype dtype, double unit,
-                         ctxpar_error_stats e) {
-    double tol = ctxpar_tolerance(dtype, name);
+                         cpt_error_stats e) {
+    double tol = cpt_tolerance(dtype, name);
     if (!(e.nonfinite == 0 && e.max_abs <= tol * fmax(e.max_ref, unit)))
         fail("%s: %s differs from the float64 oracle: max_abs %.3g > %.3g x max(%.3g, %.3g) "
              "(flat index %lld, %lld non-finite)",
@@ -169,14 +169,14 @@ static void expect_close(const char *call, const char *name, ctxpar_dtype dtype,
 static double *to_f64(const ctxpar_tensor *t) {
     const int64_t *sh = t->shape;
     double *d = malloc(sizeof(double) * (size_t)(sh[0] * sh[1] * sh[2] * sh[3]));
-    ctxpar_test_to_f64(t, d);
+    cpt_test_to_f64(t, d);
     return d;
 }
 
 // Forward (bwd = 0) or backward results against the float64 oracle.
 static void check_oracle(fuzz_problem *pb, int bwd) {
     const ctxpar_tensor *q = &pb->tensor[FUZZ_Q], *k = &pb->tensor[FUZZ_K];
-    ctxpar_oracle_shape sh = {q->shape[0], q->shape[1], k->shape[1],
+    cpt_oracle_shape sh = {q->shape[0], q->shape[1], k->shape[1],
                               q->shape[2], k->shape[2], q->shape[3]};
     const ctxpar_attn_params *p = &pb->params;
     ctxpar_mask_desc mask = {p->mask == CTXPAR_MASK_CAUSAL, p->window_left, p->cu_seqlens,
@@ -188,10 +188,10 @@ static void check_oracle(fuzz_problem *pb, int bwd) {
     if (!bwd) {
         double *out = malloc(sizeof(double) * nq);
         double *lse = malloc(sizeof(double) * (size_t)(sh.batch * sh.heads_q * sh.seq_q));
-        ctxpar_oracle_fwd(&sh, dq, dk, dv, NULL, NULL, &mask, resolved_scale(pb), out, lse);
-        expect_close("fwd", "out", dt, 1, ctxpar_compare_tensor(&pb->tensor[FUZZ_OUT], out));
+        cpt_oracle_fwd(&sh, dq, dk, dv, NULL, NULL, &mask, resolved_scale(pb), out, lse);
+        expect_close("fwd", "out", dt, 1, cpt_compare_tensor(&pb->tensor[FUZZ_OUT], out));
         if (pb->lse)
-            expect_close("fwd", "lse", dt, 1, ctxpar_compare_f32(pb->lse, lse, pb->lse_count));
+            expect_close("fwd", "lse", dt, 1, cpt_compare_f32(pb->lse, lse, pb->lse_count));
         free(out);
         free(lse);
     } else {
@@ -199,10 +199,10 @@ static void check_oracle(fuzz_problem *pb, int bwd) {
         const double unit = fabs((double)resolved_scale(pb)) * (double)sh.head_dim;
         double *gq = malloc(sizeof(double) * nq), *gk = malloc(sizeof(double) * nk),
                *gv = malloc(sizeof(double) * nk);
-        ctxpar_oracle_bwd(&sh, dq, dk, dv, NULL, NULL, &mask, resolved_scale(pb), dout, gq, gk, gv);
-        expect_close("bwd", "dq", dt, unit, ctxpar_compare_tensor(&pb->tensor[FUZZ_DQ], gq));
-        expect_close("bwd", "dk", dt, unit, ctxpar_compare_tensor(&pb->tensor[FUZZ_DK], gk));
-        expect_close("bwd", "dv", dt, 1, ctxpar_compare_tensor(&pb->tensor[FUZZ_DV], gv));
+        cpt_oracle_bwd(&sh, dq, dk, dv, NULL, NULL, &mask, resolved_scale(pb), dout, gq, gk, gv);
+        expect_close("bwd", "dq", dt, unit, cpt_compare_tensor(&pb->tensor[FUZZ_DQ], gq));
+        expect_close("bwd", "dk", dt, unit, cpt_compare_tensor(&pb->tensor[FUZZ_DK], gk));
+        expect_close("bwd", "dv", dt, 1, cpt_compare_tensor(&pb->tensor[FUZZ_DV], gv));
         free(dout);
         free(gq);
         free(gk);

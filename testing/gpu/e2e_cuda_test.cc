@@ -39,7 +39,7 @@ namespace {
 // Bounds on max |got - oracle| / max |oracle| of the gathered global tensors: the project's
 // table (testing/tolerance.c), measured with GPU-style kernels (P rounded to BF16 before P V).
 double Tol(ctxpar_dtype dt, const char *name) {
-    return ctxpar_tolerance(dt, name);
+    return cpt_tolerance(dt, name);
 }
 
 bool HaveGpu() {
@@ -109,10 +109,10 @@ void RankBody(const Case &c, int rank, ctxpar_local_group *group, Global *g) {
     ctxpar_tensor tk = ctxpar_tensor_bshd(hk.data(), c.dtype, B, Sl, Hkv, D);
     ctxpar_tensor tv = ctxpar_tensor_bshd(hv.data(), c.dtype, B, Sl, Hkv, D);
     ctxpar_tensor tdo = ctxpar_tensor_bshd(hdo.data(), c.dtype, B, Sl, Hq, D);
-    ctxpar_test_fill(&tq, 5, 1, S, pos.data());
-    ctxpar_test_fill(&tk, 5, 2, S, pos.data());
-    ctxpar_test_fill(&tv, 5, 3, S, pos.data());
-    ctxpar_test_fill(&tdo, 5, 4, S, pos.data());
+    cpt_test_fill(&tq, 5, 1, S, pos.data());
+    cpt_test_fill(&tk, 5, 2, S, pos.data());
+    cpt_test_fill(&tv, 5, 3, S, pos.data());
+    cpt_test_fill(&tdo, 5, 4, S, pos.data());
 
     Owned owned;
     ctxpar_tensor q = Upload(dev, tq, &owned), k = Upload(dev, tk, &owned);
@@ -153,8 +153,8 @@ void RankBody(const Case &c, int rank, ctxpar_local_group *group, Global *g) {
         const int64_t gs = pos[(size_t)s];
         for (int64_t h = 0; h < Hq; h++) {
             for (int64_t d = 0; d < D; d++) {
-                g->out[(size_t)((gs * Hq + h) * D + d)] = ctxpar_test_get(&hot, 0, s, h, d);
-                g->dq[(size_t)((gs * Hq + h) * D + d)] = ctxpar_test_get(&hqt, 0, s, h, d);
+                g->out[(size_t)((gs * Hq + h) * D + d)] = cpt_test_get(&hot, 0, s, h, d);
+                g->dq[(size_t)((gs * Hq + h) * D + d)] = cpt_test_get(&hqt, 0, s, h, d);
             }
             float l;
             std::memcpy(&l, &hl[(size_t)(h * Sl + s) * 4], 4);
@@ -165,8 +165,8 @@ void RankBody(const Case &c, int rank, ctxpar_local_group *group, Global *g) {
         }
         for (int64_t h = 0; h < Hkv; h++)
             for (int64_t d = 0; d < D; d++) {
-                g->dk[(size_t)((gs * Hkv + h) * D + d)] = ctxpar_test_get(&hkt, 0, s, h, d);
-                g->dv[(size_t)((gs * Hkv + h) * D + d)] = ctxpar_test_get(&hvt, 0, s, h, d);
+                g->dk[(size_t)((gs * Hkv + h) * D + d)] = cpt_test_get(&hkt, 0, s, h, d);
+                g->dv[(size_t)((gs * Hkv + h) * D + d)] = cpt_test_get(&hvt, 0, s, h, d);
             }
     }
     for (auto &p : owned)
@@ -207,7 +207,7 @@ class EndToEndCuda : public ::testing::TestWithParam<Case> {
 void Expect(const std::vector<double> &got, const std::vector<double> &ref, double tol,
             const char *what) {
     std::vector<float> f(got.begin(), got.end());
-    ctxpar_error_stats e = ctxpar_compare_f32(f.data(), ref.data(), f.size());
+    cpt_error_stats e = cpt_compare_f32(f.data(), ref.data(), f.size());
     EXPECT_EQ(e.nonfinite, 0) << what;
     EXPECT_LE(e.rel, tol) << what << " (worst element " << e.worst << ")";
 }
@@ -218,21 +218,21 @@ TEST_P(EndToEndCuda, MatchesOracleAndSingleRank) {
     // The oracle sees exactly the stored inputs.
     std::vector<double> q((size_t)(B * S * Hq * D)), k((size_t)(B * S * Hkv * D)), v(k.size()),
         dout(q.size());
-    ctxpar_test_fill_global_f64(q.data(), c.dtype, 5, 1, B, S, Hq, D);
-    ctxpar_test_fill_global_f64(k.data(), c.dtype, 5, 2, B, S, Hkv, D);
-    ctxpar_test_fill_global_f64(v.data(), c.dtype, 5, 3, B, S, Hkv, D);
-    ctxpar_test_fill_global_f64(dout.data(), c.dtype, 5, 4, B, S, Hq, D);
+    cpt_test_fill_global_f64(q.data(), c.dtype, 5, 1, B, S, Hq, D);
+    cpt_test_fill_global_f64(k.data(), c.dtype, 5, 2, B, S, Hkv, D);
+    cpt_test_fill_global_f64(v.data(), c.dtype, 5, 3, B, S, Hkv, D);
+    cpt_test_fill_global_f64(dout.data(), c.dtype, 5, 4, B, S, Hq, D);
     std::vector<int64_t> pos((size_t)S);
     for (int64_t i = 0; i < S; i++)
         pos[(size_t)i] = i;
-    ctxpar_oracle_shape sh = {B, S, S, Hq, Hkv, D};
+    cpt_oracle_shape sh = {B, S, S, Hq, Hkv, D};
     ctxpar_mask_desc m = {c.mask == CTXPAR_MASK_CAUSAL, 0, nullptr, 0};
     std::vector<double> out(q.size()), lse((size_t)(B * Hq * S)), dq(q.size()), dk(k.size()),
         dv(k.size());
     const double scale = (double)(1.0f / std::sqrt((float)D)); // the library's default, in F32
-    ctxpar_oracle_fwd(&sh, q.data(), k.data(), v.data(), pos.data(), pos.data(), &m, scale,
+    cpt_oracle_fwd(&sh, q.data(), k.data(), v.data(), pos.data(), pos.data(), &m, scale,
                       out.data(), lse.data());
-    ctxpar_oracle_bwd(&sh, q.data(), k.data(), v.data(), pos.data(), pos.data(), &m, scale,
+    cpt_oracle_bwd(&sh, q.data(), k.data(), v.data(), pos.data(), pos.data(), &m, scale,
                       dout.data(), dq.data(), dk.data(), dv.data());
     Expect(g.out, out, Tol(c.dtype, "out"), "out");
     Expect(g.lse, lse, Tol(c.dtype, "lse"), "lse");

@@ -170,7 +170,7 @@ build_from_source() {
     mpi_c=$(mpicc -showme:compile 2>/dev/null) && mpi_l=$(mpicc -showme:link 2>/dev/null)
     if [ -n "${mpi_c:-}" ]; then
         local tool=() t
-        for t in "$ROOT"/testing/*.c "$ROOT"/comm/mpi/*.c; do
+        for t in "$ROOT"/testing/*.c "$ROOT"/tools/ctxpar/*.c "$ROOT"/comm/mpi/*.c; do
             case "$t" in */data.c|*/metrics.c|*/oracle.c|*/tolerance.c) continue ;; esac
             tool+=("$t")
         done

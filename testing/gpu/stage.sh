@@ -25,7 +25,7 @@ LIMIT=$((60 * 1024 * 1024)) # what travels with the tree is capped at 64 MiB: ke
 
 targets=(//testing:cuda_ops_test //testing:device_conformance_test //testing/gpu:nccl_comm_test
          //testing/gpu:e2e_cuda_test
-         //testing/gpu:cuda_bench //testing:ctxpar)
+         //testing/gpu:cuda_bench //tools/ctxpar:ctxpar)
 bazel build "${targets[@]}"
 
 rm -rf "$STAGE"

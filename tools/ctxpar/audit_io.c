@@ -1,5 +1,5 @@
 // Reading and writing the tensors of `ctxpar audit` (see audit_io.h).
-#include "testing/audit_io.h"
+#include "tools/ctxpar/audit_io.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -45,12 +45,12 @@ static int file_exists(const char *path) {
 }
 
 // TransformerEngine's THD zigzag: each document in 2P chunks, rank r holding r and 2P-1-r.
-static int per_document(const ctxpar_audit_layout *lay) {
-    return lay->format == CTXPAR_TFORMAT_THD && lay->layout == CTXPAR_LAYOUT_ZIGZAG &&
+static int per_document(const cpt_audit_layout *lay) {
+    return lay->format == CPT_TFORMAT_THD && lay->layout == CTXPAR_LAYOUT_ZIGZAG &&
            lay->cu_seqlens && lay->num_docs > 0;
 }
 
-ctxpar_status ctxpar_audit_positions(const ctxpar_audit_layout *lay, int64_t seq, int rank,
+ctxpar_status cpt_audit_positions(const cpt_audit_layout *lay, int64_t seq, int rank,
                                      int64_t *pos_out) {
     if (!per_document(lay))
         return ctxpar_positions(lay->layout, seq, rank, lay->ranks, pos_out);
@@ -74,13 +74,13 @@ ctxpar_status ctxpar_audit_positions(const ctxpar_audit_layout *lay, int64_t seq
                                                 (long long)n, (long long)(seq / lay->ranks));
 }
 
-ctxpar_status ctxpar_audit_owners(const ctxpar_audit_layout *lay, int64_t seq, int *owner) {
+ctxpar_status cpt_audit_owners(const cpt_audit_layout *lay, int64_t seq, int *owner) {
     int64_t *pos = malloc((size_t)(seq / lay->ranks) * sizeof *pos + 1);
     if (!pos)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
     ctxpar_status st = CTXPAR_OK;
     for (int r = 0; st == CTXPAR_OK && r < lay->ranks; r++) {
-        st = ctxpar_audit_positions(lay, seq, r, pos);
+        st = cpt_audit_positions(lay, seq, r, pos);
         for (int64_t i = 0; st == CTXPAR_OK && i < seq / lay->ranks; i++)
             owner[pos[i]] = r;
     }
@@ -88,21 +88,21 @@ ctxpar_status ctxpar_audit_owners(const ctxpar_audit_layout *lay, int64_t seq, i
     return st;
 }
 
-ctxpar_status ctxpar_audit_src_open(ctxpar_audit_src *src, const char *path) {
+ctxpar_status cpt_audit_src_open(cpt_audit_src *src, const char *path) {
     memset(src, 0, sizeof *src);
     src->path = path;
     if (strstr(path, "{rank}")) {
-        src->kind = CTXPAR_AUDIT_SRC_SHARDS;
+        src->kind = CPT_AUDIT_SRC_SHARDS;
         if (!strstr(path, "{name}") && !ends_with(path, ".safetensors"))
             return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                                 "%s: a shard pattern needs {name} unless its files are "
                                 ".safetensors",
                                 path);
     } else if (ends_with(path, ".safetensors")) {
-        src->kind = CTXPAR_AUDIT_SRC_SAFETENSORS;
-        CTXPAR_CHECK(ctxpar_st_read(path, &src->st));
+        src->kind = CPT_AUDIT_SRC_SAFETENSORS;
+        CTXPAR_CHECK(cpt_st_read(path, &src->st));
     } else if (ends_with(path, ".npy")) {
-        src->kind = CTXPAR_AUDIT_SRC_NPY_FILE;
+        src->kind = CPT_AUDIT_SRC_NPY_FILE;
     } else {
         struct stat st;
         if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
@@ -110,59 +110,59 @@ ctxpar_status ctxpar_audit_src_open(ctxpar_audit_src *src, const char *path) {
                                 "%s: not a folder of .npy files, a .safetensors file or a pattern "
                                 "with {rank}",
                                 path);
-        src->kind = CTXPAR_AUDIT_SRC_NPY_DIR;
+        src->kind = CPT_AUDIT_SRC_NPY_DIR;
     }
     return CTXPAR_OK;
 }
 
-void ctxpar_audit_src_close(ctxpar_audit_src *src) {
-    ctxpar_st_free(&src->st);
+void cpt_audit_src_close(cpt_audit_src *src) {
+    cpt_st_free(&src->st);
     memset(src, 0, sizeof *src);
 }
 
 // The file holding `name` (of `rank`), and whether it is a safetensors file.
-static int file_for(const ctxpar_audit_src *src, const char *name, int rank, char *out, size_t n,
+static int file_for(const cpt_audit_src *src, const char *name, int rank, char *out, size_t n,
                     int *st) {
     *st = 0;
     switch (src->kind) {
-    case CTXPAR_AUDIT_SRC_NPY_DIR:
+    case CPT_AUDIT_SRC_NPY_DIR:
         return snprintf(out, n, "%s/%s.npy", src->path, name) < (int)n;
-    case CTXPAR_AUDIT_SRC_NPY_FILE:
+    case CPT_AUDIT_SRC_NPY_FILE:
         return snprintf(out, n, "%s", src->path) < (int)n;
-    case CTXPAR_AUDIT_SRC_SAFETENSORS:
+    case CPT_AUDIT_SRC_SAFETENSORS:
         *st = 1;
         return snprintf(out, n, "%s", src->path) < (int)n;
-    case CTXPAR_AUDIT_SRC_SHARDS:
+    case CPT_AUDIT_SRC_SHARDS:
         *st = ends_with(src->path, ".safetensors");
         return expand(src->path, name, rank, out, n);
-    case CTXPAR_AUDIT_SRC_NONE:
+    case CPT_AUDIT_SRC_NONE:
         break;
     }
     return 0;
 }
 
-int ctxpar_audit_src_has(const ctxpar_audit_src *src, const char *name) {
+int cpt_audit_src_has(const cpt_audit_src *src, const char *name) {
     char path[4096];
     int st;
-    if (src->kind == CTXPAR_AUDIT_SRC_SAFETENSORS)
-        return ctxpar_st_find(&src->st, name) != NULL;
-    if (src->kind == CTXPAR_AUDIT_SRC_NONE || !file_for(src, name, 0, path, sizeof path, &st))
+    if (src->kind == CPT_AUDIT_SRC_SAFETENSORS)
+        return cpt_st_find(&src->st, name) != NULL;
+    if (src->kind == CPT_AUDIT_SRC_NONE || !file_for(src, name, 0, path, sizeof path, &st))
         return 0;
     if (!file_exists(path))
         return 0;
     if (!st || strstr(src->path, "{name}"))
         return 1;
     // One safetensors file per rank holding several tensors: look inside.
-    ctxpar_st_file f;
-    if (ctxpar_st_read(path, &f) != CTXPAR_OK)
+    cpt_st_file f;
+    if (cpt_st_read(path, &f) != CTXPAR_OK)
         return 1; // let the read report what is wrong with it
-    int has = ctxpar_st_find(&f, name) != NULL;
-    ctxpar_st_free(&f);
+    int has = cpt_st_find(&f, name) != NULL;
+    cpt_st_free(&f);
     return has;
 }
 
-static ctxpar_status copy_array(const ctxpar_npy_array *a, ctxpar_npy_array *out) {
-    size_t bytes = a->count * ctxpar_npy_dtype_size(a->dtype);
+static ctxpar_status copy_array(const cpt_npy_array *a, cpt_npy_array *out) {
+    size_t bytes = a->count * cpt_npy_dtype_size(a->dtype);
     *out = *a;
     out->data = malloc(bytes ? bytes : 1);
     if (!out->data)
@@ -171,33 +171,33 @@ static ctxpar_status copy_array(const ctxpar_npy_array *a, ctxpar_npy_array *out
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_audit_read_raw(const ctxpar_audit_src *src, const char *name, int rank,
-                                    ctxpar_npy_array *out, char *where, size_t where_len) {
+ctxpar_status cpt_audit_read_raw(const cpt_audit_src *src, const char *name, int rank,
+                                    cpt_npy_array *out, char *where, size_t where_len) {
     int st;
     if (!file_for(src, name, rank, where, where_len, &st))
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: path too long", src->path);
     if (!st)
-        return ctxpar_npy_read(where, out);
-    const ctxpar_st_file *f = &src->st;
-    ctxpar_st_file shard = {0, NULL};
-    if (src->kind == CTXPAR_AUDIT_SRC_SHARDS) {
-        CTXPAR_CHECK(ctxpar_st_read(where, &shard));
+        return cpt_npy_read(where, out);
+    const cpt_st_file *f = &src->st;
+    cpt_st_file shard = {0, NULL};
+    if (src->kind == CPT_AUDIT_SRC_SHARDS) {
+        CTXPAR_CHECK(cpt_st_read(where, &shard));
         f = &shard;
     }
-    const ctxpar_npy_array *a = ctxpar_st_find(f, name);
+    const cpt_npy_array *a = cpt_st_find(f, name);
     ctxpar_status s =
         a ? copy_array(a, out)
           : CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: holds no tensor '%s'", where, name);
-    ctxpar_st_free(&shard);
+    cpt_st_free(&shard);
     return s;
 }
 
-void ctxpar_audit_tensor_free(ctxpar_audit_tensor *t) {
+void cpt_audit_tensor_free(cpt_audit_tensor *t) {
     free(t->data);
     memset(t, 0, sizeof *t);
 }
 
-const char *ctxpar_audit_shape_text(int ndim, const int64_t *shape, char *buf, size_t n) {
+const char *cpt_audit_shape_text(int ndim, const int64_t *shape, char *buf, size_t n) {
     size_t off = (size_t)snprintf(buf, n, "(");
     for (int d = 0; d < ndim && off < n; d++)
         off += (size_t)snprintf(buf + off, n - off, "%s%lld", d ? ", " : "", (long long)shape[d]);
@@ -207,16 +207,16 @@ const char *ctxpar_audit_shape_text(int ndim, const int64_t *shape, char *buf, s
 }
 
 // dims (and for lse B, H, S) of a raw array, checked against the conventions of lay.
-static ctxpar_status raw_dims(const ctxpar_npy_array *a, int lse, const ctxpar_audit_layout *lay,
+static ctxpar_status raw_dims(const cpt_npy_array *a, int lse, const cpt_audit_layout *lay,
                               const char *where, const char *name, int64_t dims[4]) {
     char sh[160];
     ctxpar_dtype dt;
-    if (!ctxpar_dtype_of_npy(a->dtype, &dt))
+    if (!cpt_dtype_of_npy(a->dtype, &dt))
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "%s: %s has dtype %s; want float32, float16 or bfloat16", where, name,
-                            ctxpar_npy_dtype_text(a->dtype));
-    int ok = lse ? ctxpar_lse_dims(lay->lse_layout, a->ndim, a->shape, &dims[0], &dims[1], &dims[2])
-                 : ctxpar_tformat_dims(lay->format, a->ndim, a->shape, dims);
+                            cpt_npy_dtype_text(a->dtype));
+    int ok = lse ? cpt_lse_dims(lay->lse_layout, a->ndim, a->shape, &dims[0], &dims[1], &dims[2])
+                 : cpt_tformat_dims(lay->format, a->ndim, a->shape, dims);
     if (lse)
         dims[3] = 1;
     static const char *const want_t[4] = {
@@ -228,27 +228,27 @@ static ctxpar_status raw_dims(const ctxpar_npy_array *a, int lse, const ctxpar_a
     if (!ok)
         return CTXPAR_ERROR(
             CTXPAR_ERR_INVALID_ARG, "%s: %s has shape %s; want %s (--%s %s)", where, name,
-            ctxpar_audit_shape_text(a->ndim, a->shape, sh, sizeof sh),
+            cpt_audit_shape_text(a->ndim, a->shape, sh, sizeof sh),
             lse ? want_l[lay->lse_layout] : want_t[lay->format], lse ? "lse-layout" : "format",
-            lse ? ctxpar_lse_layout_names[lay->lse_layout] : ctxpar_tformat_names[lay->format]);
+            lse ? cpt_lse_layout_names[lay->lse_layout] : cpt_tformat_names[lay->format]);
     for (int d = 0; d < 4; d++)
         if (dims[d] == 0)
             return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s has an empty dimension: shape %s",
                                 where, name,
-                                ctxpar_audit_shape_text(a->ndim, a->shape, sh, sizeof sh));
+                                cpt_audit_shape_text(a->ndim, a->shape, sh, sizeof sh));
     return CTXPAR_OK;
 }
 
 // A raw array (dims from raw_dims) into global form at `rows` of dst: all rows when pos is NULL,
 // else local row i goes to global row pos[i] (dst has dst_seq rows).
-static ctxpar_status place(const ctxpar_npy_array *a, int lse, const ctxpar_audit_layout *lay,
+static ctxpar_status place(const cpt_npy_array *a, int lse, const cpt_audit_layout *lay,
                            const int64_t dims[4], const int64_t *pos, int64_t dst_seq, void *dst) {
     if (lse) {
         const int64_t B = dims[0], H = dims[1], S = dims[2];
         float *tmp = pos ? malloc((size_t)(B * H * S) * sizeof *tmp + 1) : dst;
         if (!tmp)
             return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate a shard's lse");
-        ctxpar_lse_to_bhs(a->data, a->dtype, lay->lse_layout, lay->lse_base2, B, H, S, tmp);
+        cpt_lse_to_bhs(a->data, a->dtype, lay->lse_layout, lay->lse_base2, B, H, S, tmp);
         if (pos) {
             for (int64_t bh = 0; bh < B * H; bh++)
                 for (int64_t s = 0; s < S; s++)
@@ -258,12 +258,12 @@ static ctxpar_status place(const ctxpar_npy_array *a, int lse, const ctxpar_audi
         return CTXPAR_OK;
     }
     ctxpar_dtype dt;
-    ctxpar_dtype_of_npy(a->dtype, &dt);
-    ctxpar_tensor src = ctxpar_tformat_view(lay->format, a->data, dt, dims);
+    cpt_dtype_of_npy(a->dtype, &dt);
+    ctxpar_tensor src = cpt_tformat_view(lay->format, a->data, dt, dims);
     int64_t gd[4] = {dims[0], dst_seq, dims[2], dims[3]};
     ctxpar_tensor g = ctxpar_tensor_bshd(dst, dt, gd[0], gd[1], gd[2], gd[3]);
     if (!pos) {
-        ctxpar_tensor_copy(&src, &g);
+        cpt_tensor_copy(&src, &g);
         return CTXPAR_OK;
     }
     for (int64_t i = 0; i < dims[1]; i++) {
@@ -271,15 +271,15 @@ static ctxpar_status place(const ctxpar_npy_array *a, int lse, const ctxpar_audi
         s1.shape[1] = g1.shape[1] = 1;
         s1.data = (char *)src.data + i * src.stride[1] * (int64_t)ctxpar_dtype_size(dt);
         g1.data = (char *)g.data + pos[i] * g.stride[1] * (int64_t)ctxpar_dtype_size(dt);
-        ctxpar_tensor_copy(&s1, &g1);
+        cpt_tensor_copy(&s1, &g1);
     }
     return CTXPAR_OK;
 }
 
-static ctxpar_status alloc_global(ctxpar_audit_tensor *out, int lse, ctxpar_npy_dtype dtype) {
+static ctxpar_status alloc_global(cpt_audit_tensor *out, int lse, cpt_npy_dtype dtype) {
     size_t n = (size_t)(out->dims[0] * out->dims[1] * out->dims[2] * out->dims[3]);
-    size_t es = lse ? sizeof(float) : ctxpar_npy_dtype_size(dtype);
-    out->dtype = lse ? CTXPAR_NPY_F32 : dtype;
+    size_t es = lse ? sizeof(float) : cpt_npy_dtype_size(dtype);
+    out->dtype = lse ? CPT_NPY_F32 : dtype;
     out->data = malloc(n * es + 1);
     if (!out->data)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu elements",
@@ -287,22 +287,22 @@ static ctxpar_status alloc_global(ctxpar_audit_tensor *out, int lse, ctxpar_npy_
     return CTXPAR_OK;
 }
 
-static ctxpar_status read_global(const ctxpar_audit_src *src, const char *name, int lse,
-                                 const ctxpar_audit_layout *lay, ctxpar_audit_tensor *out) {
-    ctxpar_npy_array a;
-    CTXPAR_CHECK(ctxpar_audit_read_raw(src, name, 0, &a, out->where, sizeof out->where));
+static ctxpar_status read_global(const cpt_audit_src *src, const char *name, int lse,
+                                 const cpt_audit_layout *lay, cpt_audit_tensor *out) {
+    cpt_npy_array a;
+    CTXPAR_CHECK(cpt_audit_read_raw(src, name, 0, &a, out->where, sizeof out->where));
     ctxpar_status st = raw_dims(&a, lse, lay, out->where, name, out->dims);
     if (st == CTXPAR_OK)
         st = alloc_global(out, lse, a.dtype);
     if (st == CTXPAR_OK)
         st = place(&a, lse, lay, out->dims, NULL, lse ? out->dims[2] : out->dims[1], out->data);
-    ctxpar_npy_free(&a);
+    cpt_npy_free(&a);
     return st;
 }
 
 // Every rank's shard, checked to fit the layout, placed at the rank's positions.
-static ctxpar_status read_shards(const ctxpar_audit_src *src, const char *name, int lse,
-                                 const ctxpar_audit_layout *lay, ctxpar_audit_tensor *out) {
+static ctxpar_status read_shards(const cpt_audit_src *src, const char *name, int lse,
+                                 const cpt_audit_layout *lay, cpt_audit_tensor *out) {
     const int P = lay->ranks;
     char where[4096], extra[4096];
     int st_kind;
@@ -314,17 +314,17 @@ static ctxpar_status read_shards(const ctxpar_audit_src *src, const char *name, 
                             extra, P, P);
     ctxpar_status st = CTXPAR_OK;
     int64_t local[4] = {0}, *pos = NULL;
-    ctxpar_npy_dtype dtype = CTXPAR_NPY_F32;
+    cpt_npy_dtype dtype = CPT_NPY_F32;
     snprintf(out->where, sizeof out->where, "%s", src->path);
     for (int r = 0; st == CTXPAR_OK && r < P; r++) {
-        ctxpar_npy_array a;
+        cpt_npy_array a;
         int64_t dims[4] = {0};
         if (!file_for(src, name, r, where, sizeof where, &st_kind) || !file_exists(where)) {
             st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: rank %d's shard of %s is missing", where,
                               r, name);
             break;
         }
-        CTXPAR_CHECK_GOTO(ctxpar_audit_read_raw(src, name, r, &a, where, sizeof where), st, done);
+        CTXPAR_CHECK_GOTO(cpt_audit_read_raw(src, name, r, &a, where, sizeof where), st, done);
         st = raw_dims(&a, lse, lay, where, name, dims);
         int64_t seq = lse ? dims[2] : dims[1];
         if (st == CTXPAR_OK && r == 0) {
@@ -348,23 +348,23 @@ static ctxpar_status read_shards(const ctxpar_audit_src *src, const char *name, 
             st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                               "%s: rank %d's shard of %s (%s, %lld rows) does not fit the layout "
                               "of rank 0's (%s, %lld rows)",
-                              where, r, name, ctxpar_npy_dtype_text(a.dtype), (long long)seq,
-                              ctxpar_npy_dtype_text(dtype), (long long)(lse ? local[2] : local[1]));
+                              where, r, name, cpt_npy_dtype_text(a.dtype), (long long)seq,
+                              cpt_npy_dtype_text(dtype), (long long)(lse ? local[2] : local[1]));
         if (st == CTXPAR_OK)
-            st = ctxpar_audit_positions(lay, seq * P, r, pos);
+            st = cpt_audit_positions(lay, seq * P, r, pos);
         if (st == CTXPAR_OK)
             st = place(&a, lse, lay, dims, pos, seq * P, out->data);
-        ctxpar_npy_free(&a);
+        cpt_npy_free(&a);
     }
 done:
     free(pos);
     return st;
 }
 
-ctxpar_status ctxpar_audit_read(const ctxpar_audit_src *src, const char *name, int lse,
-                                const ctxpar_audit_layout *lay, ctxpar_audit_tensor *out) {
+ctxpar_status cpt_audit_read(const cpt_audit_src *src, const char *name, int lse,
+                                const cpt_audit_layout *lay, cpt_audit_tensor *out) {
     memset(out, 0, sizeof *out);
-    ctxpar_status st = src->kind == CTXPAR_AUDIT_SRC_SHARDS ? read_shards(src, name, lse, lay, out)
+    ctxpar_status st = src->kind == CPT_AUDIT_SRC_SHARDS ? read_shards(src, name, lse, lay, out)
                                                             : read_global(src, name, lse, lay, out);
     if (st != CTXPAR_OK) {
         free(out->data);
@@ -376,44 +376,44 @@ ctxpar_status ctxpar_audit_read(const ctxpar_audit_src *src, const char *name, i
 /* ---------------------------------------------------------------- writing */
 
 // A global tensor as it is stored: file shape and bytes (malloc'ed) of rows `pos` (all: NULL).
-static ctxpar_status to_file(const ctxpar_audit_tensor *t, int lse, const ctxpar_audit_layout *lay,
-                             const int64_t *pos, int64_t rows, ctxpar_npy_array *a) {
+static ctxpar_status to_file(const cpt_audit_tensor *t, int lse, const cpt_audit_layout *lay,
+                             const int64_t *pos, int64_t rows, cpt_npy_array *a) {
     memset(a, 0, sizeof *a);
     int64_t d[4] = {t->dims[0], t->dims[1], t->dims[2], t->dims[3]};
     d[lse ? 2 : 1] = rows;
     a->dtype = t->dtype;
-    a->ndim = lse ? ctxpar_lse_shape(lay->lse_layout, d[0], d[1], d[2], a->shape)
-                  : ctxpar_tformat_shape(lay->format, d, a->shape);
+    a->ndim = lse ? cpt_lse_shape(lay->lse_layout, d[0], d[1], d[2], a->shape)
+                  : cpt_tformat_shape(lay->format, d, a->shape);
     a->count = (size_t)(d[0] * d[1] * d[2] * d[3]);
-    a->data = malloc(a->count * ctxpar_npy_dtype_size(a->dtype) + 1);
+    a->data = malloc(a->count * cpt_npy_dtype_size(a->dtype) + 1);
     if (!a->data)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %zu elements", a->count);
     if (lse) {
         const int64_t BH = d[0] * d[1], S = t->dims[2];
         float *tmp = malloc((size_t)(BH * rows) * sizeof *tmp + 1);
         if (!tmp) {
-            ctxpar_npy_free(a);
+            cpt_npy_free(a);
             return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the lse");
         }
         for (int64_t bh = 0; bh < BH; bh++)
             for (int64_t s = 0; s < rows; s++)
                 tmp[bh * rows + s] = ((const float *)t->data)[bh * S + (pos ? pos[s] : s)];
-        ctxpar_lse_from_bhs(tmp, lay->lse_layout, lay->lse_base2, d[0], d[1], rows, a->data);
+        cpt_lse_from_bhs(tmp, lay->lse_layout, lay->lse_base2, d[0], d[1], rows, a->data);
         free(tmp);
         return CTXPAR_OK;
     }
     ctxpar_dtype dt;
-    ctxpar_dtype_of_npy(t->dtype, &dt);
+    cpt_dtype_of_npy(t->dtype, &dt);
     size_t es = ctxpar_dtype_size(dt);
     ctxpar_tensor g =
         ctxpar_tensor_bshd(t->data, dt, t->dims[0], t->dims[1], t->dims[2], t->dims[3]);
-    ctxpar_tensor f = ctxpar_tformat_view(lay->format, a->data, dt, d);
+    ctxpar_tensor f = cpt_tformat_view(lay->format, a->data, dt, d);
     for (int64_t i = 0; i < rows; i++) {
         ctxpar_tensor g1 = g, f1 = f;
         g1.shape[1] = f1.shape[1] = 1;
         g1.data = (char *)g.data + (pos ? pos[i] : i) * g.stride[1] * (int64_t)es;
         f1.data = (char *)f.data + i * f.stride[1] * (int64_t)es;
-        ctxpar_tensor_copy(&g1, &f1);
+        cpt_tensor_copy(&g1, &f1);
     }
     return CTXPAR_OK;
 }
@@ -425,21 +425,21 @@ static const char *base_name(const char *path) {
 
 // Writes one file: .safetensors with `count` arrays, else one .npy (count 1).
 static ctxpar_status write_file(const char *path, int count, const char *const *names,
-                                const ctxpar_npy_array *arrays) {
+                                const cpt_npy_array *arrays) {
     if (!ends_with(path, ".safetensors"))
-        return ctxpar_npy_write(path, arrays[0].dtype, arrays[0].ndim, arrays[0].shape,
+        return cpt_npy_write(path, arrays[0].dtype, arrays[0].ndim, arrays[0].shape,
                                 arrays[0].data);
-    ctxpar_st_tensor t[16];
+    cpt_st_tensor t[16];
     for (int i = 0; i < count && i < 16; i++)
-        t[i] = (ctxpar_st_tensor){(char *)names[i], arrays[i]};
-    return ctxpar_st_write(path, count < 16 ? count : 16, t);
+        t[i] = (cpt_st_tensor){(char *)names[i], arrays[i]};
+    return cpt_st_write(path, count < 16 ? count : 16, t);
 }
 
 // The tensors of `rank` (-1: global) into `path_pattern`; one file per name when it has {name}.
 static ctxpar_status write_group(const char *pattern, int rank, int count, const char *const *names,
-                                 const ctxpar_audit_tensor *t, const int *lse,
-                                 const ctxpar_audit_layout *lay) {
-    ctxpar_npy_array arrays[16];
+                                 const cpt_audit_tensor *t, const int *lse,
+                                 const cpt_audit_layout *lay) {
+    cpt_npy_array arrays[16];
     int n = 0;
     ctxpar_status st = CTXPAR_OK;
     int per_name = strstr(pattern, "{name}") != NULL || !ends_with(pattern, ".safetensors");
@@ -450,7 +450,7 @@ static ctxpar_status write_group(const char *pattern, int rank, int count, const
             rows = seq / lay->ranks;
             free(pos);
             pos = malloc((size_t)rows * sizeof *pos + 1);
-            st = pos ? ctxpar_audit_positions(lay, seq, rank, pos)
+            st = pos ? cpt_audit_positions(lay, seq, rank, pos)
                      : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
         }
         if (st == CTXPAR_OK)
@@ -474,24 +474,24 @@ static ctxpar_status write_group(const char *pattern, int rank, int count, const
             st = write_file(path, n, names, arrays);
     }
     for (int i = 0; i < n; i++)
-        ctxpar_npy_free(&arrays[i]);
+        cpt_npy_free(&arrays[i]);
     free(pos);
     return st;
 }
 
-ctxpar_status ctxpar_audit_write(const ctxpar_audit_src *like, const char *dir, int count,
-                                 const char *const *names, const ctxpar_audit_tensor *t,
-                                 const int *lse, const ctxpar_audit_layout *lay) {
+ctxpar_status cpt_audit_write(const cpt_audit_src *like, const char *dir, int count,
+                                 const char *const *names, const cpt_audit_tensor *t,
+                                 const int *lse, const cpt_audit_layout *lay) {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: cannot create the directory: %s", dir,
                             strerror(errno));
     char pattern[4096];
-    const char *file = like->kind == CTXPAR_AUDIT_SRC_SAFETENSORS ? "ctxpar_results.safetensors"
-                       : like->kind == CTXPAR_AUDIT_SRC_SHARDS    ? base_name(like->path)
+    const char *file = like->kind == CPT_AUDIT_SRC_SAFETENSORS ? "cpt_results.safetensors"
+                       : like->kind == CPT_AUDIT_SRC_SHARDS    ? base_name(like->path)
                                                                   : "{name}.npy";
     if (snprintf(pattern, sizeof pattern, "%s/%s", dir, file) >= (int)sizeof pattern)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: path too long", dir);
-    if (like->kind != CTXPAR_AUDIT_SRC_SHARDS)
+    if (like->kind != CPT_AUDIT_SRC_SHARDS)
         return write_group(pattern, -1, count, names, t, lse, lay);
     for (int r = 0; r < lay->ranks; r++)
         CTXPAR_CHECK(write_group(pattern, r, count, names, t, lse, lay));

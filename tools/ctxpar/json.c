@@ -3,7 +3,7 @@
 
 #include "commands.h"
 
-void ctxpar_json_string(FILE *f, const char *s) {
+void cpt_json_string(FILE *f, const char *s) {
     fputc('"', f);
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
@@ -17,7 +17,7 @@ void ctxpar_json_string(FILE *f, const char *s) {
     fputc('"', f);
 }
 
-void ctxpar_json_num(FILE *f, double x) {
+void cpt_json_num(FILE *f, double x) {
     if (isfinite(x))
         fprintf(f, "%.12g", x);
     else

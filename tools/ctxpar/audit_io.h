@@ -8,8 +8,8 @@
  * Every failure is CTXPAR_ERR_INVALID_ARG (or OUT_OF_MEMORY) with a ctxpar_last_error() message
  * that names the file (and the rank for a shard) and the problem.
  */
-#ifndef CTXPAR_TESTING_AUDIT_IO_H
-#define CTXPAR_TESTING_AUDIT_IO_H
+#ifndef CPT_TOOL_AUDIT_IO_H
+#define CPT_TOOL_AUDIT_IO_H
 
 #include <stddef.h>
 
@@ -22,81 +22,81 @@
 extern "C" {
 #endif
 
-typedef enum ctxpar_audit_src_kind {
-    CTXPAR_AUDIT_SRC_NONE = 0,
-    CTXPAR_AUDIT_SRC_NPY_DIR = 1,     /* path/NAME.npy */
-    CTXPAR_AUDIT_SRC_SAFETENSORS = 2, /* one file, tensors by name */
-    CTXPAR_AUDIT_SRC_NPY_FILE = 3,    /* one .npy file for one tensor (--q Q.npy) */
-    CTXPAR_AUDIT_SRC_SHARDS = 4,      /* pattern with {rank} (and {name}) */
-} ctxpar_audit_src_kind;
+typedef enum cpt_audit_src_kind {
+    CPT_AUDIT_SRC_NONE = 0,
+    CPT_AUDIT_SRC_NPY_DIR = 1,     /* path/NAME.npy */
+    CPT_AUDIT_SRC_SAFETENSORS = 2, /* one file, tensors by name */
+    CPT_AUDIT_SRC_NPY_FILE = 3,    /* one .npy file for one tensor (--q Q.npy) */
+    CPT_AUDIT_SRC_SHARDS = 4,      /* pattern with {rank} (and {name}) */
+} cpt_audit_src_kind;
 
-typedef struct ctxpar_audit_src {
-    ctxpar_audit_src_kind kind;
+typedef struct cpt_audit_src {
+    cpt_audit_src_kind kind;
     const char *path;  /* folder, file or pattern (borrowed) */
-    ctxpar_st_file st; /* SAFETENSORS: read once at open */
-} ctxpar_audit_src;
+    cpt_st_file st; /* SAFETENSORS: read once at open */
+} cpt_audit_src;
 
 /* How the files are laid out, and how shards map to global positions. With format thd, layout
  * zigzag and documents, every document is split into 2 x ranks chunks on its own, rank r holding
  * chunks r and 2 x ranks - 1 - r of each (TransformerEngine's THD DualChunkSwap); otherwise the
  * layout is ctxpar's over the whole sequence. */
-typedef struct ctxpar_audit_layout {
-    ctxpar_tformat format;
-    ctxpar_lse_layout lse_layout;
+typedef struct cpt_audit_layout {
+    cpt_tformat format;
+    cpt_lse_layout lse_layout;
     int lse_base2;
     int ranks;
     ctxpar_layout layout;
     const int32_t *cu_seqlens; /* NULL: one sequence */
     int64_t num_docs;
-} ctxpar_audit_layout;
+} cpt_audit_layout;
 
 /* The seq / ranks global positions rank `rank` holds, in its local order. */
-ctxpar_status ctxpar_audit_positions(const ctxpar_audit_layout *lay, int64_t seq, int rank,
+ctxpar_status cpt_audit_positions(const cpt_audit_layout *lay, int64_t seq, int rank,
                                      int64_t *pos_out);
 
 /* owner[s] for s in [0, seq): the rank holding position s. */
-ctxpar_status ctxpar_audit_owners(const ctxpar_audit_layout *lay, int64_t seq, int *owner);
+ctxpar_status cpt_audit_owners(const cpt_audit_layout *lay, int64_t seq, int *owner);
 
 /* A tensor in global form. lse: dims = {B, H, S, 1}, data float natural log. */
-typedef struct ctxpar_audit_tensor {
-    ctxpar_npy_dtype dtype; /* as stored (lse: float after loading) */
+typedef struct cpt_audit_tensor {
+    cpt_npy_dtype dtype; /* as stored (lse: float after loading) */
     int64_t dims[4];
     void *data;      /* NULL: absent */
     char where[512]; /* the file (or shard pattern) it came from, for messages */
-} ctxpar_audit_tensor;
+} cpt_audit_tensor;
 
 /* Opens a source: a pattern with "{rank}" is SHARDS; a path ending in .safetensors is read now;
  * one ending in .npy is NPY_FILE; anything else is a folder. */
-ctxpar_status ctxpar_audit_src_open(ctxpar_audit_src *src, const char *path);
-void ctxpar_audit_src_close(ctxpar_audit_src *src);
+ctxpar_status cpt_audit_src_open(cpt_audit_src *src, const char *path);
+void cpt_audit_src_close(cpt_audit_src *src);
 
 /* Whether the source holds tensor `name` (SHARDS: rank 0's file for it exists). */
-int ctxpar_audit_src_has(const ctxpar_audit_src *src, const char *name);
+int cpt_audit_src_has(const cpt_audit_src *src, const char *name);
 
 /* Reads tensor `name` in global form. `lse` selects the LSE conventions of lay; otherwise the
  * tensor must be F32, F16 or BF16 in lay->format. cu_seqlens-like 1-D integer tensors: use
- * ctxpar_audit_read_raw. */
-ctxpar_status ctxpar_audit_read(const ctxpar_audit_src *src, const char *name, int lse,
-                                const ctxpar_audit_layout *lay, ctxpar_audit_tensor *out);
+ * cpt_audit_read_raw. */
+ctxpar_status cpt_audit_read(const cpt_audit_src *src, const char *name, int lse,
+                                const cpt_audit_layout *lay, cpt_audit_tensor *out);
 
 /* The array `name` as stored (of `rank` for SHARDS); its file in where. */
-ctxpar_status ctxpar_audit_read_raw(const ctxpar_audit_src *src, const char *name, int rank,
-                                    ctxpar_npy_array *out, char *where, size_t where_len);
+ctxpar_status cpt_audit_read_raw(const cpt_audit_src *src, const char *name, int rank,
+                                    cpt_npy_array *out, char *where, size_t where_len);
 
-void ctxpar_audit_tensor_free(ctxpar_audit_tensor *t);
+void cpt_audit_tensor_free(cpt_audit_tensor *t);
 
 /* "(1, 4096, 8, 64)" ("(3,)" for one dimension) into buf. */
-const char *ctxpar_audit_shape_text(int ndim, const int64_t *shape, char *buf, size_t n);
+const char *cpt_audit_shape_text(int ndim, const int64_t *shape, char *buf, size_t n);
 
 /* Writes tensors in global form (names[i], t[i]; lse[i] set for an LSE) the way `like` stores
- * its tensors: NPY_DIR/NPY_FILE -> dir/NAME.npy; SAFETENSORS -> dir/ctxpar_results.safetensors;
+ * its tensors: NPY_DIR/NPY_FILE -> dir/NAME.npy; SAFETENSORS -> dir/cpt_results.safetensors;
  * SHARDS -> dir/<like's pattern's file part> per rank. `dir` is created if needed. */
-ctxpar_status ctxpar_audit_write(const ctxpar_audit_src *like, const char *dir, int count,
-                                 const char *const *names, const ctxpar_audit_tensor *t,
-                                 const int *lse, const ctxpar_audit_layout *lay);
+ctxpar_status cpt_audit_write(const cpt_audit_src *like, const char *dir, int count,
+                                 const char *const *names, const cpt_audit_tensor *t,
+                                 const int *lse, const cpt_audit_layout *lay);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* CTXPAR_TESTING_AUDIT_IO_H */
+#endif /* CPT_TOOL_AUDIT_IO_H */

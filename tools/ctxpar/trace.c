@@ -18,15 +18,15 @@ typedef struct trace_entry {
     char name[32];
 } trace_entry;
 
-struct ctxpar_trace_file {
+struct cpt_trace_file {
     pthread_mutex_t lock;
     int ranks;
     size_t count, cap;
     trace_entry *entries;
 };
 
-int ctxpar_trace_open(ctxpar_trace_file **trace_out, int ranks) {
-    ctxpar_trace_file *t = calloc(1, sizeof *t);
+int cpt_trace_open(cpt_trace_file **trace_out, int ranks) {
+    cpt_trace_file *t = calloc(1, sizeof *t);
     if (!t)
         return -1;
     pthread_mutex_init(&t->lock, NULL);
@@ -36,7 +36,7 @@ int ctxpar_trace_open(ctxpar_trace_file **trace_out, int ranks) {
 }
 
 // Room for one more entry (lock held). 0 when there is none.
-static int reserve(ctxpar_trace_file *t, size_t more) {
+static int reserve(cpt_trace_file *t, size_t more) {
     if (t->count + more <= t->cap)
         return 1;
     size_t cap = t->cap ? 2 * t->cap : 256;
@@ -50,8 +50,8 @@ static int reserve(ctxpar_trace_file *t, size_t more) {
     return 1;
 }
 
-void ctxpar_trace_record(void *trace, int rank, const ctxpar_trace_event *event) {
-    ctxpar_trace_file *t = trace;
+void cpt_trace_record(void *trace, int rank, const ctxpar_trace_event *event) {
+    cpt_trace_file *t = trace;
     trace_entry e = {rank,          (int32_t)event->kind, event->step, event->peer,
                      event->t_begin, event->t_end,         event->bytes, {0}};
     snprintf(e.name, sizeof e.name, "%s", event->name ? event->name : "?");
@@ -62,7 +62,7 @@ void ctxpar_trace_record(void *trace, int rank, const ctxpar_trace_event *event)
     pthread_mutex_unlock(&t->lock);
 }
 
-int ctxpar_trace_export(const ctxpar_trace_file *t, void **bytes_out, size_t *size_out) {
+int cpt_trace_export(const cpt_trace_file *t, void **bytes_out, size_t *size_out) {
     size_t n = t->count * sizeof(trace_entry);
     void *b = malloc(n ? n : 1);
     if (!b)
@@ -73,7 +73,7 @@ int ctxpar_trace_export(const ctxpar_trace_file *t, void **bytes_out, size_t *si
     return 0;
 }
 
-int ctxpar_trace_import(ctxpar_trace_file *t, const void *bytes, size_t size) {
+int cpt_trace_import(cpt_trace_file *t, const void *bytes, size_t size) {
     if (size % sizeof(trace_entry) != 0)
         return -1;
     size_t n = size / sizeof(trace_entry);
@@ -122,7 +122,7 @@ static void slice_name(const trace_entry *e, char *buf, size_t n) {
         snprintf(buf, n, "%s%s step %d", pre, e->name, e->step);
 }
 
-static int write_file(const ctxpar_trace_file *t, const char *path) {
+static int write_file(const cpt_trace_file *t, const char *path) {
     char names[MAX_TRANSFER_KINDS][32];
     int n_names = 0;
     for (size_t i = 0; i < t->count; i++)
@@ -153,7 +153,7 @@ static int write_file(const ctxpar_trace_file *t, const char *path) {
                     r, TID_TRANSFER + k);
             char track[48];
             snprintf(track, sizeof track, "transfer %.31s", names[k]);
-            ctxpar_json_string(f, track);
+            cpt_json_string(f, track);
             fprintf(f, "}}");
         }
     }
@@ -163,14 +163,14 @@ static int write_file(const ctxpar_trace_file *t, const char *path) {
         char name[96];
         slice_name(e, name, sizeof name);
         fprintf(f, ",\n{\"ph\":\"X\",\"name\":");
-        ctxpar_json_string(f, name);
+        cpt_json_string(f, name);
         fprintf(f,
                 ",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,"
                 "\"args\":{\"op\":",
                 cat[e->kind >= 0 && e->kind < 3 ? e->kind : 2], e->rank,
                 track_of(e, names, &n_names), (e->t_begin - t0) * 1e6,
                 (e->t_end - e->t_begin) * 1e6);
-        ctxpar_json_string(f, e->name);
+        cpt_json_string(f, e->name);
         fprintf(f, ",\"step\":%d,\"peer\":%d,\"bytes\":%llu}}", e->step, e->peer,
                 (unsigned long long)e->bytes);
     }
@@ -178,7 +178,7 @@ static int write_file(const ctxpar_trace_file *t, const char *path) {
     return fclose(f) == 0 ? 0 : -1;
 }
 
-int ctxpar_trace_close(ctxpar_trace_file *t, const char *path) {
+int cpt_trace_close(cpt_trace_file *t, const char *path) {
     if (!t)
         return 0;
     int rc = path ? write_file(t, path) : 0;

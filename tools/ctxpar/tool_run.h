@@ -1,7 +1,7 @@
 // Running the `ctxpar` binary from a test as a child process: its exit code, stdout and stderr.
 // Shared by the suites that judge the tool as users run it (tool_test, audit_test).
-#ifndef CTXPAR_TESTING_TOOL_RUN_H
-#define CTXPAR_TESTING_TOOL_RUN_H
+#ifndef CPT_TOOL_TOOL_RUN_H
+#define CPT_TOOL_TOOL_RUN_H
 
 #include <sys/wait.h>
 
@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-namespace ctxpar_tool {
+namespace cpt_tool {
 
 inline std::string TempDir() {
     const char *d = std::getenv("TEST_TMPDIR");
@@ -21,7 +21,7 @@ inline std::string TempDir() {
 inline std::string Binary() {
     const char *srcdir = std::getenv("TEST_SRCDIR");
     const char *ws = std::getenv("TEST_WORKSPACE");
-    return std::string(srcdir ? srcdir : ".") + "/" + (ws ? ws : "ctxpar") + "/testing/ctxpar";
+    return std::string(srcdir ? srcdir : ".") + "/" + (ws ? ws : "ctxpar") + "/tools/ctxpar/ctxpar";
 }
 
 struct Outcome {
@@ -66,6 +66,6 @@ inline int Lines(const std::string &s) {
     return n;
 }
 
-} // namespace ctxpar_tool
+} // namespace cpt_tool
 
-#endif // CTXPAR_TESTING_TOOL_RUN_H
+#endif // CPT_TOOL_TOOL_RUN_H

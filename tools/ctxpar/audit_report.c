@@ -7,32 +7,32 @@
 #include "commands.h"
 #include "ctxpar_backend.h"
 
-ctxpar_status ctxpar_audit_judge_all(const ctxpar_cli *cli, const ctxpar_audit_state *a,
-                                     const ctxpar_run_result *r, ctxpar_audit_report *rep) {
-    const ctxpar_run_config *c = &cli->cfg;
+ctxpar_status cpt_audit_judge_all(const cpt_cli *cli, const cpt_audit_state *a,
+                                     const cpt_run_result *r, cpt_audit_report *rep) {
+    const cpt_run_config *c = &cli->cfg;
     memset(rep, 0, sizeof *rep);
     int *owner = malloc((size_t)c->seq * sizeof *owner);
     if (!owner)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %lld owners",
                             (long long)c->seq);
-    ctxpar_status st = ctxpar_audit_owners(&a->lay, c->seq, owner);
-    ctxpar_audit_bound bound = {cli->max_ratio};
+    ctxpar_status st = cpt_audit_owners(&a->lay, c->seq, owner);
+    cpt_audit_bound bound = {cli->max_ratio};
     rep->consistent = 1;
-    for (int i = 0; st == CTXPAR_OK && i < CTXPAR_RUN_TENSORS; i++) {
-        const ctxpar_audit_tensor *t = &a->res[i];
+    for (int i = 0; st == CTXPAR_OK && i < CPT_RUN_TENSORS; i++) {
+        const cpt_audit_tensor *t = &a->res[i];
         if (!t->data)
             continue;
         if (!r->oracle[i]) {
             st = CTXPAR_ERROR(CTXPAR_ERR_INTERNAL, "no oracle for %s",
-                              ctxpar_run_tensor_name((ctxpar_run_tensor)i));
+                              cpt_run_tensor_name((cpt_run_tensor)i));
             break;
         }
         ctxpar_dtype dt = CTXPAR_DTYPE_F32;
-        ctxpar_dtype_of_npy(t->dtype, &dt);
+        cpt_dtype_of_npy(t->dtype, &dt);
         ctxpar_tensor got =
             ctxpar_tensor_bshd(t->data, dt, t->dims[0], t->dims[1], t->dims[2], t->dims[3]);
-        int lse = i == CTXPAR_T_LSE;
-        st = ctxpar_audit_judge(lse ? NULL : &got, lse ? t->data : NULL, t->dims, r->oracle[i],
+        int lse = i == CPT_T_LSE;
+        st = cpt_audit_judge(lse ? NULL : &got, lse ? t->data : NULL, t->dims, r->oracle[i],
                                 r->error[i], owner, c->ranks, &bound, &rep->v[i]);
         rep->consistent = rep->consistent && rep->v[i].consistent;
     }
@@ -41,35 +41,35 @@ ctxpar_status ctxpar_audit_judge_all(const ctxpar_cli *cli, const ctxpar_audit_s
     return st;
 }
 
-void ctxpar_audit_report_free(ctxpar_audit_report *rep) {
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++)
-        ctxpar_audit_verdict_free(&rep->v[i]);
+void cpt_audit_report_free(cpt_audit_report *rep) {
+    for (int i = 0; i < CPT_RUN_TENSORS; i++)
+        cpt_audit_verdict_free(&rep->v[i]);
 }
 
 /* ---------------------------------------------------------------- --save */
 
-ctxpar_status ctxpar_audit_save(const ctxpar_cli *cli, const ctxpar_audit_state *a,
-                                const ctxpar_run_result *r) {
-    const ctxpar_run_config *c = &cli->cfg;
-    ctxpar_audit_tensor t[CTXPAR_RUN_TENSORS];
-    const char *names[CTXPAR_RUN_TENSORS];
-    int lse[CTXPAR_RUN_TENSORS], n = 0;
+ctxpar_status cpt_audit_save(const cpt_cli *cli, const cpt_audit_state *a,
+                                const cpt_run_result *r) {
+    const cpt_run_config *c = &cli->cfg;
+    cpt_audit_tensor t[CPT_RUN_TENSORS];
+    const char *names[CPT_RUN_TENSORS];
+    int lse[CPT_RUN_TENSORS], n = 0;
     ctxpar_status st = CTXPAR_OK;
     memset(t, 0, sizeof t);
-    for (int i = 0; st == CTXPAR_OK && i < CTXPAR_RUN_TENSORS; i++) {
+    for (int i = 0; st == CTXPAR_OK && i < CPT_RUN_TENSORS; i++) {
         if (!r->outputs.t[i])
             continue;
-        int64_t heads = i == CTXPAR_T_DK || i == CTXPAR_T_DV ? c->kv_heads : c->heads;
+        int64_t heads = i == CPT_T_DK || i == CPT_T_DV ? c->kv_heads : c->heads;
         int64_t d[4] = {c->batch, c->seq, heads, c->head_dim};
-        lse[n] = i == CTXPAR_T_LSE;
+        lse[n] = i == CPT_T_LSE;
         if (lse[n])
             d[1] = c->heads, d[2] = c->seq, d[3] = 1;
         memcpy(t[n].dims, d, sizeof d);
-        names[n] = ctxpar_run_tensor_name((ctxpar_run_tensor)i);
+        names[n] = cpt_run_tensor_name((cpt_run_tensor)i);
         size_t count = (size_t)(d[0] * d[1] * d[2] * d[3]);
         // ctxpar's lse is float; the others go back to the inputs' dtype.
         ctxpar_dtype to = lse[n] ? CTXPAR_DTYPE_F32 : a->file_dtype;
-        t[n].dtype = ctxpar_npy_of_dtype(to);
+        t[n].dtype = cpt_npy_of_dtype(to);
         t[n].data = malloc(count * ctxpar_dtype_size(to) + 1);
         if (!t[n].data) {
             st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %zu elements", count);
@@ -80,33 +80,33 @@ ctxpar_status ctxpar_audit_save(const ctxpar_cli *cli, const ctxpar_audit_state 
         } else {
             ctxpar_tensor s = ctxpar_tensor_bshd(r->outputs.t[i], c->dtype, d[0], d[1], d[2], d[3]);
             ctxpar_tensor o = ctxpar_tensor_bshd(t[n].data, to, d[0], d[1], d[2], d[3]);
-            ctxpar_tensor_copy(&s, &o);
+            cpt_tensor_copy(&s, &o);
         }
         n++;
     }
     if (st == CTXPAR_OK)
-        st = ctxpar_audit_write(a->like, cli->save_dir, n, names, t, lse, &a->lay);
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++)
+        st = cpt_audit_write(a->like, cli->save_dir, n, names, t, lse, &a->lay);
+    for (int i = 0; i < CPT_RUN_TENSORS; i++)
         free(t[i].data);
     return st;
 }
 
 /* ---------------------------------------------------------------- output */
 
-static const char *against_name(const ctxpar_cli *cli) {
+static const char *against_name(const cpt_cli *cli) {
     return cli->against_path ? cli->against_path : cli->shards_pattern;
 }
 
-static void print_table(FILE *f, const ctxpar_cli *cli, const ctxpar_audit_report *rep) {
+static void print_table(FILE *f, const cpt_cli *cli, const cpt_audit_report *rep) {
     fprintf(f, "\nagainst %s: %s (each error at most %g x ctxpar's own)\n", against_name(cli),
             rep->consistent ? "CONSISTENT" : "NOT CONSISTENT", cli->max_ratio);
     fprintf(f, "  %-6s %-12s %-14s %-9s %s\n", "tensor", "error", "ctxpar error", "ratio",
             "worst rows (position, head, rank: error)");
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
-        const ctxpar_audit_verdict *v = &rep->v[i];
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+        const cpt_audit_verdict *v = &rep->v[i];
         if (!v->ranks)
             continue;
-        fprintf(f, "  %-6s %-12.3e %-14.3e %-9.3g", ctxpar_run_tensor_name((ctxpar_run_tensor)i),
+        fprintf(f, "  %-6s %-12.3e %-14.3e %-9.3g", cpt_run_tensor_name((cpt_run_tensor)i),
                 v->error, v->reference_error, v->ratio);
         for (int w = 0; w < v->n_worst && w < 3; w++)
             fprintf(f, "%s%lld, %lld, %d: %.2e", w ? "; " : " ", (long long)v->worst[w].position,
@@ -121,33 +121,33 @@ static void print_table(FILE *f, const ctxpar_cli *cli, const ctxpar_audit_repor
     }
 }
 
-static void print_row_json(FILE *f, const ctxpar_audit_row *w) {
+static void print_row_json(FILE *f, const cpt_audit_row *w) {
     fprintf(f, "{\"position\":%lld,\"head\":%lld,\"rank\":%d,\"batch\":%lld,\"error\":",
             (long long)w->position, (long long)w->head, w->rank, (long long)w->batch);
-    ctxpar_json_num(f, w->error);
+    cpt_json_num(f, w->error);
     fputs(",\"got\":", f);
-    ctxpar_json_num(f, w->got);
+    cpt_json_num(f, w->got);
     fputs(",\"expected\":", f);
-    ctxpar_json_num(f, w->want);
+    cpt_json_num(f, w->want);
     fputc('}', f);
 }
 
-static void print_against_json(FILE *f, const ctxpar_cli *cli, const ctxpar_audit_report *rep) {
+static void print_against_json(FILE *f, const cpt_cli *cli, const cpt_audit_report *rep) {
     fprintf(f, ",\"consistent\":%s,\"max_ratio\":", rep->consistent ? "true" : "false");
-    ctxpar_json_num(f, cli->max_ratio);
+    cpt_json_num(f, cli->max_ratio);
     fputs(",\"against\":{", f);
-    for (int i = 0, first = 1; i < CTXPAR_RUN_TENSORS; i++) {
-        const ctxpar_audit_verdict *v = &rep->v[i];
+    for (int i = 0, first = 1; i < CPT_RUN_TENSORS; i++) {
+        const cpt_audit_verdict *v = &rep->v[i];
         if (!v->ranks)
             continue;
         fprintf(f, "%s\"%s\":{\"error\":", first ? "" : ",",
-                ctxpar_run_tensor_name((ctxpar_run_tensor)i));
+                cpt_run_tensor_name((cpt_run_tensor)i));
         first = 0;
-        ctxpar_json_num(f, v->error);
+        cpt_json_num(f, v->error);
         fputs(",\"reference_error\":", f);
-        ctxpar_json_num(f, v->reference_error);
+        cpt_json_num(f, v->reference_error);
         fputs(",\"ratio\":", f);
-        ctxpar_json_num(f, v->ratio);
+        cpt_json_num(f, v->ratio);
         fprintf(f, ",\"consistent\":%s,\"nonfinite\":%lld,\"worst\":",
                 v->consistent ? "true" : "false", (long long)v->nonfinite);
         if (v->n_worst)
@@ -162,17 +162,17 @@ static void print_against_json(FILE *f, const ctxpar_cli *cli, const ctxpar_audi
         fputs("],\"error_by_rank\":[", f);
         for (int k = 0; k < v->ranks; k++) {
             fputs(k ? "," : "", f);
-            ctxpar_json_num(f, v->rank_error[k]);
+            cpt_json_num(f, v->rank_error[k]);
         }
         fputs("]}", f);
     }
     fputc('}', f);
 }
 
-static void print_json(FILE *f, const ctxpar_cli *cli, const ctxpar_run_result *r,
-                       const ctxpar_audit_report *rep, const char *saved) {
+static void print_json(FILE *f, const cpt_cli *cli, const cpt_run_result *r,
+                       const cpt_audit_report *rep, const char *saved) {
     fputc('{', f);
-    ctxpar_report_json_members(f, &cli->cfg, r);
+    cpt_report_json_members(f, &cli->cfg, r);
     const char *paths[8] = {cli->inputs_path,    cli->q_path,      cli->k_path,
                             cli->v_path,         cli->dout_path,   cli->cu_seqlens_path,
                             cli->shards_pattern, cli->against_path};
@@ -183,12 +183,12 @@ static void print_json(FILE *f, const ctxpar_cli *cli, const ctxpar_run_result *
         if (!paths[i])
             continue;
         fprintf(f, "%s\"%s\":", first ? "" : ",", keys[i]);
-        ctxpar_json_string(f, paths[i]);
+        cpt_json_string(f, paths[i]);
         first = 0;
     }
     fputs("},\"saved_to\":", f);
     if (saved)
-        ctxpar_json_string(f, saved);
+        cpt_json_string(f, saved);
     else
         fputs("null", f);
     if (rep->judged)
@@ -196,8 +196,8 @@ static void print_json(FILE *f, const ctxpar_cli *cli, const ctxpar_run_result *
     fputs("}\n", f);
 }
 
-void ctxpar_audit_print(FILE *f, const ctxpar_cli *cli, const ctxpar_audit_state *a,
-                        const ctxpar_run_result *r, const ctxpar_audit_report *rep,
+void cpt_audit_print(FILE *f, const cpt_cli *cli, const cpt_audit_state *a,
+                        const cpt_run_result *r, const cpt_audit_report *rep,
                         const char *saved) {
     if (cli->json) {
         print_json(f, cli, r, rep, saved);
@@ -205,13 +205,13 @@ void ctxpar_audit_print(FILE *f, const ctxpar_cli *cli, const ctxpar_audit_state
     }
     if (r->status != CTXPAR_OK)
         return;
-    ctxpar_report_table(f, "audit", &cli->cfg, r);
+    cpt_report_table(f, "audit", &cli->cfg, r);
     if (rep->judged)
         print_table(f, cli, rep);
-    if (saved && a->like->kind == CTXPAR_AUDIT_SRC_SAFETENSORS)
-        fprintf(f, "  saved out, lse%s to %s/ctxpar_results.safetensors\n",
+    if (saved && a->like->kind == CPT_AUDIT_SRC_SAFETENSORS)
+        fprintf(f, "  saved out, lse%s to %s/cpt_results.safetensors\n",
                 cli->cfg.backward ? ", dq, dk, dv" : "", saved);
-    else if (saved && a->like->kind == CTXPAR_AUDIT_SRC_SHARDS)
+    else if (saved && a->like->kind == CPT_AUDIT_SRC_SHARDS)
         fprintf(f, "  saved out, lse%s to %s, one file per rank\n",
                 cli->cfg.backward ? ", dq, dk, dv" : "", saved);
     else if (saved)

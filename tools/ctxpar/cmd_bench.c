@@ -25,7 +25,7 @@ typedef struct bench_numbers {
 // Visible (query, key) pairs, by the convention of the help: S^2 without a mask, S^2 / 2 causal;
 // counted exactly with a window (query i sees keys k with i - k < W; causal: also k <= i) or
 // documents (keys of the query's own document only). NAN when the documents cannot be made.
-static double visible_pairs(const ctxpar_run_config *c) {
+static double visible_pairs(const cpt_run_config *c) {
     const int64_t S = c->seq, W = c->params.window_left;
     const int causal = c->params.mask == CTXPAR_MASK_CAUSAL;
     if (W <= 0 && c->docs <= 0)
@@ -35,7 +35,7 @@ static double visible_pairs(const ctxpar_run_config *c) {
     if (c->docs > 0) {
         ndocs = c->docs;
         cu = malloc((size_t)(ndocs + 1) * sizeof *cu);
-        if (!cu || ctxpar_run_docs(c->seed, S, ndocs, cu) != CTXPAR_OK) {
+        if (!cu || cpt_run_docs(c->seed, S, ndocs, cu) != CTXPAR_OK) {
             free(cu);
             return NAN;
         }
@@ -52,13 +52,13 @@ static double visible_pairs(const ctxpar_run_config *c) {
     return pairs;
 }
 
-static bench_numbers numbers(const ctxpar_run_config *c, int ranks, const ctxpar_run_result *r,
-                             const ctxpar_peak_info *peak) {
+static bench_numbers numbers(const cpt_run_config *c, int ranks, const cpt_run_result *r,
+                             const cpt_peak_info *peak) {
     bench_numbers b;
     memset(&b, 0, sizeof b);
     b.ranks = ranks;
-    b.threads = ctxpar_run_threads_per_rank(c, ranks);
-    b.peak_flops = ctxpar_peak_flops(peak, ranks, b.threads);
+    b.threads = cpt_run_threads_per_rank(c, ranks);
+    b.peak_flops = cpt_peak_flops(peak, ranks, b.threads);
     b.fwd_s = r->time_fwd_s;
     b.fwd_bwd_s = c->backward ? r->time_s : NAN;
     b.fwd_flops = 4.0 * (double)c->batch * (double)c->heads * (double)c->head_dim *
@@ -74,7 +74,7 @@ static bench_numbers numbers(const ctxpar_run_config *c, int ranks, const ctxpar
     double transfer = 0, wait = 0;
     const int n = ranks < 64 ? ranks : 64;
     for (int i = 0; i < n; i++) {
-        const ctxpar_run_rank_stats *s = &r->rank[i];
+        const cpt_run_rank_stats *s = &r->rank[i];
         if (s->bytes_sent > b.bytes_sent)
             b.bytes_sent = s->bytes_sent;
         if (s->allocations > b.allocations)
@@ -92,45 +92,45 @@ static bench_numbers numbers(const ctxpar_run_config *c, int ranks, const ctxpar
 
 static void json_numbers(FILE *f, const bench_numbers *b, int backward) {
     fprintf(f, "\"ranks\":%d,\"threads_per_rank\":%d,\"fwd_time_s\":", b->ranks, b->threads);
-    ctxpar_json_num(f, b->fwd_s);
+    cpt_json_num(f, b->fwd_s);
     fputs(",\"fwd_flops\":", f);
-    ctxpar_json_num(f, b->fwd_flops);
+    cpt_json_num(f, b->fwd_flops);
     fputs(",\"fwd_flops_per_s\":", f);
-    ctxpar_json_num(f, b->fwd_flops_per_s);
+    cpt_json_num(f, b->fwd_flops_per_s);
     fputs(",\"peak_flops\":", f);
-    ctxpar_json_num(f, b->peak_flops);
+    cpt_json_num(f, b->peak_flops);
     fputs(",\"fwd_fraction_of_peak\":", f);
-    ctxpar_json_num(f, b->fwd_flops_per_s / b->peak_flops);
+    cpt_json_num(f, b->fwd_flops_per_s / b->peak_flops);
     fputs(",\"tokens_per_s\":", f);
-    ctxpar_json_num(f, b->tokens_per_s);
+    cpt_json_num(f, b->tokens_per_s);
     if (backward) {
         fputs(",\"fwd_bwd_time_s\":", f);
-        ctxpar_json_num(f, b->fwd_bwd_s);
+        cpt_json_num(f, b->fwd_bwd_s);
         fputs(",\"fwd_bwd_flops_per_s\":", f);
-        ctxpar_json_num(f, b->fwd_bwd_flops_per_s);
+        cpt_json_num(f, b->fwd_bwd_flops_per_s);
         fputs(",\"fwd_bwd_tokens_per_s\":", f);
-        ctxpar_json_num(f, b->fwd_bwd_tokens_per_s);
+        cpt_json_num(f, b->fwd_bwd_tokens_per_s);
         fputs(",\"fwd_bwd_fraction_of_peak\":", f);
-        ctxpar_json_num(f, b->fwd_bwd_flops_per_s / b->peak_flops);
+        cpt_json_num(f, b->fwd_bwd_flops_per_s / b->peak_flops);
         fputs(",\"bwd_time_s\":", f);
-        ctxpar_json_num(f, b->bwd_s);
+        cpt_json_num(f, b->bwd_s);
         fputs(",\"bwd_flops_per_s\":", f);
-        ctxpar_json_num(f, b->bwd_flops_per_s);
+        cpt_json_num(f, b->bwd_flops_per_s);
         fputs(",\"bwd_fraction_of_peak\":", f);
-        ctxpar_json_num(f, b->bwd_flops_per_s / b->peak_flops);
+        cpt_json_num(f, b->bwd_flops_per_s / b->peak_flops);
     }
     fprintf(f,
             ",\"peak_bytes_per_rank\":%zu,\"allocations_per_call\":%llu,"
             "\"bytes_sent_per_rank\":%llu,\"compute_s\":",
             b->peak_bytes, (unsigned long long)b->allocations,
             (unsigned long long)b->bytes_sent);
-    ctxpar_json_num(f, b->compute_s);
+    cpt_json_num(f, b->compute_s);
     fputs(",\"transfer_s\":", f);
-    ctxpar_json_num(f, b->transfer_s);
+    cpt_json_num(f, b->transfer_s);
     fputs(",\"wait_s\":", f);
-    ctxpar_json_num(f, b->wait_s);
+    cpt_json_num(f, b->wait_s);
     fputs(",\"hidden_transfer_fraction\":", f);
-    ctxpar_json_num(f, b->hidden);
+    cpt_json_num(f, b->hidden);
 }
 
 static const char *const flops_convention =
@@ -142,9 +142,9 @@ static double timed_s(const bench_numbers *b, int backward) {
     return backward ? b->fwd_bwd_s : b->fwd_s;
 }
 
-static void print_json(const ctxpar_run_config *c, const char *comm,
-                       const ctxpar_run_result *r, const bench_numbers *p,
-                       const bench_numbers *base, const ctxpar_peak_info *peak) {
+static void print_json(const cpt_run_config *c, const char *comm,
+                       const cpt_run_result *r, const bench_numbers *p,
+                       const bench_numbers *base, const cpt_peak_info *peak) {
     fprintf(stdout,
             "{\"ok\":%s,\"status\":\"%s\",\"config\":{\"ranks\":%d,\"batch\":%lld,\"seq\":%lld,"
             "\"heads\":%lld,\"kv_heads\":%lld,\"dim\":%lld,\"dtype\":\"%s\",\"mask\":\"%s\","
@@ -156,20 +156,20 @@ static void print_json(const ctxpar_run_config *c, const char *comm,
             (long long)c->head_dim, ctxpar_dtype_name(c->dtype), ctxpar_mask_name(c->params.mask),
             (long long)c->params.window_left, (long long)c->docs, ctxpar_algo_name(c->params.algo),
             ctxpar_algo_name(r->algo), ctxpar_layout_name(c->params.layout),
-            c->backward ? "true" : "false", comm, ctxpar_run_backend_name(c->backend), c->warmup,
+            c->backward ? "true" : "false", comm, cpt_run_backend_name(c->backend), c->warmup,
             c->repeat);
-    ctxpar_peak_json_members(stdout, peak);
+    cpt_peak_json_members(stdout, peak);
     fputc(',', stdout);
     json_numbers(stdout, p, c->backward);
     fputs(",\"speedup\":", stdout);
-    ctxpar_json_num(stdout, timed_s(base, c->backward) / timed_s(p, c->backward));
+    cpt_json_num(stdout, timed_s(base, c->backward) / timed_s(p, c->backward));
     fputs(",\"baseline\":{", stdout);
     json_numbers(stdout, base, c->backward);
     fputs("},\"flops_convention\":", stdout);
-    ctxpar_json_string(stdout, flops_convention);
+    cpt_json_string(stdout, flops_convention);
     if (c->compare_oracle) {
         fputc(',', stdout);
-        ctxpar_report_json_errors(stdout, r);
+        cpt_report_json_errors(stdout, r);
     }
     fputs("}", stdout);
 }
@@ -194,9 +194,9 @@ static void row(const char *label, const char *a, const char *b) {
     printf("  %-26s %-16s %s\n", label, a, b);
 }
 
-static void print_table(const ctxpar_run_config *c, const char *comm, const ctxpar_run_result *r,
+static void print_table(const cpt_run_config *c, const char *comm, const cpt_run_result *r,
                         const bench_numbers *p, const bench_numbers *base,
-                        const ctxpar_peak_info *peak) {
+                        const cpt_peak_info *peak) {
     printf("ctxpar bench: %s (%s), %s layout, %s mask, %s, %s\n"
            "              batch %lld, seq %lld, heads %lld/%lld, dim %lld; %d ranks x %lld "
            "tokens\n"
@@ -206,7 +206,7 @@ static void print_table(const ctxpar_run_config *c, const char *comm, const ctxp
            ctxpar_dtype_name(c->dtype), c->backward ? "forward + backward" : "forward",
            (long long)c->batch, (long long)c->seq, (long long)c->heads, (long long)c->kv_heads,
            (long long)c->head_dim, c->ranks, (long long)(c->seq / c->ranks),
-           ctxpar_run_backend_name(c->backend), comm, c->repeat, c->warmup);
+           cpt_run_backend_name(c->backend), comm, c->repeat, c->warmup);
     if (peak->have)
         printf("              peak: %.1f GFLOP/s per core (%s FMA, measured), %d cores\n\n",
                peak->core.flops_per_core * 1e-9, peak->core.kernels, peak->cores);
@@ -270,21 +270,21 @@ static void print_table(const ctxpar_run_config *c, const char *comm, const ctxp
            c->backward ? "forward + backward" : "forward");
     if (c->compare_oracle) {
         printf("\n");
-        ctxpar_report_rows(stdout, r);
+        cpt_report_rows(stdout, r);
         printf("\n  result: %s\n", r->ok ? "OK" : "FAILED");
     }
     printf("  FLOPs: %s\n", flops_convention);
 }
 
-static void print_sweep_header(const ctxpar_run_config *c, const char *comm,
-                               const ctxpar_peak_info *peak) {
+static void print_sweep_header(const cpt_run_config *c, const char *comm,
+                               const cpt_peak_info *peak) {
     printf("ctxpar bench --sweep: %s, %s layout, %s mask, %s, batch %lld, heads %lld/%lld, dim "
            "%lld, %s backend, %s comm, median of %d calls after %d warm-up. GFLOP/s: %s. "
            "Speedup: one rank's time / this time (%s).\n\n",
            ctxpar_algo_name(c->params.algo), ctxpar_layout_name(c->params.layout),
            ctxpar_mask_name(c->params.mask), ctxpar_dtype_name(c->dtype), (long long)c->batch,
            (long long)c->heads, (long long)c->kv_heads, (long long)c->head_dim,
-           ctxpar_run_backend_name(c->backend), comm, c->repeat, c->warmup, flops_convention,
+           cpt_run_backend_name(c->backend), comm, c->repeat, c->warmup, flops_convention,
            c->backward ? "forward + backward" : "forward");
     if (peak->have)
         printf("Peak: %.1f GFLOP/s per core (%s FMA, measured) x the cores in use (at most %d).\n\n",
@@ -296,7 +296,7 @@ static void print_sweep_header(const ctxpar_run_config *c, const char *comm,
            c->backward ? "---:|---:|---:|" : "");
 }
 
-static void print_sweep_row(const ctxpar_run_config *c, const bench_numbers *p,
+static void print_sweep_row(const cpt_run_config *c, const bench_numbers *p,
                             const bench_numbers *base) {
     char pct[16];
     pct_cell(pct, sizeof pct, p->fwd_flops_per_s, p->peak_flops);
@@ -319,51 +319,51 @@ static void print_sweep_row(const ctxpar_run_config *c, const bench_numbers *p,
 // the P ranks have. Run once per seq and kept for every rank count of a sweep.
 typedef struct baseline {
     int have;
-    ctxpar_run_result r; // rank 0's result (outputs freed)
+    cpt_run_result r; // rank 0's result (outputs freed)
     bench_numbers n;
 } baseline;
 
-static int run_baseline(ctxpar_session *s, const ctxpar_run_config *cfg, baseline *b,
-                        const ctxpar_peak_info *peak) {
+static int run_baseline(cpt_session *s, const cpt_run_config *cfg, baseline *b,
+                        const cpt_peak_info *peak) {
     if (b->have)
-        return CTXPAR_EXIT_OK;
-    ctxpar_run_config c1 = *cfg;
+        return CPT_EXIT_OK;
+    cpt_run_config c1 = *cfg;
     c1.ranks = 1;
     c1.threads = cfg->threads > 0 ? cfg->threads * cfg->ranks : 0;
     c1.compare_oracle = c1.compare_single = 0;
-    if (ctxpar_session_run_single(s, &c1, &b->r) != CTXPAR_OK)
-        return CTXPAR_EXIT_USAGE;
-    ctxpar_run_result_free(&b->r); // the outputs are not looked at
+    if (cpt_session_run_single(s, &c1, &b->r) != CTXPAR_OK)
+        return CPT_EXIT_USAGE;
+    cpt_run_result_free(&b->r); // the outputs are not looked at
     if (b->r.status != CTXPAR_OK) {
-        ctxpar_session_error(s, "single-rank baseline: %s", b->r.message);
-        return ctxpar_exit_code(&b->r);
+        cpt_session_error(s, "single-rank baseline: %s", b->r.message);
+        return cpt_exit_code(&b->r);
     }
     b->n = numbers(&c1, 1, &b->r, peak);
     b->have = 1;
-    return CTXPAR_EXIT_OK;
+    return CPT_EXIT_OK;
 }
 
 // One measurement: the baseline (if not yet), then cfg's ranks, unless that is one rank with no
 // oracle to compare, which the baseline already measured. Prints the table, a sweep row or a JSON
 // object (`sep` before it). Returns the exit code.
-static int bench_one(ctxpar_session *s, const ctxpar_cli *cli, const ctxpar_run_config *cfg,
-                     baseline *base, const ctxpar_peak_info *peak, const char *sep) {
+static int bench_one(cpt_session *s, const cpt_cli *cli, const cpt_run_config *cfg,
+                     baseline *base, const cpt_peak_info *peak, const char *sep) {
     int rc = run_baseline(s, cfg, base, peak);
-    if (rc != CTXPAR_EXIT_OK)
+    if (rc != CPT_EXIT_OK)
         return rc;
-    ctxpar_run_result own, *r = &base->r;
+    cpt_run_result own, *r = &base->r;
     const int reuse = cfg->ranks == 1 && !cfg->compare_oracle;
     if (!reuse) {
         r = &own;
-        if (ctxpar_session_run(s, cfg, 1, r) != CTXPAR_OK)
-            return CTXPAR_EXIT_USAGE;
+        if (cpt_session_run(s, cfg, 1, r) != CTXPAR_OK)
+            return CPT_EXIT_USAGE;
         if (r->status != CTXPAR_OK) {
-            ctxpar_session_error(s, "%s", r->message);
-            rc = ctxpar_exit_code(r);
-            ctxpar_run_result_free(r);
+            cpt_session_error(s, "%s", r->message);
+            rc = cpt_exit_code(r);
+            cpt_run_result_free(r);
             return rc;
         }
-        rc = cfg->compare_oracle && !r->ok ? CTXPAR_EXIT_FAIL : CTXPAR_EXIT_OK;
+        rc = cfg->compare_oracle && !r->ok ? CPT_EXIT_FAIL : CPT_EXIT_OK;
     }
     if (s->rank == 0) {
         const char *comm = s->mpi ? "mpi" : "local";
@@ -380,30 +380,30 @@ static int bench_one(ctxpar_session *s, const ctxpar_cli *cli, const ctxpar_run_
         fflush(stdout);
     }
     if (!reuse)
-        ctxpar_run_result_free(r);
+        cpt_run_result_free(r);
     return rc;
 }
 
-int ctxpar_cmd_bench(int argc, char **argv) {
-    ctxpar_cli cli;
-    int rc = ctxpar_cli_parse("bench", argc, argv, &cli, stdout, stderr);
+int cpt_cmd_bench(int argc, char **argv) {
+    cpt_cli cli;
+    int rc = cpt_cli_parse("bench", argc, argv, &cli, stdout, stderr);
     if (rc >= 0)
         return rc;
-    ctxpar_session s;
-    if ((rc = ctxpar_session_begin(&s, "bench", &cli)) >= 0)
+    cpt_session s;
+    if ((rc = cpt_session_begin(&s, "bench", &cli)) >= 0)
         return rc;
     // Rank 0 measures and reports (the others wait). Without a peak (not the CPU backend, or
     // the probe failed: said on stderr) the percentages are left out and the bench goes on.
-    ctxpar_peak_info peak = {0};
-    const int probed = cli.cfg.backend == CTXPAR_RUN_CPU &&
-                       ctxpar_peak_measure(&s, cli.peak, &peak) == 0;
+    cpt_peak_info peak = {0};
+    const int probed = cli.cfg.backend == CPT_RUN_CPU &&
+                       cpt_peak_measure(&s, cli.peak, &peak) == 0;
     if (cli.peak) {
         if (probed)
-            ctxpar_peak_print(stdout, &peak, cli.json);
-        // Rank 0's verdict is everyone's (ctxpar_session_end).
-        return ctxpar_session_end(&s, probed || s.rank ? CTXPAR_EXIT_OK : CTXPAR_EXIT_FAIL);
+            cpt_peak_print(stdout, &peak, cli.json);
+        // Rank 0's verdict is everyone's (cpt_session_end).
+        return cpt_session_end(&s, probed || s.rank ? CPT_EXIT_OK : CPT_EXIT_FAIL);
     }
-    rc = CTXPAR_EXIT_OK;
+    rc = CPT_EXIT_OK;
     if (s.rank == 0 && cli.sweep) {
         if (cli.json)
             fputs("{\"sweep\":[\n", stdout);
@@ -412,21 +412,21 @@ int ctxpar_cmd_bench(int argc, char **argv) {
         fflush(stdout);
     }
     int n = 0;
-    for (int i = 0; i < cli.n_seqs && rc == CTXPAR_EXIT_OK; i++) {
+    for (int i = 0; i < cli.n_seqs && rc == CPT_EXIT_OK; i++) {
         baseline base;
         memset(&base, 0, sizeof base);
-        for (int j = 0; j < cli.n_ranks && rc == CTXPAR_EXIT_OK; j++) {
-            ctxpar_run_config c = cli.cfg;
+        for (int j = 0; j < cli.n_ranks && rc == CPT_EXIT_OK; j++) {
+            cpt_run_config c = cli.cfg;
             c.seq = cli.seqs[i];
             c.ranks = cli.ranks[j];
             char stage[64] = "";
             if (cli.sweep)
                 snprintf(stage, sizeof stage, "seq %lld, ", (long long)c.seq);
-            ctxpar_session_stage(&s, stage);
+            cpt_session_stage(&s, stage);
             rc = bench_one(&s, &cli, &c, &base, &peak, n++ ? "," : "");
         }
     }
     if (s.rank == 0 && cli.sweep && cli.json)
         fputs("]}\n", stdout);
-    return ctxpar_session_end(&s, rc);
+    return cpt_session_end(&s, rc);
 }

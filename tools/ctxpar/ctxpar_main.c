@@ -12,11 +12,11 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
-    {"check", ctxpar_cmd_check,
+    {"check", cpt_cmd_check,
      "run context-parallel attention on generated inputs; compare with fp64 and P = 1"},
-    {"audit", ctxpar_cmd_audit,
+    {"audit", cpt_cmd_audit,
      "the same on your own global Q, K, V (and dO) .npy files; --save the results"},
-    {"bench", ctxpar_cmd_bench,
+    {"bench", cpt_cmd_bench,
      "throughput, memory, compute vs transfer, next to one rank; --sweep for a table"},
 };
 
@@ -32,23 +32,23 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
-        return CTXPAR_EXIT_USAGE;
+        return CPT_EXIT_USAGE;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
-        return CTXPAR_EXIT_OK;
+        return CPT_EXIT_OK;
     }
     if (!strcmp(argv[1], "--version")) {
         printf("ctxpar %s\n", ctxpar_version());
-        return CTXPAR_EXIT_OK;
+        return CPT_EXIT_OK;
     }
     if (!strcmp(argv[1], "--list-backends")) {
-        ctxpar_cli_list_backends(stdout);
-        return CTXPAR_EXIT_OK;
+        cpt_cli_list_backends(stdout);
+        return CPT_EXIT_OK;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name))
             return commands[i].run(argc - 2, argv + 2);
     fprintf(stderr, "ctxpar: unknown command '%s' (see ctxpar --help)\n", argv[1]);
-    return CTXPAR_EXIT_USAGE;
+    return CPT_EXIT_USAGE;
 }

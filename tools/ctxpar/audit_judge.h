@@ -7,8 +7,8 @@
  * Errors are those of metrics.h (max |got - ref| / max |ref|, non-finite values never look good),
  * measured row by row so that every rank's share is known.
  */
-#ifndef CTXPAR_TESTING_AUDIT_JUDGE_H
-#define CTXPAR_TESTING_AUDIT_JUDGE_H
+#ifndef CPT_TOOL_AUDIT_JUDGE_H
+#define CPT_TOOL_AUDIT_JUDGE_H
 
 #include <stdint.h>
 
@@ -20,48 +20,48 @@ extern "C" {
 
 /* What a result must meet to be called consistent. Today: its error at most max_ratio times
  * ctxpar's own error at the same dtype. The fair per-element bound of the accuracy work is to
- * replace this (see ctxpar_audit_within_bound). */
-typedef struct ctxpar_audit_bound {
+ * replace this (see cpt_audit_within_bound). */
+typedef struct cpt_audit_bound {
     double max_ratio;
-} ctxpar_audit_bound;
+} cpt_audit_bound;
 
-#define CTXPAR_AUDIT_WORST_ROWS 5
+#define CPT_AUDIT_WORST_ROWS 5
 
 /* One row (all heads of one position, or one head's LSE value). */
-typedef struct ctxpar_audit_row {
+typedef struct cpt_audit_row {
     int64_t batch, position, head;
     int rank;
     double error; /* the row's max |got - ref| over the tensor's max |ref| */
     double got, want;
-} ctxpar_audit_row;
+} cpt_audit_row;
 
-typedef struct ctxpar_audit_verdict {
+typedef struct cpt_audit_verdict {
     double error;           /* vs float64 */
     double reference_error; /* ctxpar's own, same inputs and dtype */
     double ratio;           /* error / reference_error (inf when only ctxpar's is 0) */
     int consistent;
     int64_t nonfinite;                               /* elements whose error is infinite */
-    ctxpar_audit_row worst[CTXPAR_AUDIT_WORST_ROWS]; /* the worst rows, worst first */
+    cpt_audit_row worst[CPT_AUDIT_WORST_ROWS]; /* the worst rows, worst first */
     int n_worst;
     int ranks;
     double *rank_error; /* [ranks]: the error over the rows each rank held (malloc'ed) */
-} ctxpar_audit_verdict;
+} cpt_audit_verdict;
 
 /* Judges a global tensor: got is a dense [B, S, H, D] tensor (lse: NULL and got_lse a float
  * [B, H, S] array, dims = {B, H, S, 1}); ref the oracle's doubles in the same order; owner[s] the
  * rank holding position s. OUT_OF_MEMORY is the only failure. */
-ctxpar_status ctxpar_audit_judge(const ctxpar_tensor *got, const float *got_lse,
+ctxpar_status cpt_audit_judge(const ctxpar_tensor *got, const float *got_lse,
                                  const int64_t dims[4], const double *ref, double reference_error,
-                                 const int *owner, int ranks, const ctxpar_audit_bound *bound,
-                                 ctxpar_audit_verdict *v);
+                                 const int *owner, int ranks, const cpt_audit_bound *bound,
+                                 cpt_audit_verdict *v);
 
-/* The verdict's rule, alone (ctxpar_audit_judge applies it). */
-int ctxpar_audit_within_bound(const ctxpar_audit_verdict *v, const ctxpar_audit_bound *bound);
+/* The verdict's rule, alone (cpt_audit_judge applies it). */
+int cpt_audit_within_bound(const cpt_audit_verdict *v, const cpt_audit_bound *bound);
 
-void ctxpar_audit_verdict_free(ctxpar_audit_verdict *v);
+void cpt_audit_verdict_free(cpt_audit_verdict *v);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* CTXPAR_TESTING_AUDIT_JUDGE_H */
+#endif /* CPT_TOOL_AUDIT_JUDGE_H */

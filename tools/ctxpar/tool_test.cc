@@ -34,19 +34,19 @@
 #include "testing/npy.h"
 #include "testing/oracle.h"
 #include "testing/tolerance.h"
-#include "testing/tool_run.h"
+#include "tools/ctxpar/tool_run.h"
 
 namespace {
 
 // ---------------------------------------------------------------- running the binary
 
-using ctxpar_tool::Binary;
-using ctxpar_tool::Lines;
-using ctxpar_tool::Outcome;
-using ctxpar_tool::ReadAll;
-using ctxpar_tool::RunWith;
-using ctxpar_tool::TempDir;
-using ctxpar_tool::Tool;
+using cpt_tool::Binary;
+using cpt_tool::Lines;
+using cpt_tool::Outcome;
+using cpt_tool::ReadAll;
+using cpt_tool::RunWith;
+using cpt_tool::TempDir;
+using cpt_tool::Tool;
 
 std::string Mpirun() {
     for (const char *p : {"/usr/bin/mpirun", "/usr/local/bin/mpirun"}) {
@@ -241,10 +241,10 @@ Tensor WriteInput(const std::string &path, ctxpar_dtype dtype, int64_t b, int64_
         for (int64_t i1 = 0; i1 < s; i1++)
             for (int64_t i2 = 0; i2 < h; i2++)
                 for (int64_t i3 = 0; i3 < d; i3++)
-                    ctxpar_test_set(&view, i0, i1, i2, i3, u(rng));
-    ctxpar_test_to_f64(&view, t.v.data());
-    EXPECT_EQ(ctxpar_npy_write(path.c_str(),
-                               dtype == CTXPAR_DTYPE_F16 ? CTXPAR_NPY_F16 : CTXPAR_NPY_F32, 4,
+                    cpt_test_set(&view, i0, i1, i2, i3, u(rng));
+    cpt_test_to_f64(&view, t.v.data());
+    EXPECT_EQ(cpt_npy_write(path.c_str(),
+                               dtype == CTXPAR_DTYPE_F16 ? CPT_NPY_F16 : CPT_NPY_F32, 4,
                                t.shape, raw.data()),
               CTXPAR_OK)
         << ctxpar_last_error();
@@ -261,18 +261,18 @@ Expected Oracle(const Shape &sh, const Tensor &q, const Tensor &k, const Tensor 
     size_t nq = q.v.size(), nk = k.v.size();
     e.out.resize(nq);
     e.lse.resize(static_cast<size_t>(sh.b * sh.h * sh.s));
-    ctxpar_oracle_shape os = {sh.b, sh.s, sh.s, sh.h, sh.hkv, sh.d};
+    cpt_oracle_shape os = {sh.b, sh.s, sh.s, sh.h, sh.hkv, sh.d};
     ctxpar_mask_desc mask = {causal ? 1 : 0, window, cu ? cu->data() : nullptr,
                              cu ? static_cast<int64_t>(cu->size()) - 1 : 0};
     // The scale the library resolves: 1/sqrt(D) in float.
     double scale = static_cast<double>(1.0f / std::sqrt(static_cast<float>(sh.d)));
-    ctxpar_oracle_fwd(&os, q.v.data(), k.v.data(), v.v.data(), nullptr, nullptr, &mask, scale,
+    cpt_oracle_fwd(&os, q.v.data(), k.v.data(), v.v.data(), nullptr, nullptr, &mask, scale,
                       e.out.data(), e.lse.data());
     if (dout) {
         e.dq.resize(nq);
         e.dk.resize(nk);
         e.dv.resize(nk);
-        ctxpar_oracle_bwd(&os, q.v.data(), k.v.data(), v.v.data(), nullptr, nullptr, &mask, scale,
+        cpt_oracle_bwd(&os, q.v.data(), k.v.data(), v.v.data(), nullptr, nullptr, &mask, scale,
                           dout->v.data(), e.dq.data(), e.dk.data(), e.dv.data());
     }
     return e;
@@ -280,25 +280,25 @@ Expected Oracle(const Shape &sh, const Tensor &q, const Tensor &k, const Tensor 
 
 // Reads a saved result and returns its error against ref (max |got - ref| / max |ref|), after
 // checking its dtype and shape.
-double SavedError(const std::string &path, ctxpar_npy_dtype dtype, std::vector<int64_t> shape,
+double SavedError(const std::string &path, cpt_npy_dtype dtype, std::vector<int64_t> shape,
                   const std::vector<double> &ref) {
-    ctxpar_npy_array a;
-    if (ctxpar_npy_read(path.c_str(), &a) != CTXPAR_OK) {
+    cpt_npy_array a;
+    if (cpt_npy_read(path.c_str(), &a) != CTXPAR_OK) {
         ADD_FAILURE() << ctxpar_last_error();
         return INFINITY;
     }
-    std::unique_ptr<ctxpar_npy_array, void (*)(ctxpar_npy_array *)> hold(&a, ctxpar_npy_free);
+    std::unique_ptr<cpt_npy_array, void (*)(cpt_npy_array *)> hold(&a, cpt_npy_free);
     EXPECT_EQ(a.dtype, dtype) << path;
     EXPECT_EQ(a.ndim, static_cast<int>(shape.size())) << path;
     for (size_t i = 0; i < shape.size() && static_cast<int>(i) < a.ndim; i++)
         EXPECT_EQ(a.shape[i], shape[i]) << path << " dimension " << i;
     if (a.count != ref.size())
         return INFINITY;
-    if (dtype == CTXPAR_NPY_F32)
-        return ctxpar_compare_f32(static_cast<const float *>(a.data), ref.data(), a.count).rel;
+    if (dtype == CPT_NPY_F32)
+        return cpt_compare_f32(static_cast<const float *>(a.data), ref.data(), a.count).rel;
     ctxpar_tensor t =
         ctxpar_tensor_bshd(a.data, CTXPAR_DTYPE_F16, shape[0], shape[1], shape[2], shape[3]);
-    return ctxpar_compare_tensor(&t, ref.data()).rel;
+    return cpt_compare_tensor(&t, ref.data()).rel;
 }
 
 std::string Dir(const std::string &name) {
@@ -345,7 +345,7 @@ AuditFiles MakeAuditFiles(const std::string &name, ctxpar_dtype dtype, bool docs
         f.cu = {0, 20, 21, 64};
         std::vector<int64_t> cu64(f.cu.begin(), f.cu.end());
         int64_t n = static_cast<int64_t>(cu64.size());
-        EXPECT_EQ(ctxpar_npy_write((f.dir + "/cu.npy").c_str(), CTXPAR_NPY_I64, 1, &n,
+        EXPECT_EQ(cpt_npy_write((f.dir + "/cu.npy").c_str(), CPT_NPY_I64, 1, &n,
                                    cu64.data()),
                   CTXPAR_OK);
         f.args += " --cu-seqlens '" + f.dir + "/cu.npy'";
@@ -356,18 +356,18 @@ AuditFiles MakeAuditFiles(const std::string &name, ctxpar_dtype dtype, bool docs
 void ExpectSavedMatchOracle(const AuditFiles &f, ctxpar_dtype dtype, bool causal) {
     const Shape &s = f.sh;
     Expected e = Oracle(s, f.q, f.k, f.v, &f.dout, causal, 0, f.cu.empty() ? nullptr : &f.cu);
-    ctxpar_npy_dtype t = dtype == CTXPAR_DTYPE_F16 ? CTXPAR_NPY_F16 : CTXPAR_NPY_F32;
+    cpt_npy_dtype t = dtype == CTXPAR_DTYPE_F16 ? CPT_NPY_F16 : CPT_NPY_F32;
     const std::string d = f.dir + "/saved/";
     EXPECT_LE(SavedError(d + "out.npy", t, {s.b, s.s, s.h, s.d}, e.out),
-              ctxpar_tolerance(dtype, "out"));
-    EXPECT_LE(SavedError(d + "lse.npy", CTXPAR_NPY_F32, {s.b, s.h, s.s}, e.lse),
-              ctxpar_tolerance(dtype, "lse"));
+              cpt_tolerance(dtype, "out"));
+    EXPECT_LE(SavedError(d + "lse.npy", CPT_NPY_F32, {s.b, s.h, s.s}, e.lse),
+              cpt_tolerance(dtype, "lse"));
     EXPECT_LE(SavedError(d + "dq.npy", t, {s.b, s.s, s.h, s.d}, e.dq),
-              ctxpar_tolerance(dtype, "dq"));
+              cpt_tolerance(dtype, "dq"));
     EXPECT_LE(SavedError(d + "dk.npy", t, {s.b, s.s, s.hkv, s.d}, e.dk),
-              ctxpar_tolerance(dtype, "dk"));
+              cpt_tolerance(dtype, "dk"));
     EXPECT_LE(SavedError(d + "dv.npy", t, {s.b, s.s, s.hkv, s.d}, e.dv),
-              ctxpar_tolerance(dtype, "dv"));
+              cpt_tolerance(dtype, "dv"));
 }
 
 class Audit : public testing::TestWithParam<AuditCase> {};
@@ -427,11 +427,11 @@ TEST(AuditConvert, Float32FilesRunInBf16AndSaveFloat32) {
     AuditFiles r = f;
     for (Tensor *t : {&r.q, &r.k, &r.v, &r.dout})
         for (double &x : t->v)
-            x = ctxpar_test_round(CTXPAR_DTYPE_BF16, x);
+            x = cpt_test_round(CTXPAR_DTYPE_BF16, x);
     Expected e = Oracle(r.sh, r.q, r.k, r.v, &r.dout, true, 0, nullptr);
     const Shape &s = r.sh;
-    EXPECT_LE(SavedError(f.dir + "/saved/out.npy", CTXPAR_NPY_F32, {s.b, s.s, s.h, s.d}, e.out),
-              ctxpar_tolerance(CTXPAR_DTYPE_BF16, "out"));
+    EXPECT_LE(SavedError(f.dir + "/saved/out.npy", CPT_NPY_F32, {s.b, s.s, s.h, s.d}, e.out),
+              cpt_tolerance(CTXPAR_DTYPE_BF16, "out"));
 }
 
 // ---------------------------------------------------------------- bad inputs
@@ -525,7 +525,7 @@ TEST_F(BadInputs, IntegerTensor) {
     std::vector<int32_t> data(2 * 64 * 4 * 16);
     int64_t shape[4] = {2, 64, 4, 16};
     std::string p = dir + "/int.npy";
-    ASSERT_EQ(ctxpar_npy_write(p.c_str(), CTXPAR_NPY_I32, 4, shape, data.data()), CTXPAR_OK);
+    ASSERT_EQ(cpt_npy_write(p.c_str(), CPT_NPY_I32, 4, shape, data.data()), CTXPAR_OK);
     ExpectRejected("", "int.npy: q has dtype int32", p.c_str());
 }
 
@@ -533,14 +533,14 @@ TEST_F(BadInputs, ThreeDimensions) {
     std::vector<float> data(64 * 4 * 16);
     int64_t shape[3] = {64, 4, 16};
     std::string p = dir + "/three.npy";
-    ASSERT_EQ(ctxpar_npy_write(p.c_str(), CTXPAR_NPY_F32, 3, shape, data.data()), CTXPAR_OK);
+    ASSERT_EQ(cpt_npy_write(p.c_str(), CPT_NPY_F32, 3, shape, data.data()), CTXPAR_OK);
     ExpectRejected("", "three.npy: q has shape (64, 4, 16); want 4 dimensions", p.c_str());
 }
 
 TEST_F(BadInputs, EmptyDimension) {
     int64_t shape[4] = {2, 0, 4, 16};
     std::string p = dir + "/empty.npy";
-    ASSERT_EQ(ctxpar_npy_write(p.c_str(), CTXPAR_NPY_F32, 4, shape, nullptr), CTXPAR_OK);
+    ASSERT_EQ(cpt_npy_write(p.c_str(), CPT_NPY_F32, 4, shape, nullptr), CTXPAR_OK);
     ExpectRejected("", "empty.npy: q has an empty dimension", p.c_str());
 }
 
@@ -578,7 +578,7 @@ TEST_F(BadInputs, CuSeqlensEndsEarly) {
     std::vector<int32_t> cu = {0, 10, 60};
     int64_t n = 3;
     std::string p = dir + "/cu_short.npy";
-    ASSERT_EQ(ctxpar_npy_write(p.c_str(), CTXPAR_NPY_I32, 1, &n, cu.data()), CTXPAR_OK);
+    ASSERT_EQ(cpt_npy_write(p.c_str(), CPT_NPY_I32, 1, &n, cu.data()), CTXPAR_OK);
     ExpectRejected("--cu-seqlens '" + p + "'", "cu_short.npy: cu_seqlens ends at 60");
 }
 
@@ -586,7 +586,7 @@ TEST_F(BadInputs, CuSeqlensOutOfInt32) {
     std::vector<int64_t> cu = {0, 5000000000LL, 64};
     int64_t n = 3;
     std::string p = dir + "/cu_big.npy";
-    ASSERT_EQ(ctxpar_npy_write(p.c_str(), CTXPAR_NPY_I64, 1, &n, cu.data()), CTXPAR_OK);
+    ASSERT_EQ(cpt_npy_write(p.c_str(), CPT_NPY_I64, 1, &n, cu.data()), CTXPAR_OK);
     ExpectRejected("--cu-seqlens '" + p + "'",
                    "cu_big.npy: cu_seqlens[1] = 5000000000 does not fit in int32");
 }
@@ -595,7 +595,7 @@ TEST_F(BadInputs, CuSeqlensNotIncreasing) {
     std::vector<int32_t> cu = {0, 30, 30, 64};
     int64_t n = 4;
     std::string p = dir + "/cu_flat.npy";
-    ASSERT_EQ(ctxpar_npy_write(p.c_str(), CTXPAR_NPY_I32, 1, &n, cu.data()), CTXPAR_OK);
+    ASSERT_EQ(cpt_npy_write(p.c_str(), CPT_NPY_I32, 1, &n, cu.data()), CTXPAR_OK);
     ExpectRejected("--cu-seqlens '" + p + "'", "cu_flat.npy: cu_seqlens[2] = 30");
 }
 
@@ -603,7 +603,7 @@ TEST_F(BadInputs, CuSeqlensFloat) {
     std::vector<float> cu = {0, 64};
     int64_t n = 2;
     std::string p = dir + "/cu_float.npy";
-    ASSERT_EQ(ctxpar_npy_write(p.c_str(), CTXPAR_NPY_F32, 1, &n, cu.data()), CTXPAR_OK);
+    ASSERT_EQ(cpt_npy_write(p.c_str(), CPT_NPY_F32, 1, &n, cu.data()), CTXPAR_OK);
     ExpectRejected("--cu-seqlens '" + p + "'", "cu_float.npy: cu_seqlens has dtype float32");
 }
 
@@ -752,7 +752,7 @@ TEST(Bench, CheckComparesWithTheOracle) {
     Json j;
     ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
     ASSERT_TRUE(j.Has("errors"));
-    EXPECT_LE(j["errors"]["out"].num, ctxpar_tolerance(CTXPAR_DTYPE_F32, "out"));
+    EXPECT_LE(j["errors"]["out"].num, cpt_tolerance(CTXPAR_DTYPE_F32, "out"));
     EXPECT_TRUE(j["ok"].b);
 }
 

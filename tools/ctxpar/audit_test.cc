@@ -23,14 +23,14 @@
 #include "testing/npy.h"
 #include "testing/oracle.h"
 #include "testing/safetensors.h"
-#include "testing/tool_run.h"
+#include "tools/ctxpar/tool_run.h"
 
 namespace {
 
-using ctxpar_tool::Lines;
-using ctxpar_tool::Outcome;
-using ctxpar_tool::TempDir;
-using ctxpar_tool::Tool;
+using cpt_tool::Lines;
+using cpt_tool::Outcome;
+using cpt_tool::TempDir;
+using cpt_tool::Tool;
 
 constexpr int64_t kB = 1, kS = 64, kH = 2, kD = 16;
 constexpr int kP = 4;
@@ -62,7 +62,7 @@ size_t Row(int64_t s) {
 Vec Input(ctxpar_dtype dtype, uint64_t id) {
     Vec v(static_cast<size_t>(kB * kS * kH * kD));
     for (size_t i = 0; i < v.size(); i++)
-        v[i] = ctxpar_test_round(dtype, ctxpar_test_value(7, id, i));
+        v[i] = cpt_test_round(dtype, cpt_test_value(7, id, i));
     return v;
 }
 
@@ -108,31 +108,31 @@ Vec Gather(const Vec &t, const std::vector<int64_t> &pos) {
 // [H, qpos].
 void Attend(const Problem &p, const std::vector<int64_t> &qpos, const std::vector<int64_t> &kpos,
             Vec *out, Vec *lse) {
-    ctxpar_oracle_shape sh = {kB, (int64_t)qpos.size(), (int64_t)kpos.size(), kH, kH, kD};
+    cpt_oracle_shape sh = {kB, (int64_t)qpos.size(), (int64_t)kpos.size(), kH, kH, kD};
     Vec q = Gather(p.q, qpos), k = Gather(p.k, kpos), v = Gather(p.v, kpos);
     out->assign(q.size(), 0);
     lse->assign(qpos.size() * kH, 0);
     ctxpar_mask_desc m = Causal();
-    ctxpar_oracle_fwd(&sh, q.data(), k.data(), v.data(), qpos.data(), kpos.data(), &m, Scale(),
+    cpt_oracle_fwd(&sh, q.data(), k.data(), v.data(), qpos.data(), kpos.data(), &m, Scale(),
                       out->data(), lse->data());
 }
 
 Problem MakeProblem(ctxpar_dtype dtype, bool backward, bool docs = false) {
     Problem p{dtype, Input(dtype, 1), Input(dtype, 2), Input(dtype, 3), {}, {}, {}, {}, {}, {}};
-    ctxpar_oracle_shape sh = {kB, kS, kS, kH, kH, kD};
+    cpt_oracle_shape sh = {kB, kS, kS, kH, kH, kD};
     ctxpar_mask_desc m = Causal();
     if (docs)
         m.cu_seqlens = kCu, m.num_docs = 2;
     p.out.resize(p.q.size());
     p.lse.resize(static_cast<size_t>(kH * kS));
-    ctxpar_oracle_fwd(&sh, p.q.data(), p.k.data(), p.v.data(), nullptr, nullptr, &m, Scale(),
+    cpt_oracle_fwd(&sh, p.q.data(), p.k.data(), p.v.data(), nullptr, nullptr, &m, Scale(),
                       p.out.data(), p.lse.data());
     if (backward) {
         p.dout = Input(dtype, 4);
         p.dq.resize(p.q.size());
         p.dk.resize(p.q.size());
         p.dv.resize(p.q.size());
-        ctxpar_oracle_bwd(&sh, p.q.data(), p.k.data(), p.v.data(), nullptr, nullptr, &m, Scale(),
+        cpt_oracle_bwd(&sh, p.q.data(), p.k.data(), p.v.data(), nullptr, nullptr, &m, Scale(),
                           p.dout.data(), p.dq.data(), p.dk.data(), p.dv.data());
     }
     return p;
@@ -159,38 +159,38 @@ std::vector<unsigned char> Bytes(const Vec &v, ctxpar_dtype dtype) {
     std::vector<unsigned char> raw(v.size() * ctxpar_dtype_size(dtype) + 1);
     ctxpar_tensor t = ctxpar_tensor_bshd(raw.data(), dtype, 1, (int64_t)v.size(), 1, 1);
     for (size_t i = 0; i < v.size(); i++)
-        ctxpar_test_set(&t, 0, (int64_t)i, 0, 0, v[i]);
+        cpt_test_set(&t, 0, (int64_t)i, 0, 0, v[i]);
     return raw;
 }
 
-ctxpar_npy_dtype NpyType(ctxpar_dtype d) {
-    return d == CTXPAR_DTYPE_BF16  ? CTXPAR_NPY_BF16
-           : d == CTXPAR_DTYPE_F16 ? CTXPAR_NPY_F16
-                                   : CTXPAR_NPY_F32;
+cpt_npy_dtype NpyType(ctxpar_dtype d) {
+    return d == CTXPAR_DTYPE_BF16  ? CPT_NPY_BF16
+           : d == CTXPAR_DTYPE_F16 ? CPT_NPY_F16
+                                   : CPT_NPY_F32;
 }
 
 void WriteSafetensors(const std::string &path, const std::vector<Named> &ts) {
     std::vector<std::vector<unsigned char>> bytes;
-    std::vector<ctxpar_st_tensor> st;
+    std::vector<cpt_st_tensor> st;
     for (const Named &t : ts)
         bytes.push_back(Bytes(t.v, t.dtype));
     for (size_t i = 0; i < ts.size(); i++) {
-        ctxpar_npy_array a{};
+        cpt_npy_array a{};
         a.dtype = NpyType(ts[i].dtype);
         a.ndim = (int)ts[i].shape.size();
         for (int d = 0; d < a.ndim; d++)
             a.shape[d] = ts[i].shape[d];
         a.count = ts[i].v.size();
         a.data = bytes[i].data();
-        st.push_back(ctxpar_st_tensor{const_cast<char *>(ts[i].name.c_str()), a});
+        st.push_back(cpt_st_tensor{const_cast<char *>(ts[i].name.c_str()), a});
     }
-    ASSERT_EQ(ctxpar_st_write(path.c_str(), (int)st.size(), st.data()), CTXPAR_OK)
+    ASSERT_EQ(cpt_st_write(path.c_str(), (int)st.size(), st.data()), CTXPAR_OK)
         << ctxpar_last_error();
 }
 
 void WriteNpy(const std::string &path, const Named &t) {
     std::vector<unsigned char> b = Bytes(t.v, t.dtype);
-    ASSERT_EQ(ctxpar_npy_write(path.c_str(), NpyType(t.dtype), (int)t.shape.size(), t.shape.data(),
+    ASSERT_EQ(cpt_npy_write(path.c_str(), NpyType(t.dtype), (int)t.shape.size(), t.shape.data(),
                                b.data()),
               CTXPAR_OK)
         << ctxpar_last_error();
@@ -396,7 +396,7 @@ TEST(AuditAgainst, PartialsRoundedToBf16BeforeMerging) {
                 double w = std::exp(l - lse[h * mine.size() + i]);
                 for (int64_t d = 0; d < kD; d++) {
                     size_t j = Row((int64_t)i) + (size_t)(h * kD + d);
-                    acc[j] += ctxpar_test_round(CTXPAR_DTYPE_BF16, parts_o[s][j]) * w;
+                    acc[j] += cpt_test_round(CTXPAR_DTYPE_BF16, parts_o[s][j]) * w;
                 }
             }
     for (size_t i = 0; i < mine.size(); i++)
@@ -418,10 +418,10 @@ TEST(AuditAgainst, DkDvMissingOneRanksContribution) {
     Vec dout = p.dout;
     for (int64_t s : Zigzag(3))
         std::fill(dout.begin() + Row(s), dout.begin() + Row(s + 1), 0.0);
-    ctxpar_oracle_shape sh = {kB, kS, kS, kH, kH, kD};
+    cpt_oracle_shape sh = {kB, kS, kS, kH, kH, kD};
     ctxpar_mask_desc m = Causal();
     Vec dq(p.q.size()), dk(p.q.size()), dv(p.q.size());
-    ctxpar_oracle_bwd(&sh, p.q.data(), p.k.data(), p.v.data(), nullptr, nullptr, &m, Scale(),
+    cpt_oracle_bwd(&sh, p.q.data(), p.k.data(), p.v.data(), nullptr, nullptr, &m, Scale(),
                       dout.data(), dq.data(), dk.data(), dv.data());
     for (int64_t s : Zigzag(0)) {
         std::copy(dk.begin() + Row(s), dk.begin() + Row(s + 1), r.dk.begin() + Row(s));
@@ -530,7 +530,7 @@ TEST(AuditAgainst, EveryOrderAndFileKindIsReadAsDeclared) {
             // --save stored ctxpar's results the same way: as results they are consistent too.
             Verdict again;
             Judge(" --format " + f + " --lse-layout " + l + " --inputs '" + dir +
-                      "/in.safetensors' --against '" + dir + "/saved/ctxpar_results.safetensors'",
+                      "/in.safetensors' --against '" + dir + "/saved/cpt_results.safetensors'",
                   &again);
             EXPECT_EQ(again.o.code, 0) << again.o.out << again.o.err;
         }
@@ -564,10 +564,10 @@ TEST(AuditAgainst, PerRankShardsAssembledByTheLayout) {
     EXPECT_EQ(v.o.code, 0) << v.o.out << v.o.err;
     EXPECT_TRUE(v.Consistent()) << v.o.out;
     // Saved as shards named like the inputs' (one per rank and tensor).
-    ctxpar_npy_array a;
-    ASSERT_EQ(ctxpar_npy_read((dir + "/saved/out.rank3.npy").c_str(), &a), CTXPAR_OK);
+    cpt_npy_array a;
+    ASSERT_EQ(cpt_npy_read((dir + "/saved/out.rank3.npy").c_str(), &a), CTXPAR_OK);
     EXPECT_EQ(a.shape[1], kS / kP);
-    ctxpar_npy_free(&a);
+    cpt_npy_free(&a);
 
     // Assembled under another layout, the same shards are wrong.
     Verdict wrong;
@@ -595,7 +595,7 @@ TEST(AuditAgainst, ThdShardsZigzaggedPerDocument) {
     Problem p = MakeProblem(CTXPAR_DTYPE_F32, false, true);
     std::string dir = Dir("thd_shards");
     std::vector<int64_t> cu64(kCu, kCu + 3);
-    ASSERT_EQ(ctxpar_npy_write((dir + "/cu_seqlens.npy").c_str(), CTXPAR_NPY_I64, 1,
+    ASSERT_EQ(cpt_npy_write((dir + "/cu_seqlens.npy").c_str(), CPT_NPY_I64, 1,
                                std::vector<int64_t>{3}.data(), cu64.data()),
               CTXPAR_OK);
     auto write_shards = [&](const Results &r) {

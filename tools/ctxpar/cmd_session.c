@@ -10,9 +10,9 @@
 
 #include "commands.h"
 #include "ctxpar_backend.h"
-#include "runner_mpi.h"
+#include "testing/runner_mpi.h"
 
-static void progress_clear(ctxpar_session *s) {
+static void progress_clear(cpt_session *s) {
     if (!s->progress_shown)
         return;
     fputs("\r\033[K", stderr); // back to the start of the line, erase it
@@ -22,7 +22,7 @@ static void progress_clear(ctxpar_session *s) {
 
 // The runner's progress callback: one line, rewritten in place.
 static void progress_cb(void *user, const char *stage, int done, int total) {
-    ctxpar_session *s = user;
+    cpt_session *s = user;
     if (!s->progress)
         return;
     if (total > 0)
@@ -34,11 +34,11 @@ static void progress_cb(void *user, const char *stage, int done, int total) {
     s->progress_shown = 1;
 }
 
-void ctxpar_session_stage(ctxpar_session *s, const char *prefix) {
+void cpt_session_stage(cpt_session *s, const char *prefix) {
     snprintf(s->stage, sizeof s->stage, "%s", prefix);
 }
 
-void ctxpar_session_error(ctxpar_session *s, const char *fmt, ...) {
+void cpt_session_error(cpt_session *s, const char *fmt, ...) {
     if (s->rank != 0)
         return;
     progress_clear(s);
@@ -50,75 +50,75 @@ void ctxpar_session_error(ctxpar_session *s, const char *fmt, ...) {
     fputc('\n', stderr);
 }
 
-int ctxpar_session_begin(ctxpar_session *s, const char *cmd, ctxpar_cli *cli) {
+int cpt_session_begin(cpt_session *s, const char *cmd, cpt_cli *cli) {
     memset(s, 0, sizeof *s);
     s->cmd = cmd;
     s->size = 1;
-    s->mpi = cli->comm == 2 || (cli->comm == 0 && ctxpar_run_mpi_launched());
+    s->mpi = cli->comm == 2 || (cli->comm == 0 && cpt_run_mpi_launched());
     if (s->mpi) {
         // MPI is initialised only here, so that the in-process default needs no launcher.
         int provided = 0;
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
             fprintf(stderr, "ctxpar %s: MPI_Init_thread failed\n", cmd);
-            return CTXPAR_EXIT_FAIL;
+            return CPT_EXIT_FAIL;
         }
         MPI_Comm_rank(MPI_COMM_WORLD, &s->rank);
         MPI_Comm_size(MPI_COMM_WORLD, &s->size);
         if (cli->ranks_set && (cli->n_ranks > 1 || cli->cfg.ranks != s->size)) {
-            ctxpar_session_error(s, "--ranks (%s%d) must be the number of MPI processes (%d)",
+            cpt_session_error(s, "--ranks (%s%d) must be the number of MPI processes (%d)",
                                  cli->n_ranks > 1 ? "a list from " : "", cli->cfg.ranks,
                                  s->size);
             MPI_Finalize();
-            return CTXPAR_EXIT_USAGE;
+            return CPT_EXIT_USAGE;
         }
         cli->cfg.ranks = cli->ranks[0] = s->size;
         cli->n_ranks = 1;
     }
     s->progress = s->rank == 0 && isatty(STDERR_FILENO);
     if (cli->trace_path) {
-        if (ctxpar_trace_open(&s->trace, cli->cfg.ranks) != 0) {
-            ctxpar_session_error(s, "cannot allocate the trace");
-            return ctxpar_session_end(s, CTXPAR_EXIT_FAIL);
+        if (cpt_trace_open(&s->trace, cli->cfg.ranks) != 0) {
+            cpt_session_error(s, "cannot allocate the trace");
+            return cpt_session_end(s, CPT_EXIT_FAIL);
         }
         s->trace_path = cli->trace_path;
     }
     return -1;
 }
 
-ctxpar_status ctxpar_session_run(ctxpar_session *s, const ctxpar_run_config *cfg, int traced,
-                                 ctxpar_run_result *result) {
-    ctxpar_run_config c = *cfg;
+ctxpar_status cpt_session_run(cpt_session *s, const cpt_run_config *cfg, int traced,
+                                 cpt_run_result *result) {
+    cpt_run_config c = *cfg;
     c.progress = progress_cb;
     c.progress_user = s;
     if (traced && s->trace) {
-        c.trace = ctxpar_trace_record;
+        c.trace = cpt_trace_record;
         c.trace_user = s->trace;
     }
-    ctxpar_status st = s->mpi ? ctxpar_run_mpi(&c, result) : ctxpar_run(&c, result);
+    ctxpar_status st = s->mpi ? cpt_run_mpi(&c, result) : cpt_run(&c, result);
     progress_clear(s);
     if (st != CTXPAR_OK)
-        ctxpar_session_error(s, "%s", ctxpar_cli_message(ctxpar_last_error()));
+        cpt_session_error(s, "%s", cpt_cli_message(ctxpar_last_error()));
     return st;
 }
 
-ctxpar_status ctxpar_session_run_single(ctxpar_session *s, const ctxpar_run_config *cfg,
-                                        ctxpar_run_result *result) {
+ctxpar_status cpt_session_run_single(cpt_session *s, const cpt_run_config *cfg,
+                                        cpt_run_result *result) {
     ctxpar_status st = CTXPAR_OK;
     memset(result, 0, sizeof *result);
     if (s->rank == 0) {
-        ctxpar_run_config c = *cfg;
+        cpt_run_config c = *cfg;
         c.progress = progress_cb;
         c.progress_user = s;
         c.trace = NULL;
-        st = ctxpar_run(&c, result);
+        st = cpt_run(&c, result);
         progress_clear(s);
         if (st != CTXPAR_OK) {
-            ctxpar_session_error(s, "%s", ctxpar_cli_message(ctxpar_last_error()));
+            cpt_session_error(s, "%s", cpt_cli_message(ctxpar_last_error()));
             memset(result, 0, sizeof *result);
         }
     }
     if (s->mpi) {
-        if (ctxpar_run_mpi_quiet_barrier() != 0 && st == CTXPAR_OK)
+        if (cpt_run_mpi_quiet_barrier() != 0 && st == CTXPAR_OK)
             st = CTXPAR_ERROR(CTXPAR_ERR_COMM, "MPI_Ibarrier failed");
         int v[3] = {st, result->status, result->ok};
         MPI_Bcast(v, 3, MPI_INT, 0, MPI_COMM_WORLD);
@@ -129,7 +129,7 @@ ctxpar_status ctxpar_session_run_single(ctxpar_session *s, const ctxpar_run_conf
     return st;
 }
 
-int ctxpar_session_agree(ctxpar_session *s, int ok, const char *message) {
+int cpt_session_agree(cpt_session *s, int ok, const char *message) {
     if (!s->mpi) {
         if (!ok)
             fprintf(stderr, "ctxpar %s: %s\n", s->cmd, message);
@@ -144,37 +144,37 @@ int ctxpar_session_agree(ctxpar_session *s, int ok, const char *message) {
 }
 
 // Under MPI every rank sends its events to rank 0, which writes them all. 0 on success.
-static int write_trace(ctxpar_session *s) {
+static int write_trace(cpt_session *s) {
     if (!s->mpi)
-        return ctxpar_trace_close(s->trace, s->trace_path);
+        return cpt_trace_close(s->trace, s->trace_path);
     void *mine = NULL, *all = NULL;
     size_t n = 0, total = 0;
-    int ok = ctxpar_trace_export(s->trace, &mine, &n) == 0;
+    int ok = cpt_trace_export(s->trace, &mine, &n) == 0;
     if (!ok)
         n = 0; // still take part in the gather
-    ok = ctxpar_run_mpi_gather_bytes(mine, n, &all, &total) == 0 && ok;
+    ok = cpt_run_mpi_gather_bytes(mine, n, &all, &total) == 0 && ok;
     free(mine);
     // Rank 0's own events come first in the gathered bytes and are already in its trace.
     if (s->rank == 0 && ok)
-        ok = ctxpar_trace_import(s->trace, (char *)all + n, total - n) == 0;
+        ok = cpt_trace_import(s->trace, (char *)all + n, total - n) == 0;
     free(all);
-    ok = ctxpar_trace_close(s->trace, s->rank == 0 && ok ? s->trace_path : NULL) == 0 && ok;
+    ok = cpt_trace_close(s->trace, s->rank == 0 && ok ? s->trace_path : NULL) == 0 && ok;
     return ok ? 0 : -1;
 }
 
-int ctxpar_session_end(ctxpar_session *s, int rc) {
+int cpt_session_end(cpt_session *s, int rc) {
     progress_clear(s);
     if (s->trace) {
         if (write_trace(s) != 0) {
-            ctxpar_session_error(s, "cannot write the trace to '%s'", s->trace_path);
-            if (rc == CTXPAR_EXIT_OK)
-                rc = CTXPAR_EXIT_FAIL;
+            cpt_session_error(s, "cannot write the trace to '%s'", s->trace_path);
+            if (rc == CPT_EXIT_OK)
+                rc = CPT_EXIT_FAIL;
         }
         s->trace = NULL;
     }
     if (s->mpi) {
         // Rank 0 decides (it alone evaluated); the others wait for it without spinning.
-        ctxpar_run_mpi_quiet_barrier();
+        cpt_run_mpi_quiet_barrier();
         MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
         MPI_Finalize();
         s->mpi = 0;
@@ -182,12 +182,12 @@ int ctxpar_session_end(ctxpar_session *s, int rc) {
     return rc;
 }
 
-int ctxpar_exit_code(const ctxpar_run_result *r) {
+int cpt_exit_code(const cpt_run_result *r) {
     if (r->ok)
-        return CTXPAR_EXIT_OK;
+        return CPT_EXIT_OK;
     // A call the library rejected is a usage problem; a wrong answer or a failed run a failure.
     if (r->status == CTXPAR_ERR_INVALID_ARG || r->status == CTXPAR_ERR_NOT_SUPPORTED ||
         r->status == CTXPAR_ERR_INVALID_USAGE)
-        return CTXPAR_EXIT_USAGE;
-    return CTXPAR_EXIT_FAIL;
+        return CPT_EXIT_USAGE;
+    return CPT_EXIT_FAIL;
 }

@@ -4,11 +4,11 @@
 #include <unistd.h>
 
 #include "commands.h"
-#include "runner_mpi.h"
+#include "testing/runner_mpi.h"
 
-static int measure_all(ctxpar_session *s, int all_cores, ctxpar_peak_info *peak);
+static int measure_all(cpt_session *s, int all_cores, cpt_peak_info *peak);
 
-static int measure(ctxpar_session *s, int threads, ctxpar_cpu_peak *out) {
+static int measure(cpt_session *s, int threads, ctxpar_cpu_peak *out) {
     ctxpar_cpu_options opt = CTXPAR_CPU_OPTIONS_INIT;
     opt.num_threads = threads;
     ctxpar_device *dev = NULL;
@@ -20,7 +20,7 @@ static int measure(ctxpar_session *s, int threads, ctxpar_cpu_peak *out) {
             *out = p;
     }
     if (st != CTXPAR_OK)
-        ctxpar_session_error(s, "peak probe: %s", ctxpar_cli_message(ctxpar_last_error()));
+        cpt_session_error(s, "peak probe: %s", cpt_cli_message(ctxpar_last_error()));
     ctxpar_device_destroy(dev);
     return st == CTXPAR_OK ? 0 : -1;
 }
@@ -28,15 +28,15 @@ static int measure(ctxpar_session *s, int threads, ctxpar_cpu_peak *out) {
 // Rank 0 measures while the other ranks of an MPI job wait in a barrier that sleeps: a rank that
 // spins, or probes at the same time, takes cycles from the probe where ranks share cores (and
 // on virtual machines even its per-thread CPU time reads low).
-int ctxpar_peak_measure(ctxpar_session *s, int all_cores, ctxpar_peak_info *peak) {
+int cpt_peak_measure(cpt_session *s, int all_cores, cpt_peak_info *peak) {
     int rc = s->rank == 0 ? measure_all(s, all_cores, peak) : -1;
-    if (s->mpi && ctxpar_run_mpi_quiet_barrier() != 0)
+    if (s->mpi && cpt_run_mpi_quiet_barrier() != 0)
         rc = -1;
     return rc;
 }
 
-static int measure_all(ctxpar_session *s, int all_cores, ctxpar_peak_info *peak) {
-    ctxpar_peak_info p = {0};
+static int measure_all(cpt_session *s, int all_cores, cpt_peak_info *peak) {
+    cpt_peak_info p = {0};
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     p.cores = cores > 0 ? (int)cores : 1;
     if (measure(s, 1, &p.core) != 0)
@@ -51,34 +51,34 @@ static int measure_all(ctxpar_session *s, int all_cores, ctxpar_peak_info *peak)
     return 0;
 }
 
-double ctxpar_peak_flops(const ctxpar_peak_info *peak, int ranks, int threads) {
+double cpt_peak_flops(const cpt_peak_info *peak, int ranks, int threads) {
     if (!peak->have)
         return NAN;
     const long used = (long)ranks * threads;
     return peak->core.flops_per_core * (double)(used < peak->cores ? used : peak->cores);
 }
 
-void ctxpar_peak_json_members(FILE *f, const ctxpar_peak_info *peak) {
+void cpt_peak_json_members(FILE *f, const cpt_peak_info *peak) {
     fputs("\"peak_kernels\":", f);
     if (peak->have)
-        ctxpar_json_string(f, peak->core.kernels);
+        cpt_json_string(f, peak->core.kernels);
     else
         fputs("null", f);
     fprintf(f, ",\"peak_vector_lanes\":%d,\"peak_flops_per_core\":",
             peak->have ? peak->core.vector_lanes : 0);
-    ctxpar_json_num(f, peak->have ? peak->core.flops_per_core : NAN);
+    cpt_json_num(f, peak->have ? peak->core.flops_per_core : NAN);
     fprintf(f, ",\"cores\":%d", peak->cores);
 }
 
-void ctxpar_peak_print(FILE *f, const ctxpar_peak_info *peak, int json) {
+void cpt_peak_print(FILE *f, const cpt_peak_info *peak, int json) {
     const ctxpar_cpu_peak *c = &peak->core, *a = &peak->all;
     if (json) {
         fputc('{', f);
-        ctxpar_peak_json_members(f, peak);
+        cpt_peak_json_members(f, peak);
         fputs(",\"all_cores_flops\":", f);
-        ctxpar_json_num(f, peak->have_all ? a->flops_all_threads : NAN);
+        cpt_json_num(f, peak->have_all ? a->flops_all_threads : NAN);
         fputs(",\"all_cores_flops_per_core\":", f);
-        ctxpar_json_num(f, peak->have_all ? a->flops_per_core : NAN);
+        cpt_json_num(f, peak->have_all ? a->flops_per_core : NAN);
         fputs("}\n", f);
         return;
     }

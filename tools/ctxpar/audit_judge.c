@@ -1,5 +1,5 @@
 // The verdict of `ctxpar audit --against` on one tensor (see audit_judge.h).
-#include "testing/audit_judge.h"
+#include "tools/ctxpar/audit_judge.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -9,32 +9,32 @@
 #include "testing/data.h"
 #include "testing/metrics.h"
 
-int ctxpar_audit_within_bound(const ctxpar_audit_verdict *v, const ctxpar_audit_bound *bound) {
+int cpt_audit_within_bound(const cpt_audit_verdict *v, const cpt_audit_bound *bound) {
     return isfinite(v->error) && v->ratio <= bound->max_ratio;
 }
 
-void ctxpar_audit_verdict_free(ctxpar_audit_verdict *v) {
+void cpt_audit_verdict_free(cpt_audit_verdict *v) {
     free(v->rank_error);
     memset(v, 0, sizeof *v);
 }
 
 // Keeps row in the list of the worst rows (sorted, worst first).
-static void keep_worst(ctxpar_audit_verdict *v, const ctxpar_audit_row *row) {
+static void keep_worst(cpt_audit_verdict *v, const cpt_audit_row *row) {
     if (!(row->error > 0) && !isnan(row->error))
         return;
     int n = v->n_worst, at = n;
     while (at > 0 && !(v->worst[at - 1].error >= row->error))
         at--;
-    if (at >= CTXPAR_AUDIT_WORST_ROWS)
+    if (at >= CPT_AUDIT_WORST_ROWS)
         return;
-    if (n == CTXPAR_AUDIT_WORST_ROWS)
+    if (n == CPT_AUDIT_WORST_ROWS)
         n--;
     memmove(&v->worst[at + 1], &v->worst[at], (size_t)(n - at) * sizeof *row);
     v->worst[at] = *row;
     v->n_worst = n + 1;
 }
 
-static void account(ctxpar_audit_verdict *v, ctxpar_audit_row *row, double max_abs,
+static void account(cpt_audit_verdict *v, cpt_audit_row *row, double max_abs,
                     double max_ref) {
     row->error = max_ref > 0 ? max_abs / max_ref : max_abs;
     if (row->error > v->rank_error[row->rank] || isnan(row->error))
@@ -42,18 +42,18 @@ static void account(ctxpar_audit_verdict *v, ctxpar_audit_row *row, double max_a
     keep_worst(v, row);
 }
 
-ctxpar_status ctxpar_audit_judge(const ctxpar_tensor *got, const float *got_lse,
+ctxpar_status cpt_audit_judge(const ctxpar_tensor *got, const float *got_lse,
                                  const int64_t dims[4], const double *ref, double reference_error,
-                                 const int *owner, int ranks, const ctxpar_audit_bound *bound,
-                                 ctxpar_audit_verdict *v) {
+                                 const int *owner, int ranks, const cpt_audit_bound *bound,
+                                 cpt_audit_verdict *v) {
     memset(v, 0, sizeof *v);
     v->ranks = ranks;
     v->rank_error = calloc((size_t)ranks, sizeof *v->rank_error);
     if (!v->rank_error)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %d rank errors", ranks);
     const int64_t B = dims[0], n = dims[0] * dims[1] * dims[2] * dims[3];
-    ctxpar_error_stats all =
-        got ? ctxpar_compare_tensor(got, ref) : ctxpar_compare_f32(got_lse, ref, (size_t)n);
+    cpt_error_stats all =
+        got ? cpt_compare_tensor(got, ref) : cpt_compare_f32(got_lse, ref, (size_t)n);
     v->error = all.rel;
     v->nonfinite = all.nonfinite;
     if (got) { // rows of H * D elements: one position, every head
@@ -65,10 +65,10 @@ ctxpar_status ctxpar_audit_judge(const ctxpar_tensor *got, const float *got_lse,
                 row.data = (char *)got->data + (b * got->stride[0] + s * got->stride[1]) *
                                                    (int64_t)ctxpar_dtype_size(got->dtype);
                 row.shape[0] = row.shape[1] = 1;
-                ctxpar_error_stats e = ctxpar_compare_tensor(&row, ref + off);
+                cpt_error_stats e = cpt_compare_tensor(&row, ref + off);
                 int64_t w = e.worst < 0 ? 0 : e.worst;
-                ctxpar_audit_row r = {b, s, w / D, owner[s], 0, 0, ref[off + w]};
-                r.got = ctxpar_test_get(&row, 0, 0, w / D, w % D);
+                cpt_audit_row r = {b, s, w / D, owner[s], 0, 0, ref[off + w]};
+                r.got = cpt_test_get(&row, 0, 0, w / D, w % D);
                 account(v, &r, e.nonfinite ? INFINITY : e.max_abs, all.max_ref);
             }
     } else { // [B, H, S]: one value per row
@@ -77,13 +77,13 @@ ctxpar_status ctxpar_audit_judge(const ctxpar_tensor *got, const float *got_lse,
             for (int64_t h = 0; h < H; h++)
                 for (int64_t s = 0; s < S; s++) {
                     int64_t i = (b * H + h) * S + s;
-                    ctxpar_error_stats e = ctxpar_compare_f32(got_lse + i, ref + i, 1);
-                    ctxpar_audit_row r = {b, s, h, owner[s], 0, got_lse[i], ref[i]};
+                    cpt_error_stats e = cpt_compare_f32(got_lse + i, ref + i, 1);
+                    cpt_audit_row r = {b, s, h, owner[s], 0, got_lse[i], ref[i]};
                     account(v, &r, e.nonfinite ? INFINITY : e.max_abs, all.max_ref);
                 }
     }
     v->reference_error = reference_error;
     v->ratio = reference_error > 0 ? v->error / reference_error : (v->error > 0 ? INFINITY : 1.0);
-    v->consistent = ctxpar_audit_within_bound(v, bound);
+    v->consistent = cpt_audit_within_bound(v, bound);
     return CTXPAR_OK;
 }

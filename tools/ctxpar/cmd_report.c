@@ -5,27 +5,27 @@
 
 #include "commands.h"
 
-static void json_map(FILE *f, const char *key, const ctxpar_run_result *r, int what) {
+static void json_map(FILE *f, const char *key, const cpt_run_result *r, int what) {
     fprintf(f, "\"%s\":{", key);
     int first = 1;
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         if (!r->has[i])
             continue;
-        fprintf(f, "%s\"%s\":", first ? "" : ",", ctxpar_run_tensor_name((ctxpar_run_tensor)i));
+        fprintf(f, "%s\"%s\":", first ? "" : ",", cpt_run_tensor_name((cpt_run_tensor)i));
         first = 0;
         if (what == 0)
-            ctxpar_json_num(f, r->error[i]);
+            cpt_json_num(f, r->error[i]);
         else if (what == 1)
-            ctxpar_json_num(f, r->ratio[i]);
+            cpt_json_num(f, r->ratio[i]);
         else if (what == 2)
-            ctxpar_json_num(f, r->tolerance[i]);
+            cpt_json_num(f, r->tolerance[i]);
         else
             fprintf(f, "%s", r->bitwise_single[i] ? "true" : "false");
     }
     fprintf(f, "}");
 }
 
-void ctxpar_report_json_errors(FILE *f, const ctxpar_run_result *r) {
+void cpt_report_json_errors(FILE *f, const cpt_run_result *r) {
     json_map(f, "errors", r, 0);
     fputc(',', f);
     json_map(f, "error_ratio", r, 1);
@@ -35,12 +35,12 @@ void ctxpar_report_json_errors(FILE *f, const ctxpar_run_result *r) {
     json_map(f, "bitwise_equal_single_rank", r, 3);
 }
 
-void ctxpar_report_json_members(FILE *f, const ctxpar_run_config *c, const ctxpar_run_result *r) {
+void cpt_report_json_members(FILE *f, const cpt_run_config *c, const cpt_run_result *r) {
     fprintf(f, "\"ok\":%s,\"status\":\"%s\",", r->ok ? "true" : "false",
             ctxpar_status_string(r->status));
     if (r->status != CTXPAR_OK) {
         fputs("\"message\":", f);
-        ctxpar_json_string(f, r->message);
+        cpt_json_string(f, r->message);
         fputc(',', f);
     }
     fprintf(f,
@@ -54,18 +54,18 @@ void ctxpar_report_json_members(FILE *f, const ctxpar_run_config *c, const ctxpa
             (long long)(c->params.num_docs > 0 ? c->params.num_docs : c->docs),
             ctxpar_algo_name(c->params.algo),
             ctxpar_algo_name(r->algo), ctxpar_layout_name(c->params.layout),
-            c->backward ? "true" : "false", ctxpar_run_backend_name(c->backend),
+            c->backward ? "true" : "false", cpt_run_backend_name(c->backend),
             (unsigned long long)c->seed);
-    ctxpar_report_json_errors(f, r);
+    cpt_report_json_errors(f, r);
     fprintf(f, ",\"time_s\":");
-    ctxpar_json_num(f, r->time_s);
+    cpt_json_num(f, r->time_s);
     fprintf(f, ",\"single_rank_time_s\":");
-    ctxpar_json_num(f, r->time_single_s);
+    cpt_json_num(f, r->time_single_s);
     fprintf(f, ",\"peak_bytes_per_rank\":%zu,\"single_rank_peak_bytes\":%zu,",
             r->peak_bytes_per_rank, r->single_rank_peak_bytes);
     fprintf(f, "\"per_rank\":[");
     for (int i = 0; i < c->ranks && i < 64; i++) {
-        const ctxpar_run_rank_stats *s = &r->rank[i];
+        const cpt_run_rank_stats *s = &r->rank[i];
         fprintf(f,
                 "%s{\"rank\":%d,\"peak_bytes\":%zu,\"bytes_sent\":%llu,\"blocks_computed\":%llu,"
                 "\"blocks_skipped\":%llu,\"flops\":%.6g}",
@@ -76,10 +76,10 @@ void ctxpar_report_json_members(FILE *f, const ctxpar_run_config *c, const ctxpa
     fprintf(f, "]");
 }
 
-void ctxpar_report_rows(FILE *f, const ctxpar_run_result *r) {
+void cpt_report_rows(FILE *f, const cpt_run_result *r) {
     fprintf(f, "  %-6s %-13s %-11s %-13s %-8s %s\n", "tensor", "error vs fp64", "tolerance",
             "error at P=1", "ratio", "bits == P=1");
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         if (!r->has[i])
             continue;
         // No P = 1 error or ratio for a P = 1 run (it would compare the run with itself).
@@ -89,14 +89,14 @@ void ctxpar_report_rows(FILE *f, const ctxpar_run_result *r) {
             snprintf(ratio, sizeof ratio, "%.3g", r->ratio[i]);
         }
         fprintf(f, "  %-6s %-13.3e %-11.1e %-13s %-8s %s%s\n",
-                ctxpar_run_tensor_name((ctxpar_run_tensor)i), r->error[i], r->tolerance[i], e1,
+                cpt_run_tensor_name((cpt_run_tensor)i), r->error[i], r->tolerance[i], e1,
                 ratio, r->bitwise_single[i] ? "yes" : "no",
                 r->within_tol[i] && r->ratio_ok[i] ? "" : "   <-- out of tolerance");
     }
 }
 
-void ctxpar_report_table(FILE *f, const char *cmd, const ctxpar_run_config *c,
-                         const ctxpar_run_result *r) {
+void cpt_report_table(FILE *f, const char *cmd, const cpt_run_config *c,
+                         const cpt_run_result *r) {
     fprintf(f,
             "ctxpar %s: %s (%s), %s layout, %s mask%s, %s, %d ranks x %lld tokens\n"
             "%*s batch %lld, heads %lld/%lld, dim %lld, %s, %s backend\n\n",
@@ -107,8 +107,8 @@ void ctxpar_report_table(FILE *f, const char *cmd, const ctxpar_run_config *c,
             (long long)(c->seq / c->ranks), (int)strlen(cmd) + 8, "",
             (long long)c->batch, (long long)c->heads, (long long)c->kv_heads,
             (long long)c->head_dim, c->backward ? "forward + backward" : "forward",
-            ctxpar_run_backend_name(c->backend));
-    ctxpar_report_rows(f, r);
+            cpt_run_backend_name(c->backend));
+    cpt_report_rows(f, r);
     fprintf(f, "\n  time %.3f s (P=1: %.3f s)   peak memory per rank %.2f MiB (P=1: %.2f MiB)\n",
             r->time_s, r->time_single_s, r->peak_bytes_per_rank / 1048576.0,
             r->single_rank_peak_bytes / 1048576.0);

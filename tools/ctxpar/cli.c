@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "tensor_format.h"
+#include "testing/tensor_format.h"
 
 typedef enum opt_id {
     O_RANKS, O_BATCH, O_SEQ, O_HEADS, O_KV_HEADS, O_DIM, O_DTYPE, O_MASK, O_WINDOW, O_ALGO,
@@ -17,7 +17,7 @@ typedef enum opt_id {
     O_TRACE, O_INPUTS, O_AGAINST, O_SHARDS, O_FORMAT, O_LSE_BASE, O_LSE_LAYOUT, O_MAX_RATIO,
 } opt_id;
 
-enum { C = CTXPAR_CMD_CHECK, A = CTXPAR_CMD_AUDIT, B = CTXPAR_CMD_BENCH };
+enum { C = CPT_CMD_CHECK, A = CPT_CMD_AUDIT, B = CPT_CMD_BENCH };
 
 typedef struct opt {
     const char *name;
@@ -89,21 +89,21 @@ static const char *const comm_names[] = {"local", "mpi"};
 // The registry's names, "cpu, cuda".
 static void print_backend_names(FILE *f) {
     int n = 0;
-    const ctxpar_run_backend_info *const *all = ctxpar_run_backends(&n);
+    const cpt_run_backend_info *const *all = cpt_run_backends(&n);
     for (int i = 0; i < n; i++)
         fprintf(f, "%s%s", i ? ", " : "", all[i]->name);
 }
 
-void ctxpar_cli_list_backends(FILE *out) {
+void cpt_cli_list_backends(FILE *out) {
     int n = 0;
-    const ctxpar_run_backend_info *const *all = ctxpar_run_backends(&n);
+    const cpt_run_backend_info *const *all = cpt_run_backends(&n);
     for (int i = 0; i < n; i++) {
-        const ctxpar_status st = ctxpar_run_backend_probe((ctxpar_run_backend)i);
+        const ctxpar_status st = cpt_run_backend_probe((cpt_run_backend)i);
         if (st == CTXPAR_OK)
             fprintf(out, "%-6s available    %s\n", all[i]->name, all[i]->about);
         else
             fprintf(out, "%-6s unavailable  %s: %s\n", all[i]->name, all[i]->about,
-                    ctxpar_cli_message(ctxpar_last_error()));
+                    cpt_cli_message(ctxpar_last_error()));
     }
 }
 
@@ -111,10 +111,10 @@ static int cmd_bit(const char *cmd) {
     return !strcmp(cmd, "check") ? C : !strcmp(cmd, "audit") ? A : !strcmp(cmd, "bench") ? B : 0;
 }
 
-static void defaults(int cmd, ctxpar_cli *cli) {
+static void defaults(int cmd, cpt_cli *cli) {
     memset(cli, 0, sizeof *cli);
     cli->cmd = cmd;
-    ctxpar_run_config_default(&cli->cfg);
+    cpt_run_config_default(&cli->cfg);
     cli->max_ratio = 2.0;
     if (cmd == B) {
         // Timing wants a warm cache and several samples; the oracle is opt-in (--check), and the
@@ -127,8 +127,8 @@ static void defaults(int cmd, ctxpar_cli *cli) {
 }
 
 // The default of an option for --help, or "" when it has none worth printing.
-static void default_text(const opt *o, const ctxpar_cli *d, char *buf, size_t n) {
-    const ctxpar_run_config *c = &d->cfg;
+static void default_text(const opt *o, const cpt_cli *d, char *buf, size_t n) {
+    const cpt_run_config *c = &d->cfg;
     buf[0] = '\0';
     switch (o->id) {
     case O_RANKS: snprintf(buf, n, "%d", c->ranks); break;
@@ -179,7 +179,7 @@ static const char *const notes_audit =
     "(position, head, and the rank holding it under --layout/--ranks). Consistent when every\n"
     "ratio is at most --max-ratio.\n"
     "--save DIR writes ctxpar's out, lse (float32) and with dout dq, dk, dv stored like the\n"
-    "inputs: NAME.npy, one ctxpar_results.safetensors, or shards named as --shards names them.\n"
+    "inputs: NAME.npy, one cpt_results.safetensors, or shards named as --shards names them.\n"
     "Exit status: 0 within tolerance (and consistent), 1 out of tolerance, not consistent or a\n"
     "failed run, 2 bad usage or a bad input file (one line names the file and the problem).\n";
 
@@ -201,9 +201,9 @@ static const char *const notes_bench =
     "markdown table row per pair. Exit status: 0 ok, 1 a failed run (or out of tolerance with\n"
     "--check), 2 bad usage.\n";
 
-void ctxpar_cli_usage(const char *cmd, FILE *out) {
+void cpt_cli_usage(const char *cmd, FILE *out) {
     int bit = cmd_bit(cmd);
-    ctxpar_cli d;
+    cpt_cli d;
     defaults(bit, &d);
     fprintf(out, "usage: ctxpar %s [options]\n\n%s\noptions:\n", cmd,
             bit == A ? notes_audit : bit == B ? notes_bench : notes_check);
@@ -221,7 +221,7 @@ void ctxpar_cli_usage(const char *cmd, FILE *out) {
     fprintf(out, "  %-36s %s\n", "--help", "show this help");
 }
 
-const char *ctxpar_cli_message(const char *msg) {
+const char *cpt_cli_message(const char *msg) {
     // "testing/npy.c:95: Q.npy: ..." -> "Q.npy: ..."
     const char *p = strstr(msg, ".c:"), *space = strchr(msg, ' ');
     if (!p || (space && space < p))
@@ -253,14 +253,14 @@ static int pick(const char *s, const char *const *names, int n, int *out) {
     return 0;
 }
 
-// A comma list of integers in [lo, hi] into out (at most CTXPAR_CLI_MAX_LIST); its length, or 0.
+// A comma list of integers in [lo, hi] into out (at most CPT_CLI_MAX_LIST); its length, or 0.
 static int parse_list(const char *s, long long lo, long long hi, long long *out) {
     int n = 0;
     char buf[32];
     while (*s) {
         const char *comma = strchr(s, ',');
         size_t len = comma ? (size_t)(comma - s) : strlen(s);
-        if (len == 0 || len >= sizeof buf || n == CTXPAR_CLI_MAX_LIST)
+        if (len == 0 || len >= sizeof buf || n == CPT_CLI_MAX_LIST)
             return 0;
         memcpy(buf, s, len);
         buf[len] = '\0';
@@ -274,9 +274,9 @@ static int parse_list(const char *s, long long lo, long long hi, long long *out)
 }
 
 // Sets one option's value; 0 when the value is not valid for it.
-static int set_value(const opt *o, const char *val, ctxpar_cli *cli) {
-    ctxpar_run_config *c = &cli->cfg;
-    long long v, list[CTXPAR_CLI_MAX_LIST];
+static int set_value(const opt *o, const char *val, cpt_cli *cli) {
+    cpt_run_config *c = &cli->cfg;
+    long long v, list[CPT_CLI_MAX_LIST];
     int e, n;
     switch (o->id) {
     case O_DTYPE:
@@ -306,9 +306,9 @@ static int set_value(const opt *o, const char *val, ctxpar_cli *cli) {
         cli->comm = e + 1;
         return 1;
     case O_BACKEND:
-        if ((e = ctxpar_run_backend_find(val)) < 0)
+        if ((e = cpt_run_backend_find(val)) < 0)
             return 0;
-        c->backend = (ctxpar_run_backend)e;
+        c->backend = (cpt_run_backend)e;
         return 1;
     case O_SEED:
         if (!parse_i64(val, 0, LLONG_MAX, &v))
@@ -341,8 +341,8 @@ static int set_value(const opt *o, const char *val, ctxpar_cli *cli) {
     case O_INPUTS: cli->inputs_path = val; return 1;
     case O_AGAINST: cli->against_path = val; return 1;
     case O_SHARDS: cli->shards_pattern = val; return 1;
-    case O_FORMAT: return pick(val, ctxpar_tformat_names, 4, &cli->format);
-    case O_LSE_LAYOUT: return pick(val, ctxpar_lse_layout_names, 3, &cli->lse_layout);
+    case O_FORMAT: return pick(val, cpt_tformat_names, 4, &cli->format);
+    case O_LSE_LAYOUT: return pick(val, cpt_lse_layout_names, 3, &cli->lse_layout);
     case O_LSE_BASE:
         if (strcmp(val, "e") && strcmp(val, "2"))
             return 0;
@@ -381,7 +381,7 @@ static int set_value(const opt *o, const char *val, ctxpar_cli *cli) {
     return 1;
 }
 
-static void set_flag(const opt *o, ctxpar_cli *cli) {
+static void set_flag(const opt *o, cpt_cli *cli) {
     switch (o->id) {
     case O_BACKWARD: cli->cfg.backward = 1; break;
     case O_VERIFY: cli->cfg.verify_transfers = 1; break;
@@ -402,14 +402,14 @@ static const opt *find_option(const char *a, size_t len) {
 }
 
 // What no single flag can check: lists only with --sweep, required files, and so on.
-static int check_combination(const char *cmd, ctxpar_cli *cli, FILE *err) {
+static int check_combination(const char *cmd, cpt_cli *cli, FILE *err) {
     if (!cli->sweep && (cli->n_seqs > 1 || cli->n_ranks > 1)) {
         fprintf(err, "ctxpar %s: a list of values for --seq or --ranks needs --sweep\n", cmd);
-        return CTXPAR_EXIT_USAGE;
+        return CPT_EXIT_USAGE;
     }
     if (cli->sweep && cli->trace_path) {
         fprintf(err, "ctxpar %s: --trace records one run: leave out --sweep\n", cmd);
-        return CTXPAR_EXIT_USAGE;
+        return CPT_EXIT_USAGE;
     }
     int some_qkv = cli->q_path || cli->k_path || cli->v_path;
     if (cli->cmd == A && (some_qkv || (!cli->inputs_path && !cli->shards_pattern)) &&
@@ -418,26 +418,26 @@ static int check_combination(const char *cmd, ctxpar_cli *cli, FILE *err) {
                 "ctxpar %s: --q, --k and --v are required, or --inputs or --shards (see ctxpar "
                 "%s --help)\n",
                 cmd, cmd);
-        return CTXPAR_EXIT_USAGE;
+        return CPT_EXIT_USAGE;
     }
     if (cli->cmd == A && some_qkv && cli->inputs_path) {
         fprintf(err, "ctxpar %s: give the inputs by --inputs or by --q, --k, --v, not both\n",
                 cmd);
-        return CTXPAR_EXIT_USAGE;
+        return CPT_EXIT_USAGE;
     }
-    if (cli->peak && cli->cfg.backend != CTXPAR_RUN_CPU) {
+    if (cli->peak && cli->cfg.backend != CPT_RUN_CPU) {
         fprintf(err, "ctxpar %s: --peak measures the CPU cores: leave out --backend\n", cmd);
-        return CTXPAR_EXIT_USAGE;
+        return CPT_EXIT_USAGE;
     }
-    if (!ctxpar_run_backend_available(cli->cfg.backend)) {
+    if (!cpt_run_backend_available(cli->cfg.backend)) {
         fprintf(err, "ctxpar %s: backend '%s' is not built into this binary\n", cmd,
-                ctxpar_run_backend_name(cli->cfg.backend));
-        return CTXPAR_EXIT_USAGE;
+                cpt_run_backend_name(cli->cfg.backend));
+        return CPT_EXIT_USAGE;
     }
     return -1;
 }
 
-int ctxpar_cli_parse(const char *cmd, int argc, char **argv, ctxpar_cli *cli, FILE *out,
+int cpt_cli_parse(const char *cmd, int argc, char **argv, cpt_cli *cli, FILE *out,
                      FILE *err) {
     int bit = cmd_bit(cmd);
     defaults(bit, cli);
@@ -448,25 +448,25 @@ int ctxpar_cli_parse(const char *cmd, int argc, char **argv, ctxpar_cli *cli, FI
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            ctxpar_cli_usage(cmd, out);
-            return CTXPAR_EXIT_OK;
+            cpt_cli_usage(cmd, out);
+            return CPT_EXIT_OK;
         }
         // Accept both "--name value" and "--name=value".
         const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
         const opt *o = find_option(a, eq ? (size_t)(eq - a) : strlen(a));
         if (!o) {
             fprintf(err, "ctxpar %s: unknown option '%s' (see ctxpar %s --help)\n", cmd, a, cmd);
-            return CTXPAR_EXIT_USAGE;
+            return CPT_EXIT_USAGE;
         }
         if (!(o->cmds & bit)) {
             fprintf(err, "ctxpar %s: %s does not apply to %s%s\n", cmd, o->name, cmd,
                     bit == A && (o->cmds & C) ? " (the shapes come from the .npy files)" : "");
-            return CTXPAR_EXIT_USAGE;
+            return CPT_EXIT_USAGE;
         }
         if (o->flag) {
             if (eq) {
                 fprintf(err, "ctxpar %s: %s takes no value\n", cmd, o->name);
-                return CTXPAR_EXIT_USAGE;
+                return CPT_EXIT_USAGE;
             }
             set_flag(o, cli);
             continue;
@@ -474,18 +474,18 @@ int ctxpar_cli_parse(const char *cmd, int argc, char **argv, ctxpar_cli *cli, FI
         const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!val) {
             fprintf(err, "ctxpar %s: %s needs a value (%s)\n", cmd, o->name, o->value);
-            return CTXPAR_EXIT_USAGE;
+            return CPT_EXIT_USAGE;
         }
         if (!set_value(o, val, cli) && o->id == O_BACKEND) {
             fprintf(err, "ctxpar %s: unknown backend '%s' (built into this binary: ", cmd, val);
             print_backend_names(err);
             fprintf(err, "; see ctxpar --list-backends)\n");
-            return CTXPAR_EXIT_USAGE;
+            return CPT_EXIT_USAGE;
         }
         if (!set_value(o, val, cli)) {
             fprintf(err, "ctxpar %s: bad value '%s' for %s (want %s: %s)\n", cmd, val, o->name,
                     o->value, o->help);
-            return CTXPAR_EXIT_USAGE;
+            return CPT_EXIT_USAGE;
         }
         kv_heads_set |= o->id == O_KV_HEADS && cli->cfg.kv_heads != 0;
     }

@@ -7,73 +7,73 @@
 
 #include "audit.h"
 #include "commands.h"
-#include "data.h"
+#include "testing/data.h"
 
 enum { IN_Q, IN_K, IN_V, IN_DOUT, N_IN };
 static const char *const in_names[N_IN] = {"q", "k", "v", "dout"};
 
-void ctxpar_audit_state_free(ctxpar_audit_state *a) {
+void cpt_audit_state_free(cpt_audit_state *a) {
     for (int i = 0; i < N_IN; i++) {
-        ctxpar_audit_tensor_free(&a->in[i]);
+        cpt_audit_tensor_free(&a->in[i]);
         free(a->converted[i]);
-        ctxpar_audit_src_close(&a->files[i]);
+        cpt_audit_src_close(&a->files[i]);
     }
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++)
-        ctxpar_audit_tensor_free(&a->res[i]);
-    ctxpar_audit_src_close(&a->files[N_IN]);
-    ctxpar_audit_src_close(&a->inputs_src);
-    ctxpar_audit_src_close(&a->shards);
-    ctxpar_audit_src_close(&a->against);
+    for (int i = 0; i < CPT_RUN_TENSORS; i++)
+        cpt_audit_tensor_free(&a->res[i]);
+    cpt_audit_src_close(&a->files[N_IN]);
+    cpt_audit_src_close(&a->inputs_src);
+    cpt_audit_src_close(&a->shards);
+    cpt_audit_src_close(&a->against);
     free(a->cu_seqlens);
     memset(a, 0, sizeof *a);
 }
 
 static int fail(char *msg, size_t n) {
-    snprintf(msg, n, "%s", ctxpar_cli_message(ctxpar_last_error()));
+    snprintf(msg, n, "%s", cpt_cli_message(ctxpar_last_error()));
     return 0;
 }
 
-static int open_src(ctxpar_audit_src *s, const char *path, char *msg, size_t n) {
-    return !path || ctxpar_audit_src_open(s, path) == CTXPAR_OK || fail(msg, n);
+static int open_src(cpt_audit_src *s, const char *path, char *msg, size_t n) {
+    return !path || cpt_audit_src_open(s, path) == CTXPAR_OK || fail(msg, n);
 }
 
 // The source holding `name`: the first of `order` that has it, or NULL.
-static const ctxpar_audit_src *find(const ctxpar_audit_src *const *order, int count,
+static const cpt_audit_src *find(const cpt_audit_src *const *order, int count,
                                     const char *name) {
     for (int i = 0; i < count; i++)
-        if (order[i] && order[i]->kind != CTXPAR_AUDIT_SRC_NONE &&
-            ctxpar_audit_src_has(order[i], name))
+        if (order[i] && order[i]->kind != CPT_AUDIT_SRC_NONE &&
+            cpt_audit_src_has(order[i], name))
             return order[i];
     return NULL;
 }
 
 // k and v alike; batch, seq and head_dim as q's; q's heads a multiple of k's; dout like q; one
 // dtype for all.
-static int check_inputs(const ctxpar_audit_state *a, const ctxpar_audit_layout *lay, char *msg,
+static int check_inputs(const cpt_audit_state *a, const cpt_audit_layout *lay, char *msg,
                         size_t n) {
-    const ctxpar_audit_tensor *q = &a->in[IN_Q], *k = &a->in[IN_K];
+    const cpt_audit_tensor *q = &a->in[IN_Q], *k = &a->in[IN_K];
     char s1[160], s2[160];
     int64_t f1[4], f2[4];
     for (int i = IN_K; i < N_IN; i++) {
-        const ctxpar_audit_tensor *t = &a->in[i];
+        const cpt_audit_tensor *t = &a->in[i];
         if (!t->data)
             continue;
         if (t->dtype != q->dtype) {
             snprintf(msg, n, "%s: %s is %s but q is %s (give every input one dtype)", t->where,
-                     in_names[i], ctxpar_npy_dtype_text(t->dtype), ctxpar_npy_dtype_text(q->dtype));
+                     in_names[i], cpt_npy_dtype_text(t->dtype), cpt_npy_dtype_text(q->dtype));
             return 0;
         }
-        const ctxpar_audit_tensor *like = i == IN_V ? k : q;
+        const cpt_audit_tensor *like = i == IN_V ? k : q;
         int same = 1;
         for (int d = 0; d < 4; d++)
             same &= t->dims[d] == like->dims[d] || (i == IN_K && d == 2);
         if (!same) {
             // Shapes as the files hold them (global tensors; a shard pattern's assembled ones).
-            int nd = ctxpar_tformat_shape(lay->format, t->dims, f1);
-            ctxpar_tformat_shape(lay->format, like->dims, f2);
+            int nd = cpt_tformat_shape(lay->format, t->dims, f1);
+            cpt_tformat_shape(lay->format, like->dims, f2);
             snprintf(msg, n, "%s: %s has shape %s, which does not match %s's %s%s", t->where,
-                     in_names[i], ctxpar_audit_shape_text(nd, f1, s1, sizeof s1),
-                     i == IN_V ? "k" : "q", ctxpar_audit_shape_text(nd, f2, s2, sizeof s2),
+                     in_names[i], cpt_audit_shape_text(nd, f1, s1, sizeof s1),
+                     i == IN_V ? "k" : "q", cpt_audit_shape_text(nd, f2, s2, sizeof s2),
                      i == IN_K ? " (only the heads may differ)" : "");
             return 0;
         }
@@ -88,15 +88,15 @@ static int check_inputs(const ctxpar_audit_state *a, const ctxpar_audit_layout *
 
 // cu_seqlens: 1-D int32 or int64, 0 = c[0] < c[1] < ... < c[docs], each fitting int32 (that it
 // ends at seq is checked once q is read: shards of q are placed by it).
-static int read_cu_seqlens(const ctxpar_audit_src *src, ctxpar_audit_state *a, char *where,
+static int read_cu_seqlens(const cpt_audit_src *src, cpt_audit_state *a, char *where,
                            size_t where_len, char *msg, size_t n) {
-    ctxpar_npy_array c;
-    if (ctxpar_audit_read_raw(src, "cu_seqlens", 0, &c, where, where_len) != CTXPAR_OK)
+    cpt_npy_array c;
+    if (cpt_audit_read_raw(src, "cu_seqlens", 0, &c, where, where_len) != CTXPAR_OK)
         return fail(msg, n);
     int ok = 0;
-    if (c.dtype != CTXPAR_NPY_I32 && c.dtype != CTXPAR_NPY_I64) {
+    if (c.dtype != CPT_NPY_I32 && c.dtype != CPT_NPY_I64) {
         snprintf(msg, n, "%s: cu_seqlens has dtype %s; want int32 or int64", where,
-                 ctxpar_npy_dtype_text(c.dtype));
+                 cpt_npy_dtype_text(c.dtype));
     } else if (c.ndim != 1 || c.shape[0] < 2) {
         snprintf(msg, n,
                  "%s: cu_seqlens has %d dimensions and %zu entries; want [documents + 1] "
@@ -108,7 +108,7 @@ static int read_cu_seqlens(const ctxpar_audit_src *src, ctxpar_audit_state *a, c
         a->num_docs = (int64_t)c.count - 1;
         ok = 1;
         for (size_t i = 0; ok && i < c.count; i++) {
-            int64_t v = c.dtype == CTXPAR_NPY_I32 ? ((const int32_t *)c.data)[i]
+            int64_t v = c.dtype == CPT_NPY_I32 ? ((const int32_t *)c.data)[i]
                                                   : ((const int64_t *)c.data)[i];
             if (v < INT32_MIN || v > INT32_MAX) {
                 snprintf(msg, n, "%s: cu_seqlens[%zu] = %lld does not fit in int32", where, i,
@@ -123,25 +123,25 @@ static int read_cu_seqlens(const ctxpar_audit_src *src, ctxpar_audit_state *a, c
             }
         }
     }
-    ctxpar_npy_free(&c);
+    cpt_npy_free(&c);
     return ok;
 }
 
 // The results to judge: each must have the shape ctxpar's would have; one dtype but for lse.
-static int read_results(const ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t n) {
-    const ctxpar_audit_src *order[1] = {cli->against_path ? &a->against : &a->shards};
-    const ctxpar_audit_tensor *q = &a->in[IN_Q], *k = &a->in[IN_K];
-    for (int i = 0; i < CTXPAR_RUN_TENSORS; i++) {
-        const char *name = ctxpar_run_tensor_name((ctxpar_run_tensor)i);
-        const ctxpar_audit_src *s = find(order, 1, name);
+static int read_results(const cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
+    const cpt_audit_src *order[1] = {cli->against_path ? &a->against : &a->shards};
+    const cpt_audit_tensor *q = &a->in[IN_Q], *k = &a->in[IN_K];
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+        const char *name = cpt_run_tensor_name((cpt_run_tensor)i);
+        const cpt_audit_src *s = find(order, 1, name);
         if (!s)
             continue;
-        int lse = i == CTXPAR_T_LSE;
-        ctxpar_audit_tensor *t = &a->res[i];
-        if (ctxpar_audit_read(s, name, lse, &a->lay, t) != CTXPAR_OK)
+        int lse = i == CPT_T_LSE;
+        cpt_audit_tensor *t = &a->res[i];
+        if (cpt_audit_read(s, name, lse, &a->lay, t) != CTXPAR_OK)
             return fail(msg, n);
         a->has_against = 1;
-        const ctxpar_audit_tensor *like = i == CTXPAR_T_DK || i == CTXPAR_T_DV ? k : q;
+        const cpt_audit_tensor *like = i == CPT_T_DK || i == CPT_T_DV ? k : q;
         int64_t want[4] = {like->dims[0], like->dims[1], like->dims[2], like->dims[3]};
         if (lse)
             want[1] = q->dims[2], want[2] = q->dims[1], want[3] = 1;
@@ -155,14 +155,14 @@ static int read_results(const ctxpar_cli *cli, ctxpar_audit_state *a, char *msg,
                      lse ? "batch, heads, seq" : "batch, seq, heads, dim");
             return 0;
         }
-        if (i >= CTXPAR_T_DQ && !a->in[IN_DOUT].data) {
+        if (i >= CPT_T_DQ && !a->in[IN_DOUT].data) {
             snprintf(msg, n, "%s: holds %s, but the inputs have no dout to run the backward pass",
                      t->where, name);
             return 0;
         }
         if (!lse && a->result_dtype_set && t->dtype != a->result_dtype) {
             snprintf(msg, n, "%s: %s is %s, but the other results are %s", t->where, name,
-                     ctxpar_npy_dtype_text(t->dtype), ctxpar_npy_dtype_text(a->result_dtype));
+                     cpt_npy_dtype_text(t->dtype), cpt_npy_dtype_text(a->result_dtype));
             return 0;
         }
         if (!lse)
@@ -176,20 +176,20 @@ static int read_results(const ctxpar_cli *cli, ctxpar_audit_state *a, char *msg,
 }
 
 // Converts the inputs to the run's dtype and fills cfg.
-static int configure(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t n) {
-    ctxpar_run_config *c = &cli->cfg;
+static int configure(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
+    cpt_run_config *c = &cli->cfg;
     ctxpar_dtype file_dtype, run;
-    ctxpar_dtype_of_npy(a->in[IN_Q].dtype, &file_dtype);
+    cpt_dtype_of_npy(a->in[IN_Q].dtype, &file_dtype);
     a->file_dtype = file_dtype;
     run = file_dtype;
     if (cli->dtype_set)
         run = c->dtype;
     else if (a->result_dtype_set)
-        ctxpar_dtype_of_npy(a->result_dtype, &run); // ctxpar's own error at the results' dtype
+        cpt_dtype_of_npy(a->result_dtype, &run); // ctxpar's own error at the results' dtype
     c->dtype = run;
     const void *data[N_IN];
     for (int i = 0; i < N_IN; i++) {
-        ctxpar_audit_tensor *t = &a->in[i];
+        cpt_audit_tensor *t = &a->in[i];
         data[i] = t->data;
         if (!t->data || run == file_dtype)
             continue;
@@ -205,11 +205,11 @@ static int configure(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t n
             ctxpar_tensor_bshd(t->data, file_dtype, t->dims[0], t->dims[1], t->dims[2], t->dims[3]);
         ctxpar_tensor d = ctxpar_tensor_bshd(a->converted[i], run, t->dims[0], t->dims[1],
                                              t->dims[2], t->dims[3]);
-        ctxpar_tensor_copy(&s, &d);
+        cpt_tensor_copy(&s, &d);
         data[i] = a->converted[i];
     }
     const int64_t *qd = a->in[IN_Q].dims;
-    a->inputs = (ctxpar_run_inputs){data[IN_Q], data[IN_K], data[IN_V], data[IN_DOUT]};
+    a->inputs = (cpt_run_inputs){data[IN_Q], data[IN_K], data[IN_V], data[IN_DOUT]};
     c->inputs = &a->inputs;
     c->batch = qd[0];
     c->seq = qd[1];
@@ -223,9 +223,9 @@ static int configure(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t n
     return 1;
 }
 
-int ctxpar_audit_load(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t n) {
-    a->lay = (ctxpar_audit_layout){(ctxpar_tformat)cli->format,
-                                   (ctxpar_lse_layout)cli->lse_layout,
+int cpt_audit_load(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
+    a->lay = (cpt_audit_layout){(cpt_tformat)cli->format,
+                                   (cpt_lse_layout)cli->lse_layout,
                                    cli->lse_base2,
                                    cli->cfg.ranks,
                                    cli->cfg.params.layout,
@@ -241,15 +241,15 @@ int ctxpar_audit_load(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t 
         !open_src(&a->against, cli->against_path, msg, n))
         return 0;
     // One .npy file holds one tensor: it cannot stand for the several that these name.
-    const ctxpar_audit_src *several[2] = {&a->inputs_src, &a->against};
+    const cpt_audit_src *several[2] = {&a->inputs_src, &a->against};
     for (int i = 0; i < 2; i++)
-        if (several[i]->kind == CTXPAR_AUDIT_SRC_NPY_FILE) {
+        if (several[i]->kind == CPT_AUDIT_SRC_NPY_FILE) {
             snprintf(msg, n, "%s: give a folder of NAME.npy files or a .safetensors file",
                      several[i]->path);
             return 0;
         }
-    const ctxpar_audit_src *cu_order[2] = {&a->files[N_IN], &a->inputs_src};
-    const ctxpar_audit_src *cu =
+    const cpt_audit_src *cu_order[2] = {&a->files[N_IN], &a->inputs_src};
+    const cpt_audit_src *cu =
         cli->cu_seqlens_path ? &a->files[N_IN] : find(cu_order, 2, "cu_seqlens");
     char cu_where[4096] = "";
     if (cu && !read_cu_seqlens(cu, a, cu_where, sizeof cu_where, msg, n))
@@ -257,8 +257,8 @@ int ctxpar_audit_load(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t 
     a->lay.cu_seqlens = a->cu_seqlens;
     a->lay.num_docs = a->cu_seqlens ? a->num_docs : 0;
     for (int i = 0; i < N_IN; i++) {
-        const ctxpar_audit_src *order[3] = {&a->files[i], &a->inputs_src, &a->shards};
-        const ctxpar_audit_src *s = find(order, 3, in_names[i]);
+        const cpt_audit_src *order[3] = {&a->files[i], &a->inputs_src, &a->shards};
+        const cpt_audit_src *s = find(order, 3, in_names[i]);
         if (!s && paths[i])
             s = &a->files[i]; // let the read say what is wrong with the file
         if (!s && i == IN_DOUT)
@@ -272,7 +272,7 @@ int ctxpar_audit_load(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t 
         }
         if (i == IN_Q)
             a->like = s;
-        if (ctxpar_audit_read(s, in_names[i], 0, &a->lay, &a->in[i]) != CTXPAR_OK)
+        if (cpt_audit_read(s, in_names[i], 0, &a->lay, &a->in[i]) != CTXPAR_OK)
             return fail(msg, n);
     }
     if (!check_inputs(a, &a->lay, msg, n))
@@ -288,53 +288,53 @@ int ctxpar_audit_load(ctxpar_cli *cli, ctxpar_audit_state *a, char *msg, size_t 
     return configure(cli, a, msg, n);
 }
 
-int ctxpar_cmd_audit(int argc, char **argv) {
-    ctxpar_cli cli;
-    int rc = ctxpar_cli_parse("audit", argc, argv, &cli, stdout, stderr);
+int cpt_cmd_audit(int argc, char **argv) {
+    cpt_cli cli;
+    int rc = cpt_cli_parse("audit", argc, argv, &cli, stdout, stderr);
     if (rc >= 0)
         return rc;
-    ctxpar_session s;
-    if ((rc = ctxpar_session_begin(&s, "audit", &cli)) >= 0)
+    cpt_session s;
+    if ((rc = cpt_session_begin(&s, "audit", &cli)) >= 0)
         return rc;
-    ctxpar_audit_state a;
+    cpt_audit_state a;
     memset(&a, 0, sizeof a);
     char msg[1024] = "";
     // Every rank reads the files (they hold the global tensors and shard them itself).
-    if (!ctxpar_session_agree(&s, ctxpar_audit_load(&cli, &a, msg, sizeof msg), msg)) {
-        ctxpar_audit_state_free(&a);
-        return ctxpar_session_end(&s, CTXPAR_EXIT_USAGE);
+    if (!cpt_session_agree(&s, cpt_audit_load(&cli, &a, msg, sizeof msg), msg)) {
+        cpt_audit_state_free(&a);
+        return cpt_session_end(&s, CPT_EXIT_USAGE);
     }
-    ctxpar_run_result r;
-    if (ctxpar_session_run(&s, &cli.cfg, 1, &r) != CTXPAR_OK) {
-        ctxpar_audit_state_free(&a);
-        return ctxpar_session_end(&s, CTXPAR_EXIT_USAGE);
+    cpt_run_result r;
+    if (cpt_session_run(&s, &cli.cfg, 1, &r) != CTXPAR_OK) {
+        cpt_audit_state_free(&a);
+        return cpt_session_end(&s, CPT_EXIT_USAGE);
     }
-    rc = ctxpar_exit_code(&r);
+    rc = cpt_exit_code(&r);
     if (r.status != CTXPAR_OK)
-        ctxpar_session_error(&s, "%s", r.message);
-    ctxpar_audit_report rep;
+        cpt_session_error(&s, "%s", r.message);
+    cpt_audit_report rep;
     memset(&rep, 0, sizeof rep);
     if (s.rank == 0 && r.status == CTXPAR_OK && a.has_against) {
-        if (ctxpar_audit_judge_all(&cli, &a, &r, &rep) != CTXPAR_OK) {
-            ctxpar_session_error(&s, "%s", ctxpar_cli_message(ctxpar_last_error()));
-            rc = CTXPAR_EXIT_FAIL;
-        } else if (!rep.consistent && rc == CTXPAR_EXIT_OK) {
-            rc = CTXPAR_EXIT_FAIL;
+        if (cpt_audit_judge_all(&cli, &a, &r, &rep) != CTXPAR_OK) {
+            cpt_session_error(&s, "%s", cpt_cli_message(ctxpar_last_error()));
+            rc = CPT_EXIT_FAIL;
+        } else if (!rep.consistent && rc == CPT_EXIT_OK) {
+            rc = CPT_EXIT_FAIL;
         }
     }
     const char *saved = NULL;
     if (s.rank == 0 && r.status == CTXPAR_OK && cli.save_dir) {
-        if (ctxpar_audit_save(&cli, &a, &r) == CTXPAR_OK) {
+        if (cpt_audit_save(&cli, &a, &r) == CTXPAR_OK) {
             saved = cli.save_dir;
         } else {
-            ctxpar_session_error(&s, "%s", ctxpar_cli_message(ctxpar_last_error()));
-            rc = CTXPAR_EXIT_USAGE;
+            cpt_session_error(&s, "%s", cpt_cli_message(ctxpar_last_error()));
+            rc = CPT_EXIT_USAGE;
         }
     }
     if (s.rank == 0)
-        ctxpar_audit_print(stdout, &cli, &a, &r, &rep, saved);
-    ctxpar_audit_report_free(&rep);
-    ctxpar_run_result_free(&r);
-    ctxpar_audit_state_free(&a);
-    return ctxpar_session_end(&s, rc);
+        cpt_audit_print(stdout, &cli, &a, &r, &rep, saved);
+    cpt_audit_report_free(&rep);
+    cpt_run_result_free(&r);
+    cpt_audit_state_free(&a);
+    return cpt_session_end(&s, rc);
 }

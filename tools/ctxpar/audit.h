@@ -1,0 +1,64 @@
+/*
+ * audit.h - the pieces of `ctxpar audit` (cmd_audit.c loads and runs, audit_report.c judges,
+ * prints and saves).
+ */
+#ifndef CPT_TOOL_AUDIT_H
+#define CPT_TOOL_AUDIT_H
+
+#include <stdio.h>
+
+#include "audit_io.h"
+#include "audit_judge.h"
+#include "cli.h"
+#include "testing/runner.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cpt_audit_state {
+    cpt_audit_src files[5]; /* --q, --k, --v, --dout, --cu-seqlens */
+    cpt_audit_src inputs_src, shards, against;
+    const cpt_audit_src *like; /* where q came from: --save stores results the same way */
+    cpt_audit_layout lay;
+    cpt_audit_tensor in[4];                   /* q, k, v, dout in global form */
+    cpt_audit_tensor res[CPT_RUN_TENSORS]; /* the results to judge (data NULL: absent) */
+    int has_against;
+    cpt_npy_dtype result_dtype; /* of out, dq, dk, dv (lse may differ) */
+    int result_dtype_set;
+    ctxpar_dtype file_dtype; /* the inputs' */
+    void *converted[4];
+    int32_t *cu_seqlens;
+    int64_t num_docs;
+    cpt_run_inputs inputs;
+} cpt_audit_state;
+
+/* Reads every file and fills cli->cfg; 0 and a one-line msg naming the file on failure. */
+int cpt_audit_load(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n);
+void cpt_audit_state_free(cpt_audit_state *a);
+
+typedef struct cpt_audit_report {
+    int judged;
+    int consistent;
+    cpt_audit_verdict v[CPT_RUN_TENSORS]; /* ranks 0: not given */
+} cpt_audit_report;
+
+/* Judges every result given against the run's oracle and ctxpar's own errors. */
+ctxpar_status cpt_audit_judge_all(const cpt_cli *cli, const cpt_audit_state *a,
+                                     const cpt_run_result *r, cpt_audit_report *rep);
+void cpt_audit_report_free(cpt_audit_report *rep);
+
+/* --save: ctxpar's results in the inputs' dtype, stored like the inputs. */
+ctxpar_status cpt_audit_save(const cpt_cli *cli, const cpt_audit_state *a,
+                                const cpt_run_result *r);
+
+/* The table (or with --json one object): ctxpar's report, then the verdict on the results. */
+void cpt_audit_print(FILE *f, const cpt_cli *cli, const cpt_audit_state *a,
+                        const cpt_run_result *r, const cpt_audit_report *rep,
+                        const char *saved);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CPT_TOOL_AUDIT_H */

@@ -15,6 +15,8 @@ static void json_map(FILE *f, const char *key, const cpt_run_result *r, int what
         first = 0;
         if (what == 0)
             cpt_json_num(f, r->error[i]);
+        else if (what == 4)
+            cpt_json_num(f, r->row_error[i]);
         else if (what == 1)
             cpt_json_num(f, r->ratio[i]);
         else if (what == 2)
@@ -27,6 +29,8 @@ static void json_map(FILE *f, const char *key, const cpt_run_result *r, int what
 
 void cpt_report_json_errors(FILE *f, const cpt_run_result *r) {
     json_map(f, "errors", r, 0);
+    fputc(',', f);
+    json_map(f, "row_errors", r, 4);
     fputc(',', f);
     json_map(f, "error_ratio", r, 1);
     fputc(',', f);
@@ -77,19 +81,21 @@ void cpt_report_json_members(FILE *f, const cpt_run_config *c, const cpt_run_res
 }
 
 void cpt_report_rows(FILE *f, const cpt_run_result *r) {
-    fprintf(f, "  %-6s %-13s %-11s %-13s %-8s %s\n", "tensor", "error vs fp64", "tolerance",
-            "error at P=1", "ratio", "bits == P=1");
+    fprintf(f, "  %-6s %-13s %-13s %-11s %-13s %-8s %s\n", "tensor", "error vs fp64",
+            "worst row", "tolerance", "error at P=1", "ratio", "bits == P=1");
     for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         if (!r->has[i])
             continue;
         // No P = 1 error or ratio for a P = 1 run (it would compare the run with itself).
-        char e1[32] = "-", ratio[32] = "-";
+        char e1[32] = "-", ratio[32] = "-", row[32] = "-";
+        if (!isnan(r->row_error[i])) // per row: |err| / |ref| of the row's own scale
+            snprintf(row, sizeof row, "%.3e", r->row_error[i]);
         if (!isnan(r->ratio[i])) {
             snprintf(e1, sizeof e1, "%.3e", r->error_1[i]);
             snprintf(ratio, sizeof ratio, "%.3g", r->ratio[i]);
         }
-        fprintf(f, "  %-6s %-13.3e %-11.1e %-13s %-8s %s%s\n",
-                cpt_run_tensor_name((cpt_run_tensor)i), r->error[i], r->tolerance[i], e1,
+        fprintf(f, "  %-6s %-13.3e %-13s %-11.1e %-13s %-8s %s%s\n",
+                cpt_run_tensor_name((cpt_run_tensor)i), r->error[i], row, r->tolerance[i], e1,
                 ratio, r->bitwise_single[i] ? "yes" : "no",
                 r->within_tol[i] && r->ratio_ok[i] ? "" : "   <-- out of tolerance");
     }

@@ -26,6 +26,8 @@ static double visible_pairs(const ctxpar_mask_desc *m, const ctxpar_span *q, con
             hi = pos;
         if (m->window_left > 0 && pos - m->window_left + 1 > lo)
             lo = pos - m->window_left + 1;
+        if (m->window_right > 0 && pos + m->window_right < hi)
+            hi = pos + m->window_right;
         if (m->cu_seqlens) {
             int64_t d = ctxpar_mask_doc_of(m, pos);
             if (m->cu_seqlens[d] > lo)

@@ -11,6 +11,7 @@ enum {
     F_LAYOUT,
     F_MASK,
     F_WINDOW,
+    F_WINDOW_RIGHT,
     F_NUM_DOCS,
     F_DOCS_HASH,
     F_SCALE,
@@ -27,10 +28,10 @@ enum {
 static const char *const field_name[F_COUNT] = {
     "valid arguments",       "direction (forward/backward)", "algorithm",
     "layout",                "mask",                         "window_left",
-    "num_docs",              "cu_seqlens contents",          "softmax_scale",
-    "global sequence length", "batch",                       "q heads",
-    "k/v heads",             "head_dim",                     "dtype",
-    "verify_transfers option"};
+    "window_right",          "num_docs",                     "cu_seqlens contents",
+    "softmax_scale",         "global sequence length",       "batch",
+    "q heads",               "k/v heads",                    "head_dim",
+    "dtype",                 "verify_transfers option"};
 
 // Order-sensitive hash of the document boundaries, kept to 62 bits so that it can be negated.
 static int64_t docs_hash(const ctxpar_attn_params *p) {
@@ -53,6 +54,7 @@ ctxpar_status ctxpar_check_agreement(ctxpar_context *ctx, ctxpar_call_kind kind,
         f[F_LAYOUT] = pb->layout;
         f[F_MASK] = params->mask;
         f[F_WINDOW] = pb->mask.window_left;
+        f[F_WINDOW_RIGHT] = pb->mask.window_right;
         f[F_NUM_DOCS] = pb->mask.num_docs;
         f[F_DOCS_HASH] = docs_hash(params);
         f[F_SCALE] = scale_bits;

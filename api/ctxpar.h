@@ -122,12 +122,16 @@ typedef struct ctxpar_attn_params {
     float softmax_scale;
     /* Global sequence length; 0 = local seq * P. */
     int64_t seq_len_global;
+    /* Right side of a two-sided window: a query at position i sees keys k with k - i <=
+     * window_right; 0 = no limit (a right limit of 0 is CTXPAR_MASK_CAUSAL). With window_left it
+     * makes the band i - window_left < k <= i + window_right. */
+    int64_t window_right;
 } ctxpar_attn_params;
 
 #define CTXPAR_ATTN_PARAMS_INIT                                                                   \
     {                                                                                             \
         sizeof(ctxpar_attn_params), CTXPAR_ALGO_AUTO, CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_MASK_NONE, \
-            0, NULL, 0, 0.0f, 0                                                                   \
+            0, NULL, 0, 0.0f, 0, 0                                                                \
     }
 
 /* "auto", "ring", ...;  "contiguous", "zigzag", "striped";  "none", "causal". */

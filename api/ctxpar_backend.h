@@ -92,6 +92,7 @@ typedef struct ctxpar_mask_desc {
     int64_t window_left;       /* q - k < window_left; 0 = none */
     const int32_t *cu_seqlens; /* num_docs + 1 global document boundaries; NULL = one document */
     int64_t num_docs;
+    int64_t window_right; /* k - q <= window_right; 0 = none */
 } ctxpar_mask_desc;
 
 /* Index of the document holding global position pos (0 without documents). */
@@ -116,6 +117,8 @@ static inline int ctxpar_mask_visible(const ctxpar_mask_desc *m, int64_t q, int6
         return 0;
     if (m->window_left > 0 && q - k >= m->window_left)
         return 0;
+    if (m->window_right > 0 && k - q > m->window_right)
+        return 0;
     return qdoc == kdoc;
 }
 
@@ -133,10 +136,14 @@ static inline ctxpar_block_class ctxpar_mask_classify(const ctxpar_mask_desc *m,
         return CTXPAR_BLOCK_SKIP;
     if (m->window_left > 0 && qmin - kmax >= m->window_left)
         return CTXPAR_BLOCK_SKIP;
+    if (m->window_right > 0 && kmin - qmax > m->window_right)
+        return CTXPAR_BLOCK_SKIP;
     int full = 1;
     if (m->causal && kmax > qmin)
         full = 0;
     if (m->window_left > 0 && qmax - kmin >= m->window_left)
+        full = 0;
+    if (m->window_right > 0 && kmax - qmin > m->window_right)
         full = 0;
     if (m->cu_seqlens) {
         int64_t qd0 = ctxpar_mask_doc_of(m, qmin), qd1 = ctxpar_mask_doc_of(m, qmax);

@@ -300,9 +300,9 @@ static ctxpar_status check_block(const char *op, const ctxpar_attn_block *blk) {
                    (long long)q->shape[2], (long long)k->shape[2]);
     if (!isfinite(blk->scale) || blk->scale == 0.0f)
         return BAD("%s: scale (%g) must be finite and non-zero", op, (double)blk->scale);
-    if (blk->mask.window_left < 0)
-        return BAD("%s: mask.window_left (%lld) is negative", op,
-                   (long long)blk->mask.window_left);
+    if (blk->mask.window_left < 0 || blk->mask.window_right < 0)
+        return BAD("%s: mask.window_left (%lld) or window_right (%lld) is negative", op,
+                   (long long)blk->mask.window_left, (long long)blk->mask.window_right);
     if (blk->mask.cu_seqlens && blk->mask.num_docs < 1)
         return BAD("%s: mask.cu_seqlens is set but mask.num_docs is %lld", op,
                    (long long)blk->mask.num_docs);

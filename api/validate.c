@@ -129,6 +129,9 @@ ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_gl
     if (p->window_left < 0)
         return BAD("params.window_left (%lld) must be >= 0 (0 = no window)",
                    (long long)p->window_left);
+    if (p->window_right < 0)
+        return BAD("params.window_right (%lld) must be >= 0 (0 = no limit)",
+                   (long long)p->window_right);
     if (!isfinite(p->softmax_scale))
         return BAD("params.softmax_scale (%g) must be finite (0 = 1/sqrt(head_dim))",
                    (double)p->softmax_scale);
@@ -179,6 +182,7 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     pb.layout = p->layout;
     pb.mask.causal = p->mask == CTXPAR_MASK_CAUSAL;
     pb.mask.window_left = p->window_left;
+    pb.mask.window_right = p->window_right;
     pb.mask.cu_seqlens = p->cu_seqlens;
     pb.mask.num_docs = p->num_docs;
     pb.scale = p->softmax_scale != 0.0f ? p->softmax_scale : 1.0f / sqrtf((float)q->shape[3]);

@@ -4,12 +4,15 @@
 # site-packages: it finds PREFIX/lib/libctxpar.so by itself), then checks that
 # `pip install ./python` gives a working package too. PYTHON picks the interpreter (default
 # Debian's /usr/bin/python3 with python3-numpy and python3-pytest; the torch suite runs when that
-# interpreter has torch, and says "skipped" otherwise).
+# interpreter has torch, and says "skipped" otherwise). The audit tests run the installed tool
+# (PREFIX/bin/ctxpar, found beside the package): CTXPAR_TEST_REQUIRE_TOOL makes a missing one a
+# failure here rather than a skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-/usr/bin/python3}
 export PYTHONDONTWRITEBYTECODE=1
-unset CTXPAR_LIBRARY
+unset CTXPAR_LIBRARY CTXPAR_TOOL
+export CTXPAR_TEST_REQUIRE_TOOL=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 bazel run //:install -- --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 ||
@@ -27,7 +30,10 @@ q = np.random.default_rng(0).standard_normal((1, 32, 2, 8), dtype=np.float32)
 res, ref = ctxpar.simulate(q, q, q, ranks=2), ctxpar.oracle(q, q, q)
 err = float(np.abs(res["out"] - ref["out"]).max())
 assert err < 1e-5, err
-print("pip install ./python: OK (simulate vs oracle, max error %.1e)" % err)'
+rep = ctxpar.audit(q, q, q, out=ref["out"].astype(np.float32), ranks=2)  # tool found by the library
+assert rep.consistent, rep
+print("pip install ./python: OK (simulate vs oracle, max error %.1e; audit found %s)"
+      % (err, ctxpar.tool_path()))'
 else
     echo "skipped: pip install ./python ($PYTHON has no pip)"
 fi

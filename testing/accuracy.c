@@ -132,8 +132,7 @@ ctxpar_status cpt_acc_run(const cpt_acc_case *c, cpt_acc_result *r) {
         goto done;
     // The oracle and naive float32, with the mask and the float scale the library resolves.
     cpt_oracle_shape sh = {B, S, S, H, Hk, D};
-    ctxpar_mask_desc mask = {rc->params.mask == CTXPAR_MASK_CAUSAL, rc->params.window_left,
-                             rc->params.cu_seqlens, rc->params.num_docs};
+    ctxpar_mask_desc mask = cpt_oracle_mask(&rc->params);
     const float scale = rc->params.softmax_scale != 0.0f ? rc->params.softmax_scale
                                                          : 1.0f / sqrtf((float)D);
     st = cpt_oracle_visibility(&sh, NULL, NULL, &mask, b.vis);

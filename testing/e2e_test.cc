@@ -12,8 +12,9 @@
 namespace {
 
 // Mask variants: the mask enum plus a sliding window or packed documents.
-enum MaskKind { kNone, kCausal, kCausalWindow, kDocsCausal };
-const char *const kMaskName[] = {"none", "causal", "causal_window", "docs_causal"};
+enum MaskKind { kNone, kCausal, kCausalWindow, kDocsCausal, kTwoSided, kTwoSidedDocs };
+const char *const kMaskName[] = {"none",          "causal",    "causal_window",
+                                 "docs_causal",   "two_sided", "two_sided_docs"};
 
 // Documents of arbitrary lengths (17, 33, 1, 45 tokens) over seq 96: no length is a multiple of
 // 2P, and one document is a single token.
@@ -55,10 +56,15 @@ cpt_run_config Config(const Case &c) {
     cfg.params.algo = c.algo;
     cfg.params.layout = c.layout;
     cfg.params.softmax_scale = c.scale;
-    cfg.params.mask = c.mask == kNone ? CTXPAR_MASK_NONE : CTXPAR_MASK_CAUSAL;
+    const bool two_sided = c.mask == kTwoSided || c.mask == kTwoSidedDocs;
+    cfg.params.mask = c.mask == kNone || two_sided ? CTXPAR_MASK_NONE : CTXPAR_MASK_CAUSAL;
     if (c.mask == kCausalWindow)
         cfg.params.window_left = 40;
-    if (c.mask == kDocsCausal) {
+    if (two_sided) { // the band k in (q - 30, q + 17]: uneven, narrower than most shards
+        cfg.params.window_left = 30;
+        cfg.params.window_right = 17;
+    }
+    if (c.mask == kDocsCausal || c.mask == kTwoSidedDocs) {
         cfg.params.cu_seqlens = kDocs;
         cfg.params.num_docs = 4;
     }
@@ -157,6 +163,65 @@ std::vector<Case> NegativeScaleCases() {
 
 INSTANTIATE_TEST_SUITE_P(NegativeScale, EndToEnd, testing::ValuesIn(NegativeScaleCases()),
                          CaseName);
+
+// Two-sided windows (non-causal), alone and with documents: every algorithm, layout and rank
+// count, F32 and BF16.
+std::vector<Case> TwoSidedWindowCases() {
+    std::vector<Case> cases;
+    int n = 0;
+    for (int p : {1, 2, 3, 4, 8})
+        for (ctxpar_algo a : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL})
+            for (ctxpar_layout l :
+                 {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED}) {
+                if (a == CTXPAR_ALGO_ALLTOALL && 8 % p != 0)
+                    continue;
+                for (MaskKind m : {kTwoSided, kTwoSidedDocs}) {
+                    cases.push_back({p, a, l, m, n % 2 ? CTXPAR_DTYPE_BF16 : CTXPAR_DTYPE_F32,
+                                     n % 3 ? 64 : 32, 2});
+                    n++;
+                }
+            }
+    return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(TwoSidedWindow, EndToEnd, testing::ValuesIn(TwoSidedWindowCases()),
+                         CaseName);
+
+// A narrow two-sided window: each rank computes its own block and its two neighbours' only
+// (the ends one neighbour), and the FLOPs count the band's pairs exactly.
+TEST(EndToEndWindow, TwoSidedWindowComputesNeighboursOnly) {
+    cpt_run_config cfg;
+    cpt_run_config_default(&cfg);
+    cfg.ranks = 4;
+    cfg.seq = 1024;
+    cfg.params.layout = CTXPAR_LAYOUT_CONTIGUOUS;
+    cfg.params.mask = CTXPAR_MASK_NONE;
+    cfg.params.window_left = 64;
+    cfg.params.window_right = 32;
+    cfg.threads = 1;
+    cfg.compare_single = 0;
+    cpt_run_result r;
+    ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+    double pairs = 0, flops = 0; // brute force: q - 64 < k <= q + 32
+    for (int q = 0; q < cfg.seq; q++)
+        for (int k = 0; k < cfg.seq; k++)
+            pairs += q - k < 64 && k - q <= 32;
+    for (int rank = 0; rank < 4; rank++) {
+        EXPECT_EQ(r.rank[rank].work.blocks_computed, rank == 0 || rank == 3 ? 2u : 3u)
+            << "rank " << rank;
+        flops += r.rank[rank].work.flops;
+    }
+    EXPECT_EQ(flops, 4.0 * cfg.head_dim * cfg.batch * cfg.heads * pairs);
+    cpt_run_result_free(&r);
+
+    cfg.backward = 1;
+    ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+    for (int i = 0; i < CPT_RUN_TENSORS; i++)
+        EXPECT_LE(r.error[i], 1e-5) << cpt_run_tensor_name((cpt_run_tensor)i);
+    cpt_run_result_free(&r);
+}
 
 // The end-to-end figures at a realistic size: seq 4096, 4 heads, dim 64.
 TEST(EndToEndLarge, RingCausalZigzagF32AtSeq4096) {

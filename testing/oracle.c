@@ -174,9 +174,11 @@ static ctxpar_status problem_init(oracle_problem *p, const cpt_oracle_shape *sha
                             (long long)(f ? f->head_dim_v : 0));
     if (!q || !k || !v)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "oracle: q, k or v is NULL");
-    if (f && (!(f->softcap >= 0.0) || f->window_right < 0))
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "oracle: softcap %g, window_right %lld",
-                            f->softcap, (long long)f->window_right);
+    if (f && !(f->softcap >= 0.0))
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "oracle: softcap %g", f->softcap);
+    if (mask && (mask->window_left < 0 || mask->window_right < 0))
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "oracle: window_left %lld, window_right %lld",
+                            (long long)mask->window_left, (long long)mask->window_right);
     p->q = q;
     p->k = k;
     p->v = v;
@@ -185,13 +187,13 @@ static ctxpar_status problem_init(oracle_problem *p, const cpt_oracle_shape *sha
     p->scale = scale;
     p->group = s->heads_q / s->heads_kv;
     if (f) {
-        p->window_right = f->window_right;
         p->softcap = f->softcap;
         p->sinks = f->sinks;
     }
     if (mask) {
         p->causal = mask->causal;
         p->window = mask->window_left;
+        p->window_right = mask->window_right;
     }
     ctxpar_status st = init_docs(p, mask, f);
     if (st != CTXPAR_OK)
@@ -419,6 +421,16 @@ void cpt_oracle_bwd(const cpt_oracle_shape *shape, const double *q, const double
                     const ctxpar_mask_desc *mask, double scale, const double *dout, double *dq,
                     double *dk, double *dv) {
     cpt_oracle_bwd_ex(shape, q, k, v, q_pos, k_pos, mask, NULL, scale, dout, dq, dk, dv, NULL);
+}
+
+ctxpar_mask_desc cpt_oracle_mask(const ctxpar_attn_params *p) {
+    ctxpar_mask_desc m = {0};
+    m.causal = p->mask == CTXPAR_MASK_CAUSAL;
+    m.window_left = p->window_left;
+    m.window_right = p->window_right;
+    m.cu_seqlens = p->cu_seqlens;
+    m.num_docs = p->num_docs;
+    return m;
 }
 
 ctxpar_status cpt_oracle_visibility(const cpt_oracle_shape *shape, const int64_t *q_pos,

@@ -18,6 +18,7 @@
 
 #include <stdint.h>
 
+#include "ctxpar.h"
 #include "ctxpar_backend.h"
 
 #ifdef __cplusplus
@@ -32,7 +33,6 @@ typedef struct cpt_oracle_shape {
  * attention. docs/numerics.md gives the formulas. */
 typedef struct cpt_oracle_features {
     int64_t head_dim_v;            /* of v, out, dout, dv (MLA: e.g. 128 with q/k 192); 0: D */
-    int64_t window_right;          /* key visible when k - q <= window_right; 0: no limit */
     double softcap;                /* C > 0: the score is C tanh(scale q.k / C); 0: none */
     const double *sinks;           /* [Hq] logits, added once to each row's denominator */
     const int32_t *row_cu_seqlens; /* [B, row_num_docs + 1] documents of each batch row (they
@@ -66,6 +66,9 @@ void cpt_oracle_bwd_ex(const cpt_oracle_shape *shape, const double *q, const dou
                        const ctxpar_mask_desc *mask, const cpt_oracle_features *features,
                        double scale, const double *dout, double *dq, double *dk, double *dv,
                        double *dsinks);
+
+/* The mask a call with these params asks for (mask kind, windows, documents). */
+ctxpar_mask_desc cpt_oracle_mask(const ctxpar_attn_params *params);
 
 /* The oracle's own mask as a dense [Sq, Sk] byte matrix (1: query row i sees key row j), for
  * harness code that must mask exactly as the oracle does (naive_f32.h). Returns the status of

@@ -215,8 +215,7 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
         pos[i] = i;
     cpt_oracle_shape shape = {cfg->batch, cfg->seq,      cfg->seq,
                                  cfg->heads, cfg->kv_heads, cfg->head_dim};
-    ctxpar_mask_desc mask = {cfg->params.mask == CTXPAR_MASK_CAUSAL, cfg->params.window_left,
-                             cfg->params.cu_seqlens, cfg->params.num_docs};
+    ctxpar_mask_desc mask = cpt_oracle_mask(&cfg->params);
     double scale = cfg->params.softmax_scale != 0.0f ? (double)cfg->params.softmax_scale
                                                      : 1.0 / sqrt((double)cfg->head_dim);
     // The library resolves the default scale in float; use the same value.

@@ -199,8 +199,7 @@ void ExpectMatchesOracle(const Problem &pb, const Results &res, const std::strin
         cpt_test_fill_global_f64(x[i].data(), pb.dtype, pb.seed, i + 1, pb.B, pb.S, heads[i],
                                     pb.D);
     cpt_oracle_shape sh = {pb.B, pb.S, pb.S, pb.Hq, pb.Hkv, pb.D};
-    ctxpar_mask_desc mask = {pb.params.mask == CTXPAR_MASK_CAUSAL, pb.params.window_left,
-                             pb.params.cu_seqlens, pb.params.num_docs};
+    ctxpar_mask_desc mask = cpt_oracle_mask(&pb.params);
     const double scale = 1.0f / std::sqrt(static_cast<float>(pb.D)); // as the library resolves
     std::vector<double> ref[5] = {std::vector<double>(nq), std::vector<double>(pb.B * pb.Hq * pb.S),
                                   std::vector<double>(nq), std::vector<double>(nk),

@@ -140,6 +140,7 @@ ctxpar_status ctxpar_cuda_block_prepare(struct ctxpar_device *dev, const char *o
     inline_spans(&a->k_pos, blk->k_pos);
     a->mask.causal = blk->mask.causal != 0;
     a->mask.window_left = blk->mask.window_left;
+    a->mask.window_right = blk->mask.window_right;
     a->mask.num_docs = blk->mask.cu_seqlens ? blk->mask.num_docs : 0;
     for (int64_t i = 0; i < a->mask.num_docs + 1 && i < CTXPAR_CUDA_INLINE_BOUNDS; i++)
         a->mask.cu_inline[i] = a->mask.num_docs ? blk->mask.cu_seqlens[i] : 0;

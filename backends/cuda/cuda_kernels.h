@@ -32,7 +32,7 @@ typedef struct ctxpar_cuda_positions {
 // ctxpar_mask_desc for the device.
 typedef struct ctxpar_cuda_mask {
     int causal;
-    int64_t window_left;
+    int64_t window_left, window_right;
     int64_t num_docs;       // 0: one document (no cu_seqlens)
     const int32_t *cu_list; // device copy when num_docs + 1 > CTXPAR_CUDA_INLINE_BOUNDS
     int32_t cu_inline[CTXPAR_CUDA_INLINE_BOUNDS];

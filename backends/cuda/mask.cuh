@@ -65,6 +65,8 @@ __device__ __forceinline__ bool visible(const ctxpar_cuda_mask &m, int64_t q, in
         return false;
     if (m.window_left > 0 && q - k >= m.window_left)
         return false;
+    if (m.window_right > 0 && k - q > m.window_right)
+        return false;
     return qdoc == kdoc;
 }
 
@@ -75,10 +77,14 @@ __device__ __forceinline__ int classify(const ctxpar_cuda_mask &m, int64_t qmin,
         return CTXPAR_BLOCK_SKIP;
     if (m.window_left > 0 && qmin - kmax >= m.window_left)
         return CTXPAR_BLOCK_SKIP;
+    if (m.window_right > 0 && kmin - qmax > m.window_right)
+        return CTXPAR_BLOCK_SKIP;
     bool full = true;
     if (m.causal && kmax > qmin)
         full = false;
     if (m.window_left > 0 && qmax - kmin >= m.window_left)
+        full = false;
+    if (m.window_right > 0 && kmax - qmin > m.window_right)
         full = false;
     if (m.num_docs > 0) {
         int64_t qd0 = doc_of(m, qmin), qd1 = doc_of(m, qmax);

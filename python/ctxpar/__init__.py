@@ -2,6 +2,9 @@
 
     simulate(q, k, v, dout=None, *, ranks, ...)  P ranks as threads; results in global order
     oracle(q, k, v, dout=None, ...)              full attention in float64 (NumPy)
+    audit(q, k, v, dout, out=..., lse=..., ranks=P, ...)
+                                                 judges another implementation's results
+                                                 (through the ctxpar tool's audit --against)
     Context(device="cpu", comm=...)              one rank of a real distributed program:
         comm = local_group(P).comm(rank), or an mpi4py communicator
         ctx.attention(q, k, v, ...), ctx.attention_backward(...)
@@ -10,9 +13,11 @@
 libctxpar.so is found through $CTXPAR_LIBRARY, else relative to this package in an installed
 prefix (PREFIX/lib), else through the dynamic loader's search path.
 """
+from ._audit import AuditError, AuditReport, AuditRow, TensorVerdict, audit, tool_path
 from ._core import Comm, Context, LocalGroup, local_group, positions, shard, simulate, unshard
 from ._lib import CtxparError, library_path, version
 from ._oracle import oracle
 
-__all__ = ["Comm", "Context", "CtxparError", "LocalGroup", "library_path", "local_group",
-           "oracle", "positions", "shard", "simulate", "unshard", "version"]
+__all__ = ["AuditError", "AuditReport", "AuditRow", "Comm", "Context", "CtxparError",
+           "LocalGroup", "TensorVerdict", "audit", "library_path", "local_group", "oracle",
+           "positions", "shard", "simulate", "tool_path", "unshard", "version"]

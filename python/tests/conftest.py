@@ -1,8 +1,10 @@
 """Shared inputs for the ctxpar Python tests (run by python/run_tests.sh against an installed
 prefix, or with PYTHONPATH=python CTXPAR_LIBRARY=bazel-bin/libctxpar.so)."""
+import os
 import threading
 
 import numpy as np
+import pytest
 
 import ctxpar
 
@@ -47,3 +49,16 @@ def run_ranks(P, fn):
     if errors:
         raise errors[0]
     return results
+
+
+def require_tool():
+    """The ctxpar tool for ctxpar.audit: skipped (with the reason) when there is none, a failure
+    when CTXPAR_TEST_REQUIRE_TOOL is set (python/run_tests.sh installs it beside the package)."""
+    path = ctxpar.tool_path()
+    if path is None:
+        if os.environ.get("CTXPAR_TEST_REQUIRE_TOOL"):
+            pytest.fail("the ctxpar tool was not found beside the package "
+                        "(CTXPAR_TEST_REQUIRE_TOOL is set)")
+        pytest.skip("skipped: the ctxpar tool was not found (set CTXPAR_TOOL, or install ctxpar "
+                    "with bazel run //:install)")
+    return path

@@ -9,7 +9,7 @@ import torch.nn.functional as F  # noqa: E402
 import ctxpar  # noqa: E402
 import ctxpar.torch  # noqa: E402
 from ctxpar import _tensor  # noqa: E402
-from conftest import max_error, run_ranks  # noqa: E402
+from conftest import max_error, require_tool, run_ranks  # noqa: E402
 
 TOL = {torch.float32: 4e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -112,3 +112,20 @@ def test_simulate_takes_torch_tensors():
     for name in ("out", "lse", "dq", "dk", "dv"):
         assert max_error(res[name].numpy(), ref[name]) <= 4e-6, name
     assert np.isfinite(res["lse"].numpy()).all()
+
+
+def test_audit_takes_torch_tensors_bf16_bhsd():
+    """ctxpar.audit on torch BF16 [B, H, S, D] tensors: float64 SDPA rounded to BF16 is
+    consistent; dV with rank 1's rows halved (zigzag, 2 ranks) is not, and names rank 1."""
+    require_tool()
+    q, k, v, do = bhsd_inputs(1, 4, 2, 64, 16, torch.bfloat16, seed=9)
+    out, dq, dk, dv = (x.to(torch.bfloat16) for x in sdpa64(q, k, v, do, True))
+    rep = ctxpar.audit(q, k, v, do, out=out, dq=dq, dk=dk, dv=dv, ranks=2, format="bhsd")
+    assert rep.consistent, str(rep)
+    pos = torch.as_tensor(ctxpar.positions("zigzag", 64, 1, 2))
+    bad = dv.clone()
+    bad[:, :, pos] *= 0.5
+    rep = ctxpar.audit(q, k, v, do, out=out, dq=dq, dk=dk, dv=bad, ranks=2, format="bhsd")
+    assert not rep.consistent and rep.tensors["out"].consistent
+    assert rep.tensors["dv"].worst.rank == 1
+    assert rep.tensors["dv"].error_by_rank[0] <= 2 * rep.tensors["dv"].reference_error

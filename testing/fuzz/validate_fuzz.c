@@ -179,8 +179,7 @@ static void check_oracle(fuzz_problem *pb, int bwd) {
     cpt_oracle_shape sh = {q->shape[0], q->shape[1], k->shape[1],
                               q->shape[2], k->shape[2], q->shape[3]};
     const ctxpar_attn_params *p = &pb->params;
-    ctxpar_mask_desc mask = {p->mask == CTXPAR_MASK_CAUSAL, p->window_left, p->cu_seqlens,
-                             p->num_docs};
+    ctxpar_mask_desc mask = cpt_oracle_mask(p);
     double *dq = to_f64(q), *dk = to_f64(k), *dv = to_f64(&pb->tensor[FUZZ_V]);
     const size_t nq = (size_t)(sh.batch * sh.seq_q * sh.heads_q * sh.head_dim);
     const size_t nk = (size_t)(sh.batch * sh.seq_k * sh.heads_kv * sh.head_dim);

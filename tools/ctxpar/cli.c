@@ -11,7 +11,8 @@
 #include "testing/tensor_format.h"
 
 typedef enum opt_id {
-    O_RANKS, O_BATCH, O_SEQ, O_HEADS, O_KV_HEADS, O_DIM, O_DTYPE, O_MASK, O_WINDOW, O_ALGO,
+    O_RANKS, O_BATCH, O_SEQ, O_HEADS, O_KV_HEADS, O_DIM, O_DTYPE, O_MASK, O_WINDOW, O_WINDOW_RIGHT,
+    O_SCALE, O_ALGO,
     O_LAYOUT, O_DOCS, O_BACKWARD, O_SEED, O_Q, O_K, O_V, O_DOUT, O_CU_SEQLENS, O_SAVE, O_THREADS,
     O_WARMUP, O_REPEAT, O_CHECK, O_NO_CHECK, O_SWEEP, O_PEAK, O_VERIFY, O_COMM, O_BACKEND, O_JSON,
     O_TRACE, O_INPUTS, O_AGAINST, O_SHARDS, O_FORMAT, O_LSE_BASE, O_LSE_LAYOUT, O_MAX_RATIO,
@@ -56,6 +57,9 @@ static const opt options[] = {
     {"--dtype", O_DTYPE, C | A | B, 0, "f32|f16|bf16", "storage dtype of q, k, v, out"},
     {"--mask", O_MASK, C | A | B, 0, "none|causal", "attention mask"},
     {"--window", O_WINDOW, C | A | B, 0, "W", "sliding window: query i sees keys k, i-k < W"},
+    {"--window-right", O_WINDOW_RIGHT, C | A | B, 0, "R",
+     "two-sided window (with --mask none): query i sees keys k, k-i <= R"},
+    {"--scale", O_SCALE, C | A | B, 0, "X", "softmax scale of q.k (finite, non-zero)"},
     {"--algo", O_ALGO, C | A | B, 0, "ring|allgather|alltoall|auto", "algorithm"},
     {"--layout", O_LAYOUT, C | A | B, 0, "contiguous|zigzag|striped", "how tokens are sharded"},
     {"--docs", O_DOCS, C | B, 0, "N",
@@ -152,6 +156,8 @@ static void default_text(const opt *o, const cpt_cli *d, char *buf, size_t n) {
         break;
     case O_MASK: snprintf(buf, n, "%s", mask_names[c->params.mask]); break;
     case O_WINDOW: snprintf(buf, n, "0 = none"); break;
+    case O_WINDOW_RIGHT: snprintf(buf, n, "0 = none"); break;
+    case O_SCALE: snprintf(buf, n, "1/sqrt(dim)"); break;
     case O_DOCS: snprintf(buf, n, "0 = one"); break;
     case O_ALGO: snprintf(buf, n, "%s", ctxpar_algo_name(c->params.algo)); break;
     case O_LAYOUT: snprintf(buf, n, "%s", layout_names[c->params.layout]); break;
@@ -360,6 +366,15 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
             return 0;
         cli->lse_base2 = val[0] == '2';
         return 1;
+    case O_SCALE: {
+        char *end;
+        errno = 0;
+        double x = strtod(val, &end);
+        if (errno || end == val || *end || !isfinite(x) || !isfinite((float)x) || (float)x == 0.0f)
+            return 0;
+        c->params.softmax_scale = (float)x;
+        return 1;
+    }
     case O_MAX_RATIO: {
         char *end;
         errno = 0;
@@ -380,6 +395,7 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
     case O_KV_HEADS: c->kv_heads = v; break;
     case O_DIM: c->head_dim = v; break;
     case O_WINDOW: c->params.window_left = v; break;
+    case O_WINDOW_RIGHT: c->params.window_right = v; break;
     case O_DOCS: c->docs = v; break;
     case O_THREADS: c->threads = (int)v; break;
     case O_WARMUP: c->warmup = (int)v; break;

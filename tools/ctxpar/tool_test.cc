@@ -263,7 +263,7 @@ Expected Oracle(const Shape &sh, const Tensor &q, const Tensor &k, const Tensor 
     e.lse.resize(static_cast<size_t>(sh.b * sh.h * sh.s));
     cpt_oracle_shape os = {sh.b, sh.s, sh.s, sh.h, sh.hkv, sh.d};
     ctxpar_mask_desc mask = {causal ? 1 : 0, window, cu ? cu->data() : nullptr,
-                             cu ? static_cast<int64_t>(cu->size()) - 1 : 0};
+                             cu ? static_cast<int64_t>(cu->size()) - 1 : 0, 0};
     // The scale the library resolves: 1/sqrt(D) in float.
     double scale = static_cast<double>(1.0f / std::sqrt(static_cast<float>(sh.d)));
     cpt_oracle_fwd(&os, q.v.data(), k.v.data(), v.v.data(), nullptr, nullptr, &mask, scale,

@@ -1,0 +1,258 @@
+"""ctxpar.audit(): judging attention results computed elsewhere (PyTorch, TransformerEngine, your
+own kernels) against full attention in float64, through the ctxpar tool's `audit --against`
+(docs/auditing.md).
+
+The arrays are written to a folder as two .safetensors files (inputs and results, in the order
+the caller declares), the tool runs on them with --json, and its verdict comes back as an
+AuditReport. The judgement (error measure, ctxpar's own error at the same dtype, the ratio rule,
+which rank held each row) exists once, in the tool, so a verdict here and one from the command
+line on the same files are the same verdict.
+"""
+import json
+import math
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _lib
+from . import _safetensors
+from ._core import ALGOS, LAYOUTS, MASKS
+from ._tensor import DTYPES
+
+AUDIT_FORMATS = ("bshd", "bhsd", "sbhd", "thd")
+LSE_LAYOUTS = ("bhs", "bsh", "ht")
+LSE_BASES = ("e", "2")
+RESULTS = ("out", "lse", "dq", "dk", "dv")
+INPUTS_FILE, RESULTS_FILE = "inputs.safetensors", "results.safetensors"
+
+
+class AuditError(_lib.CtxparError):
+    """The tool refused the inputs or results (its exit status 2: bad usage or a bad tensor):
+    .status CTXPAR_ERR_INVALID_ARG, .message the tool's one line (files named as in .folder),
+    .command the command that was run."""
+
+    def __init__(self, message, command):
+        super().__init__(-1, "CTXPAR_ERR_INVALID_ARG", message)
+        self.command = command
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One row (a token of one head) of a judged tensor: its global position, head, the rank that
+    held it under the declared layout and ranks, batch, its error, and the element with the
+    largest error: got (the judged value) and expected (float64), NaN where not finite."""
+    position: int
+    head: int
+    rank: int
+    batch: int
+    error: float
+    got: float
+    expected: float
+
+
+@dataclass(frozen=True)
+class TensorVerdict:
+    """The verdict on one result tensor. error: max |got - ref| / max |ref| against float64
+    (inf for a NaN or an unmatched infinity); reference_error: ctxpar's own error on the same
+    inputs at the same dtype; ratio: error / reference_error; worst: the worst row;
+    worst_rows: the worst rows, worst first; error_by_rank: the error over each rank's rows."""
+    name: str
+    error: float
+    reference_error: float
+    ratio: float
+    consistent: bool
+    nonfinite: int
+    worst: AuditRow
+    worst_rows: list = field(default_factory=list)
+    error_by_rank: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """consistent: every judged tensor within max_ratio x ctxpar's own error. tensors: {name:
+    TensorVerdict} for each result given. within_tolerance: ctxpar's own run was within its
+    tolerance of float64 (when not, ctxpar's errors are no fair yardstick); reference_errors:
+    those errors by name. exit_code: the tool's (0 consistent and within tolerance, 1 not).
+    command and folder: how to rerun it by hand (folder: where the files were kept, when audit()
+    was given one; None otherwise).
+    json: the tool's whole report."""
+    consistent: bool
+    tensors: dict
+    max_ratio: float
+    within_tolerance: bool
+    reference_errors: dict
+    exit_code: int
+    command: list
+    folder: str
+    json: dict
+
+    def __str__(self):
+        lines = [f"ctxpar audit: {'CONSISTENT' if self.consistent else 'NOT CONSISTENT'} "
+                 f"(each error at most {self.max_ratio:g} x ctxpar's own)",
+                 f"  {'tensor':<6} {'error':<11} {'ctxpar':<11} {'ratio':<8} worst row "
+                 "(position, head, rank)"]
+        for v in self.tensors.values():
+            w = v.worst
+            where = f"{w.position}, {w.head}, {w.rank}" if w else "-"
+            lines.append(f"  {v.name:<6} {v.error:<11.3e} {v.reference_error:<11.3e} "
+                         f"{v.ratio:<8.3g} {where}  {'ok' if v.consistent else 'NOT CONSISTENT'}")
+        if not self.within_tolerance:
+            lines.append("  (ctxpar's own run was out of its tolerance: see reference_errors)")
+        return "\n".join(lines)
+
+
+def _num(x):
+    """An error or ratio: the tool writes non-finite numbers as null, and an error is not finite
+    only when it is infinite (a NaN or an unmatched infinity in the results)."""
+    return math.inf if x is None else float(x)
+
+
+def _value(x):
+    """A tensor element: NaN when it was not finite (JSON cannot say which)."""
+    return math.nan if x is None else float(x)
+
+
+def _row(j):
+    return None if not j else AuditRow(int(j["position"]), int(j["head"]), int(j["rank"]),
+                                       int(j["batch"]), _num(j["error"]), _value(j["got"]),
+                                       _value(j["expected"]))
+
+
+def _verdict(name, j):
+    return TensorVerdict(name, _num(j["error"]), _num(j["reference_error"]), _num(j["ratio"]),
+                         bool(j["consistent"]), int(j["nonfinite"]), _row(j.get("worst")),
+                         [_row(r) for r in j.get("worst_rows", [])],
+                         [_num(e) for e in j.get("error_by_rank", [])])
+
+
+def tool_path(tool=None):
+    """The ctxpar tool that audit() runs, or None when there is none: `tool`, else
+    $CTXPAR_TOOL, else PREFIX/bin/ctxpar of the installed prefix this package is in (PREFIX/lib/
+    python3/site-packages/ctxpar) or that libctxpar.so was loaded from (PREFIX/lib), else
+    `ctxpar` on $PATH."""
+    given = tool or os.environ.get("CTXPAR_TOOL")
+    if given:
+        return given
+    here = pathlib.Path(__file__).resolve().parent
+    prefixes = []
+    if os.sep in _lib.library_path:  # not a bare name that the loader searched for
+        prefixes.append(pathlib.Path(_lib.library_path).resolve().parent.parent)
+    if here.parent.name == "site-packages" and len(here.parents) > 3 and \
+            here.parents[2].name == "lib":
+        prefixes.insert(0, here.parents[3])
+    for prefix in prefixes:
+        exe = prefix / "bin" / "ctxpar"
+        if exe.is_file() and os.access(exe, os.X_OK):
+            return str(exe)
+    return shutil.which("ctxpar")
+
+
+def _choice(kind, allowed, value):
+    if value not in allowed:
+        raise ValueError(f"{kind} '{value}' is not one of {sorted(allowed)}")
+    return value
+
+
+def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, ranks,
+          algo="ring", layout="zigzag", mask="causal", window=0, cu_seqlens=None, scale=None,
+          format="bshd", lse_base="e", lse_layout="bhs", dtype=None, max_ratio=2.0,
+          num_threads=0, folder=None, tool=None, timeout=None):
+    """Judges results computed elsewhere on the inputs q, k, v (and dout): an AuditReport.
+
+    out, lse, dq, dk, dv: any of the results to judge (dq, dk, dv need dout), as computed by the
+    other implementation, gathered into global order; the report names, for each bad row, the
+    rank that held it under `layout` and `ranks` (how the other run split the sequence).
+    Tensors: NumPy arrays (float32, float16, bfloat16 as uint16 bits or ml_dtypes) or PyTorch
+    tensors (any device: they are copied), every one in `format`: "bshd", "bhsd", "sbhd", or
+    "thd" (packed [tokens, heads, dim] with cu_seqlens); K and V may have fewer heads (GQA).
+    lse: float32 (or the results' dtype) in `lse_layout` ("bhs", "bsh", "ht" = [heads, tokens]),
+    natural log or base 2 (`lse_base` "e" or "2"). cu_seqlens: packed documents, int32/int64.
+    mask, window, algo: the attention and ctxpar's algorithm for its own reference run. dtype:
+    the dtype ctxpar's own run uses (default: the results'). max_ratio: the verdict's bound.
+    scale: the softmax scale (None: 1/sqrt(head_dim)), the tool's --scale.
+
+    It runs the ctxpar tool (tool_path(tool)) as `ctxpar audit --inputs inputs.safetensors
+    --against results.safetensors ... --json` in `folder` (kept; default a temporary folder,
+    removed), ranks as threads (--comm local, also under mpirun). Raises ValueError for bad
+    options before running anything, AuditError (a CtxparError) with the tool's one-line message
+    for inputs or results it refuses (shapes, dtypes, cu_seqlens), CtxparError when ctxpar's
+    own run fails, FileNotFoundError when there is no tool.
+    """
+    results = {n: t for n, t in zip(RESULTS, (out, lse, dq, dk, dv)) if t is not None}
+    if not results:
+        raise ValueError("give at least one of out, lse, dq, dk, dv to judge")
+    if int(ranks) < 1:
+        raise ValueError(f"ranks ({ranks}) must be >= 1")
+    _choice("algo", ALGOS, algo)
+    _choice("layout", LAYOUTS, layout)
+    _choice("mask", MASKS, mask)
+    _choice("format", AUDIT_FORMATS, format)
+    _choice("lse_layout", LSE_LAYOUTS, lse_layout)
+    lse_base = _choice("lse_base", LSE_BASES, str(lse_base))
+    if dtype is not None:
+        _choice("dtype", DTYPES, dtype)
+    if int(window) < 0:
+        raise ValueError(f"window ({window}) must be >= 0")
+    if not float(max_ratio) > 0:
+        raise ValueError(f"max_ratio ({max_ratio}) must be > 0")
+    if scale is not None and not (math.isfinite(float(scale)) and float(scale) != 0.0):
+        raise ValueError(f"scale ({scale}) must be finite and non-zero")
+    exe = tool_path(tool)
+    if exe is None:
+        raise FileNotFoundError("ctxpar audit needs the ctxpar tool: set CTXPAR_TOOL to it, "
+                                "or install ctxpar (bazel run //:install -- --prefix DIR)")
+    inputs = {"q": q, "k": k, "v": v}
+    if dout is not None:
+        inputs["dout"] = dout
+    if cu_seqlens is not None:
+        # A list of ints becomes int64; an array or tensor keeps its int32/int64.
+        inputs["cu_seqlens"] = (cu_seqlens if hasattr(cu_seqlens, "dtype")
+                                else np.asarray(cu_seqlens, dtype=np.int64))
+    command = [exe, "audit", "--inputs", INPUTS_FILE, "--against", RESULTS_FILE,
+               "--format", format, "--lse-layout", lse_layout, "--lse-base", lse_base,
+               "--ranks", str(int(ranks)), "--algo", algo, "--layout", layout, "--mask", mask,
+               "--window", str(int(window)), "--max-ratio", repr(float(max_ratio)),
+               "--threads", str(int(num_threads)), "--comm", "local", "--json"]
+    if dtype is not None:
+        command += ["--dtype", dtype]
+    if scale is not None:
+        command += ["--scale", repr(float(scale))]
+    if folder is not None:
+        os.makedirs(folder, exist_ok=True)
+        return _run(command, str(folder), inputs, results, timeout, keep=True)
+    with tempfile.TemporaryDirectory(prefix="ctxpar-audit-") as tmp:
+        return _run(command, tmp, inputs, results, timeout, keep=False)
+
+
+def _run(command, folder, inputs, results, timeout, keep):
+    _safetensors.write(os.path.join(folder, INPUTS_FILE), inputs)
+    _safetensors.write(os.path.join(folder, RESULTS_FILE), results)
+    # In the folder, so that the tool's messages name the files as the caller sees them there.
+    p = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout)
+    message = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    if p.returncode == 2:
+        raise AuditError(message or f"{command[0]} audit exited with status 2", command)
+    try:
+        report = json.loads(p.stdout)
+    except ValueError:
+        raise _lib.CtxparError(-9, "CTXPAR_ERR_INTERNAL",
+                               f"{command[0]} audit exited with status {p.returncode} and no "
+                               f"JSON report: {message or p.stdout[-200:]}") from None
+    status = report.get("status", "CTXPAR_ERR_INTERNAL")
+    if status != "CTXPAR_OK":
+        codes = {name: code for code, name in _lib.STATUS_NAMES.items()}
+        raise _lib.CtxparError(codes.get(status, -9), status, message or status)
+    if "against" not in report:
+        raise _lib.CtxparError(-9, "CTXPAR_ERR_INTERNAL",
+                               f"the tool's report has no verdict (exit {p.returncode}): "
+                               f"{message}")
+    tensors = {n: _verdict(n, j) for n, j in report["against"].items()}
+    return AuditReport(bool(report["consistent"]), tensors, float(report["max_ratio"]),
+                       bool(report.get("ok", False)),
+                       {n: _num(e) for n, e in report.get("errors", {}).items()},
+                       p.returncode, command, folder if keep else None, report)

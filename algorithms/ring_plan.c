@@ -67,12 +67,19 @@ void ctxpar_ring_plan_free(ctxpar_ring_plan *plan) {
     plan->sum_last = NULL;
 }
 
-int ctxpar_ring_sum_hop(const ctxpar_ring_plan *plan, int from, int step) {
+// Whether rank `from` passes what it holds at `step` (of block from - step) on to from + 1, for
+// paths ending at last[] (K/V: plan->last; partial sums: plan->sum_last).
+static int hop(const ctxpar_ring_plan *plan, const int *last, int from, int step) {
     const int P = plan->nranks;
     if (step >= P - 1)
         return 0;
     int j = ((from - step) % P + P) % P;
-    return step + 1 <= ctxpar_ring_dist(j, plan->sum_last[j], P);
+    // The receiver, step + 1 hops from the owner, is still on the path.
+    return step + 1 <= ctxpar_ring_dist(j, last[j], P);
+}
+
+int ctxpar_ring_sum_hop(const ctxpar_ring_plan *plan, int from, int step) {
+    return hop(plan, plan->sum_last, from, step);
 }
 
 int ctxpar_ring_has_sum(const ctxpar_ring_plan *plan, int r, int step) {
@@ -83,12 +90,7 @@ int ctxpar_ring_has_sum(const ctxpar_ring_plan *plan, int r, int step) {
 }
 
 int ctxpar_ring_kv_hop(const ctxpar_ring_plan *plan, int from, int step) {
-    const int P = plan->nranks;
-    if (step >= P - 1)
-        return 0;
-    int j = ((from - step) % P + P) % P;
-    // The receiver, step + 1 hops from the owner, is still on the block's path.
-    return step + 1 <= ctxpar_ring_dist(j, plan->last[j], P);
+    return hop(plan, plan->last, from, step);
 }
 
 int ctxpar_ring_holds(const ctxpar_ring_plan *plan, int r, int step) {

@@ -114,8 +114,9 @@ typedef struct ctxpar_attn_params {
     ctxpar_mask mask;
     /* Sliding window: a query at position i sees keys k with i - k < window_left; 0 = none. */
     int64_t window_left;
-    /* Packed documents: num_docs + 1 increasing global boundaries, cu_seqlens[0] = 0 and
-     * cu_seqlens[num_docs] = the global sequence length; host memory; NULL = one document. */
+    /* Packed documents: num_docs + 1 non-decreasing global boundaries (equal ones make an empty
+     * document), cu_seqlens[0] = 0 and cu_seqlens[num_docs] = the global sequence length; host
+     * memory; NULL = one document. */
     const int32_t *cu_seqlens;
     int64_t num_docs;
     /* Multiplies QK^T; 0 = 1/sqrt(head_dim). */

@@ -104,9 +104,10 @@ static ctxpar_status validate_cu_seqlens(const ctxpar_attn_params *p, int64_t se
                    (long long)p->num_docs);
     if (p->cu_seqlens[0] != 0)
         return BAD("params.cu_seqlens[0] (%d) must be 0", p->cu_seqlens[0]);
+    // Equal boundaries are an empty document (data loaders make them): allowed, it holds nothing.
     for (int64_t i = 1; i <= p->num_docs; i++)
-        if (p->cu_seqlens[i] <= p->cu_seqlens[i - 1])
-            return BAD("params.cu_seqlens is not increasing: [%lld] = %d <= [%lld] = %d",
+        if (p->cu_seqlens[i] < p->cu_seqlens[i - 1])
+            return BAD("params.cu_seqlens is decreasing: [%lld] = %d < [%lld] = %d",
                        (long long)i, p->cu_seqlens[i], (long long)(i - 1), p->cu_seqlens[i - 1]);
     if (p->cu_seqlens[p->num_docs] != seq_global)
         return BAD("params.cu_seqlens[%lld] (%d) must equal the global sequence length (%lld)",

@@ -147,7 +147,7 @@ ctxpar_status cpt_acc_run(const cpt_acc_case *c, cpt_acc_result *r) {
         cpt_naive_f32_bwd(&sh, b.in[0], b.in[1], b.in[2], b.vis, scale, b.naive[0], b.in[3],
                              b.naive[2], b.naive[3], b.naive[4]);
     }
-    cpt_magnitudes mag = {{b.mag[0], b.mag[1], b.mag[2], b.mag[3], b.mag[4]}};
+    cpt_magnitudes mag = {{b.mag[0], b.mag[1], b.mag[2], b.mag[3], b.mag[4]}, {0}};
     st = cpt_bound_magnitudes(&sh, b.in64[0], b.in64[1], b.in64[2],
                                  rc->backward ? b.in64[3] : NULL, b.vis, scale, &mag);
     if (st != CTXPAR_OK)
@@ -163,7 +163,7 @@ ctxpar_status cpt_acc_run(const cpt_acc_case *c, cpt_acc_result *r) {
                 r->quart[1][t]);
         const float *got[2] = {res.outputs.t[t], b.naive[t]};
         for (int s = 0; s < 2; s++) {
-            cpt_bound_stats bs = cpt_bound_check(got[s], b.ref[t], b.mag[t], n_out[t],
+            cpt_bound_stats bs = cpt_bound_check(got[s], b.ref[t], b.mag[t], NULL, n_out[t],
                                                        CTXPAR_DTYPE_F32, t == CPT_T_LSE);
             r->bound_ratio[s][t] = bs.max_ratio;
             r->bound_worst[s][t] = bs.worst;

@@ -160,7 +160,8 @@ struct Problem {
                           &causal, scale, in64[3].data(), ref[2].data(), ref[3].data(),
                           ref[4].data());
         cpt_magnitudes m = {{mag[0].data(), mag[1].data(), mag[2].data(), mag[3].data(),
-                                mag[4].data()}};
+                                mag[4].data()},
+                               {}};
         EXPECT_EQ(cpt_bound_magnitudes(&sh, in64[0].data(), in64[1].data(), in64[2].data(),
                                           in64[3].data(), vis.data(), scale, &m),
                   CTXPAR_OK);
@@ -182,7 +183,7 @@ struct Problem {
     std::vector<double> Ratios(const std::vector<float> *got) {
         std::vector<double> r(5);
         for (int t = 0; t < 5; t++)
-            r[t] = cpt_bound_check(got[t].data(), ref[t].data(), mag[t].data(), ref[t].size(),
+            r[t] = cpt_bound_check(got[t].data(), ref[t].data(), mag[t].data(), nullptr, ref[t].size(),
                                       CTXPAR_DTYPE_F32, t == 1)
                        .max_ratio;
         return r;

@@ -214,12 +214,20 @@ TEST(Compare, PerRowRelativeError) {
 
 TEST(Bound, ElementBoundScalesWithMagnitudeAndDtype) {
     // C u M for F32, plus the storage rounding 2 u_store |ref| for 16-bit results.
-    EXPECT_DOUBLE_EQ(cpt_bound_elem(CTXPAR_DTYPE_F32, 0, 1.0, 0.0), CPT_BOUND_C * 0x1p-24);
-    EXPECT_DOUBLE_EQ(cpt_bound_elem(CTXPAR_DTYPE_BF16, 0, 0.0, 1.0), 2 * 0x1p-8);
-    EXPECT_DOUBLE_EQ(cpt_bound_elem(CTXPAR_DTYPE_BF16, 1, 0.0, 1.0), 2 * 0x1p-24); // lse: F32
+    // 16-bit results also C16 u_store M16; M16 is ignored for F32 results and for lse.
+    // Every bound also allows the dtype's smallest subnormal (storage below the normal range).
+    EXPECT_DOUBLE_EQ(cpt_bound_elem(CTXPAR_DTYPE_F32, 0, 1.0, 5.0, 0.0),
+                     CPT_BOUND_C * 0x1p-24 + 0x1p-149);
+    EXPECT_DOUBLE_EQ(cpt_bound_elem(CTXPAR_DTYPE_BF16, 0, 0.0, 0.0, 1.0), 2 * 0x1p-8 + 0x1p-133);
+    EXPECT_DOUBLE_EQ(cpt_bound_elem(CTXPAR_DTYPE_BF16, 0, 0.0, 1.0, 0.0),
+                     CPT_BOUND_C16 * 0x1p-8 + 0x1p-133);
+    EXPECT_DOUBLE_EQ(cpt_bound_elem(CTXPAR_DTYPE_F16, 0, 0.0, 1.0, 0.0),
+                     CPT_BOUND_C16 * 0x1p-11 + 0x1p-24);
+    EXPECT_DOUBLE_EQ(cpt_bound_elem(CTXPAR_DTYPE_BF16, 1, 0.0, 1.0, 1.0),
+                     2 * 0x1p-24 + 0x1p-149); // lse: F32
     const float got[] = {1.0f, 2.0f};
     const double ref[] = {1.0, 2.0 + 1e-3}, mag[] = {1.0, 1.0};
-    cpt_bound_stats st = cpt_bound_check(got, ref, mag, 2, CTXPAR_DTYPE_F32, 0);
+    cpt_bound_stats st = cpt_bound_check(got, ref, mag, nullptr, 2, CTXPAR_DTYPE_F32, 0);
     EXPECT_EQ(st.worst, 1);
     EXPECT_GT(st.max_ratio, 1.0);
 }

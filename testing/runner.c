@@ -183,11 +183,16 @@ done:
 // The oracle on the global inputs, each rounded through the run's dtype first.
 typedef struct oracle_result {
     double *t[CPT_RUN_TENSORS];
+    double *mag[CPT_RUN_TENSORS];   // the per-element bound's magnitudes
+    double *mag16[CPT_RUN_TENSORS]; // its 16-bit ones (16-bit runs and kept oracles), or NULL
 } oracle_result;
 
 static void oracle_free(oracle_result *o) {
-    for (int i = 0; i < CPT_RUN_TENSORS; i++)
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         free(o->t[i]);
+        free(o->mag[i]);
+        free(o->mag16[i]);
+    }
 }
 
 static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
@@ -197,12 +202,18 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
     double *dout = cfg->backward ? malloc(nq * sizeof *dout) : NULL;
     int64_t *pos = malloc((size_t)cfg->seq * sizeof *pos);
     ctxpar_status st = CTXPAR_OK;
+    // Results judged at a 16-bit dtype need the 16-bit magnitudes (audit may judge any dtype).
+    const int want16 = cfg->dtype != CTXPAR_DTYPE_F32 || cfg->keep_oracle;
     for (int i = 0; i < CPT_RUN_TENSORS; i++)
-        if (has_tensor(cfg, i))
+        if (has_tensor(cfg, i)) {
             o->t[i] = malloc(global_count(cfg, i) * sizeof(double));
+            o->mag[i] = malloc(global_count(cfg, i) * sizeof(double));
+            if (want16)
+                o->mag16[i] = malloc(global_count(cfg, i) * sizeof(double));
+        }
     int ok = q && k && v && pos && (!cfg->backward || dout);
     for (int i = 0; i < CPT_RUN_TENSORS; i++)
-        ok = ok && (!has_tensor(cfg, i) || o->t[i]);
+        ok = ok && (!has_tensor(cfg, i) || (o->t[i] && o->mag[i] && (!want16 || o->mag16[i])));
     if (!ok) {
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the oracle's tensors");
         goto done;
@@ -228,6 +239,9 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
         cpt_oracle_bwd(&shape, q, k, v, pos, pos, &mask, scale, dout, o->t[CPT_T_DQ],
                           o->t[CPT_T_DK], o->t[CPT_T_DV]);
     }
+    cpt_magnitudes mag = {{o->mag[0], o->mag[1], o->mag[2], o->mag[3], o->mag[4]},
+                          {o->mag16[0], o->mag16[1], o->mag16[2], o->mag16[3], o->mag16[4]}};
+    st = cpt_bound_magnitudes_masked(&shape, q, k, v, dout, pos, pos, &mask, scale, &mag);
 done:
     free(q);
     free(k);
@@ -267,6 +281,50 @@ static double tensor_row_error(const cpt_run_config *cfg, const cpt_run_outputs 
     return e;
 }
 
+// The largest error-to-bound ratio of tensor i and where it is: position, head and the rank that
+// held the row under the layout.
+static ctxpar_status bound_verdict(const cpt_run_config *cfg, const cpt_run_outputs *outs, int i,
+                                   const oracle_result *o, double *ratio, cpt_run_where *w) {
+    const size_t n = global_count(cfg, i);
+    cpt_bound_stats bs;
+    if (i == CPT_T_LSE) {
+        bs = cpt_bound_check(outs->t[i], o->t[i], o->mag[i], o->mag16[i], n, cfg->dtype, 1);
+    } else {
+        ctxpar_tensor t = global_view(cfg, outs->t[i], i);
+        bs = cpt_bound_check_tensor(&t, o->t[i], o->mag[i], o->mag16[i]);
+    }
+    *ratio = bs.max_ratio;
+    memset(w, 0, sizeof *w);
+    w->rank = -1;
+    if (bs.worst < 0)
+        return CTXPAR_OK;
+    const int64_t x = bs.worst, S = cfg->seq, D = cfg->head_dim;
+    const int64_t H = (i == CPT_T_DK || i == CPT_T_DV) ? cfg->kv_heads : cfg->heads;
+    if (i == CPT_T_LSE) {
+        *w = (cpt_run_where){x / (H * S), x % S, x / S % H, 0, -1,
+                             ((const float *)outs->t[i])[x], o->t[i][x], 0};
+    } else {
+        ctxpar_tensor t = global_view(cfg, outs->t[i], i);
+        *w = (cpt_run_where){x / (S * H * D), x / (H * D) % S, x / D % H, x % D, -1, 0,
+                             o->t[i][x], 0};
+        w->got = cpt_test_get(&t, w->batch, w->position, w->head, w->dim);
+    }
+    w->bound = cpt_bound_elem(cfg->dtype, i == CPT_T_LSE, o->mag[i][x],
+                                 o->mag16[i] ? o->mag16[i][x] : 0.0, o->t[i][x]);
+    int64_t *pos = malloc((size_t)(S / cfg->ranks) * sizeof *pos + 1);
+    if (!pos)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
+    ctxpar_status st = CTXPAR_OK;
+    for (int r = 0; st == CTXPAR_OK && w->rank < 0 && r < cfg->ranks; r++) {
+        st = ctxpar_positions(cfg->params.layout, S, r, cfg->ranks, pos);
+        for (int64_t s = 0; st == CTXPAR_OK && s < S / cfg->ranks; s++)
+            if (pos[s] == w->position)
+                w->rank = r;
+    }
+    free(pos);
+    return st;
+}
+
 static int bitwise_equal(const cpt_run_config *cfg, const cpt_run_outputs *a,
                          const cpt_run_outputs *b, int i) {
     size_t es = i == CPT_T_LSE ? sizeof(float) : ctxpar_dtype_size(cfg->dtype);
@@ -275,13 +333,15 @@ static int bitwise_equal(const cpt_run_config *cfg, const cpt_run_outputs *a,
 
 ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs *single,
                                   cpt_run_result *res) {
-    oracle_result o = {{0}};
+    oracle_result o;
+    memset(&o, 0, sizeof o);
     if (cfg->compare_oracle)
         CTXPAR_CHECK(run_oracle(cfg, &o));
     res->ok = res->status == CTXPAR_OK;
     for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         res->has[i] = has_tensor(cfg, i);
-        res->error[i] = res->row_error[i] = res->error_1[i] = res->ratio[i] = NAN;
+        res->error[i] = res->row_error[i] = res->error_1[i] = res->ratio[i] =
+            res->bound_ratio[i] = NAN;
         res->tolerance[i] = cpt_tolerance_for_seq(cfg->dtype, cpt_run_tensor_name(i),
                                                      cfg->seq);
         res->within_tol[i] = res->ratio_ok[i] = 1;
@@ -293,7 +353,13 @@ ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs 
             continue;
         res->error[i] = tensor_error(cfg, &res->outputs, i, o.t[i]);
         res->row_error[i] = tensor_row_error(cfg, &res->outputs, i, o.t[i]);
-        res->within_tol[i] = res->error[i] <= res->tolerance[i];
+        ctxpar_status st =
+            bound_verdict(cfg, &res->outputs, i, &o, &res->bound_ratio[i], &res->bound_worst[i]);
+        if (st != CTXPAR_OK) {
+            oracle_free(&o);
+            return st;
+        }
+        res->within_tol[i] = res->bound_ratio[i] <= 1.0;
         // At P = 1 the single-rank run is the same computation: a ratio would compare a run with
         // itself (the bitwise check above covers reproducibility).
         if (single && cfg->ranks > 1) {
@@ -307,7 +373,9 @@ ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs 
     if (cfg->keep_oracle) // handed over to the result
         for (int i = 0; i < CPT_RUN_TENSORS; i++) {
             res->oracle[i] = o.t[i];
-            o.t[i] = NULL;
+            res->oracle_mag[i] = o.mag[i];
+            res->oracle_mag16[i] = o.mag16[i];
+            o.t[i] = o.mag[i] = o.mag16[i] = NULL;
         }
     oracle_free(&o);
     return CTXPAR_OK;
@@ -417,6 +485,8 @@ void cpt_run_result_free(cpt_run_result *res) {
     cpt_run_outputs_free(&res->outputs);
     for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         free(res->oracle[i]);
-        res->oracle[i] = NULL;
+        free(res->oracle_mag[i]);
+        free(res->oracle_mag16[i]);
+        res->oracle[i] = res->oracle_mag[i] = res->oracle_mag16[i] = NULL;
     }
 }

@@ -117,6 +117,13 @@ typedef struct cpt_run_rank_stats {
     double compute_s, transfer_s, wait_s;
 } cpt_run_rank_stats;
 
+/* One element of a global tensor: where it is and which rank held its row under the layout. */
+typedef struct cpt_run_where {
+    int64_t batch, position, head, dim; /* dim 0 for lse */
+    int rank;
+    double got, ref, bound; /* the element, the oracle's value, its per-element bound */
+} cpt_run_where;
+
 typedef struct cpt_run_result {
     ctxpar_status status;   /* first failing rank's status, or OK */
     char message[600];      /* its message, "rank R: ..." */
@@ -131,7 +138,12 @@ typedef struct cpt_run_result {
     double error_1[CPT_RUN_TENSORS];  /* the same at P = 1 */
     double ratio[CPT_RUN_TENSORS];    /* error / error_1 */
     int ratio_ok[CPT_RUN_TENSORS];
-    double tolerance[CPT_RUN_TENSORS];
+    double tolerance[CPT_RUN_TENSORS]; /* the old table's bound on error (information only) */
+    /* The verdict: the per-element bound (tolerance.h, docs/numerics.md). bound_ratio is the
+     * largest |got - oracle| / bound over the tensor (<= 1 passes; INFINITY for NaN or an
+     * unmatched infinity), bound_worst where it occurs; within_tol is bound_ratio <= 1. */
+    double bound_ratio[CPT_RUN_TENSORS];
+    cpt_run_where bound_worst[CPT_RUN_TENSORS];
     int within_tol[CPT_RUN_TENSORS];
     int bitwise_single[CPT_RUN_TENSORS]; /* bitwise equal to P = 1 */
     int ok;                 /* status OK, every error within tolerance and ratio */
@@ -146,12 +158,15 @@ typedef struct cpt_run_result {
     /* With keep_oracle: the fp64 oracle's global tensors (the layout of outputs), else NULL;
      * owned, freed by cpt_run_result_free. */
     double *oracle[CPT_RUN_TENSORS];
+    /* With keep_oracle: the bound's magnitudes M of every element (tolerance.h), same layout. */
+    double *oracle_mag[CPT_RUN_TENSORS];
+    double *oracle_mag16[CPT_RUN_TENSORS]; /* its 16-bit magnitudes M16 */
 } cpt_run_result;
 
 /* Runs cfg with cfg->ranks in-process ranks (threads, the local comm, cfg->backend's device).
  * Returns the status of the harness itself (bad config: INVALID_ARG); the library's status is in
- * result. Errors are held to the tolerance table's bound for the run's seq
- * (cpt_tolerance_for_seq). */
+ * result. Every element is held to its per-element bound (cpt_bound_elem with the magnitudes of
+ * cpt_bound_magnitudes_masked), the P-rank error to the P = 1 error (cpt_error_ratio_ok). */
 ctxpar_status cpt_run(const cpt_run_config *cfg, cpt_run_result *result);
 
 void cpt_run_result_free(cpt_run_result *result);

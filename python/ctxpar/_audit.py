@@ -59,8 +59,10 @@ class AuditRow:
 class TensorVerdict:
     """The verdict on one result tensor. error: max |got - ref| / max |ref| against float64
     (inf for a NaN or an unmatched infinity); reference_error: ctxpar's own error on the same
-    inputs at the same dtype; ratio: error / reference_error; worst: the worst row;
-    worst_rows: the worst rows, worst first; error_by_rank: the error over each rank's rows."""
+    inputs at the same dtype; ratio: error / reference_error; bound_ratio: the largest
+    |got - ref| / bound over the elements (the verdict: consistent when <= 1; docs/numerics.md);
+    worst: the worst row; worst_rows: the worst rows, worst first; error_by_rank: the error over
+    each rank's rows."""
     name: str
     error: float
     reference_error: float
@@ -70,11 +72,13 @@ class TensorVerdict:
     worst: AuditRow
     worst_rows: list = field(default_factory=list)
     error_by_rank: list = field(default_factory=list)
+    bound_ratio: float = math.nan
 
 
 @dataclass(frozen=True)
 class AuditReport:
-    """consistent: every judged tensor within max_ratio x ctxpar's own error. tensors: {name:
+    """consistent: every element of every judged tensor within its per-element bound (and, when
+    max_ratio is set, every error within max_ratio x ctxpar's own). tensors: {name:
     TensorVerdict} for each result given. within_tolerance: ctxpar's own run was within its
     tolerance of float64 (when not, ctxpar's errors are no fair yardstick); reference_errors:
     those errors by name. exit_code: the tool's (0 consistent and within tolerance, 1 not).
@@ -83,7 +87,7 @@ class AuditReport:
     json: the tool's whole report."""
     consistent: bool
     tensors: dict
-    max_ratio: float
+    max_ratio: object  # float, or None when not asked for
     within_tolerance: bool
     reference_errors: dict
     exit_code: int
@@ -92,15 +96,18 @@ class AuditReport:
     json: dict
 
     def __str__(self):
+        extra = ("" if self.max_ratio is None else
+                 f"; each error at most {self.max_ratio:g} x ctxpar's own")
         lines = [f"ctxpar audit: {'CONSISTENT' if self.consistent else 'NOT CONSISTENT'} "
-                 f"(each error at most {self.max_ratio:g} x ctxpar's own)",
-                 f"  {'tensor':<6} {'error':<11} {'ctxpar':<11} {'ratio':<8} worst row "
-                 "(position, head, rank)"]
+                 f"(every element within its bound{extra})",
+                 f"  {'tensor':<6} {'error':<11} {'ctxpar':<11} {'ratio':<8} {'err/bound':<9} "
+                 "worst row (position, head, rank)"]
         for v in self.tensors.values():
             w = v.worst
             where = f"{w.position}, {w.head}, {w.rank}" if w else "-"
             lines.append(f"  {v.name:<6} {v.error:<11.3e} {v.reference_error:<11.3e} "
-                         f"{v.ratio:<8.3g} {where}  {'ok' if v.consistent else 'NOT CONSISTENT'}")
+                         f"{v.ratio:<8.3g} {v.bound_ratio:<9.3g} {where}  "
+                         f"{'ok' if v.consistent else 'NOT CONSISTENT'}")
         if not self.within_tolerance:
             lines.append("  (ctxpar's own run was out of its tolerance: see reference_errors)")
         return "\n".join(lines)
@@ -127,7 +134,8 @@ def _verdict(name, j):
     return TensorVerdict(name, _num(j["error"]), _num(j["reference_error"]), _num(j["ratio"]),
                          bool(j["consistent"]), int(j["nonfinite"]), _row(j.get("worst")),
                          [_row(r) for r in j.get("worst_rows", [])],
-                         [_num(e) for e in j.get("error_by_rank", [])])
+                         [_num(e) for e in j.get("error_by_rank", [])],
+                         _num(j.get("bound_ratio")))
 
 
 def tool_path(tool=None):
@@ -160,7 +168,7 @@ def _choice(kind, allowed, value):
 
 def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, ranks,
           algo="ring", layout="zigzag", mask="causal", window=0, cu_seqlens=None, scale=None,
-          format="bshd", lse_base="e", lse_layout="bhs", dtype=None, max_ratio=2.0,
+          format="bshd", lse_base="e", lse_layout="bhs", dtype=None, max_ratio=None,
           num_threads=0, folder=None, tool=None, timeout=None):
     """Judges results computed elsewhere on the inputs q, k, v (and dout): an AuditReport.
 
@@ -173,7 +181,8 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
     lse: float32 (or the results' dtype) in `lse_layout` ("bhs", "bsh", "ht" = [heads, tokens]),
     natural log or base 2 (`lse_base` "e" or "2"). cu_seqlens: packed documents, int32/int64.
     mask, window, algo: the attention and ctxpar's algorithm for its own reference run. dtype:
-    the dtype ctxpar's own run uses (default: the results'). max_ratio: the verdict's bound.
+    the dtype ctxpar's own run uses (default: the results'). max_ratio: also require each error at most
+    max_ratio x ctxpar's own (the tool's --max-ratio; None: the per-element bound alone).
     scale: the softmax scale (None: 1/sqrt(head_dim)), the tool's --scale.
 
     It runs the ctxpar tool (tool_path(tool)) as `ctxpar audit --inputs inputs.safetensors
@@ -198,8 +207,8 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
         _choice("dtype", DTYPES, dtype)
     if int(window) < 0:
         raise ValueError(f"window ({window}) must be >= 0")
-    if not float(max_ratio) > 0:
-        raise ValueError(f"max_ratio ({max_ratio}) must be > 0")
+    if max_ratio is not None and not float(max_ratio) >= 1:
+        raise ValueError(f"max_ratio ({max_ratio}) must be >= 1")
     if scale is not None and not (math.isfinite(float(scale)) and float(scale) != 0.0):
         raise ValueError(f"scale ({scale}) must be finite and non-zero")
     exe = tool_path(tool)
@@ -216,12 +225,14 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
     command = [exe, "audit", "--inputs", INPUTS_FILE, "--against", RESULTS_FILE,
                "--format", format, "--lse-layout", lse_layout, "--lse-base", lse_base,
                "--ranks", str(int(ranks)), "--algo", algo, "--layout", layout, "--mask", mask,
-               "--window", str(int(window)), "--max-ratio", repr(float(max_ratio)),
+               "--window", str(int(window)),
                "--threads", str(int(num_threads)), "--comm", "local", "--json"]
     if dtype is not None:
         command += ["--dtype", dtype]
     if scale is not None:
         command += ["--scale", repr(float(scale))]
+    if max_ratio is not None:
+        command += ["--max-ratio", repr(float(max_ratio))]
     if folder is not None:
         os.makedirs(folder, exist_ok=True)
         return _run(command, str(folder), inputs, results, timeout, keep=True)
@@ -252,7 +263,9 @@ def _run(command, folder, inputs, results, timeout, keep):
                                f"the tool's report has no verdict (exit {p.returncode}): "
                                f"{message}")
     tensors = {n: _verdict(n, j) for n, j in report["against"].items()}
-    return AuditReport(bool(report["consistent"]), tensors, float(report["max_ratio"]),
+    max_ratio = report.get("max_ratio")
+    return AuditReport(bool(report["consistent"]), tensors,
+                       None if max_ratio is None else float(max_ratio),
                        bool(report.get("ok", False)),
                        {n: _num(e) for n, e in report.get("errors", {}).items()},
                        p.returncode, command, folder if keep else None, report)

@@ -69,6 +69,7 @@ def test_correct_result_rounded_to_dtype_is_consistent(dtype, tool):
         want = rel_error(as_float(res[name]), ref[name])
         assert verdict.error == pytest.approx(want, rel=1e-3), name
         assert verdict.consistent and verdict.ratio <= 2 and verdict.nonfinite == 0, name
+        assert 0 < verdict.bound_ratio <= 1, name  # the verdict: every element within its bound
         assert verdict.reference_error == pytest.approx(rep.reference_errors[name]), name
         assert verdict.ratio == pytest.approx(verdict.error / verdict.reference_error, rel=1e-6)
         assert len(verdict.error_by_rank) == 2 and verdict.worst.rank in (0, 1)
@@ -102,7 +103,7 @@ def test_one_ranks_rows_zeroed_names_that_rank(layout, fmt, bad_rank, tool):
                        layout=layout, format=fmt)
     assert not rep.consistent and rep.exit_code == 1
     out = rep.tensors["out"]
-    assert not out.consistent and out.ratio > 1000
+    assert not out.consistent and out.ratio > 1000 and out.bound_ratio > 1
     assert out.worst.rank == bad_rank
     assert all(row.rank == bad_rank for row in out.worst_rows)
     assert out.worst.position in ctxpar.positions(layout, S, bad_rank, P)
@@ -135,6 +136,18 @@ def test_thd_packed_documents_with_lse_heads_tokens(tool):
     rep = ctxpar.audit(t(q), t(k), t(v), out=t(_tensor.to_bf16_bits(whole)), ranks=2,
                        format="thd", cu_seqlens=cu.tolist())
     assert not rep.consistent and rep.tensors["out"].worst.position >= 24
+
+
+def test_empty_documents_are_allowed(tool):
+    # TransformerEngine's THD tests draw zero-length documents: repeated boundaries.
+    cu = np.array([0, 20, 20, 37, 64, 64], dtype=np.int64)
+    (q, k, v, do), res, _ = case("f32", cu_seqlens=cu, seed=7)
+    rep = ctxpar.audit(q, k, v, do, **res, ranks=2, cu_seqlens=cu)
+    assert rep.consistent, str(rep)
+    sim = ctxpar.simulate(q, k, v, do, ranks=4, cu_seqlens=cu)
+    ref = ctxpar.oracle(q, k, v, do, cu_seqlens=cu)
+    for name in ("out", "dq", "dk", "dv"):
+        assert np.abs(sim[name] - ref[name]).max() <= 1e-5 * max(1.0, np.abs(ref[name]).max())
 
 
 def test_folder_keeps_the_files_and_the_command_reruns(tmp_path, tool):
@@ -174,6 +187,7 @@ def test_bad_options_raise_before_the_tool_runs(monkeypatch):
     for kw, match in ((dict(), "at least one"), (dict(out=out, format="bsdh"), "format"),
                       (dict(out=out, lse_base=10), "lse_base"), (dict(out=out, ranks=0), "ranks"),
                       (dict(out=out, scale=float("nan")), "scale"), (dict(out=out, mask="sliding"), "mask"),
+                      (dict(out=out, max_ratio=0.5), "max_ratio"),
                       (dict(out=out.astype(np.float64)), "float64")):
         kw.setdefault("ranks", 2)
         with pytest.raises(ValueError, match=match):

@@ -8,22 +8,25 @@
 #include "ctxpar_backend.h"
 #include "testing/data.h"
 #include "testing/metrics.h"
+#include "testing/tolerance.h"
 
 int cpt_audit_within_bound(const cpt_audit_verdict *v, const cpt_audit_bound *bound) {
-    return isfinite(v->error) && v->ratio <= bound->max_ratio;
+    return isfinite(v->error) && v->bound_ratio <= 1.0 &&
+           (!(bound->max_ratio > 0) || v->ratio <= bound->max_ratio);
 }
 
 void cpt_audit_verdict_free(cpt_audit_verdict *v) {
     free(v->rank_error);
+    free(v->rank_bound_ratio);
     memset(v, 0, sizeof *v);
 }
 
-// Keeps row in the list of the worst rows (sorted, worst first).
+// Keeps row in the list of the worst rows (sorted by error/bound, worst first).
 static void keep_worst(cpt_audit_verdict *v, const cpt_audit_row *row) {
-    if (!(row->error > 0) && !isnan(row->error))
+    if (!(row->bound_ratio > 0) && !isnan(row->bound_ratio))
         return;
     int n = v->n_worst, at = n;
-    while (at > 0 && !(v->worst[at - 1].error >= row->error))
+    while (at > 0 && !(v->worst[at - 1].bound_ratio >= row->bound_ratio))
         at--;
     if (at >= CPT_AUDIT_WORST_ROWS)
         return;
@@ -34,23 +37,31 @@ static void keep_worst(cpt_audit_verdict *v, const cpt_audit_row *row) {
     v->n_worst = n + 1;
 }
 
+static double worse(double a, double b) {
+    return isnan(a) || isnan(b) ? INFINITY : fmax(a, b);
+}
+
 static void account(cpt_audit_verdict *v, cpt_audit_row *row, double max_abs,
                     double max_ref) {
     row->error = max_ref > 0 ? max_abs / max_ref : max_abs;
-    if (row->error > v->rank_error[row->rank] || isnan(row->error))
-        v->rank_error[row->rank] = isnan(row->error) ? INFINITY : row->error;
+    v->rank_error[row->rank] = worse(v->rank_error[row->rank], row->error);
+    v->rank_bound_ratio[row->rank] = worse(v->rank_bound_ratio[row->rank], row->bound_ratio);
+    v->bound_ratio = worse(v->bound_ratio, row->bound_ratio);
     keep_worst(v, row);
 }
 
 ctxpar_status cpt_audit_judge(const ctxpar_tensor *got, const float *got_lse,
-                                 const int64_t dims[4], const double *ref, double reference_error,
-                                 const int *owner, int ranks, const cpt_audit_bound *bound,
-                                 cpt_audit_verdict *v) {
+                                 const int64_t dims[4], const double *ref, const double *mag,
+                                 const double *mag16, double reference_error, const int *owner, int ranks,
+                                 const cpt_audit_bound *bound, cpt_audit_verdict *v) {
     memset(v, 0, sizeof *v);
     v->ranks = ranks;
     v->rank_error = calloc((size_t)ranks, sizeof *v->rank_error);
-    if (!v->rank_error)
+    v->rank_bound_ratio = calloc((size_t)ranks, sizeof *v->rank_bound_ratio);
+    if (!v->rank_error || !v->rank_bound_ratio) {
+        cpt_audit_verdict_free(v);
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %d rank errors", ranks);
+    }
     const int64_t B = dims[0], n = dims[0] * dims[1] * dims[2] * dims[3];
     cpt_error_stats all =
         got ? cpt_compare_tensor(got, ref) : cpt_compare_f32(got_lse, ref, (size_t)n);
@@ -66,8 +77,9 @@ ctxpar_status cpt_audit_judge(const ctxpar_tensor *got, const float *got_lse,
                                                    (int64_t)ctxpar_dtype_size(got->dtype);
                 row.shape[0] = row.shape[1] = 1;
                 cpt_error_stats e = cpt_compare_tensor(&row, ref + off);
-                int64_t w = e.worst < 0 ? 0 : e.worst;
-                cpt_audit_row r = {b, s, w / D, owner[s], 0, 0, ref[off + w]};
+                cpt_bound_stats bs = cpt_bound_check_tensor(&row, ref + off, mag + off, mag16 + off);
+                int64_t w = bs.worst < 0 ? 0 : bs.worst;
+                cpt_audit_row r = {b, s, w / D, owner[s], 0, bs.max_ratio, 0, ref[off + w]};
                 r.got = cpt_test_get(&row, 0, 0, w / D, w % D);
                 account(v, &r, e.nonfinite ? INFINITY : e.max_abs, all.max_ref);
             }
@@ -78,7 +90,8 @@ ctxpar_status cpt_audit_judge(const ctxpar_tensor *got, const float *got_lse,
                 for (int64_t s = 0; s < S; s++) {
                     int64_t i = (b * H + h) * S + s;
                     cpt_error_stats e = cpt_compare_f32(got_lse + i, ref + i, 1);
-                    cpt_audit_row r = {b, s, h, owner[s], 0, got_lse[i], ref[i]};
+                    double br = cpt_bound_ratio(got_lse[i], ref[i], mag[i], 0.0, CTXPAR_DTYPE_F32, 1);
+                    cpt_audit_row r = {b, s, h, owner[s], 0, br, got_lse[i], ref[i]};
                     account(v, &r, e.nonfinite ? INFINITY : e.max_abs, all.max_ref);
                 }
     }

@@ -4,8 +4,11 @@
  * dtype, and where it is worst (global position, head, and the rank that held the row under the
  * declared layout: the first thing to know when hunting a ring-step or merge bug).
  *
- * Errors are those of metrics.h (max |got - ref| / max |ref|, non-finite values never look good),
- * measured row by row so that every rank's share is known.
+ * The verdict is the per-element bound of testing/tolerance.h (docs/numerics.md): every element
+ * within the error a correct float computation of it may carry at the result's dtype
+ * (|got - ref| <= bound, ratio error/bound <= 1). Beside it, errors as metrics.h measures them
+ * (max |got - ref| / max |ref|; non-finite values never look good), row by row so that every
+ * rank's share is known.
  */
 #ifndef CPT_TOOL_AUDIT_JUDGE_H
 #define CPT_TOOL_AUDIT_JUDGE_H
@@ -18,11 +21,11 @@
 extern "C" {
 #endif
 
-/* What a result must meet to be called consistent. Today: its error at most max_ratio times
- * ctxpar's own error at the same dtype. The fair per-element bound of the accuracy work is to
- * replace this (see cpt_audit_within_bound). */
+/* What a result must meet to be called consistent: every element within its per-element bound,
+ * and when max_ratio > 0 (--max-ratio, off by default) also its error at most max_ratio times
+ * ctxpar's own error at the same dtype. */
 typedef struct cpt_audit_bound {
-    double max_ratio;
+    double max_ratio; /* 0: not applied */
 } cpt_audit_bound;
 
 #define CPT_AUDIT_WORST_ROWS 5
@@ -31,27 +34,32 @@ typedef struct cpt_audit_bound {
 typedef struct cpt_audit_row {
     int64_t batch, position, head;
     int rank;
-    double error; /* the row's max |got - ref| over the tensor's max |ref| */
-    double got, want;
+    double error;       /* the row's max |got - ref| over the tensor's max |ref| */
+    double bound_ratio; /* the row's largest |got - ref| / bound; the rows are ranked by it */
+    double got, want;   /* the row's element with that ratio */
 } cpt_audit_row;
 
 typedef struct cpt_audit_verdict {
     double error;           /* vs float64 */
     double reference_error; /* ctxpar's own, same inputs and dtype */
     double ratio;           /* error / reference_error (inf when only ctxpar's is 0) */
+    double bound_ratio;     /* the largest |got - ref| / bound over the tensor (<= 1: within) */
     int consistent;
     int64_t nonfinite;                               /* elements whose error is infinite */
     cpt_audit_row worst[CPT_AUDIT_WORST_ROWS]; /* the worst rows, worst first */
     int n_worst;
     int ranks;
     double *rank_error; /* [ranks]: the error over the rows each rank held (malloc'ed) */
+    double *rank_bound_ratio; /* [ranks]: the largest error/bound on each rank's rows (same) */
 } cpt_audit_verdict;
 
 /* Judges a global tensor: got is a dense [B, S, H, D] tensor (lse: NULL and got_lse a float
- * [B, H, S] array, dims = {B, H, S, 1}); ref the oracle's doubles in the same order; owner[s] the
- * rank holding position s. OUT_OF_MEMORY is the only failure. */
+ * [B, H, S] array, dims = {B, H, S, 1}); ref the oracle's doubles and mag, mag16 the bound's
+ * magnitudes (cpt_bound_magnitudes: t and t16) in the same order; the bound's storage rounding is got's dtype (lse:
+ * F32); owner[s] the rank holding position s. OUT_OF_MEMORY is the only failure. */
 ctxpar_status cpt_audit_judge(const ctxpar_tensor *got, const float *got_lse,
-                                 const int64_t dims[4], const double *ref, double reference_error,
+                                 const int64_t dims[4], const double *ref, const double *mag,
+                                 const double *mag16, double reference_error,
                                  const int *owner, int ranks, const cpt_audit_bound *bound,
                                  cpt_audit_verdict *v);
 

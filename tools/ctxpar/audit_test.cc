@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 
 #include "testing/data.h"
+#include "testing/naive_f32.h"
 #include "testing/npy.h"
 #include "testing/oracle.h"
 #include "testing/safetensors.h"
@@ -292,6 +293,43 @@ TEST(AuditAgainst, CorrectResultsRoundedToTheDtypeAreConsistent) {
         }
         EXPECT_STREQ(json_string_value(json_object_get(json_object_get(v.root, "config"), "dtype")),
                      ctxpar_dtype_name(dtype));
+    }
+}
+
+// Plain float32 attention (full softmax, float32 products: testing/naive_f32) with dO = 1
+// (loss = out.sum()): dq nearly cancels there, so a bound against max |dq| cannot judge it; the
+// per-element bound accepts it, and --max-ratio 1 (ctxpar's own error as the bar) does not
+// change that it is called consistent only through the bound.
+TEST(AuditAgainst, PlainFloat32ResultsWithCancellingDqAreConsistent) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, true);
+    std::fill(p.dout.begin(), p.dout.end(), 1.0);
+    cpt_oracle_shape sh = {kB, kS, kS, kH, kH, kD};
+    ctxpar_mask_desc m = Causal();
+    cpt_oracle_bwd(&sh, p.q.data(), p.k.data(), p.v.data(), nullptr, nullptr, &m, Scale(),
+                      p.dout.data(), p.dq.data(), p.dk.data(), p.dv.data());
+    std::vector<float> f[4], o(p.q.size()), l(p.lse.size()), dq(p.q.size()), dk(p.q.size()),
+        dv(p.q.size());
+    const Vec *in[4] = {&p.q, &p.k, &p.v, &p.dout};
+    for (int i = 0; i < 4; i++)
+        f[i].assign(in[i]->begin(), in[i]->end());
+    std::vector<uint8_t> vis((size_t)(kS * kS));
+    ASSERT_EQ(cpt_oracle_visibility(&sh, nullptr, nullptr, &m, vis.data()), CTXPAR_OK);
+    const float scale = (float)Scale();
+    cpt_naive_f32_fwd(&sh, f[0].data(), f[1].data(), f[2].data(), vis.data(), scale, o.data(),
+                         l.data());
+    cpt_naive_f32_bwd(&sh, f[0].data(), f[1].data(), f[2].data(), vis.data(), scale, o.data(),
+                         f[3].data(), dq.data(), dk.data(), dv.data());
+    Results r{Vec(o.begin(), o.end()), Vec(l.begin(), l.end()), Vec(dq.begin(), dq.end()),
+              Vec(dk.begin(), dk.end()), Vec(dv.begin(), dv.end())};
+    Verdict v;
+    JudgeResults("naive_f32_dout1", p, r, &v);
+    EXPECT_EQ(v.o.code, 0) << v.o.out << v.o.err;
+    EXPECT_TRUE(v.Consistent()) << v.o.out;
+    for (const char *t : {"out", "lse", "dq", "dk", "dv"}) {
+        json_t *b = json_object_get(v.Tensor(t), "bound_ratio");
+        ASSERT_TRUE(json_is_number(b)) << t << ": " << v.o.out;
+        EXPECT_GT(json_number_value(b), 0.0) << t; // not bitwise the oracle: the bound judged it
+        EXPECT_LE(json_number_value(b), 1.0) << t;
     }
 }
 

@@ -114,9 +114,9 @@ static int read_cu_seqlens(const cpt_audit_src *src, cpt_audit_state *a, char *w
                 snprintf(msg, n, "%s: cu_seqlens[%zu] = %lld does not fit in int32", where, i,
                          (long long)v);
                 ok = 0;
-            } else if ((i == 0 && v != 0) || (i > 0 && v <= a->cu_seqlens[i - 1])) {
-                snprintf(msg, n, "%s: cu_seqlens[%zu] = %lld; want 0 first, then increasing", where,
-                         i, (long long)v);
+            } else if ((i == 0 && v != 0) || (i > 0 && v < a->cu_seqlens[i - 1])) {
+                snprintf(msg, n, "%s: cu_seqlens[%zu] = %lld; want 0 first, then non-decreasing",
+                         where, i, (long long)v);
                 ok = 0;
             } else {
                 a->cu_seqlens[i] = (int32_t)v;

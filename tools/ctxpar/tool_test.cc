@@ -821,6 +821,33 @@ TEST(Check, ReportsThePerRowErrorBesideThePerTensorOne) {
     EXPECT_NE(o.out.find("worst row"), std::string::npos) << o.out;
 }
 
+// The verdict is the per-element bound: per tensor the largest error/bound (within 1 for a
+// correct run) and where it is: position, head, and the rank that held the row under zigzag.
+TEST(Check, ReportsTheLargestErrorToBoundAndWhere) {
+    Outcome o = Tool("check --seq 256 --ranks 4 --heads 2 --dim 16 --layout zigzag --backward "
+                     "--json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["ok"].b);
+    for (const char *t : {"out", "lse", "dq", "dk", "dv"}) {
+        SCOPED_TRACE(t);
+        ASSERT_TRUE(j["bound_ratio"].Has(t)) << o.out;
+        EXPECT_GT(j["bound_ratio"][t].num, 0.0);
+        EXPECT_LE(j["bound_ratio"][t].num, 1.0);
+        const Json &w = j["bound_worst"][t];
+        int64_t pos = (int64_t)w["position"].num, chunk = pos / 32; // 2 x 4 chunks of 32
+        ASSERT_TRUE(pos >= 0 && pos < 256) << o.out;
+        EXPECT_EQ((int64_t)w["rank"].num, chunk < 4 ? chunk : 7 - chunk) << o.out;
+        EXPECT_TRUE(w["head"].num >= 0 && w["head"].num < 2) << o.out;
+        EXPECT_LE(std::fabs(w["got"].num - w["expected"].num), w["bound"].num) << o.out;
+    }
+    o = Tool("check --seq 256 --ranks 4 --heads 2 --dim 16 --layout zigzag --backward");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    EXPECT_NE(o.out.find("error/bound"), std::string::npos) << o.out;
+    EXPECT_NE(o.out.find("worst at (pos, head, rank)"), std::string::npos) << o.out;
+}
+
 TEST(Check, CudaBackendRunsOrSaysWhyNot) {
     // With a GPU: a result. Without one (or without CUDA in the build): one line, no crash.
     Outcome o = Tool("check --backend cuda --seq 256 --ranks 2 --heads 2 --dim 64");

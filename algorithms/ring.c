@@ -79,7 +79,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
     const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
     const size_t out_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
     const size_t lse_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
-    ctxpar_ring_plan plan = {0, NULL};
+    ctxpar_ring_plan plan = {0, NULL, NULL};
     ctxpar_xfer x = {0};
     ring_fwd_ws w;
     void *base = NULL;
@@ -133,31 +133,25 @@ typedef struct ring_bwd {
     ctxpar_ring_plan plan;
     ctxpar_xfer xkv, xd, xsend, xhome; // K/V; partial sums; a finished sum out; ours in
     void *kv[2];
-    float *d[2]; // d[s % 2]: the sum of the block held at step s
-    // This rank's own block's finished dK/dV when it cannot land in a d[] buffer: kept at step 0
-    // (no other rank needs the block) or sent home before the last step (under a mask). NULL
-    // otherwise: it comes home at the last step, into the d[] buffer that step leaves free.
-    float *home;
+    // d[s % 2]: the sum of the block held at step s. This rank's own block's finished sum comes
+    // home into the other one, which the plan keeps free from then on (ring_plan.h, sum_last).
+    float *d[2];
     float *dq_acc, *delta;
     size_t dkv_n, dkv_bytes;
 } ring_bwd;
 
-// Where the partial sum of the block held at step s goes next: along the path while someone
-// further needs the block, else straight home to its owner (or nowhere: it is the owner's).
+// Where the partial sum of the block held at step s goes next: along its path (sum_last), then
+// home to its owner (or nowhere: it is the owner's).
 static int dkv_destination(const ctxpar_problem *pb, const ctxpar_ring_plan *plan, int s) {
     int j = block_at(pb, s), P = pb->nranks;
-    if (ctxpar_ring_dist(j, pb->rank, P) < ctxpar_ring_dist(j, plan->last[j], P))
+    if (ctxpar_ring_dist(j, pb->rank, P) < ctxpar_ring_dist(j, plan->sum_last[j], P))
         return next_rank(pb);
     return j != pb->rank ? j : -1;
 }
 
-// Whether this rank's own finished dK/dV needs a buffer of its own (see ring_bwd.home).
-static int needs_home(const ctxpar_problem *pb, const ctxpar_ring_plan *plan) {
-    const int P = pb->nranks, last = plan->last[pb->rank];
-    return P > 1 && (last == pb->rank || ctxpar_ring_dist(pb->rank, last, P) != P - 1);
-}
-
-static size_t ring_bwd_layout(const ctxpar_problem *pb, int home, char *base, ring_bwd *w) {
+// Per rank: the K/V double buffer (4 shard tensors in F32), two dK/dV partial sums (4) and dQ
+// (1), for every mask and layout (docs/algorithms.md).
+static size_t ring_bwd_layout(const ctxpar_problem *pb, char *base, ring_bwd *w) {
     const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
     const size_t dkv_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);
     const int P = pb->nranks;
@@ -166,7 +160,6 @@ static size_t ring_bwd_layout(const ctxpar_problem *pb, int home, char *base, ri
     w->kv[1] = P > 1 ? ctxpar_carve_take(&c, kv_bytes + CTXPAR_XFER_TRAILER) : NULL;
     w->d[0] = ctxpar_carve_take(&c, dkv_bytes + CTXPAR_XFER_TRAILER);
     w->d[1] = P > 1 ? ctxpar_carve_take(&c, dkv_bytes + CTXPAR_XFER_TRAILER) : NULL;
-    w->home = home ? ctxpar_carve_take(&c, dkv_bytes + CTXPAR_XFER_TRAILER) : NULL;
     w->dq_acc = ctxpar_carve_take(
         &c, ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim) * sizeof(float));
     w->delta = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) *
@@ -177,13 +170,7 @@ static size_t ring_bwd_layout(const ctxpar_problem *pb, int home, char *base, ri
 static size_t ctxpar_ring_workspace_bytes(const ctxpar_problem *pb) {
     ring_fwd_ws f;
     ring_bwd b;
-    ctxpar_ring_plan plan = {0, NULL};
-    // Without memory for the plan, assume the larger layout (reserve only sizes).
-    int home = ctxpar_ring_plan_make(pb, &plan) == CTXPAR_OK ? needs_home(pb, &plan)
-                                                             : pb->nranks > 1;
-    ctxpar_clear_error();
-    ctxpar_ring_plan_free(&plan);
-    size_t fwd = ring_fwd_layout(pb, NULL, &f), bwd = ring_bwd_layout(pb, home, NULL, &b);
+    size_t fwd = ring_fwd_layout(pb, NULL, &f), bwd = ring_bwd_layout(pb, NULL, &b);
     return fwd > bwd ? fwd : bwd;
 }
 
@@ -199,14 +186,16 @@ static ctxpar_status bwd_step(const ctxpar_run *run, const ctxpar_problem *pb, r
     // The previous step's transfers: this block's sum has arrived and the sent buffer is free.
     CTXPAR_CHECK(ctxpar_xfer_wait(run, &w->xd));
     CTXPAR_CHECK(ctxpar_xfer_wait(run, &w->xsend));
+    // A sum may pass through without K/V (it goes on around the ring): nothing to add then.
     const int holds = ctxpar_ring_holds(&w->plan, pb->rank, s);
-    float *acc = s == 0 && w->home && w->plan.last[pb->rank] == pb->rank ? w->home : w->d[s % 2];
-    if (holds) {
+    const int has_sum = ctxpar_ring_has_sum(&w->plan, pb->rank, s);
+    float *acc = w->d[s % 2];
+    if (has_sum) {
         if (s == 0) // this rank's own block: the first contribution to its sum
             CTXPAR_CHECK(ctxpar_dev_fill(run->dev, acc, 0.0f, w->dkv_n, run->stream));
         ctxpar_shard_spans ks;
         ctxpar_attn_block blk;
-        if (block_for_step(run, pb, qs, &ks, s, q, cur, &blk)) {
+        if (holds && block_for_step(run, pb, qs, &ks, s, q, cur, &blk)) {
             double t0 = ctxpar_now();
             CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc,
                                                    acc, acc + w->dkv_n / 2, run->stream));
@@ -214,8 +203,8 @@ static ctxpar_status bwd_step(const ctxpar_run *run, const ctxpar_problem *pb, r
                              0);
         }
     }
-    int dst = holds ? dkv_destination(pb, &w->plan, s) : -1;
-    int src = ctxpar_ring_kv_hop(&w->plan, prev_rank(pb), s) ? prev_rank(pb) : -1;
+    int dst = has_sum ? dkv_destination(pb, &w->plan, s) : -1;
+    int src = ctxpar_ring_sum_hop(&w->plan, prev_rank(pb), s) ? prev_rank(pb) : -1;
     float *next = P > 1 ? w->d[(s + 1) % 2] : NULL;
     // A finished sum goes home as a transfer of its own kind, which its owner expects.
     int home = dst >= 0 && dst == block_at(pb, s);
@@ -225,12 +214,32 @@ static ctxpar_status bwd_step(const ctxpar_run *run, const ctxpar_problem *pb, r
     if ((dst >= 0 && !home) || src >= 0)
         CTXPAR_CHECK(ctxpar_xfer_post(run, &w->xd, CTXPAR_XFER_DKV, s, acc, home ? -1 : dst, next,
                                       src, w->dkv_bytes));
-    int last = w->plan.last[pb->rank];
+    int last = w->plan.sum_last[pb->rank];
     if (last != pb->rank && s == ctxpar_ring_dist(pb->rank, last, P))
-        // At the last step no partial sum comes in, so `next` is free (needs_home).
-        CTXPAR_CHECK(ctxpar_xfer_post(run, &w->xhome, CTXPAR_XFER_DKV_HOME, s, NULL, -1,
-                                      w->home ? w->home : next, last, w->dkv_bytes));
+        // The plan keeps `next` free from here to the end (at the last step nothing comes in).
+        CTXPAR_CHECK(ctxpar_xfer_post(run, &w->xhome, CTXPAR_XFER_DKV_HOME, s, NULL, -1, next, last,
+                                      w->dkv_bytes));
     return ctxpar_xfer_wait(run, &w->xkv);
+}
+
+// dK/dV of this rank's own block when no other rank needs it (into d[0], free after the ring).
+static ctxpar_status own_block_bwd(const ctxpar_run *run, const ctxpar_problem *pb, ring_bwd *w,
+                                   const ctxpar_shard_spans *qs, const ctxpar_tensor *q,
+                                   const ctxpar_tensor *k, const ctxpar_tensor *v,
+                                   const ctxpar_tensor *dout, const float *lse) {
+    CTXPAR_CHECK(ctxpar_dev_fill(run->dev, w->d[0], 0.0f, w->dkv_n, run->stream));
+    ctxpar_shard_spans ks;
+    ctxpar_layout_spans(pb->layout, pb->seq_global, pb->rank, pb->nranks, &ks);
+    ctxpar_spans qp = {qs->span, qs->count}, kp = {ks.span, ks.count};
+    if (!ctxpar_block_account(run, pb, qp, kp))
+        return CTXPAR_OK;
+    ctxpar_attn_block blk = {*q, *k, *v, qp, kp, pb->mask, pb->scale};
+    float *acc = w->d[0];
+    double t0 = ctxpar_now();
+    CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc, acc,
+                                           acc + w->dkv_n / 2, run->stream));
+    ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", 0, pb->rank, t0, ctxpar_now(), 0);
+    return CTXPAR_OK;
 }
 
 static ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
@@ -248,10 +257,8 @@ static ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem
     ctxpar_status st;
 
     CTXPAR_CHECK_GOTO(ctxpar_ring_plan_make(pb, &w.plan), st, done);
-    const int home = needs_home(pb, &w.plan);
-    CTXPAR_CHECK_GOTO(ctxpar_run_workspace(run, ring_bwd_layout(pb, home, NULL, &w), &base), st,
-                      done);
-    (void)ring_bwd_layout(pb, home, base, &w);
+    CTXPAR_CHECK_GOTO(ctxpar_run_workspace(run, ring_bwd_layout(pb, NULL, &w), &base), st, done);
+    (void)ring_bwd_layout(pb, base, &w);
     CTXPAR_CHECK_GOTO(ctxpar_pack_kv(run, pb, k, v, w.kv[0]), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_dev_attn_bwd_prep(run->dev, out, dout, w.delta, run->stream), st,
                       done);
@@ -264,8 +271,14 @@ static ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xd), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xsend), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xhome), st, done);
-    // Own block: complete at step 0 when nobody else needs it, else it has come home.
-    const float *dkv = P == 1 ? w.d[0] : w.home ? w.home : w.d[P % 2];
+    // Own block: it has come home into the buffer the plan kept free, or, when no other rank
+    // needs the block, this rank computes it now (from k and v: its packed copy is gone).
+    const int own_last = w.plan.sum_last[pb->rank];
+    const float *dkv = w.d[0];
+    if (P > 1 && own_last != pb->rank)
+        dkv = w.d[(ctxpar_ring_dist(pb->rank, own_last, P) + 1) % 2];
+    else if (P > 1)
+        CTXPAR_CHECK_GOTO(own_block_bwd(run, pb, &w, &qs, q, k, v, dout, lse), st, done);
     ctxpar_tensor dq_t = ctxpar_tensor_bshd(w.dq_acc, CTXPAR_DTYPE_F32, pb->batch, pb->seq_local,
                                             pb->heads_q, pb->head_dim);
     ctxpar_tensor dk_t = ctxpar_packed_kv((void *)dkv, CTXPAR_DTYPE_F32, pb, pb->seq_local, 0);

@@ -22,9 +22,12 @@ ctxpar_status ctxpar_ring_plan_make(const ctxpar_problem *pb, ctxpar_ring_plan *
     const int P = pb->nranks;
     plan->nranks = P;
     plan->last = malloc((size_t)P * sizeof *plan->last);
-    if (!plan->last)
+    plan->sum_last = malloc((size_t)P * sizeof *plan->sum_last);
+    if (!plan->last || !plan->sum_last) {
+        ctxpar_ring_plan_free(plan);
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate a ring plan for %d ranks",
                             P);
+    }
     for (int j = 0; j < P; j++) {
         plan->last[j] = j;
         for (int t = P - 1; t > 0; t--)
@@ -32,22 +35,62 @@ ctxpar_status ctxpar_ring_plan_make(const ctxpar_problem *pb, ctxpar_ring_plan *
                 plan->last[j] = (j + t) % P;
                 break;
             }
+        plan->sum_last[j] = plan->last[j];
+    }
+    // A sum sent home from last[j] before the last step arrives in the owner's other partial-sum
+    // buffer (the one its step-t sum is not in) and stays there to the end: allowed only if no
+    // partial sum of another block uses that buffer afterwards, i.e. none arrives at a step
+    // u >= t with u = t (mod 2). Otherwise the sum goes on around the ring. Sending a sum further
+    // only adds hops, so the fixpoint is reached after at most P rounds.
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int r = 0; r < P; r++) {
+            const int t = ctxpar_ring_dist(r, plan->sum_last[r], P);
+            if (t == 0 || t == P - 1)
+                continue;
+            const int prev = (r + P - 1) % P;
+            for (int u = t; u <= P - 2; u += 2)
+                if (ctxpar_ring_sum_hop(plan, prev, u)) {
+                    plan->sum_last[r] = prev;
+                    changed = 1;
+                    break;
+                }
+        }
     }
     return CTXPAR_OK;
 }
 
 void ctxpar_ring_plan_free(ctxpar_ring_plan *plan) {
     free(plan->last);
+    free(plan->sum_last);
     plan->last = NULL;
+    plan->sum_last = NULL;
 }
 
-int ctxpar_ring_kv_hop(const ctxpar_ring_plan *plan, int from, int step) {
+// Whether rank `from` passes what it holds at `step` (of block from - step) on to from + 1, for
+// paths ending at last[] (K/V: plan->last; partial sums: plan->sum_last).
+static int hop(const ctxpar_ring_plan *plan, const int *last, int from, int step) {
     const int P = plan->nranks;
     if (step >= P - 1)
         return 0;
     int j = ((from - step) % P + P) % P;
-    // The receiver, step + 1 hops from the owner, is still on the block's path.
-    return step + 1 <= ctxpar_ring_dist(j, plan->last[j], P);
+    // The receiver, step + 1 hops from the owner, is still on the path.
+    return step + 1 <= ctxpar_ring_dist(j, last[j], P);
+}
+
+int ctxpar_ring_sum_hop(const ctxpar_ring_plan *plan, int from, int step) {
+    return hop(plan, plan->sum_last, from, step);
+}
+
+int ctxpar_ring_has_sum(const ctxpar_ring_plan *plan, int r, int step) {
+    const int P = plan->nranks;
+    if (step == 0)
+        return P == 1 || plan->sum_last[r] != r;
+    return ctxpar_ring_sum_hop(plan, (r + P - 1) % P, step - 1);
+}
+
+int ctxpar_ring_kv_hop(const ctxpar_ring_plan *plan, int from, int step) {
+    return hop(plan, plan->last, from, step);
 }
 
 int ctxpar_ring_holds(const ctxpar_ring_plan *plan, int r, int step) {

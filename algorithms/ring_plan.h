@@ -4,9 +4,11 @@
  * Block j (the K/V shard of rank j) travels j -> j+1 -> ... around the ring, but only as far as
  * the last rank on that path whose queries see any of it (`last[j]`): with a causal contiguous
  * layout no block wraps around, and with a sliding window narrower than a shard each block goes
- * one hop. In backward, block j's dK/dV partial sum follows it and then goes straight home from
- * last[j] to j. Every rank derives the same plan from the shared params, so both sides of each
- * transfer agree on whether it happens.
+ * one hop. In backward, block j's dK/dV partial sum follows it to last[j] and then either goes
+ * straight home to j, when j has a partial-sum buffer free from that step to the end, or
+ * travels on around the ring (added to by nobody) to arrive home at the last step, as without a
+ * mask (`sum_last[j]`). So the owner never needs a third dK/dV buffer. Every rank derives the
+ * same plan from the shared params, so both sides of each transfer agree on whether it happens.
  */
 #ifndef CTXPAR_RING_PLAN_H
 #define CTXPAR_RING_PLAN_H
@@ -20,6 +22,10 @@ extern "C" {
 typedef struct ctxpar_ring_plan {
     int nranks;
     int *last; /* [P]: the last rank along block j's path that needs it (j itself if none) */
+    /* [P]: the last rank along the path of block j's dK/dV partial sum: last[j], or j - 1 when
+     * the sum goes around the ring; j itself when no other rank needs the block (the owner
+     * then computes its own block after the ring, with no transfer). */
+    int *sum_last;
 } ctxpar_ring_plan;
 
 /* Builds the plan (host memory; O(P^2) mask classifications). */
@@ -37,6 +43,14 @@ int ctxpar_ring_kv_hop(const ctxpar_ring_plan *plan, int from, int step);
 
 /* Whether rank r holds a block at step s (always at step 0; later only if it arrived). */
 int ctxpar_ring_holds(const ctxpar_ring_plan *plan, int r, int step);
+
+/* Whether rank `from`, at step s, passes the dK/dV partial sum it holds (of block from - s) on
+ * to from + 1 (backward). */
+int ctxpar_ring_sum_hop(const ctxpar_ring_plan *plan, int from, int step);
+
+/* Whether rank r holds a partial sum at step s (backward): its own block's at step 0 unless
+ * sum_last says it computes it after the ring, later only if one arrived. */
+int ctxpar_ring_has_sum(const ctxpar_ring_plan *plan, int r, int step);
 
 #ifdef __cplusplus
 }

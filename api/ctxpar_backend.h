@@ -180,7 +180,7 @@ static inline void ctxpar_spans_range(ctxpar_spans s, int64_t *min_out, int64_t 
 
 /* ================================================================ device */
 
-#define CTXPAR_DEVICE_OPS_VERSION 1u
+#define CTXPAR_DEVICE_OPS_VERSION 2u
 
 typedef enum ctxpar_mem_kind {
     CTXPAR_MEM_DEVICE = 0, /* where the device computes (host memory for the CPU backend) */
@@ -240,7 +240,11 @@ struct ctxpar_device_ops {
     /* ---- memory */
     ctxpar_status (*alloc)(struct ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
                            void **ptr_out);
-    void (*free)(struct ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind);
+    /* Releases a block alloc returned, stream-ordered (after work already enqueued that may use
+     * it). Returns what the release reported (a fault of the device surfacing here included): the
+     * dispatch merges it into the result of the call that freed. Version 1 tables, whose free
+     * returned void, are still accepted: their frees count as OK. */
+    ctxpar_status (*free)(struct ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind);
     ctxpar_status (*copy)(struct ctxpar_device *dev, void *dst, const void *src, size_t bytes,
                           ctxpar_copy_kind kind, ctxpar_stream *stream);
     ctxpar_status (*memset)(struct ctxpar_device *dev, void *dst, int value, size_t bytes,
@@ -353,9 +357,10 @@ ctxpar_status ctxpar_dev_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind
                                void **ptr_out);
 /* Frees a block ctxpar_dev_alloc returned (NULL: nothing). The dispatch knows its size and kind:
  * `bytes` and `kind` must match them (0 bytes: not checked). A pointer the dispatch did not hand
- * out, or a mismatch, is CTXPAR_ERR_INTERNAL and frees nothing. Callers merge the status into
- * their own. Stream-ordered: the backend's free must not release memory that work already
- * enqueued may still use (the CPU is synchronous; the CUDA backend fences its streams). */
+ * out, or a mismatch, is CTXPAR_ERR_INTERNAL and frees nothing; otherwise the result is the
+ * backend's free's (a device fault it reports). Callers merge the status into their own.
+ * Stream-ordered: the backend's free must not release memory that work already enqueued may
+ * still use (the CPU is synchronous; the CUDA backend fences its streams). */
 ctxpar_status ctxpar_dev_free(ctxpar_device *dev, void *ptr, size_t bytes, ctxpar_mem_kind kind);
 /* A device-owned scratch block of at least `bytes` for a backend op's own temporaries (the CPU
  * backward's dQ partial sums): it grows to the largest request and is kept, so that steady-state

@@ -99,6 +99,17 @@ static ctxpar_status remember(ctxpar_device *dev, void *ptr, size_t bytes, ctxpa
     return CTXPAR_OK;
 }
 
+// The backend's free and its status (version 1 tables declared free as returning void; the cast
+// through a generic function pointer calls it as declared).
+typedef void (*ctxpar_free_v1)(struct ctxpar_device *, void *, ctxpar_mem_kind);
+static ctxpar_status backend_free(ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind) {
+    if (dev->ops->version < 2) {
+        ((ctxpar_free_v1)(void (*)(void))dev->ops->free)(dev, ptr, kind);
+        return CTXPAR_OK;
+    }
+    return dev->ops->free(dev, ptr, kind);
+}
+
 ctxpar_status ctxpar_dev_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
                                void **ptr_out) {
     void *p = NULL;
@@ -108,7 +119,7 @@ ctxpar_status ctxpar_dev_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind
     dev->alloc_count++;
     ctxpar_status st = remember(dev, p, bytes, kind);
     if (st != CTXPAR_OK) {
-        dev->ops->free(dev, p, kind);
+        (void)backend_free(dev, p, kind); // the failure to remember it is the message kept
         return st;
     }
     dev->mem_current += bytes;
@@ -134,10 +145,11 @@ ctxpar_status ctxpar_dev_free(ctxpar_device *dev, void *ptr, size_t bytes, ctxpa
                             "free of %p as %zu bytes of kind %d: it was allocated as %zu bytes of "
                             "kind %d",
                             ptr, bytes, (int)kind, b.bytes, (int)b.kind);
+    // Forgotten whatever the backend says: a failed release cannot be retried, and its status
+    // is the caller's to merge.
     dev->blocks[i - 1] = dev->blocks[--dev->n_blocks];
-    dev->ops->free(dev, ptr, kind);
     dev->mem_current -= b.bytes;
-    return CTXPAR_OK;
+    return backend_free(dev, ptr, kind);
 }
 
 ctxpar_status ctxpar_dev_scratch(ctxpar_device *dev, size_t bytes, void **ptr_out) {

@@ -552,7 +552,7 @@ const ctxpar_device_ops *CountingOps() {
         o.name = "counting";
         o.destroy = [](ctxpar_device *) {};
         o.alloc = [](ctxpar_device *, size_t, ctxpar_mem_kind, void **) { return Unsupported(); };
-        o.free = [](ctxpar_device *, void *, ctxpar_mem_kind) {};
+        o.free = [](ctxpar_device *, void *, ctxpar_mem_kind) { return CTXPAR_OK; };
         o.copy = [](ctxpar_device *dev, void *dst, const void *src, size_t n, ctxpar_copy_kind kind,
                     ctxpar_stream *) {
             EXPECT_EQ(kind, CTXPAR_COPY_D2D);

@@ -50,9 +50,12 @@ static ctxpar_status fd_alloc(ctxpar_device *d, size_t bytes, ctxpar_mem_kind ki
     return CTXPAR_OK;
 }
 
-static void fd_free(ctxpar_device *d, void *p, ctxpar_mem_kind kind) {
-    (void)hit(d, "free");
-    (void)ctxpar_dev_free(fd_of(d)->inner, p, 0, kind);
+// The block is released whether or not the injected fault is reported (as a device that
+// reports a fault late has still released it).
+static ctxpar_status fd_free(ctxpar_device *d, void *p, ctxpar_mem_kind kind) {
+    ctxpar_status fault = hit(d, "free");
+    ctxpar_status st = ctxpar_dev_free(fd_of(d)->inner, p, 0, kind);
+    return fault != CTXPAR_OK ? fault : st;
 }
 
 static ctxpar_status fd_copy(ctxpar_device *d, void *dst, const void *src, size_t n,

@@ -153,23 +153,67 @@ struct Tensors {
 };
 
 // The ring's reserved workspace is at most 10 shard-sized tensors ([B, S/P, H, D] F32), for
-// every P (what the ring keeps per rank: docs/algorithms.md).
+// every P, mask and layout (what the ring keeps per rank: docs/algorithms.md).
 TEST(Workspace, RingBudgetIsTenShardTensors) {
     const int64_t S = 4096;
-    for (int P : {2, 4, 8}) {
-        Rank r(P);
-        Tensors t(S / P);
-        ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
-        p.algo = CTXPAR_ALGO_RING;
-        p.layout = CTXPAR_LAYOUT_ZIGZAG;
-        p.mask = CTXPAR_MASK_CAUSAL;
-        ctxpar_tensor q = t.T(t.q), k = t.T(t.k), v = t.T(t.v);
-        ASSERT_EQ(ctxpar_context_reserve(r.ctx, &p, &q, &k, &v), CTXPAR_OK) << ctxpar_last_error();
-        const size_t shard = (size_t)(kB * (S / P) * kH * kD) * sizeof(float);
-        EXPECT_GT(r.Current(), 4 * shard) << "P = " << P << ": K/V double buffer at least";
-        EXPECT_LE(r.Current(), 10 * shard) << "P = " << P;
-        EXPECT_EQ(ctxpar_context_release(r.ctx), CTXPAR_OK);
-        EXPECT_EQ(r.Current(), 0u);
+    for (int P : {2, 4, 8})
+        for (ctxpar_layout layout :
+             {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED})
+            for (int64_t window : {0, 64})
+                for (ctxpar_mask mask : {CTXPAR_MASK_NONE, CTXPAR_MASK_CAUSAL}) {
+                    SCOPED_TRACE(testing::Message()
+                                 << "P = " << P << ", " << ctxpar_layout_name(layout) << ", "
+                                 << ctxpar_mask_name(mask) << ", window " << window);
+                    Rank r(P);
+                    Tensors t(S / P);
+                    ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
+                    p.algo = CTXPAR_ALGO_RING;
+                    p.layout = layout;
+                    p.mask = mask;
+                    p.window_left = window;
+                    ctxpar_tensor q = t.T(t.q), k = t.T(t.k), v = t.T(t.v);
+                    ASSERT_EQ(ctxpar_context_reserve(r.ctx, &p, &q, &k, &v), CTXPAR_OK)
+                        << ctxpar_last_error();
+                    const size_t shard = (size_t)(kB * (S / P) * kH * kD) * sizeof(float);
+                    EXPECT_GT(r.Current(), 4 * shard) << "K/V double buffer at least";
+                    EXPECT_LE(r.Current(), 10 * shard);
+                    EXPECT_EQ(ctxpar_context_release(r.ctx), CTXPAR_OK);
+                    EXPECT_EQ(r.Current(), 0u);
+                }
+}
+
+// No mask or layout makes the ring hold more than without a mask (before, a rank whose finished
+// dK/dV came home early or stayed at step 0 kept a third dK/dV buffer: 11 shard tensors).
+// Measured on real forward + backward runs, all ranks, against the unmasked run's peak.
+TEST(Workspace, RingPeakIsTheSameForEveryMaskAndLayout) {
+    struct MaskCase {
+        const char *name;
+        ctxpar_mask mask;
+        int64_t window, docs;
+    } masks[] = {{"none", CTXPAR_MASK_NONE, 0, 0},
+                 {"causal", CTXPAR_MASK_CAUSAL, 0, 0},
+                 {"causal_window", CTXPAR_MASK_CAUSAL, 96, 0},
+                 {"causal_docs", CTXPAR_MASK_CAUSAL, 0, 5}};
+    for (int P : {3, 4}) {
+        size_t plain = 0;
+        for (ctxpar_layout layout :
+             {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED})
+            for (const MaskCase &m : masks) {
+                cpt_run_config c = Config(CTXPAR_ALGO_RING, P, 96 * P, true);
+                c.params.layout = layout;
+                c.params.mask = m.mask;
+                c.params.window_left = m.window;
+                c.docs = m.docs;
+                c.compare_single = 0;
+                cpt_run_result r;
+                ASSERT_EQ(cpt_run(&c, &r), CTXPAR_OK);
+                EXPECT_TRUE(r.ok) << r.message;
+                if (plain == 0)
+                    plain = r.peak_bytes_per_rank; // contiguous, no mask: first
+                EXPECT_LE(r.peak_bytes_per_rank, plain)
+                    << "P = " << P << ", " << ctxpar_layout_name(layout) << ", " << m.name;
+                cpt_run_result_free(&r);
+            }
     }
 }
 
@@ -306,6 +350,48 @@ TEST(NoLostErrors, AFaultInTheLastCallOfAnOpIsTheCallsResult) {
         // The last call of the op (in the backward, the last attention call of the run).
         EXPECT_EQ(RunTwoRanks(c.op, calls - 1, c.verify, nullptr), CTXPAR_ERR_DEVICE) << c.op;
     }
+}
+
+// The status of every free is the result of the call that freed: a call that grows the
+// workspace frees the old block, and a fault the device reports there turns the otherwise OK
+// call into an error; so does release. The same sequence without the fault is OK throughout.
+ctxpar_status GrowThenRelease(int fail_at, ctxpar_status *release_out, int *frees_out,
+                              std::string *message_out = nullptr) {
+    cpt_fault_device_config cfg = {0, fail_at >= 0 ? "free" : nullptr, fail_at};
+    Rank r(1, &cfg);
+    Tensors small(64), large(256);
+    ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
+    ctxpar_tensor q = small.T(small.q), k = small.T(small.k), v = small.T(small.v),
+                  out = small.T(small.out);
+    EXPECT_EQ(ctxpar_attn_fwd(r.ctx, &p, &q, &k, &v, &out, small.lse.data(), nullptr), CTXPAR_OK)
+        << "no free yet: " << ctxpar_last_error();
+    EXPECT_EQ(cpt_fault_device_calls(r.dev, "free"), 0);
+    q = large.T(large.q), k = large.T(large.k), v = large.T(large.v), out = large.T(large.out);
+    const ctxpar_status st =
+        ctxpar_attn_fwd(r.ctx, &p, &q, &k, &v, &out, large.lse.data(), nullptr);
+    if (message_out)
+        *message_out = ctxpar_last_error();
+    *frees_out = cpt_fault_device_calls(r.dev, "free");
+    *release_out = ctxpar_context_release(r.ctx);
+    EXPECT_EQ(r.Current(), 0u) << "a failed free still gives the block back";
+    return st;
+}
+
+TEST(NoLostErrors, AFailingFreeIsTheCallsResult) {
+    ctxpar_status release = CTXPAR_ERR_INTERNAL;
+    int frees = 0;
+    ASSERT_EQ(GrowThenRelease(-1, &release, &frees), CTXPAR_OK) << ctxpar_last_error();
+    EXPECT_EQ(release, CTXPAR_OK);
+    ASSERT_GE(frees, 1) << "growing the workspace frees the smaller block";
+    // The first free is the growing call's.
+    std::string message;
+    int failed_frees = 0;
+    EXPECT_EQ(GrowThenRelease(0, &release, &failed_frees, &message), CTXPAR_ERR_DEVICE);
+    EXPECT_NE(message.find("free"), std::string::npos) << message;
+    EXPECT_EQ(release, CTXPAR_OK);
+    // A fault in release's free is release's result.
+    EXPECT_EQ(GrowThenRelease(frees, &release, &frees), CTXPAR_OK);
+    EXPECT_EQ(release, CTXPAR_ERR_DEVICE);
 }
 
 }  // namespace

@@ -8,9 +8,9 @@
 
 #include "ctxpar_backend.h"
 #include "ctxpar_local.h"
+#include "data.h"
 #include "metrics.h"
 #include "oracle.h"
-#include "data.h"
 #include "runner_internal.h"
 #include "tolerance.h"
 
@@ -261,6 +261,26 @@ static double tensor_error(const cpt_run_config *cfg, const cpt_run_outputs *out
     return cpt_compare_tensor(&t, ref).rel;
 }
 
+static double tensor_row_error(const cpt_run_config *cfg, const cpt_run_outputs *outs, int i,
+                               const double *ref) {
+    if (i == CPT_T_LSE)
+        return NAN;
+    const size_t n = global_count(cfg, i);
+    double *got64 = malloc(n * sizeof *got64);
+    float *got = malloc(n * sizeof *got);
+    double e = NAN;
+    if (got64 && got) {
+        ctxpar_tensor t = global_view(cfg, outs->t[i], i);
+        cpt_test_to_f64(&t, got64);
+        for (size_t j = 0; j < n; j++)
+            got[j] = (float)got64[j]; // exact: the stored values are F32 or 16-bit
+        e = cpt_rel_error_rows(got, ref, n / (size_t)cfg->head_dim, (size_t)cfg->head_dim, NULL);
+    }
+    free(got64);
+    free(got);
+    return e;
+}
+
 // The largest error-to-bound ratio of tensor i and where it is: position, head and the rank that
 // held the row under the layout.
 static ctxpar_status bound_verdict(const cpt_run_config *cfg, const cpt_run_outputs *outs, int i,
@@ -320,7 +340,8 @@ ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs 
     res->ok = res->status == CTXPAR_OK;
     for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         res->has[i] = has_tensor(cfg, i);
-        res->error[i] = res->error_1[i] = res->ratio[i] = res->bound_ratio[i] = NAN;
+        res->error[i] = res->row_error[i] = res->error_1[i] = res->ratio[i] =
+            res->bound_ratio[i] = NAN;
         res->tolerance[i] = cpt_tolerance_for_seq(cfg->dtype, cpt_run_tensor_name(i),
                                                      cfg->seq);
         res->within_tol[i] = res->ratio_ok[i] = 1;
@@ -331,6 +352,7 @@ ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs 
         if (!cfg->compare_oracle)
             continue;
         res->error[i] = tensor_error(cfg, &res->outputs, i, o.t[i]);
+        res->row_error[i] = tensor_row_error(cfg, &res->outputs, i, o.t[i]);
         ctxpar_status st =
             bound_verdict(cfg, &res->outputs, i, &o, &res->bound_ratio[i], &res->bound_worst[i]);
         if (st != CTXPAR_OK) {

@@ -130,6 +130,11 @@ typedef struct cpt_run_result {
     ctxpar_algo algo;       /* what AUTO resolved to */
     int has[CPT_RUN_TENSORS];
     double error[CPT_RUN_TENSORS];    /* rel error vs oracle (NAN when not compared) */
+    /* The per-row measure beside it (cpt_rel_error_rows over rows of head_dim values: one
+     * position and head): an error confined to rows much smaller than the tensor's largest (a
+     * causal dk's late keys) shows here. Reported, not judged. NAN for lse and when not
+     * compared. */
+    double row_error[CPT_RUN_TENSORS];
     double error_1[CPT_RUN_TENSORS];  /* the same at P = 1 */
     double ratio[CPT_RUN_TENSORS];    /* error / error_1 */
     int ratio_ok[CPT_RUN_TENSORS];

@@ -108,10 +108,11 @@ static ctxpar_status cpu_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind
     return CTXPAR_OK;
 }
 
-static void cpu_free(ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind) {
+static ctxpar_status cpu_free(ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind) {
     (void)dev;
     (void)kind;
     free(ptr);
+    return CTXPAR_OK;
 }
 
 static ctxpar_status cpu_copy(ctxpar_device *dev, void *dst, const void *src, size_t bytes,

@@ -96,7 +96,7 @@ static ctxpar_status upload_lists(struct ctxpar_device *dev, const ctxpar_attn_b
         if (e == cudaSuccess)
             e = cudaStreamSynchronize(stream);
         if (e != cudaSuccess) {
-            ctxpar_cuda_scratch_free(dev, d, stream);
+            (void)ctxpar_cuda_scratch_free(dev, d, stream); // the copy's error wins
             st = ctxpar_cuda_fail(e, __FILE__, __LINE__, "uploading spans");
         }
     }
@@ -165,8 +165,9 @@ ctxpar_status ctxpar_cuda_block_prepare(struct ctxpar_device *dev, const char *o
     return CTXPAR_OK;
 }
 
-void ctxpar_cuda_block_release(struct ctxpar_device *dev, ctxpar_cuda_block *b,
-                               cudaStream_t stream) {
-    ctxpar_cuda_scratch_free(dev, b->upload, stream);
+ctxpar_status ctxpar_cuda_block_release(struct ctxpar_device *dev, ctxpar_cuda_block *b,
+                                        cudaStream_t stream) {
+    void *upload = b->upload;
     b->upload = NULL;
+    return ctxpar_cuda_scratch_free(dev, upload, stream);
 }

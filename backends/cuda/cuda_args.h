@@ -26,7 +26,7 @@ typedef struct ctxpar_cuda_block {
 ctxpar_status ctxpar_cuda_block_prepare(struct ctxpar_device *dev, const char *op,
                                         const ctxpar_attn_block *blk, cudaStream_t stream,
                                         ctxpar_cuda_block *out);
-void ctxpar_cuda_block_release(struct ctxpar_device *dev, ctxpar_cuda_block *b,
-                               cudaStream_t stream);
+ctxpar_status ctxpar_cuda_block_release(struct ctxpar_device *dev, ctxpar_cuda_block *b,
+                                        cudaStream_t stream);
 
 #endif // CTXPAR_CUDA_ARGS_H

@@ -66,8 +66,8 @@ ctxpar_status ctxpar_cuda_attn_block_fwd(struct ctxpar_device *dev, const ctxpar
     ctxpar_cuda_block b;
     CTXPAR_CHECK(ctxpar_cuda_block_prepare(dev, "attn_block_fwd", blk, s, &b));
     ctxpar_status st = run_fwd(dev, &b, out_acc, lse_acc, merge, s);
-    ctxpar_cuda_block_release(dev, &b, s);
-    return st;
+    ctxpar_status freed = ctxpar_cuda_block_release(dev, &b, s);
+    return st != CTXPAR_OK ? st : freed;
 }
 
 ctxpar_status ctxpar_cuda_attn_merge(struct ctxpar_device *dev, float *out_acc, float *lse_acc,
@@ -120,6 +120,6 @@ ctxpar_status ctxpar_cuda_attn_block_bwd(struct ctxpar_device *dev, const ctxpar
                 st = ctxpar_cuda_fail(e, __FILE__, __LINE__, "ctxpar_cuda_launch_attn_bwd");
         }
     }
-    ctxpar_cuda_block_release(dev, &b, s);
-    return st;
+    ctxpar_status freed = ctxpar_cuda_block_release(dev, &b, s);
+    return st != CTXPAR_OK ? st : freed;
 }

@@ -206,8 +206,8 @@ static ctxpar_status execute(struct ctxpar_device *dev, ctxpar_cudnn *c, const c
         if (ce != cudaSuccess)
             st = ctxpar_cuda_fail(ce, __FILE__, __LINE__, "ctxpar_cuda_launch_merge(cuDNN)");
     }
-    ctxpar_cuda_scratch_free(dev, scratch, stream);
-    return st;
+    ctxpar_status freed = ctxpar_cuda_scratch_free(dev, scratch, stream);
+    return st != CTXPAR_OK ? st : freed;
 }
 
 // Records why block `a` does not run on cuDNN (the device shows it through the diag query).

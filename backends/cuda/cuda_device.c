@@ -31,13 +31,14 @@ ctxpar_status ctxpar_cuda_scratch_alloc(struct ctxpar_device *dev, size_t bytes,
     return CTXPAR_OK;
 }
 
-void ctxpar_cuda_scratch_free(struct ctxpar_device *dev, void *ptr, cudaStream_t stream) {
+ctxpar_status ctxpar_cuda_scratch_free(struct ctxpar_device *dev, void *ptr, cudaStream_t stream) {
     if (!ptr)
-        return;
+        return CTXPAR_OK;
     if (ctxpar_cuda_impl_of(dev)->pool)
-        (void)cudaFreeAsync(ptr, stream); // an error here resurfaces at the next sync
+        CTXPAR_CUDA_CHECK(cudaFreeAsync(ptr, stream));
     else
-        (void)cudaFree(ptr); // no pool: cudaFree waits for the device itself
+        CTXPAR_CUDA_CHECK(cudaFree(ptr)); // no pool: cudaFree waits for the device itself
+    return CTXPAR_OK;
 }
 
 void ctxpar_cuda_drain(ctxpar_cuda_impl *impl) {

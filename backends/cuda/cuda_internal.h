@@ -62,7 +62,7 @@ ctxpar_status ctxpar_cuda_enter(struct ctxpar_device *dev);
 // which order themselves against the whole device.
 ctxpar_status ctxpar_cuda_scratch_alloc(struct ctxpar_device *dev, size_t bytes,
                                         cudaStream_t stream, void **ptr_out);
-void ctxpar_cuda_scratch_free(struct ctxpar_device *dev, void *ptr, cudaStream_t stream);
+ctxpar_status ctxpar_cuda_scratch_free(struct ctxpar_device *dev, void *ptr, cudaStream_t stream);
 
 // Makes util_stream wait for everything already enqueued on the legacy stream (and so on every
 // blocking stream) and on every stream of the device: work after it may reuse what that work
@@ -81,7 +81,7 @@ void ctxpar_cuda_stream_unregister(ctxpar_cuda_impl *impl, struct ctxpar_stream 
 // Ops implemented in the other files, gathered into the table by cuda_device.c.
 ctxpar_status ctxpar_cuda_alloc(struct ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
                                 void **ptr_out);
-void ctxpar_cuda_free(struct ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind);
+ctxpar_status ctxpar_cuda_free(struct ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind);
 ctxpar_status ctxpar_cuda_copy(struct ctxpar_device *dev, void *dst, const void *src, size_t bytes,
                                ctxpar_copy_kind kind, ctxpar_stream *stream);
 ctxpar_status ctxpar_cuda_memset(struct ctxpar_device *dev, void *dst, int value, size_t bytes,

@@ -19,7 +19,7 @@ ctxpar_status ctxpar_cuda_alloc(struct ctxpar_device *dev, size_t bytes, ctxpar_
         CTXPAR_CHECK(ctxpar_cuda_scratch_alloc(dev, bytes, impl->alloc_stream, &p));
         cudaError_t e = impl->pool ? cudaStreamSynchronize(impl->alloc_stream) : cudaSuccess;
         if (e != cudaSuccess) {
-            ctxpar_cuda_scratch_free(dev, p, impl->alloc_stream);
+            (void)ctxpar_cuda_scratch_free(dev, p, impl->alloc_stream); // the sync's error wins
             return ctxpar_cuda_fail(e, __FILE__, __LINE__, "cudaStreamSynchronize(alloc)");
         }
     } else {
@@ -30,21 +30,25 @@ ctxpar_status ctxpar_cuda_alloc(struct ctxpar_device *dev, size_t bytes, ctxpar_
     return CTXPAR_OK;
 }
 
-void ctxpar_cuda_free(struct ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind) {
-    if (!ptr || ctxpar_cuda_enter(dev) != CTXPAR_OK)
-        return;
+ctxpar_status ctxpar_cuda_free(struct ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind) {
+    if (!ptr)
+        return CTXPAR_OK;
+    CTXPAR_CHECK(ctxpar_cuda_enter(dev));
     if (kind == CTXPAR_MEM_HOST) {
-        (void)cudaFreeHost(ptr); // pinned host memory: waits for the device itself
-        return;
+        CTXPAR_CUDA_CHECK(cudaFreeHost(ptr)); // pinned host memory: waits for the device itself
+        return CTXPAR_OK;
     }
     ctxpar_cuda_impl *impl = ctxpar_cuda_impl_of(dev);
-    if (impl->pool && ctxpar_cuda_fence_util(dev) != CTXPAR_OK) {
+    ctxpar_status fence = impl->pool ? ctxpar_cuda_fence_util(dev) : CTXPAR_OK;
+    if (fence != CTXPAR_OK) {
         // The fence could not be enqueued (a broken context): wait for the device's streams
-        // here, the one case where a free blocks, rather than release memory still in use.
-        ctxpar_clear_error();
+        // here, the one case where a free blocks, rather than release memory still in use. The
+        // fence's failure is the result (the release's own would say less).
         ctxpar_cuda_drain(impl);
+        (void)ctxpar_cuda_scratch_free(dev, ptr, impl->util_stream);
+        return fence;
     }
-    ctxpar_cuda_scratch_free(dev, ptr, impl->util_stream);
+    return ctxpar_cuda_scratch_free(dev, ptr, impl->util_stream);
 }
 
 ctxpar_status ctxpar_cuda_copy(struct ctxpar_device *dev, void *dst, const void *src, size_t bytes,

@@ -86,7 +86,17 @@ static const opt options[] = {
 
 static const char *const dtype_names[] = {"f32", "f16", "bf16"};
 static const char *const mask_names[] = {"none", "causal"};
-static const char *const algo_names[] = {"auto", "ring", "allgather", "alltoall"};
+// The algorithms' names as the library gives them (ctxpar_algo_name: "auto" for 0, then one per
+// registered algorithm until "?"), so a new algorithm needs no change here.
+#define MAX_ALGOS 16
+static int algo_names(const char *names[MAX_ALGOS]) {
+    int n = 0;
+    while (n < MAX_ALGOS && strcmp(ctxpar_algo_name((ctxpar_algo)n), "?") != 0) {
+        names[n] = ctxpar_algo_name((ctxpar_algo)n);
+        n++;
+    }
+    return n;
+}
 static const char *const layout_names[] = {"contiguous", "zigzag", "striped"};
 static const char *const comm_names[] = {"local", "mpi"};
 
@@ -149,7 +159,7 @@ static void default_text(const opt *o, const cpt_cli *d, char *buf, size_t n) {
     case O_WINDOW_RIGHT: snprintf(buf, n, "0 = none"); break;
     case O_SCALE: snprintf(buf, n, "1/sqrt(dim)"); break;
     case O_DOCS: snprintf(buf, n, "0 = one"); break;
-    case O_ALGO: snprintf(buf, n, "%s", algo_names[c->params.algo]); break;
+    case O_ALGO: snprintf(buf, n, "%s", ctxpar_algo_name(c->params.algo)); break;
     case O_LAYOUT: snprintf(buf, n, "%s", layout_names[c->params.layout]); break;
     case O_SEED: snprintf(buf, n, "%llu", (unsigned long long)c->seed); break;
     case O_THREADS: snprintf(buf, n, "0"); break;
@@ -299,11 +309,13 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
             return 0;
         c->params.mask = (ctxpar_mask)e;
         return 1;
-    case O_ALGO:
-        if (!pick(val, algo_names, 4, &e))
+    case O_ALGO: {
+        const char *names[MAX_ALGOS];
+        if (!pick(val, names, algo_names(names), &e))
             return 0;
         c->params.algo = (ctxpar_algo)e;
         return 1;
+    }
     case O_LAYOUT:
         if (!pick(val, layout_names, 3, &e))
             return 0;

@@ -798,6 +798,30 @@ TEST(Check, GeneratedDocuments) {
     EXPECT_NE(o.err.find("docs (17) must be in [1, seq (16)]"), std::string::npos) << o.err;
 }
 
+// The per-row error (max over rows of |err| / max |ref row|) is reported beside the per-tensor
+// one in the JSON and the table; it is never below it (the row holding the largest error has
+// at most the tensor's largest reference value), and a causal dk's small late-key rows keep it
+// above the per-tensor one.
+TEST(Check, ReportsThePerRowErrorBesideThePerTensorOne) {
+    Outcome o = Tool("check --seq 256 --ranks 4 --heads 2 --dim 16 --mask causal "
+                     "--layout contiguous --backward --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    ASSERT_TRUE(j.Has("row_errors")) << o.out;
+    for (const char *t : {"out", "dq", "dk", "dv"}) {
+        SCOPED_TRACE(t);
+        const double tensor = j["errors"][t].num, row = j["row_errors"][t].num;
+        EXPECT_GT(tensor, 0.0);
+        EXPECT_GE(row, tensor);
+        EXPECT_LT(row, 1e-3) << "F32 accuracy, row by row";
+    }
+    EXPECT_GT(j["row_errors"]["dk"].num, j["errors"]["dk"].num);
+    o = Tool("check --seq 64 --ranks 2 --heads 1 --dim 16");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    EXPECT_NE(o.out.find("worst row"), std::string::npos) << o.out;
+}
+
 // The verdict is the per-element bound: per tensor the largest error/bound (within 1 for a
 // correct run) and where it is: position, head, and the rank that held the row under zigzag.
 TEST(Check, ReportsTheLargestErrorToBoundAndWhere) {

@@ -157,7 +157,7 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim, hk = h / p->group;
     const float *krows[TK], *vrows[TK];
-    const float c = ctxpar_cpu_exp2_scale(blk->scale); // into base 2 inside the softmax
+    const double c = ctxpar_cpu_exp2_scale(blk->scale); // into base 2 inside the softmax
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
     int64_t pending[CTXPAR_CPU_GROUP]; // the tile pair ot[g] and l[g] hold, or -1
     for (int g = 0; g < ng; g++) {

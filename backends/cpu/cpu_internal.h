@@ -67,12 +67,14 @@ void ctxpar_cpu_plan_mask(const ctxpar_cpu_plan *plan, float *s, uint32_t *vis, 
 
 /* The softmax runs in base 2 on raw scores s = q.k: p = 2^(s * c - m). Its running maximum and
  * the -inf of masked scores need c > 0, so a negative scale goes into the sign of the packed
- * score operand (exact: negation does not round) and c is |scale| log2(e). */
+ * score operand (exact: negation does not round) and c is |scale| log2(e), in F64: the kernels
+ * form s * c - m in F64 and round it once, so c's own F32 rounding (up to 2^-25 relative, the
+ * same on every score: plain float32's exp(scale * s) does not have it) never enters. */
 static inline float ctxpar_cpu_score_sign(float scale) {
     return scale < 0.0f ? -1.0f : 1.0f;
 }
-static inline float ctxpar_cpu_exp2_scale(float scale) {
-    return (float)((double)(scale < 0.0f ? -scale : scale) * CTXPAR_CPU_LOG2E);
+static inline double ctxpar_cpu_exp2_scale(float scale) {
+    return (double)(scale < 0.0f ? -scale : scale) * CTXPAR_CPU_LOG2E;
 }
 
 /* Loads n rows t[b, s0 + i, h, :] as F32 into the dense tile `dst` ([n, D]) and points rows[i]

@@ -85,8 +85,11 @@ void ctxpar_cpu_load_rows(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t
 /* Address of element (b, s, h, 0) of a host tensor. */
 const void *ctxpar_cpu_row(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t h);
 
-/* Merges one row (out_b, lse_b) into (out, *lse), D values; see attn_merge. */
-void ctxpar_cpu_merge_row(float *out, float *lse, const float *out_b, float lse_b, int64_t dim);
+/* Merges one row (b, lse_b) into (out, *lse), D values; see attn_merge. b[d] is out_b[d] (F32),
+ * or with out_b NULL num[d * stride] / den (F64: the forward's unrounded block result, so that a
+ * ring step's partial is rounded once, after the merge, not also before it). */
+void ctxpar_cpu_merge_row(float *out, float *lse, const float *out_b, const double *num,
+                          int64_t stride, double den, double lse_b, int64_t dim);
 
 /* 64-byte aligned allocation of `bytes` (rounded up); free with free(). NULL on failure. */
 void *ctxpar_cpu_aligned_alloc(size_t bytes);

@@ -92,7 +92,8 @@ TEST_P(Accuracy, NoWorseThanNaiveFloat32) {
         // entries; the rest within 1.57x (the documents/GQA shape's dq and dk, where few rows
         // make the maxima ties) from the ring's F32 hand-off of partial sums between ranks and
         // from ties where the scores' rounding dominates both. 1.75x still catches the 3-12x of
-        // plain F32 running sums (docs/numerics.md).
+        // plain F32 running sums (docs/numerics.md). Passes with every kernel table
+        // (CTXPAR_CPU_KERNELS=generic, avx2: largest ratio 1.83x, a sharp gradient).
         double allowed = 1.75 * r.err[1][t] + 0x1p-23 * r.max_ref[t];
         // The one exception, a property of the API, not of the sums: P is recomputed from the
         // F32 lse, whose rounding (up to |lse| 2^-25) scales a whole row of P. With a sharp

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -87,18 +88,23 @@ TEST_P(Accuracy, NoWorseThanNaiveFloat32) {
         // Plus one float ulp of the tensor's scale (2^-23 max |ref|): where both errors come
         // from the same inherent roundings (the scores' dot products), which of two maxima over
         // ~10^5 elements is larger is chance, not accuracy.
-        // Measured: at most naive's in most cases; the rest within 1.8x (docs/numerics.md), from
-        // the ring's F32 hand-off of partial sums between ranks and from ties where the scores'
-        // rounding dominates both. 2x still catches the 3-12x of plain F32 running sums.
-        double allowed = 2.0 * r.err[1][t] + 0x1p-23 * r.max_ref[t];
+        // Measured (the line printed below, avx512 table): at most naive's in 159 of the 200
+        // entries; the rest within 1.57x (the documents/GQA shape's dq and dk, where few rows
+        // make the maxima ties) from the ring's F32 hand-off of partial sums between ranks and
+        // from ties where the scores' rounding dominates both. 1.75x still catches the 3-12x of
+        // plain F32 running sums (docs/numerics.md). Passes with every kernel table
+        // (CTXPAR_CPU_KERNELS=generic, avx2: largest ratio 1.83x, a sharp gradient).
+        double allowed = 1.75 * r.err[1][t] + 0x1p-23 * r.max_ref[t];
         // The one exception, a property of the API, not of the sums: P is recomputed from the
         // F32 lse, whose rounding (up to |lse| 2^-25) scales a whole row of P. With a sharp
         // softmax (|lse| ~ 40) one row dominates a key's gradient and the rounding shows, up to
-        // 3x naive's (docs/numerics.md); naive float32 keeps P from its own forward.
+        // 2x naive's (docs/numerics.md; 1.77x measured here); naive float32 keeps P from its
+        // own forward.
         if (c.dist == CPT_DIST_SHARP && t >= CPT_T_DQ)
-            allowed = 4.0 * r.err[1][t];
+            allowed = 2.5 * r.err[1][t];
         EXPECT_LE(r.err[0][t], allowed)
             << name << ": ctxpar " << r.err[0][t] << " vs naive float32 " << r.err[1][t];
+        std::printf("%s: ctxpar / naive float32 %.3f\n", name, r.err[0][t] / r.err[1][t]);
     }
     // Flat along the sequence: under a causal mask the last quarter of the rows sees the most
     // keys; its error is no larger than 1.5x the first quarter's (F32 running sums grew as

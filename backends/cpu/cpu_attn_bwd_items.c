@@ -85,7 +85,7 @@ void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_
     const int64_t dim = p->dim, hk = h / p->group;
     const float *krows[TK], *vrows[TK];
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
-    const float c = ctxpar_cpu_exp2_scale(blk->scale);
+    const double c = ctxpar_cpu_exp2_scale(blk->scale);
     for (int g = 0; g < ng; g++) { // t[g] = Q^T, dO^T, dQ^T; vec[g] = lse2, delta
         const int64_t i0 = (qt0 + g) * TQ, nq = ctxpar_bwd_tile_rows(p->seq_q, qt0 + g, TQ);
         const int64_t lanes = ctxpar_bwd_lanes(kern, nq);
@@ -168,7 +168,7 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim;
     const float *qrows[TQ], *orows[TQ], *krows[CTXPAR_CPU_GROUP][TK];
-    const float c = ctxpar_cpu_exp2_scale(blk->scale);
+    const double c = ctxpar_cpu_exp2_scale(blk->scale);
     float *lse2 = w->vec[0][0], *dl = w->vec[0][1], *lse2_lo = w->vec[0][2];
     const int need_ds = a->dk || dq_chunk;
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];

@@ -48,7 +48,7 @@ typedef struct fwd_ws {
     float *s;                    // [TK, lanes] scores, then probabilities
     uint32_t *vis;               // [TK, lanes] visibility of a PARTIAL tile (cpu_kernels.h)
     float *kbuf, *vbuf;          // [TK, D]     the K and V tile as dense F32
-    float *row;                  // [D]         one converted q row / one output row
+    float *row;                  // [D]         one converted q row
 } fwd_ws;
 
 static size_t round16(size_t n) {
@@ -133,20 +133,18 @@ static void fwd_end(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, co
         int64_t i = i0 + r;
         float *out = out_acc + ((b * p->seq_q + i) * p->heads_q + h) * dim;
         float *lse = lse_acc + (b * p->heads_q + h) * p->seq_q + i;
-        float *dst = merge ? w->row : out;
-        double sum = w->ld[g][r];
-        float lse_b = -INFINITY;
-        if (sum == 0.0) { // no visible key
-            memset(dst, 0, (size_t)dim * sizeof *dst);
+        const double sum = w->ld[g][r];
+        const double lse_b = sum == 0.0 ? -INFINITY : ((double)w->m[g][r] + log2(sum)) * LN2;
+        if (merge) { // from the F64 values: rounded once, after the merge
+            ctxpar_cpu_merge_row(out, lse, NULL, w->od[g] + r, lanes, sum, lse_b, dim);
+        } else if (sum == 0.0) { // no visible key
+            memset(out, 0, (size_t)dim * sizeof *out);
+            *lse = -INFINITY;
         } else { // in F64, rounded once
             for (int64_t d = 0; d < dim; d++)
-                dst[d] = (float)(w->od[g][d * lanes + r] / sum);
-            lse_b = (float)(((double)w->m[g][r] + log2(sum)) * LN2);
+                out[d] = (float)(w->od[g][d * lanes + r] / sum);
+            *lse = (float)lse_b;
         }
-        if (merge)
-            ctxpar_cpu_merge_row(out, lse, dst, lse_b, dim);
-        else
-            *lse = lse_b;
     }
 }
 
@@ -157,7 +155,7 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim, hk = h / p->group;
     const float *krows[TK], *vrows[TK];
-    const float c = ctxpar_cpu_exp2_scale(blk->scale); // into base 2 inside the softmax
+    const double c = ctxpar_cpu_exp2_scale(blk->scale); // into base 2 inside the softmax
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
     int64_t pending[CTXPAR_CPU_GROUP]; // the tile pair ot[g] and l[g] hold, or -1
     for (int g = 0; g < ng; g++) {

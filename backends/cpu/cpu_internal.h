@@ -67,12 +67,14 @@ void ctxpar_cpu_plan_mask(const ctxpar_cpu_plan *plan, float *s, uint32_t *vis, 
 
 /* The softmax runs in base 2 on raw scores s = q.k: p = 2^(s * c - m). Its running maximum and
  * the -inf of masked scores need c > 0, so a negative scale goes into the sign of the packed
- * score operand (exact: negation does not round) and c is |scale| log2(e). */
+ * score operand (exact: negation does not round) and c is |scale| log2(e), in F64: the kernels
+ * form s * c - m in F64 and round it once, so c's own F32 rounding (up to 2^-25 relative, the
+ * same on every score: plain float32's exp(scale * s) does not have it) never enters. */
 static inline float ctxpar_cpu_score_sign(float scale) {
     return scale < 0.0f ? -1.0f : 1.0f;
 }
-static inline float ctxpar_cpu_exp2_scale(float scale) {
-    return (float)((double)(scale < 0.0f ? -scale : scale) * CTXPAR_CPU_LOG2E);
+static inline double ctxpar_cpu_exp2_scale(float scale) {
+    return (double)(scale < 0.0f ? -scale : scale) * CTXPAR_CPU_LOG2E;
 }
 
 /* Loads n rows t[b, s0 + i, h, :] as F32 into the dense tile `dst` ([n, D]) and points rows[i]
@@ -83,8 +85,11 @@ void ctxpar_cpu_load_rows(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t
 /* Address of element (b, s, h, 0) of a host tensor. */
 const void *ctxpar_cpu_row(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t h);
 
-/* Merges one row (out_b, lse_b) into (out, *lse), D values; see attn_merge. */
-void ctxpar_cpu_merge_row(float *out, float *lse, const float *out_b, float lse_b, int64_t dim);
+/* Merges one row (b, lse_b) into (out, *lse), D values; see attn_merge. b[d] is out_b[d] (F32),
+ * or with out_b NULL num[d * stride] / den (F64: the forward's unrounded block result, so that a
+ * ring step's partial is rounded once, after the merge, not also before it). */
+void ctxpar_cpu_merge_row(float *out, float *lse, const float *out_b, const double *num,
+                          int64_t stride, double den, double lse_b, int64_t dim);
 
 /* 64-byte aligned allocation of `bytes` (rounded up); free with free(). NULL on failure. */
 void *ctxpar_cpu_aligned_alloc(size_t bytes);

@@ -42,6 +42,16 @@ CPU_INLINE vf v_exp2(vf x) {
     return p * (vf)e;
 }
 
+typedef double vd __attribute__((vector_size(VL * sizeof(double))));
+
+// The exponent c s - hi - lo of the softmax in F64, rounded once to F32: every score's rounding
+// is then that of the F32 result alone (c = |scale| log2(e) is not rounded to F32 first, and
+// c s - m does not lose the low bits of a large c s). -inf scores give -inf.
+CPU_INLINE vf exp2_arg(vf s, double c, vf hi, vf lo) {
+    vd x = __builtin_convertvector(s, vd) * c - __builtin_convertvector(hi, vd);
+    return __builtin_convertvector(x - __builtin_convertvector(lo, vd), vf);
+}
+
 // VL visibility words (0 or 0xffffffff, see cpu_kernels.h) as a mask vector.
 CPU_INLINE vi v_load_mask(const uint32_t *p) {
     vi m;
@@ -152,20 +162,21 @@ static void accum(float *ct, int64_t ldc, const float *alpha, const float *a, co
     }
 }
 
-static void softmax_step(float *s, int64_t lds, int64_t n, int64_t lanes, float c, float *m,
+static void softmax_step(float *s, int64_t lds, int64_t n, int64_t lanes, double c, float *m,
                          float *l, float *alpha) {
-    const vf cv = v_set1(c);
+    const vf cv = v_set1((float)c), zero = v_set1(0.0f);
     for (int64_t l0 = 0; l0 < lanes; l0 += VL) {
         vf mt = v_set1(-INFINITY);
         for (int64_t i = 0; i < n; i++)
             mt = v_max(mt, v_load(s + i * lds + l0));
         vf mo = v_load(m + l0);
-        // c > 0 and rounding is monotonic: c * max s is the largest of the rounded c * s.
+        // c > 0: (float)c * max s is within an ulp or two of the largest c * s (an exponent
+        // of 2^-23 above 0 is harmless); m only has to be the same in p and in the lse.
         vf mn = v_max(mo, mt * cv); // mo >= -FLT_MAX: finite, so c s - mn is never inf - inf
         vf al = v_exp2(mo - mn);
         vf sum = v_load(l + l0) * al;
         for (int64_t i = 0; i < n; i++) {
-            vf p = v_exp2(v_fma(v_load(s + i * lds + l0), cv, -mn));
+            vf p = v_exp2(exp2_arg(v_load(s + i * lds + l0), c, mn, zero));
             v_store(s + i * lds + l0, p);
             sum = sum + p;
         }
@@ -191,16 +202,14 @@ static void fold(double *acc, int64_t lda, float *part, int64_t ldp, const float
     }
 }
 
-static void exp2_sub(float *s, int64_t lds, int64_t n, int64_t lanes, float c,
+static void exp2_sub(float *s, int64_t lds, int64_t n, int64_t lanes, double c,
                      const float *hi_lane, const float *lo_lane, const float *hi_row,
                      const float *lo_row) {
-    const vf cv = v_set1(c);
     for (int64_t i = 0; i < n; i++)
         for (int64_t l0 = 0; l0 < lanes; l0 += VL) {
             vf hi = hi_lane ? v_load(hi_lane + l0) : v_set1(hi_row[i]);
             vf lo = hi_lane ? v_load(lo_lane + l0) : v_set1(lo_row[i]);
-            vf x = v_fma(v_load(s + i * lds + l0), cv, -hi) - lo;
-            v_store(s + i * lds + l0, v_exp2(x));
+            v_store(s + i * lds + l0, v_exp2(exp2_arg(v_load(s + i * lds + l0), c, hi, lo)));
         }
 }
 

@@ -178,6 +178,8 @@ const BadCase kBadCases[] = {
      CTXPAR_ERR_INVALID_ARG, "params.mask"},
     {"negative_window", [](Fixture &f) { f.params.window_left = -1; }, CTXPAR_ERR_INVALID_ARG,
      "window_left"},
+    {"negative_window_right", [](Fixture &f) { f.params.window_right = -3; },
+     CTXPAR_ERR_INVALID_ARG, "window_right"},
     {"nan_scale", [](Fixture &f) { f.params.softmax_scale = NAN; }, CTXPAR_ERR_INVALID_ARG,
      "softmax_scale"},
     {"wrong_seq_len_global", [](Fixture &f) { f.params.seq_len_global = 17; },

@@ -22,7 +22,7 @@ import numpy as np
 from . import _lib
 from . import _safetensors
 from ._core import ALGOS, LAYOUTS, MASKS
-from ._tensor import DTYPES
+from ._tensor import DTYPES, window_pair
 
 AUDIT_FORMATS = ("bshd", "bhsd", "sbhd", "thd")
 LSE_LAYOUTS = ("bhs", "bsh", "ht")
@@ -205,8 +205,7 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
     lse_base = _choice("lse_base", LSE_BASES, str(lse_base))
     if dtype is not None:
         _choice("dtype", DTYPES, dtype)
-    if int(window) < 0:
-        raise ValueError(f"window ({window}) must be >= 0")
+    window_left, window_right = window_pair(window)
     if max_ratio is not None and not float(max_ratio) >= 1:
         raise ValueError(f"max_ratio ({max_ratio}) must be >= 1")
     if scale is not None and not (math.isfinite(float(scale)) and float(scale) != 0.0):
@@ -225,7 +224,7 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
     command = [exe, "audit", "--inputs", INPUTS_FILE, "--against", RESULTS_FILE,
                "--format", format, "--lse-layout", lse_layout, "--lse-base", lse_base,
                "--ranks", str(int(ranks)), "--algo", algo, "--layout", layout, "--mask", mask,
-               "--window", str(int(window)),
+               "--window", str(window_left), "--window-right", str(window_right),
                "--threads", str(int(num_threads)), "--comm", "local", "--json"]
     if dtype is not None:
         command += ["--dtype", dtype]

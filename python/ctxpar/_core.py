@@ -26,9 +26,7 @@ def _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global):
     p.algo = _choice("algo", ALGOS, algo)
     p.layout = _choice("layout", LAYOUTS, layout)
     p.mask = _choice("mask", MASKS, mask)
-    if int(window) < 0:
-        raise ValueError(f"window ({window}) must be >= 0")
-    p.window_left = int(window)
+    p.window_left, p.window_right = T.window_pair(window)
     buf = None
     if cu_seqlens is not None:
         cu = [int(c) for c in np.asarray(cu_seqlens).reshape(-1)]
@@ -300,6 +298,8 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
     "bf16"): the dtype ctxpar computes in (inputs are rounded to it); None: q's dtype. NumPy
     results come back as float32 when dtype is bf16 (NumPy has no bfloat16), else in dtype.
     num_threads: OpenMP threads per rank (default: the cores shared out among the ranks).
+    window: W (query i sees keys k with i - k < W) or (W, R) for a two-sided band that also
+    needs k - i <= R (FlashAttention's window_size; 0 = no limit on that side).
     """
     P = int(ranks)
     if P < 1:

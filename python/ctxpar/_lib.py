@@ -21,7 +21,8 @@ class AttnParams(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("algo", c_int), ("layout", c_int),
                 ("mask", c_int), ("window_left", c_int64),
                 ("cu_seqlens", ctypes.POINTER(ctypes.c_int32)), ("num_docs", c_int64),
-                ("softmax_scale", ctypes.c_float), ("seq_len_global", c_int64)]
+                ("softmax_scale", ctypes.c_float), ("seq_len_global", c_int64),
+                ("window_right", c_int64)]
 
 
 class CpuOptions(ctypes.Structure):

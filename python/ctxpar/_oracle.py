@@ -1,6 +1,7 @@
 """Full attention over the whole sequence in float64 (NumPy), forward and backward: the reference
 that simulate()'s results are compared with. Same conventions as the library: a query at i sees
-keys j <= i (causal), i - j < window (window > 0), in the same document (cu_seqlens); query head
+keys j <= i (causal), i - j < W and j - i <= R (window W or (W, R); 0 = no limit), in the same
+document (cu_seqlens, empty documents allowed); query head
 h uses K/V head h // (Hq // Hkv); a fully masked row has out 0, lse -inf and no gradient."""
 import numpy as np
 
@@ -27,8 +28,11 @@ def visible(seq, mask="causal", window=0, cu_seqlens=None):
         vis &= j <= i
     elif mask != "none":
         raise ValueError(f"mask '{mask}' is not 'none' or 'causal'")
-    if window > 0:
-        vis &= i - j < window
+    left, right = T.window_pair(window)
+    if left > 0:
+        vis &= i - j < left
+    if right > 0:
+        vis &= j - i <= right
     if cu_seqlens is not None:
         doc = np.searchsorted(np.asarray(cu_seqlens)[1:-1], np.arange(seq), side="right")
         vis &= doc[:, None] == doc[None, :]

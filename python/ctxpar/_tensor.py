@@ -30,6 +30,16 @@ def dtype_name(x):
     return names[name]
 
 
+def window_pair(window):
+    """(left, right) from `window`: W (query i sees keys k with i - k < W) or (W, R), a two-sided
+    window that also needs k - i <= R (FlashAttention's window_size); 0 means no limit."""
+    left, right = (window if isinstance(window, (tuple, list)) else (window, 0))
+    left, right = int(left), int(right)
+    if left < 0 or right < 0:
+        raise ValueError(f"window {window}: both sides must be >= 0 (0 = no limit)")
+    return left, right
+
+
 def check_format(fmt):
     if fmt not in FORMATS:
         raise ValueError(f"format '{fmt}' is not one of {FORMATS}")

@@ -57,6 +57,21 @@ def test_simulate_windows_documents_ranks(ranks, window, cu):
     check(res, ctxpar.oracle(q, k, v, do, window=window, cu_seqlens=cu, scale=0.2), "f32")
 
 
+@pytest.mark.parametrize("algo", ["ring", "allgather", "alltoall"])
+@pytest.mark.parametrize("window,cu", [((9, 5), None), ((0, 3), [0, 20, 20, 48])])
+def test_simulate_two_sided_windows(algo, window, cu):
+    # Non-causal with a right limit too (window_size=(left, right) as FlashAttention has it).
+    q, k, v, do = inputs(s=48, hq=4, hk=2, d=16, seed=11)
+    res = ctxpar.simulate(q, k, v, do, ranks=4, algo=algo, layout="zigzag", mask="none",
+                          window=window, cu_seqlens=cu, num_threads=1)
+    check(res, ctxpar.oracle(q, k, v, do, mask="none", window=window, cu_seqlens=cu), "f32")
+    # The band is what the oracle applied: query 0 sees keys 0 .. right only.
+    from ctxpar._oracle import visible
+    assert visible(48, "none", window)[0].nonzero()[0].max() == window[1]
+    with pytest.raises(ValueError, match="window"):
+        ctxpar.simulate(q, k, v, ranks=2, mask="none", window=(4, -1))
+
+
 def test_simulate_bhsd_and_forward_only():
     q, k, v, _ = inputs(s=32, hq=4, hk=1, d=8)
     t = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3))  # noqa: E731

@@ -23,12 +23,13 @@ typedef struct bench_numbers {
 } bench_numbers;
 
 // Visible (query, key) pairs, by the convention of the help: S^2 without a mask, S^2 / 2 causal;
-// counted exactly with a window (query i sees keys k with i - k < W; causal: also k <= i) or
-// documents (keys of the query's own document only). NAN when the documents cannot be made.
+// counted exactly with windows (query i sees keys k with i - k < W and k - i <= R; causal: also
+// k <= i) or documents (keys of the query's own document only). NAN when the documents cannot
+// be made.
 static double visible_pairs(const cpt_run_config *c) {
-    const int64_t S = c->seq, W = c->params.window_left;
+    const int64_t S = c->seq, W = c->params.window_left, R = c->params.window_right;
     const int causal = c->params.mask == CTXPAR_MASK_CAUSAL;
-    if (W <= 0 && c->docs <= 0)
+    if (W <= 0 && R <= 0 && c->docs <= 0)
         return causal ? (double)S * S / 2 : (double)S * S;
     int32_t *cu = NULL;
     int64_t ndocs = 1;
@@ -45,7 +46,8 @@ static double visible_pairs(const cpt_run_config *c) {
         const int64_t lo = cu ? cu[d] : 0, hi = cu ? cu[d + 1] : S; // [lo, hi)
         for (int64_t i = lo; i < hi; i++) {
             int64_t first = W > 0 && i - W + 1 > lo ? i - W + 1 : lo; // earliest key k <= i
-            pairs += (double)(i - first + 1) + (causal ? 0.0 : (double)(hi - 1 - i));
+            int64_t last = causal ? i : R > 0 && i + R < hi - 1 ? i + R : hi - 1; // latest key
+            pairs += (double)(last - first + 1);
         }
     }
     free(cu);
@@ -148,13 +150,14 @@ static void print_json(const cpt_run_config *c, const char *comm,
     fprintf(stdout,
             "{\"ok\":%s,\"status\":\"%s\",\"config\":{\"ranks\":%d,\"batch\":%lld,\"seq\":%lld,"
             "\"heads\":%lld,\"kv_heads\":%lld,\"dim\":%lld,\"dtype\":\"%s\",\"mask\":\"%s\","
-            "\"window\":%lld,\"docs\":%lld,\"algo\":\"%s\",\"algo_resolved\":\"%s\","
-            "\"layout\":\"%s\","
+            "\"window\":%lld,\"window_right\":%lld,\"docs\":%lld,\"algo\":\"%s\","
+            "\"algo_resolved\":\"%s\",\"layout\":\"%s\","
             "\"backward\":%s,\"comm\":\"%s\",\"backend\":\"%s\",\"warmup\":%d,\"repeat\":%d},",
             r->ok ? "true" : "false", ctxpar_status_string(r->status), c->ranks,
             (long long)c->batch, (long long)c->seq, (long long)c->heads, (long long)c->kv_heads,
             (long long)c->head_dim, ctxpar_dtype_name(c->dtype), ctxpar_mask_name(c->params.mask),
-            (long long)c->params.window_left, (long long)c->docs, ctxpar_algo_name(c->params.algo),
+            (long long)c->params.window_left, (long long)c->params.window_right, (long long)c->docs,
+            ctxpar_algo_name(c->params.algo),
             ctxpar_algo_name(r->algo), ctxpar_layout_name(c->params.layout),
             c->backward ? "true" : "false", comm, cpt_run_backend_name(c->backend), c->warmup,
             c->repeat);

@@ -747,6 +747,20 @@ TEST(Bench, WindowCountsTheVisiblePairs) {
     EXPECT_DOUBLE_EQ(j["fwd_flops"].num, 4.0 * 16 * pairs);
 }
 
+TEST(Bench, TwoSidedWindowCountsTheBand) {
+    Outcome o = Tool("bench --seq 128 --ranks 2 --heads 1 --dim 16 --mask none --window 10 "
+                    "--window-right 6 --layout contiguous --repeat 1 --warmup 0 --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_EQ(j["config"]["window_right"].num, 6);
+    double pairs = 0; // i - 10 < k <= i + 6, brute force
+    for (int i = 0; i < 128; i++)
+        for (int k = 0; k < 128; k++)
+            pairs += i - k < 10 && k - i <= 6;
+    EXPECT_DOUBLE_EQ(j["fwd_flops"].num, 4.0 * 16 * pairs);
+}
+
 TEST(Bench, CheckComparesWithTheOracle) {
     Outcome o = Tool("bench --seq 128 --ranks 2 --heads 2 --dim 16 --repeat 1 --check --json");
     ASSERT_EQ(o.code, 0) << o.err << o.out;

@@ -127,12 +127,25 @@ typedef struct ctxpar_attn_params {
      * window_right; 0 = no limit (a right limit of 0 is CTXPAR_MASK_CAUSAL). With window_left it
      * makes the band i - window_left < k <= i + window_right. */
     int64_t window_right;
+    /* Attention sinks: one logit per query head, F32 [Hq] in the context's device memory, in score
+     * units (after softmax_scale), added once to every row's softmax denominator; NULL = none. */
+    const float *sinks;
+    /* Written by ctxpar_attn_bwd when sinks is set: F32 [Hq] in the context's device memory, the
+     * gradient of the sinks summed over batch and rows; NULL = not wanted. */
+    float *dsinks;
+    /* Logit soft-capping: the score is softcap * tanh(scale * q.k / softcap); 0 = none. */
+    float softcap;
+    /* CTXPAR_LAYOUT_CUSTOM: the rank that holds each global token, int32 [global seq], host
+     * memory, the same on every rank; a rank holds its tokens in increasing position order. */
+    const int32_t *assignment;
+    /* CTXPAR_ALGO_HYBRID: ranks per all-to-all group (P = ulysses x ring length); 0 = chosen. */
+    int64_t ulysses;
 } ctxpar_attn_params;
 
 #define CTXPAR_ATTN_PARAMS_INIT                                                                   \
     {                                                                                             \
         sizeof(ctxpar_attn_params), CTXPAR_ALGO_AUTO, CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_MASK_NONE, \
-            0, NULL, 0, 0.0f, 0, 0                                                                \
+            0, NULL, 0, 0.0f, 0, 0, NULL, NULL, 0.0f, NULL, 0                                     \
     }
 
 /* "auto", "ring", ...;  "contiguous", "zigzag", "striped";  "none", "causal". */

@@ -138,6 +138,19 @@ ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_gl
                    (double)p->softmax_scale);
     if (p->seq_len_global < 0)
         return BAD("params.seq_len_global (%lld) must be >= 0", (long long)p->seq_len_global);
+    // Reserved fields whose features are not implemented yet: refused, never ignored.
+    if (p->sinks || p->dsinks)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "params.sinks: attention sinks are not "
+                                                      "implemented yet");
+    if (p->softcap != 0.0f)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "params.softcap: soft-capping is not implemented yet");
+    if (p->assignment)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "params.assignment: custom layouts are not implemented yet");
+    if (p->ulysses != 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "params.ulysses: the hybrid algorithm is not implemented yet");
     return validate_cu_seqlens(p, seq_global);
 }
 

@@ -2,8 +2,8 @@
 // comm of its kind (threads of this process for the local comm, this process's rank under mpirun
 // for MPI); expected bytes are computed here from (seed, rank, index). The suite
 // (comm_conformance.cc) runs every case for every world its binary lists (CommWorlds()):
-// comm_conformance_test.cc (local, the fault-injecting decorator in pass-through) and
-// comm_conformance_mpi_test.cc (MPI).
+// comm_conformance_test.cc (local, the fault-injecting decorator in pass-through),
+// comm_conformance_mpi_test.cc (MPI) and gpu/comm_conformance_nccl_test.cc (NCCL, device memory).
 #ifndef CPT_TESTING_COMM_CONFORMANCE_H
 #define CPT_TESTING_COMM_CONFORMANCE_H
 
@@ -25,8 +25,11 @@
 
 namespace cpt_commconf {
 
-// One rank's part of a case: its rank, the comm's size, its comm.
-using CommBody = std::function<void(int rank, int size, ctxpar_comm *comm)>;
+// One rank's part of a case: its rank, the comm's size, its comm, and the device whose memory
+// the comm's transfers read and write (NULL: host memory, as for the local and MPI comms; the
+// rank's GPU for NCCL). Cases stage their bytes through CommBuffer so one case serves both.
+using CommBody =
+    std::function<void(int rank, int size, ctxpar_comm *comm, ctxpar_device *memory)>;
 
 // How to get comms of one kind. A new comm gets the whole suite by adding one of these to its
 // binary's CommWorlds().
@@ -65,6 +68,42 @@ inline float FloatAt(uint64_t seed, int rank, size_t i) {
     int e = (int)((h >> 24) % 25) - 12;
     return ((h >> 60) & 1 ? -1.0f : 1.0f) * std::ldexp(0.5f + 0.5f * m, e);
 }
+
+// A buffer for a comm op, in the memory a world's transfers use, filled from `init`.
+template <class T> class CommBuffer {
+  public:
+    CommBuffer(ctxpar_device *memory, const std::vector<T> &init) : dev_(memory), host_(init) {
+        if (!dev_ || host_.empty())
+            return;
+        void *p = nullptr;
+        EXPECT_OK(ctxpar_dev_alloc(dev_, Bytes(), CTXPAR_MEM_DEVICE, &p));
+        ptr_ = static_cast<T *>(p);
+        if (ptr_)
+            EXPECT_OK(ctxpar_dev_copy(dev_, ptr_, host_.data(), Bytes(), CTXPAR_COPY_H2D, nullptr));
+    }
+    ~CommBuffer() {
+        if (ptr_)
+            EXPECT_OK(ctxpar_dev_free(dev_, ptr_, Bytes(), CTXPAR_MEM_DEVICE));
+    }
+    CommBuffer(const CommBuffer &) = delete;
+    CommBuffer &operator=(const CommBuffer &) = delete;
+
+    T *data() { return dev_ ? ptr_ : host_.data(); }
+    // The contents now (after the op's wait).
+    const std::vector<T> &Read() {
+        if (ptr_) {
+            EXPECT_OK(ctxpar_dev_copy(dev_, host_.data(), ptr_, Bytes(), CTXPAR_COPY_D2H, nullptr));
+            EXPECT_OK(ctxpar_dev_stream_sync(dev_, nullptr));
+        }
+        return host_;
+    }
+
+  private:
+    size_t Bytes() const { return host_.size() * sizeof(T); }
+    ctxpar_device *dev_;
+    std::vector<T> host_;
+    T *ptr_ = nullptr;
+};
 
 // The index of the first byte where got differs from want, or -1.
 inline long FirstDiff(const uint8_t *got, const uint8_t *want, size_t n) {

@@ -17,7 +17,7 @@ std::vector<CommWorld> CommWorlds() {
                  if (ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm) != CTXPAR_OK)
                      return std::string("cannot create the MPI comm: ") + ctxpar_last_error();
                  EXPECT_OK(ctxpar_comm_set_timeout(comm, 30));
-                 body(rank, size, comm);
+                 body(rank, size, comm, nullptr);
                  ctxpar_comm_destroy(comm);
                  MPI_Barrier(MPI_COMM_WORLD);
                  return "";

@@ -30,7 +30,7 @@ std::string RunLocal(int P, bool fault, const CommBody &body) {
                 EXPECT_OK(cpt_comm_create_fault(local, &none, &outer));
             }
             if (outer)
-                body(r, P, outer);
+                body(r, P, outer, nullptr);
             if (outer != local)
                 ctxpar_comm_destroy(outer);
             ctxpar_comm_destroy(local);

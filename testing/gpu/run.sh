@@ -114,7 +114,7 @@ export LD_LIBRARY_PATH="${CUDNN_LIB:+$CUDNN_LIB:}${NCCL_LIB:+$NCCL_LIB:}$CUDA_HO
 say "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 
 # ---------------------------------------------------------------- binaries
-TESTS=(cuda_ops_test device_conformance_test nccl_comm_test e2e_cuda_test)
+TESTS=(cuda_ops_test device_conformance_test nccl_comm_test comm_conformance_nccl_test e2e_cuda_test)
 ALL_BINS=("${TESTS[@]}" cuda_bench ctxpar)
 declare -A BIN
 
@@ -209,9 +209,10 @@ build_from_source() {
     local gt_flag="-isystem $gt_inc"
     [ "$gt_inc" = /usr/include ] && gt_flag="" # already searched; -isystem would reorder it
     for t in testing/cuda_ops_test testing/device_conformance_test testing/gpu/nccl_comm_test \
-        testing/gpu/e2e_cuda_test; do
-        local more="" # the conformance suite's cases are in a file of their own
+        testing/gpu/comm_conformance_nccl_test testing/gpu/e2e_cuda_test; do
+        local more="" # the conformance suites' cases are in files of their own
         [ "$t" = testing/device_conformance_test ] && more="$ROOT/testing/device_conformance.cc"
+        [ "$t" = testing/gpu/comm_conformance_nccl_test ] && more="$ROOT/testing/comm_conformance.cc"
         g++ -std=c++17 -O2 -fopenmp $inc $gt_flag "$ROOT/$t.cc" $more $LIBS -L"$gt_lib" \
             -lgtest_main -lgtest -o "$B/bin/$(basename $t)" || return 1
     done

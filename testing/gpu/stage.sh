@@ -3,8 +3,8 @@
 # bench binary with Bazel and puts them, with what the GPU machine lacks, into gpu_stage/ (ignored
 # by git, carried with the working tree; under 64 MiB in all):
 #
-#   gpu_stage/bin/         cuda_ops_test device_conformance_test nccl_comm_test e2e_cuda_test
-#                          cuda_bench ctxpar
+#   gpu_stage/bin/         cuda_ops_test device_conformance_test nccl_comm_test
+#                          comm_conformance_nccl_test e2e_cuda_test cuda_bench ctxpar
 #   gpu_stage/lib/         non-CUDA shared libraries the GPU machine may lack: the ctxpar tool's
 #                          OpenMPI and its dependencies (the tool links MPI, which the in-process
 #                          comm never initialises) and GCC's OpenMP runtime; run.sh puts this
@@ -24,7 +24,7 @@ STAGE=gpu_stage
 LIMIT=$((60 * 1024 * 1024)) # what travels with the tree is capped at 64 MiB: keep room
 
 targets=(//testing:cuda_ops_test //testing:device_conformance_test //testing/gpu:nccl_comm_test
-         //testing/gpu:e2e_cuda_test
+         //testing/gpu:comm_conformance_nccl_test //testing/gpu:e2e_cuda_test
          //testing/gpu:cuda_bench //tools/ctxpar:ctxpar)
 bazel build "${targets[@]}"
 

@@ -522,6 +522,8 @@ void ctxpar_comm_abort(ctxpar_comm *comm);
 /* Collective: the sub-comm of the ranks passing the same color (see the split op); *comm_out is
  * written only on success (NULL for color < 0). Destroy it with ctxpar_comm_destroy. */
 ctxpar_status ctxpar_comm_split(ctxpar_comm *comm, int color, int key, ctxpar_comm **comm_out);
+/* Whether the comm has the split op. */
+int ctxpar_comm_can_split(const ctxpar_comm *comm);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

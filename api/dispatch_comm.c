@@ -200,6 +200,10 @@ void ctxpar_comm_abort(ctxpar_comm *comm) {
         comm->ops->abort(comm);
 }
 
+int ctxpar_comm_can_split(const ctxpar_comm *comm) {
+    return comm && HAS(comm, split);
+}
+
 ctxpar_status ctxpar_comm_split(ctxpar_comm *comm, int color, int key, ctxpar_comm **comm_out) {
     if (!comm || !comm_out)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "split: comm (%p) and comm_out (%p) must be set",

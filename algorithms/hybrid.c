@@ -45,8 +45,8 @@ ctxpar_problem ctxpar_hybrid_ring_problem(const ctxpar_problem *pb, int u) {
 // K/V of the other r-1 groups' u·S/P rows, hk heads each, behind compute (as ring_cost).
 static double cost_u(const ctxpar_problem *pb, int u) {
     const int P = pb->nranks, r = P / u;
-    if (P == 1)
-        return 0.0;
+    if (P == 1) // nothing moves; the ring is the same computation without the splits
+        return HUGE_VAL;
     const ctxpar_problem g = ctxpar_hybrid_group_problem(pb, u);
     const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(&g);
     const double per_unit = (double)P / (double)(P - 1);
@@ -91,8 +91,10 @@ static ctxpar_status hybrid_check(const ctxpar_problem *pb) {
     return CTXPAR_OK;
 }
 
+// Plus ½ so that it loses ties (it needs two sub-comms): with the all-to-all and the ring at
+// the ends of its range (u = P, u = 1) it is taken only where it moves strictly less.
 static double hybrid_cost(const ctxpar_problem *pb) {
-    return cost_u(pb, ctxpar_hybrid_ulysses(pb));
+    return cost_u(pb, ctxpar_hybrid_ulysses(pb)) + 0.5;
 }
 
 // The ring's blocks: a group's rows against a group's rows, this rank's heads.

@@ -14,8 +14,10 @@
 extern "C" {
 #endif
 
-/* Spans of global positions held by one rank (layout.c). ZIGZAG needs two. */
-#define CTXPAR_MAX_SPANS 2
+/* Spans of global positions held by one rank (layout.c). ZIGZAG needs two; a rank of the
+ * hybrid's ring holds the spans of a whole all-to-all group (ctxpar_problem_spans). */
+#define CTXPAR_MAX_ULYSSES 16
+#define CTXPAR_MAX_SPANS (2 * CTXPAR_MAX_ULYSSES)
 
 typedef struct ctxpar_shard_spans {
     ctxpar_span span[CTXPAR_MAX_SPANS];
@@ -45,7 +47,16 @@ typedef struct ctxpar_problem {
     float scale;
     ctxpar_dtype dtype;
     int64_t batch, seq_local, seq_global, heads_q, heads_kv, head_dim;
+    int64_t ulysses;  /* params.ulysses (hybrid: 0 = chosen) */
+    int comm_splits;  /* the comm has the split op (the hybrid needs it) */
+    /* > 1: rank i of this problem holds the positions of the layout's ranks i*g .. i*g+g-1 of
+     * nranks*g, in that order (the hybrid's ring over all-to-all groups of g ranks). */
+    int span_group;
 } ctxpar_problem;
+
+/* The spans of `rank` of the problem: the layout's, or with span_group a whole group's
+ * (adjacent spans merged). */
+void ctxpar_problem_spans(const ctxpar_problem *pb, int rank, ctxpar_shard_spans *spans_out);
 
 /*
  * The context's workspace (workspace.c): one device block that the algorithms carve their buffers
@@ -84,7 +95,17 @@ typedef struct ctxpar_run {
     void *trace_user;
     ctxpar_work_stats *work;
     ctxpar_workspace *ws; /* the context's */
+    struct ctxpar_grid *grid; /* the context's sub-comms for the hybrid (hybrid.c) */
 } ctxpar_run;
+
+/* The hybrid's 2-D grid of the run's comm, kept by the context between calls: `group` joins the
+ * u consecutive ranks of an all-to-all group, `ring` the ranks of equal index across groups. */
+typedef struct ctxpar_grid {
+    int u;
+    ctxpar_comm *group, *ring;
+} ctxpar_grid;
+/* Destroys the sub-comms (the context's destroy). */
+void ctxpar_grid_release(ctxpar_grid *grid);
 
 /* Reports one trace event if tracing is on. */
 void ctxpar_run_trace(const ctxpar_run *run, ctxpar_event_kind kind, const char *name, int step,

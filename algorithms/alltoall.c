@@ -6,18 +6,13 @@
 // are summed in rank order at the token owner.
 #include <string.h>
 
+#include "a2a_parts.h"
 #include "algorithms.h"
 #include "ctxpar_count.h"
 #include "registry.h"
 
-// How heads are divided: hq query heads per rank, hk K/V heads per rank.
-typedef struct heads_plan {
-    int64_t hq, hk, group; // group: query heads per K/V head
-    int replicate;         // Hkv < P: each rank gets one K/V head that others share
-} heads_plan;
-
-static heads_plan plan_heads(const ctxpar_problem *pb) {
-    heads_plan h;
+ctxpar_heads_plan ctxpar_a2a_plan_heads(const ctxpar_problem *pb) {
+    ctxpar_heads_plan h;
     h.hq = pb->heads_q / pb->nranks;
     h.group = pb->heads_q / pb->heads_kv;
     h.replicate = pb->heads_kv % pb->nranks != 0;
@@ -26,7 +21,7 @@ static heads_plan plan_heads(const ctxpar_problem *pb) {
 }
 
 // The i-th K/V head rank j works on.
-static int64_t kv_head(const heads_plan *h, int j, int64_t i) {
+static int64_t ctxpar_a2a_kv_head(const ctxpar_heads_plan *h, int j, int64_t i) {
     return h->replicate ? (j * h->hq) / h->group : j * h->hk + i;
 }
 
@@ -44,34 +39,29 @@ static ctxpar_status ctxpar_alltoall_check(const ctxpar_problem *pb) {
     return CTXPAR_OK;
 }
 
-// One part of a per-rank block: a dense [B, seq, heads, dim] tensor.
-typedef struct seg {
-    ctxpar_dtype dtype;
-    int64_t heads, dim;
-} seg;
-
-static size_t seg_bytes(const ctxpar_problem *pb, const seg *s, int64_t seq) {
+size_t ctxpar_a2a_seg_bytes(const ctxpar_problem *pb, const ctxpar_seg *s, int64_t seq) {
     return ctxpar_count(pb->batch, seq, s->heads, s->dim) * ctxpar_dtype_size(s->dtype);
 }
 
-static size_t block_bytes(const ctxpar_problem *pb, const seg *segs, int n, int64_t seq) {
+size_t ctxpar_a2a_block_bytes(const ctxpar_problem *pb, const ctxpar_seg *segs, int n,
+                              int64_t seq) {
     size_t b = 0;
     for (int i = 0; i < n; i++)
-        b += seg_bytes(pb, &segs[i], seq);
+        b += ctxpar_a2a_seg_bytes(pb, &segs[i], seq);
     return b;
 }
 
-static ctxpar_tensor seg_view(void *block, const ctxpar_problem *pb, const seg *segs, int idx,
-                              int64_t seq) {
+ctxpar_tensor ctxpar_a2a_seg_view(void *block, const ctxpar_problem *pb, const ctxpar_seg *segs,
+                                  int idx, int64_t seq) {
     size_t off = 0;
     for (int i = 0; i < idx; i++)
-        off += seg_bytes(pb, &segs[i], seq);
-    return ctxpar_tensor_bshd((char *)block + off, segs[idx].dtype, pb->batch, seq,
-                              segs[idx].heads, segs[idx].dim);
+        off += ctxpar_a2a_seg_bytes(pb, &segs[i], seq);
+    return ctxpar_tensor_bshd((char *)block + off, segs[idx].dtype, pb->batch, seq, segs[idx].heads,
+                              segs[idx].dim);
 }
 
 // Heads [h0, h0 + n) of a tensor.
-static ctxpar_tensor heads(const ctxpar_tensor *t, int64_t h0, int64_t n) {
+ctxpar_tensor ctxpar_a2a_heads(const ctxpar_tensor *t, int64_t h0, int64_t n) {
     ctxpar_tensor r = *t;
     r.data = (char *)t->data + (size_t)(h0 * t->stride[2]) * ctxpar_dtype_size(t->dtype);
     r.shape[2] = n;
@@ -79,7 +69,8 @@ static ctxpar_tensor heads(const ctxpar_tensor *t, int64_t h0, int64_t n) {
 }
 
 // An F32 [B, H, seq] LSE buffer seen as a [B, seq, H, 1] tensor, so that rows move like tokens.
-static ctxpar_tensor lse_view(const float *lse, const ctxpar_problem *pb, int64_t seq, int64_t h) {
+ctxpar_tensor ctxpar_a2a_lse_view(const float *lse, const ctxpar_problem *pb, int64_t seq,
+                                  int64_t h) {
     ctxpar_tensor t = ctxpar_tensor_bshd((void *)lse, CTXPAR_DTYPE_F32, pb->batch, seq, h, 1);
     t.stride[0] = h * seq;
     t.stride[1] = 1;
@@ -88,8 +79,8 @@ static ctxpar_tensor lse_view(const float *lse, const ctxpar_problem *pb, int64_
 }
 
 // The all-to-all itself (a copy on one rank), traced.
-static ctxpar_status exchange(const ctxpar_run *run, const ctxpar_problem *pb, const void *send,
-                              void *recv, size_t block, const char *name) {
+ctxpar_status ctxpar_a2a_exchange(const ctxpar_run *run, const ctxpar_problem *pb, const void *send,
+                                  void *recv, size_t block, const char *name) {
     if (pb->nranks == 1)
         return ctxpar_dev_copy(run->dev, recv, send, block, CTXPAR_COPY_D2D, run->stream);
     ctxpar_request *req = NULL;
@@ -105,18 +96,20 @@ static ctxpar_status exchange(const ctxpar_run *run, const ctxpar_problem *pb, c
 
 // Casts rank j's heads of the local tensors into j's block of `send`: q-like tensors give their
 // query heads, k-like ones the K/V heads j needs (kinds[i]: 0 query heads, 1 K/V heads).
-static ctxpar_status pack_heads(const ctxpar_run *run, const ctxpar_problem *pb,
-                                const heads_plan *h, const ctxpar_tensor *const *src,
-                                const int *kinds, const seg *segs, int n, void *block, int j) {
+ctxpar_status ctxpar_a2a_pack_heads(const ctxpar_run *run, const ctxpar_problem *pb,
+                                    const ctxpar_heads_plan *h, const ctxpar_tensor *const *src,
+                                    const int *kinds, const ctxpar_seg *segs, int n, void *block,
+                                    int j) {
     for (int s = 0; s < n; s++) {
-        ctxpar_tensor dst = seg_view(block, pb, segs, s, pb->seq_local);
+        ctxpar_tensor dst = ctxpar_a2a_seg_view(block, pb, segs, s, pb->seq_local);
         if (kinds[s] == 0) {
-            ctxpar_tensor from = heads(src[s], j * h->hq, h->hq);
+            ctxpar_tensor from = ctxpar_a2a_heads(src[s], j * h->hq, h->hq);
             CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &from, &dst, run->stream));
             continue;
         }
         for (int64_t i = 0; i < h->hk; i++) {
-            ctxpar_tensor from = heads(src[s], kv_head(h, j, i), 1), to = heads(&dst, i, 1);
+            ctxpar_tensor from = ctxpar_a2a_heads(src[s], ctxpar_a2a_kv_head(h, j, i), 1),
+                          to = ctxpar_a2a_heads(&dst, i, 1);
             CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &from, &to, run->stream));
         }
     }
@@ -125,12 +118,12 @@ static ctxpar_status pack_heads(const ctxpar_run *run, const ctxpar_problem *pb,
 
 // Received blocks (every rank's tokens, this rank's heads) to global order.
 static ctxpar_status unpack_global(const ctxpar_run *run, const ctxpar_problem *pb,
-                                   const seg *segs, int n, void *recv, size_t block,
+                                   const ctxpar_seg *segs, int n, void *recv, size_t block,
                                    ctxpar_tensor *global) {
     for (int i = 0; i < pb->nranks; i++)
         for (int s = 0; s < n; s++) {
-            ctxpar_tensor local = seg_view((char *)recv + (size_t)i * block, pb, segs, s,
-                                           pb->seq_local);
+            ctxpar_tensor local =
+                ctxpar_a2a_seg_view((char *)recv + (size_t)i * block, pb, segs, s, pb->seq_local);
             CTXPAR_CHECK(ctxpar_move_shard_rows(run, pb, i, &local, &global[s], 1));
         }
     return CTXPAR_OK;
@@ -138,12 +131,12 @@ static ctxpar_status unpack_global(const ctxpar_run *run, const ctxpar_problem *
 
 // Global per-head results to every rank's block (its tokens, this rank's heads).
 static ctxpar_status pack_tokens(const ctxpar_run *run, const ctxpar_problem *pb,
-                                 const seg *segs, int n, const ctxpar_tensor *global, void *send,
-                                 size_t block) {
+                                 const ctxpar_seg *segs, int n, const ctxpar_tensor *global,
+                                 void *send, size_t block) {
     for (int j = 0; j < pb->nranks; j++)
         for (int s = 0; s < n; s++) {
-            ctxpar_tensor local = seg_view((char *)send + (size_t)j * block, pb, segs, s,
-                                           pb->seq_local);
+            ctxpar_tensor local =
+                ctxpar_a2a_seg_view((char *)send + (size_t)j * block, pb, segs, s, pb->seq_local);
             CTXPAR_CHECK(ctxpar_move_shard_rows(run, pb, j, &local, &global[s], 0));
         }
     return CTXPAR_OK;
@@ -166,26 +159,26 @@ typedef struct a2a_ws {
 
 static size_t a2a_layout(const ctxpar_problem *pb, int backward, char *base, a2a_ws *w) {
     const int64_t S = pb->seq_global, D = pb->head_dim;
-    const heads_plan h = plan_heads(pb);
+    const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(pb);
     const ctxpar_dtype dt = pb->dtype, f32 = CTXPAR_DTYPE_F32;
     // What travels each way: forward q, k, v in and out, lse back; backward q, k, v, out, dout,
     // lse in and dq, dk, dv back (as in the functions below).
-    const seg in[6] = {{dt, h.hq, D}, {dt, h.hk, D}, {dt, h.hk, D},
-                       {dt, h.hq, D}, {dt, h.hq, D}, {f32, h.hq, 1}};
-    const seg fwd_back[2] = {{dt, h.hq, D}, {f32, h.hq, 1}};
-    const seg bwd_back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, D}};
+    const ctxpar_seg in[6] = {{dt, h.hq, D}, {dt, h.hk, D}, {dt, h.hk, D},
+                              {dt, h.hq, D}, {dt, h.hq, D}, {f32, h.hq, 1}};
+    const ctxpar_seg fwd_back[2] = {{dt, h.hq, D}, {f32, h.hq, 1}};
+    const ctxpar_seg bwd_back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, D}};
     const int n_in = backward ? 6 : 3;
-    const size_t in_b = block_bytes(pb, in, n_in, pb->seq_local);
-    const size_t back_b = backward ? block_bytes(pb, bwd_back, 3, pb->seq_local)
-                                   : block_bytes(pb, fwd_back, 2, pb->seq_local);
+    const size_t in_b = ctxpar_a2a_block_bytes(pb, in, n_in, pb->seq_local);
+    const size_t back_b = backward ? ctxpar_a2a_block_bytes(pb, bwd_back, 3, pb->seq_local)
+                                   : ctxpar_a2a_block_bytes(pb, fwd_back, 2, pb->seq_local);
     const size_t big = (in_b > back_b ? in_b : back_b) * (size_t)pb->nranks;
     const size_t rows = ctxpar_count(pb->batch, S, h.hq, 1) * sizeof(float);
     ctxpar_carve c = {base, 0};
     memset(w, 0, sizeof *w);
     w->send = ctxpar_carve_take(&c, big);
     w->recv = ctxpar_carve_take(&c, big);
-    w->glob = ctxpar_carve_take(&c, block_bytes(pb, in, backward ? 5 : 3, S));
-    w->acc = ctxpar_carve_take(&c, backward ? block_bytes(pb, bwd_back, 3, S)
+    w->glob = ctxpar_carve_take(&c, ctxpar_a2a_block_bytes(pb, in, backward ? 5 : 3, S));
+    w->acc = ctxpar_carve_take(&c, backward ? ctxpar_a2a_block_bytes(pb, bwd_back, 3, S)
                                             : ctxpar_count(pb->batch, S, h.hq, D) * sizeof(float));
     w->lse = ctxpar_carve_take(&c, rows);
     if (backward) {
@@ -203,8 +196,8 @@ static size_t ctxpar_alltoall_workspace_bytes(const ctxpar_problem *pb) {
     return fwd > bwd ? fwd : bwd;
 }
 
-static ctxpar_status take_workspace(const ctxpar_run *run, const ctxpar_problem *pb,
-                                    int backward, a2a_ws *w) {
+static ctxpar_status take_workspace(const ctxpar_run *run, const ctxpar_problem *pb, int backward,
+                                    a2a_ws *w) {
     void *base = NULL;
     CTXPAR_CHECK(ctxpar_run_workspace(run, a2a_layout(pb, backward, NULL, w), &base));
     (void)a2a_layout(pb, backward, base, w);
@@ -216,11 +209,11 @@ static ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_pro
                                          const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
     const int P = pb->nranks;
     const int64_t S = pb->seq_global, D = pb->head_dim;
-    const heads_plan h = plan_heads(pb);
-    const seg in[3] = {{pb->dtype, h.hq, D}, {pb->dtype, h.hk, D}, {pb->dtype, h.hk, D}};
-    const seg back[2] = {{pb->dtype, h.hq, D}, {CTXPAR_DTYPE_F32, h.hq, 1}};
-    const size_t in_b = block_bytes(pb, in, 3, pb->seq_local);
-    const size_t back_b = block_bytes(pb, back, 2, pb->seq_local);
+    const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(pb);
+    const ctxpar_seg in[3] = {{pb->dtype, h.hq, D}, {pb->dtype, h.hk, D}, {pb->dtype, h.hk, D}};
+    const ctxpar_seg back[2] = {{pb->dtype, h.hq, D}, {CTXPAR_DTYPE_F32, h.hq, 1}};
+    const size_t in_b = ctxpar_a2a_block_bytes(pb, in, 3, pb->seq_local);
+    const size_t back_b = ctxpar_a2a_block_bytes(pb, back, 2, pb->seq_local);
     ctxpar_status st;
     a2a_ws w;
     CTXPAR_CHECK(take_workspace(run, pb, 0, &w));
@@ -230,12 +223,13 @@ static ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_pro
     const ctxpar_tensor *src[3] = {q, k, v};
     const int kinds[3] = {0, 1, 1};
     for (int j = 0; j < P; j++)
-        CTXPAR_CHECK_GOTO(
-            pack_heads(run, pb, &h, src, kinds, in, 3, (char *)send + (size_t)j * in_b, j), st,
-            done);
-    CTXPAR_CHECK_GOTO(exchange(run, pb, send, recv, in_b, "alltoall_qkv"), st, done);
-    ctxpar_tensor g[3] = {seg_view(qkv, pb, in, 0, S), seg_view(qkv, pb, in, 1, S),
-                          seg_view(qkv, pb, in, 2, S)};
+        CTXPAR_CHECK_GOTO(ctxpar_a2a_pack_heads(run, pb, &h, src, kinds, in, 3,
+                                                (char *)send + (size_t)j * in_b, j),
+                          st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_a2a_exchange(run, pb, send, recv, in_b, "alltoall_qkv"), st, done);
+    ctxpar_tensor g[3] = {ctxpar_a2a_seg_view(qkv, pb, in, 0, S),
+                          ctxpar_a2a_seg_view(qkv, pb, in, 1, S),
+                          ctxpar_a2a_seg_view(qkv, pb, in, 2, S)};
     CTXPAR_CHECK_GOTO(unpack_global(run, pb, in, 3, recv, in_b, g), st, done);
 
     ctxpar_span all = {0, S, 1};
@@ -248,20 +242,19 @@ static ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_pro
                       st, done);
     ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", -1, -1, t0, ctxpar_now(), 0);
 
-    ctxpar_tensor res[2] = {
-        ctxpar_tensor_bshd(out_acc, CTXPAR_DTYPE_F32, pb->batch, S, h.hq, D),
-        lse_view(lse_acc, pb, S, h.hq)};
+    ctxpar_tensor res[2] = {ctxpar_tensor_bshd(out_acc, CTXPAR_DTYPE_F32, pb->batch, S, h.hq, D),
+                            ctxpar_a2a_lse_view(lse_acc, pb, S, h.hq)};
     CTXPAR_CHECK_GOTO(pack_tokens(run, pb, back, 2, res, send, back_b), st, done);
-    CTXPAR_CHECK_GOTO(exchange(run, pb, send, recv, back_b, "alltoall_out"), st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_a2a_exchange(run, pb, send, recv, back_b, "alltoall_out"), st, done);
     for (int i = 0; i < P; i++) {
         char *blk_i = (char *)recv + (size_t)i * back_b;
-        ctxpar_tensor o = seg_view(blk_i, pb, back, 0, pb->seq_local);
-        ctxpar_tensor dst = heads(out, i * h.hq, h.hq);
+        ctxpar_tensor o = ctxpar_a2a_seg_view(blk_i, pb, back, 0, pb->seq_local);
+        ctxpar_tensor dst = ctxpar_a2a_heads(out, i * h.hq, h.hq);
         CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &o, &dst, run->stream), st, done);
         if (lse) {
-            ctxpar_tensor l = seg_view(blk_i, pb, back, 1, pb->seq_local);
-            ctxpar_tensor user = lse_view(lse, pb, pb->seq_local, pb->heads_q);
-            ctxpar_tensor ldst = heads(&user, i * h.hq, h.hq);
+            ctxpar_tensor l = ctxpar_a2a_seg_view(blk_i, pb, back, 1, pb->seq_local);
+            ctxpar_tensor user = ctxpar_a2a_lse_view(lse, pb, pb->seq_local, pb->heads_q);
+            ctxpar_tensor ldst = ctxpar_a2a_heads(&user, i * h.hq, h.hq);
             CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &l, &ldst, run->stream), st, done);
         }
     }
@@ -272,16 +265,17 @@ done:
 
 // dK/dV arrive from every rank for the K/V heads it worked on; with replicated K/V heads the
 // ranks that shared a head each sent a partial, summed here in rank order.
-static ctxpar_status store_dkv(const ctxpar_run *run, const ctxpar_problem *pb,
-                               const heads_plan *h, const seg *back, void *recv, size_t back_b,
-                               float *acc, ctxpar_tensor *dk, ctxpar_tensor *dv) {
+ctxpar_status ctxpar_a2a_store_dkv(const ctxpar_run *run, const ctxpar_problem *pb,
+                                   const ctxpar_heads_plan *h, const ctxpar_seg *back, void *recv,
+                                   size_t back_b, float *acc, ctxpar_tensor *dk,
+                                   ctxpar_tensor *dv) {
     ctxpar_tensor *dst[2] = {dk, dv};
     if (!h->replicate) {
         for (int i = 0; i < pb->nranks; i++)
             for (int w = 0; w < 2; w++) {
-                ctxpar_tensor part =
-                    seg_view((char *)recv + (size_t)i * back_b, pb, back, 1 + w, pb->seq_local);
-                ctxpar_tensor to = heads(dst[w], kv_head(h, i, 0), h->hk);
+                ctxpar_tensor part = ctxpar_a2a_seg_view((char *)recv + (size_t)i * back_b, pb,
+                                                         back, 1 + w, pb->seq_local);
+                ctxpar_tensor to = ctxpar_a2a_heads(dst[w], ctxpar_a2a_kv_head(h, i, 0), h->hk);
                 CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &part, &to, run->stream));
             }
         return CTXPAR_OK;
@@ -290,9 +284,10 @@ static ctxpar_status store_dkv(const ctxpar_run *run, const ctxpar_problem *pb,
     CTXPAR_CHECK(ctxpar_dev_fill(run->dev, acc, 0.0f, 2 * n * (size_t)pb->heads_kv, run->stream));
     for (int i = 0; i < pb->nranks; i++)
         for (int w = 0; w < 2; w++) {
-            ctxpar_tensor part =
-                seg_view((char *)recv + (size_t)i * back_b, pb, back, 1 + w, pb->seq_local);
-            float *into = acc + ((size_t)w * (size_t)pb->heads_kv + (size_t)kv_head(h, i, 0)) * n;
+            ctxpar_tensor part = ctxpar_a2a_seg_view((char *)recv + (size_t)i * back_b, pb, back,
+                                                     1 + w, pb->seq_local);
+            float *into =
+                acc + ((size_t)w * (size_t)pb->heads_kv + (size_t)ctxpar_a2a_kv_head(h, i, 0)) * n;
             CTXPAR_CHECK(ctxpar_dev_add(run->dev, into, part.data, n, run->stream));
         }
     for (int w = 0; w < 2; w++)
@@ -300,7 +295,7 @@ static ctxpar_status store_dkv(const ctxpar_run *run, const ctxpar_problem *pb,
             ctxpar_tensor from =
                 ctxpar_tensor_bshd(acc + ((size_t)w * (size_t)pb->heads_kv + (size_t)kh) * n,
                                    CTXPAR_DTYPE_F32, pb->batch, pb->seq_local, 1, pb->head_dim);
-            ctxpar_tensor to = heads(dst[w], kh, 1);
+            ctxpar_tensor to = ctxpar_a2a_heads(dst[w], kh, 1);
             CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &from, &to, run->stream));
         }
     return CTXPAR_OK;
@@ -313,37 +308,38 @@ static ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_pro
                                          ctxpar_tensor *dq, ctxpar_tensor *dk, ctxpar_tensor *dv) {
     const int P = pb->nranks;
     const int64_t S = pb->seq_global, D = pb->head_dim;
-    const heads_plan h = plan_heads(pb);
+    const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(pb);
     const ctxpar_dtype dt = pb->dtype, f32 = CTXPAR_DTYPE_F32;
-    const seg in[6] = {{dt, h.hq, D}, {dt, h.hk, D}, {dt, h.hk, D},
-                       {dt, h.hq, D}, {dt, h.hq, D}, {f32, h.hq, 1}};
-    const seg back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, D}};
-    const size_t in_b = block_bytes(pb, in, 6, pb->seq_local);
-    const size_t back_b = block_bytes(pb, back, 3, pb->seq_local);
+    const ctxpar_seg in[6] = {{dt, h.hq, D}, {dt, h.hk, D}, {dt, h.hk, D},
+                              {dt, h.hq, D}, {dt, h.hq, D}, {f32, h.hq, 1}};
+    const ctxpar_seg back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, D}};
+    const size_t in_b = ctxpar_a2a_block_bytes(pb, in, 6, pb->seq_local);
+    const size_t back_b = ctxpar_a2a_block_bytes(pb, back, 3, pb->seq_local);
     ctxpar_status st;
     a2a_ws w;
     CTXPAR_CHECK(take_workspace(run, pb, 1, &w));
     void *send = w.send, *recv = w.recv, *glob = w.glob, *grads = w.acc;
     float *lse_g = w.lse, *delta = w.delta;
 
-    ctxpar_tensor lse_t = lse_view(lse, pb, pb->seq_local, pb->heads_q);
+    ctxpar_tensor lse_t = ctxpar_a2a_lse_view(lse, pb, pb->seq_local, pb->heads_q);
     const ctxpar_tensor *src[6] = {q, k, v, out, dout, &lse_t};
     const int kinds[6] = {0, 1, 1, 0, 0, 0};
     for (int j = 0; j < P; j++)
-        CTXPAR_CHECK_GOTO(
-            pack_heads(run, pb, &h, src, kinds, in, 6, (char *)send + (size_t)j * in_b, j), st,
-            done);
-    CTXPAR_CHECK_GOTO(exchange(run, pb, send, recv, in_b, "alltoall_bwd_in"), st, done);
+        CTXPAR_CHECK_GOTO(ctxpar_a2a_pack_heads(run, pb, &h, src, kinds, in, 6,
+                                                (char *)send + (size_t)j * in_b, j),
+                          st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_a2a_exchange(run, pb, send, recv, in_b, "alltoall_bwd_in"), st, done);
     ctxpar_tensor g[6];
     for (int s = 0; s < 5; s++)
-        g[s] = seg_view(glob, pb, in, s, S);
-    g[5] = lse_view(lse_g, pb, S, h.hq);
+        g[s] = ctxpar_a2a_seg_view(glob, pb, in, s, S);
+    g[5] = ctxpar_a2a_lse_view(lse_g, pb, S, h.hq);
     CTXPAR_CHECK_GOTO(unpack_global(run, pb, in, 6, recv, in_b, g), st, done);
 
-    ctxpar_tensor gr[3] = {seg_view(grads, pb, back, 0, S), seg_view(grads, pb, back, 1, S),
-                           seg_view(grads, pb, back, 2, S)};
-    CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, grads, 0.0f, block_bytes(pb, back, 3, S) / 4,
-                                      run->stream),
+    ctxpar_tensor gr[3] = {ctxpar_a2a_seg_view(grads, pb, back, 0, S),
+                           ctxpar_a2a_seg_view(grads, pb, back, 1, S),
+                           ctxpar_a2a_seg_view(grads, pb, back, 2, S)};
+    CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, grads, 0.0f,
+                                      ctxpar_a2a_block_bytes(pb, back, 3, S) / 4, run->stream),
                       st, done);
     CTXPAR_CHECK_GOTO(ctxpar_dev_attn_bwd_prep(run->dev, &g[3], &g[4], delta, run->stream), st,
                       done);
@@ -353,21 +349,20 @@ static ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_pro
     heads_pb.heads_q = h.hq;
     if (ctxpar_block_account(run, &heads_pb, blk.q_pos, blk.k_pos)) {
         double t0 = ctxpar_now();
-        CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_bwd(run->dev, &blk, &g[4], lse_g, delta,
-                                                    gr[0].data, gr[1].data, gr[2].data,
-                                                    run->stream),
+        CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_bwd(run->dev, &blk, &g[4], lse_g, delta, gr[0].data,
+                                                    gr[1].data, gr[2].data, run->stream),
                           st, done);
         ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", -1, -1, t0, ctxpar_now(), 0);
     }
     CTXPAR_CHECK_GOTO(pack_tokens(run, pb, back, 3, gr, send, back_b), st, done);
-    CTXPAR_CHECK_GOTO(exchange(run, pb, send, recv, back_b, "alltoall_grads"), st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_a2a_exchange(run, pb, send, recv, back_b, "alltoall_grads"), st, done);
     for (int i = 0; i < P; i++) {
-        ctxpar_tensor part = seg_view((char *)recv + (size_t)i * back_b, pb, back, 0,
-                                      pb->seq_local);
-        ctxpar_tensor to = heads(dq, i * h.hq, h.hq);
+        ctxpar_tensor part =
+            ctxpar_a2a_seg_view((char *)recv + (size_t)i * back_b, pb, back, 0, pb->seq_local);
+        ctxpar_tensor to = ctxpar_a2a_heads(dq, i * h.hq, h.hq);
         CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &part, &to, run->stream), st, done);
     }
-    st = store_dkv(run, pb, &h, back, recv, back_b, w.dkv_sum, dk, dv);
+    st = ctxpar_a2a_store_dkv(run, pb, &h, back, recv, back_b, w.dkv_sum, dk, dv);
 done:
     return st;
 }

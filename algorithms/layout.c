@@ -34,6 +34,29 @@ void ctxpar_layout_spans(ctxpar_layout layout, int64_t seq_global, int rank, int
     *spans_out = s;
 }
 
+void ctxpar_problem_spans(const ctxpar_problem *pb, int rank, ctxpar_shard_spans *spans_out) {
+    const int g = pb->span_group > 1 ? pb->span_group : 1;
+    if (g == 1) {
+        ctxpar_layout_spans(pb->layout, pb->seq_global, rank, pb->nranks, spans_out);
+        return;
+    }
+    ctxpar_shard_spans out;
+    out.count = 0;
+    for (int i = 0; i < g; i++) {
+        ctxpar_shard_spans one;
+        ctxpar_layout_spans(pb->layout, pb->seq_global, rank * g + i, pb->nranks * g, &one);
+        for (int j = 0; j < one.count; j++) {
+            ctxpar_span *last = out.count ? &out.span[out.count - 1] : NULL;
+            const ctxpar_span *sp = &one.span[j];
+            if (last && last->stride == 1 && sp->stride == 1 && last->start + last->len == sp->start)
+                last->len += sp->len; // the next rows continue the positions: one span
+            else
+                out.span[out.count++] = *sp;
+        }
+    }
+    *spans_out = out;
+}
+
 ctxpar_tensor ctxpar_tensor_rows(const ctxpar_tensor *t, int64_t first, int64_t len) {
     ctxpar_tensor r = *t;
     r.data = (char *)t->data + (size_t)(first * t->stride[1]) * ctxpar_dtype_size(t->dtype);

@@ -5,11 +5,11 @@
 #include "registry.h"
 
 extern const ctxpar_algorithm ctxpar_ring_algorithm, ctxpar_allgather_algorithm,
-    ctxpar_alltoall_algorithm;
+    ctxpar_alltoall_algorithm, ctxpar_hybrid_algorithm;
 
 // In ctxpar_algo order: entry i has id i + 1.
 static const ctxpar_algorithm *const table[] = {&ctxpar_ring_algorithm, &ctxpar_allgather_algorithm,
-                                                &ctxpar_alltoall_algorithm};
+                                                &ctxpar_alltoall_algorithm, &ctxpar_hybrid_algorithm};
 #define COUNT ((int)(sizeof table / sizeof table[0]))
 
 const ctxpar_algorithm *const *ctxpar_algorithms(int *count_out) {

@@ -38,7 +38,7 @@ static ctxpar_status post_kv(const ctxpar_run *run, const ctxpar_problem *pb,
 static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb,
                           const ctxpar_shard_spans *qs, ctxpar_shard_spans *ks, int s,
                           const ctxpar_tensor *q, void *kv, ctxpar_attn_block *blk) {
-    ctxpar_layout_spans(pb->layout, pb->seq_global, block_at(pb, s), pb->nranks, ks);
+    ctxpar_problem_spans(pb, block_at(pb, s), ks);
     ctxpar_spans qp = {qs->span, qs->count}, kp = {ks->span, ks->count};
     if (!ctxpar_block_account(run, pb, qp, kp))
         return 0;
@@ -91,7 +91,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
     CTXPAR_CHECK_GOTO(ctxpar_pack_kv(run, pb, k, v, w.kv[0]), st, done);
 
     ctxpar_shard_spans qs, ks;
-    ctxpar_layout_spans(pb->layout, pb->seq_global, pb->rank, P, &qs);
+    ctxpar_problem_spans(pb, pb->rank, &qs);
     int have = 0; // whether out_acc/lse_acc hold a partial yet
     for (int s = 0; s < P; s++) {
         void *cur = w.kv[s % 2];
@@ -229,7 +229,7 @@ static ctxpar_status own_block_bwd(const ctxpar_run *run, const ctxpar_problem *
                                    const ctxpar_tensor *dout, const float *lse) {
     CTXPAR_CHECK(ctxpar_dev_fill(run->dev, w->d[0], 0.0f, w->dkv_n, run->stream));
     ctxpar_shard_spans ks;
-    ctxpar_layout_spans(pb->layout, pb->seq_global, pb->rank, pb->nranks, &ks);
+    ctxpar_problem_spans(pb, pb->rank, &ks);
     ctxpar_spans qp = {qs->span, qs->count}, kp = {ks.span, ks.count};
     if (!ctxpar_block_account(run, pb, qp, kp))
         return CTXPAR_OK;
@@ -265,7 +265,7 @@ static ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem
     CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.dq_acc, 0.0f, q_n, run->stream), st, done);
 
     ctxpar_shard_spans qs;
-    ctxpar_layout_spans(pb->layout, pb->seq_global, pb->rank, P, &qs);
+    ctxpar_problem_spans(pb, pb->rank, &qs);
     for (int s = 0; s < P; s++)
         CTXPAR_CHECK_GOTO(bwd_step(run, pb, &w, s, &qs, q, dout, lse, kv_bytes), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xd), st, done);

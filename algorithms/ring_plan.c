@@ -5,8 +5,8 @@
 
 int ctxpar_shards_interact(const ctxpar_problem *pb, int q_rank, int k_rank) {
     ctxpar_shard_spans qs, ks;
-    ctxpar_layout_spans(pb->layout, pb->seq_global, q_rank, pb->nranks, &qs);
-    ctxpar_layout_spans(pb->layout, pb->seq_global, k_rank, pb->nranks, &ks);
+    ctxpar_problem_spans(pb, q_rank, &qs);
+    ctxpar_problem_spans(pb, k_rank, &ks);
     for (int i = 0; i < qs.count; i++)
         for (int j = 0; j < ks.count; j++) {
             int64_t qmin, qmax, kmin, kmax;

@@ -22,6 +22,7 @@ enum {
     F_HEAD_DIM,
     F_DTYPE,
     F_VERIFY,
+    F_ULYSSES,
     F_COUNT
 };
 
@@ -31,7 +32,7 @@ static const char *const field_name[F_COUNT] = {
     "window_right",          "num_docs",                     "cu_seqlens contents",
     "softmax_scale",         "global sequence length",       "batch",
     "q heads",               "k/v heads",                    "head_dim",
-    "dtype",                 "verify_transfers option"};
+    "dtype",                 "verify_transfers option",      "ulysses"};
 
 // Order-sensitive hash of the document boundaries, kept to 62 bits so that it can be negated.
 static int64_t docs_hash(const ctxpar_attn_params *p) {
@@ -65,6 +66,7 @@ ctxpar_status ctxpar_check_agreement(ctxpar_context *ctx, ctxpar_call_kind kind,
         f[F_HEAD_DIM] = pb->head_dim;
         f[F_DTYPE] = pb->dtype;
         f[F_VERIFY] = ctx->options.verify_transfers != 0;
+        f[F_ULYSSES] = pb->ulysses;
     }
     if (ctx->comm->size == 1)
         return CTXPAR_OK;

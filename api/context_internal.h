@@ -12,6 +12,7 @@ struct ctxpar_context {
     void *trace_user;
     ctxpar_work_stats work;
     ctxpar_workspace ws; /* the algorithms' buffers (algorithms.h) */
+    ctxpar_grid grid;    /* the hybrid's sub-comms of comm (algorithms.h) */
 };
 
 // Puts back a message saved from ctxpar_last_error() (after a call that may overwrite it).

@@ -91,6 +91,7 @@ typedef enum ctxpar_algo {
     CTXPAR_ALGO_RING = 1,      /* K/V travel around the ring; O(S/P) memory */
     CTXPAR_ALGO_ALLGATHER = 2, /* gather all K/V, then compute; bitwise equal to P = 1 */
     CTXPAR_ALGO_ALLTOALL = 3,  /* Ulysses: re-shard heads; needs heads divisible by P */
+    CTXPAR_ALGO_HYBRID = 4,    /* all-to-all in groups of params.ulysses ranks, ring across them */
 } ctxpar_algo;
 
 typedef enum ctxpar_layout {
@@ -138,7 +139,9 @@ typedef struct ctxpar_attn_params {
     /* CTXPAR_LAYOUT_CUSTOM: the rank that holds each global token, int32 [global seq], host
      * memory, the same on every rank; a rank holds its tokens in increasing position order. */
     const int32_t *assignment;
-    /* CTXPAR_ALGO_HYBRID: ranks per all-to-all group (P = ulysses x ring length); 0 = chosen. */
+    /* CTXPAR_ALGO_HYBRID: ranks per all-to-all group (P = ulysses x ring length), consecutive
+     * ranks; it must divide P and the q heads, and the k/v heads must divide by it or it by them;
+     * at most 16. 0 = chosen by the library (docs/algorithms.md). Only with HYBRID or AUTO. */
     int64_t ulysses;
 } ctxpar_attn_params;
 

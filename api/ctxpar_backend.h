@@ -409,7 +409,7 @@ ctxpar_status ctxpar_dev_attn_supported(const ctxpar_device *dev, const ctxpar_a
 
 /* ================================================================ comm */
 
-#define CTXPAR_COMM_OPS_VERSION 1u
+#define CTXPAR_COMM_OPS_VERSION 2u
 
 typedef struct ctxpar_request ctxpar_request; /* defined by each comm */
 
@@ -474,6 +474,16 @@ struct ctxpar_comm_ops {
     /* (optional) Tells peers this rank has failed, so that they return CTXPAR_ERR_REMOTE
      * promptly rather than after the timeout. default: nothing (peers time out). */
     void (*abort)(struct ctxpar_comm *comm);
+
+    /* ---- version 2 */
+
+    /* (optional) Collective over all ranks: the ranks passing the same color >= 0 form a new
+     * comm, ranked by (key, rank in this comm); color < 0 joins none (*comm_out = NULL). The new
+     * comm is of the same kind, for the same device, independent of this one (destroy it on its
+     * own) and fails the same way (TIMEOUT for a peer that does not arrive, REMOTE for one that
+     * failed). The dispatch gives it this comm's timeout. default: NOT_SUPPORTED. */
+    ctxpar_status (*split)(struct ctxpar_comm *comm, int color, int key,
+                           struct ctxpar_comm **comm_out);
 };
 
 /* The base object. rank/size are set by the constructor; the rest belongs to the dispatch. */
@@ -509,6 +519,11 @@ ctxpar_status ctxpar_comm_allreduce_i64(ctxpar_comm *comm, int64_t *buf, size_t 
                                         ctxpar_reduce_op op);
 ctxpar_status ctxpar_comm_barrier(ctxpar_comm *comm);
 void ctxpar_comm_abort(ctxpar_comm *comm);
+/* Collective: the sub-comm of the ranks passing the same color (see the split op); *comm_out is
+ * written only on success (NULL for color < 0). Destroy it with ctxpar_comm_destroy. */
+ctxpar_status ctxpar_comm_split(ctxpar_comm *comm, int color, int key, ctxpar_comm **comm_out);
+/* Whether the comm has the split op. */
+int ctxpar_comm_can_split(const ctxpar_comm *comm);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

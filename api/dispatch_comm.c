@@ -199,3 +199,22 @@ void ctxpar_comm_abort(ctxpar_comm *comm) {
     if (HAS(comm, abort))
         comm->ops->abort(comm);
 }
+
+int ctxpar_comm_can_split(const ctxpar_comm *comm) {
+    return comm && HAS(comm, split);
+}
+
+ctxpar_status ctxpar_comm_split(ctxpar_comm *comm, int color, int key, ctxpar_comm **comm_out) {
+    if (!comm || !comm_out)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "split: comm (%p) and comm_out (%p) must be set",
+                            (void *)comm, (void *)comm_out);
+    if (!HAS(comm, split))
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "split: comm '%s' cannot be split",
+                            comm->ops->name ? comm->ops->name : "(unnamed)");
+    ctxpar_comm *sub = NULL;
+    CTXPAR_CHECK(comm->ops->split(comm, color, key, &sub));
+    if (sub)
+        sub->timeout_s = comm->timeout_s;
+    *comm_out = sub;
+    return CTXPAR_OK;
+}

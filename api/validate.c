@@ -148,9 +148,12 @@ ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_gl
     if (p->assignment)
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
                             "params.assignment: custom layouts are not implemented yet");
-    if (p->ulysses != 0)
-        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
-                            "params.ulysses: the hybrid algorithm is not implemented yet");
+    if (p->ulysses < 0)
+        return BAD("params.ulysses (%lld) must be >= 0 (0 = chosen by the library)",
+                   (long long)p->ulysses);
+    if (p->ulysses != 0 && p->algo != CTXPAR_ALGO_HYBRID && p->algo != CTXPAR_ALGO_AUTO)
+        return BAD("params.ulysses (%lld) applies to the hybrid algorithm only (algo is %s)",
+                   (long long)p->ulysses, ctxpar_algo_name(p->algo));
     return validate_cu_seqlens(p, seq_global);
 }
 
@@ -207,6 +210,8 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     pb.heads_q = q->shape[2];
     pb.heads_kv = k->shape[2];
     pb.head_dim = q->shape[3];
+    pb.ulysses = p->ulysses;
+    pb.comm_splits = ctxpar_comm_can_split(comm);
     *pb_out = pb;
     return CTXPAR_OK;
 }

@@ -725,6 +725,29 @@ TEST(CommTable, NamesEachMissingOp) {
     }
 }
 
+// A version 1 table (compiled before split existed) is still accepted; splitting its comm is
+// NOT_SUPPORTED, and writes nothing.
+TEST(CommTable, VersionOneTableHasNoSplit) {
+    struct ctxpar_comm_ops ops;
+    std::memset(&ops, 0, sizeof ops);
+    ops.version = 1;
+    ops.struct_size = offsetof(ctxpar_comm_ops, split);
+    ops.name = "old";
+    void *any = reinterpret_cast<void *>(&AllocStub);
+    for (size_t off = offsetof(ctxpar_comm_ops, destroy); off <= offsetof(ctxpar_comm_ops, abort);
+         off += sizeof(void *))
+        std::memcpy(reinterpret_cast<char *>(&ops) + off, &any, sizeof any);
+    ops.split = reinterpret_cast<decltype(ops.split)>(any); // past struct_size: never read
+    ctxpar_comm *comm = nullptr;
+    ASSERT_EQ(ctxpar_comm_create(&ops, nullptr, 0, 1, &comm), CTXPAR_OK);
+    ctxpar_comm *sub = comm;
+    EXPECT_EQ(ctxpar_comm_split(comm, 0, 0, &sub), CTXPAR_ERR_NOT_SUPPORTED);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("'old' cannot be split"), std::string::npos)
+        << ctxpar_last_error();
+    EXPECT_EQ(sub, comm);
+    std::free(comm);
+}
+
 // ---------------------------------------------------------------- layouts
 
 TEST(Layout, PositionsPartitionTheSequence) {

@@ -248,6 +248,97 @@ TEST_P(CommConformance, BadArgumentsAreRejectedAndTheCommStaysUsable) {
     });
 }
 
+// split by color and key: members ranked by (key, parent rank), each sub-comm works on its own
+// (an allreduce and a ring of transfers see only its members), with the parent's timeout.
+TEST_P(CommConformance, SplitByColorAndKey) {
+    Run([](int r, int p, ctxpar_comm *comm) {
+        const int color = r % 2, key = -r / 2; // later parent ranks first (ties: none)
+        std::vector<int> members;              // parent ranks, in their sub-comm's order
+        for (int s = p - 1; s >= 0; s--)
+            if (s % 2 == color)
+                members.push_back(s);
+        const int want_rank = (int)(std::find(members.begin(), members.end(), r) - members.begin());
+        const int n = (int)members.size();
+        ctxpar_comm *sub = nullptr;
+        ASSERT_EQ(ctxpar_comm_split(comm, color, key, &sub), CTXPAR_OK) << ctxpar_last_error();
+        ASSERT_NE(sub, nullptr);
+        EXPECT_EQ(ctxpar_comm_rank(sub), want_rank);
+        EXPECT_EQ(ctxpar_comm_size(sub), n);
+        EXPECT_EQ(sub->timeout_s, comm->timeout_s);
+        int64_t v = r;
+        EXPECT_OK(ctxpar_comm_allreduce_i64(sub, &v, 1, CTXPAR_REDUCE_SUM));
+        int64_t want = 0;
+        for (int m : members)
+            want += m;
+        EXPECT_EQ(v, want) << "rank " << r;
+        const size_t bytes = 3001;
+        const int dst = (want_rank + 1) % n, src = (want_rank - 1 + n) % n;
+        std::vector<uint8_t> send = Pattern(11, r, bytes), recv(bytes, 0xEE);
+        ctxpar_request *req = nullptr;
+        EXPECT_OK(ctxpar_comm_sendrecv(sub, send.data(), bytes, dst, recv.data(), bytes, src, 0,
+                                       nullptr, &req));
+        EXPECT_OK(ctxpar_comm_wait(sub, req, nullptr));
+        std::vector<uint8_t> want_bytes = Pattern(11, members[(size_t)src], bytes);
+        EXPECT_EQ(FirstDiff(recv.data(), want_bytes.data(), bytes), -1) << "rank " << r;
+        // The parent still works, and the sub-comm outlives nothing: destroyed before it.
+        v = 1;
+        EXPECT_OK(ctxpar_comm_allreduce_i64(comm, &v, 1, CTXPAR_REDUCE_SUM));
+        EXPECT_EQ(v, p);
+        ctxpar_comm_destroy(sub);
+    });
+}
+
+// Equal keys keep the parent's order; a negative color joins no sub-comm; a sub-comm splits
+// again; the 2-D grid of the hybrid algorithm (rows of u consecutive ranks, columns across).
+TEST_P(CommConformance, SplitNoneNestedAndGrid) {
+    Run([](int r, int p, ctxpar_comm *comm) {
+        ctxpar_comm *rest = reinterpret_cast<ctxpar_comm *>(&r); // must be overwritten
+        EXPECT_OK(ctxpar_comm_split(comm, r == 0 ? -1 : 5, 0, &rest));
+        if (r == 0) {
+            EXPECT_EQ(rest, nullptr);
+        } else {
+            ASSERT_NE(rest, nullptr);
+            EXPECT_EQ(ctxpar_comm_rank(rest), r - 1);
+            EXPECT_EQ(ctxpar_comm_size(rest), p - 1);
+            ctxpar_comm *again = nullptr; // everyone in one sub-comm of the sub-comm
+            EXPECT_OK(ctxpar_comm_split(rest, 0, 0, &again));
+            ASSERT_NE(again, nullptr);
+            EXPECT_EQ(ctxpar_comm_rank(again), r - 1);
+            EXPECT_OK(ctxpar_comm_barrier(again));
+            ctxpar_comm_destroy(again);
+            ctxpar_comm_destroy(rest);
+        }
+        const int u = p % 2 == 0 ? 2 : 1;
+        ctxpar_comm *row = nullptr, *col = nullptr;
+        ASSERT_EQ(ctxpar_comm_split(comm, r / u, r % u, &row), CTXPAR_OK) << ctxpar_last_error();
+        ASSERT_EQ(ctxpar_comm_split(comm, r % u, r / u, &col), CTXPAR_OK) << ctxpar_last_error();
+        EXPECT_EQ(ctxpar_comm_rank(row), r % u);
+        EXPECT_EQ(ctxpar_comm_size(row), u);
+        EXPECT_EQ(ctxpar_comm_rank(col), r / u);
+        EXPECT_EQ(ctxpar_comm_size(col), p / u);
+        // Both in flight at once: an all-to-all in the row, an allgather down the column.
+        std::vector<uint8_t> a2a_send = Pattern(21, r, 64 * (size_t)u), a2a_recv(64 * (size_t)u);
+        std::vector<uint8_t> ag_send = Pattern(22, r, 48), ag_recv(48 * (size_t)(p / u));
+        ctxpar_request *q1 = nullptr, *q2 = nullptr;
+        EXPECT_OK(ctxpar_comm_alltoall(row, a2a_send.data(), a2a_recv.data(), 64, nullptr, &q1));
+        EXPECT_OK(ctxpar_comm_allgather(col, ag_send.data(), ag_recv.data(), 48, nullptr, &q2));
+        EXPECT_OK(ctxpar_comm_wait(col, q2, nullptr));
+        EXPECT_OK(ctxpar_comm_wait(row, q1, nullptr));
+        for (int i = 0; i < u; i++) {
+            const int from = (r / u) * u + i;
+            std::vector<uint8_t> want = Pattern(21, from, 64 * (size_t)u);
+            EXPECT_EQ(FirstDiff(&a2a_recv[64 * (size_t)i], &want[64 * (size_t)(r % u)], 64), -1)
+                << "rank " << r << " block from " << from;
+        }
+        for (int j = 0; j < p / u; j++) {
+            std::vector<uint8_t> want = Pattern(22, j * u + r % u, 48);
+            EXPECT_EQ(FirstDiff(&ag_recv[48 * (size_t)j], want.data(), 48), -1) << "rank " << r;
+        }
+        ctxpar_comm_destroy(col);
+        ctxpar_comm_destroy(row);
+    });
+}
+
 INSTANTIATE_TEST_SUITE_P(Comms, CommConformance, ::testing::ValuesIn(CommWorlds()),
                          [](const ::testing::TestParamInfo<CommWorld> &i) { return i.param.name; });
 

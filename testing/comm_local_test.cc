@@ -349,6 +349,55 @@ TEST_P(LocalComm, AbortMakesPeersFailPromptly) {
         60);
 }
 
+// split fails the way the parent's ops do: a rank that never calls it makes the others time
+// out (with the parent's timeout), an aborted rank makes them fail with REMOTE; and a sub-comm's
+// abort reaches the peers of the sub-comm promptly.
+TEST_P(LocalComm, SplitTimesOutAndFailsLikeTheParent) {
+    int p = P();
+    if (p < 2)
+        GTEST_SKIP() << "needs two ranks";
+    Rendezvous all(p);
+    RunRanks(
+        p,
+        [&](int r, ctxpar_comm *&comm) {
+            ctxpar_comm *sub = nullptr;
+            if (r != p - 1) { // rank p-1 does not take part
+                EXPECT_EQ(ctxpar_comm_split(comm, 0, 0, &sub), CTXPAR_ERR_TIMEOUT)
+                    << ctxpar_last_error();
+                EXPECT_EQ(sub, nullptr);
+            }
+            all.Arrive();
+        },
+        0.2);
+    RunRanks(
+        p,
+        [&](int r, ctxpar_comm *&comm) {
+            ctxpar_comm *sub = nullptr;
+            if (r == p - 1)
+                ctxpar_comm_abort(comm);
+            all.Arrive();
+            EXPECT_EQ(ctxpar_comm_split(comm, 0, 0, &sub), CTXPAR_ERR_REMOTE)
+                << ctxpar_last_error();
+            EXPECT_EQ(sub, nullptr);
+            all.Arrive();
+        },
+        60);
+    RunRanks(
+        p,
+        [&](int r, ctxpar_comm *&comm) {
+            ctxpar_comm *sub = nullptr;
+            ASSERT_EQ(ctxpar_comm_split(comm, 0, 0, &sub), CTXPAR_OK) << ctxpar_last_error();
+            EXPECT_OK(ctxpar_comm_set_timeout(sub, 60)); // only the abort can end the wait
+            if (r == 0)
+                ctxpar_comm_abort(sub);
+            else
+                EXPECT_EQ(ctxpar_comm_barrier(sub), CTXPAR_ERR_REMOTE) << ctxpar_last_error();
+            all.Arrive();
+            ctxpar_comm_destroy(sub);
+        },
+        60);
+}
+
 TEST_P(LocalComm, DestroyWhilePeersWaitMakesThemFail) {
     int p = P();
     if (p < 2)

@@ -12,6 +12,7 @@ typedef struct fault_impl {
     cpt_fault fault;
     int transfers;
     int dead;
+    int owns_inner; // a split's wrapper destroys its inner comm
 } fault_impl;
 
 // A wrapped request: the inner one, and the corrupted copy that must outlive it.
@@ -158,7 +159,35 @@ static ctxpar_status fault_barrier(ctxpar_comm *c) {
 
 static void fault_abort(ctxpar_comm *c) { ctxpar_comm_abort(inner_of(c)); }
 
-static void fault_destroy(ctxpar_comm *c) { free(c->impl); }
+static void fault_destroy(ctxpar_comm *c) {
+    fault_impl *f = impl_of(c);
+    if (f->owns_inner)
+        ctxpar_comm_destroy(f->inner);
+    free(f);
+}
+
+static ctxpar_status wrap_comm(ctxpar_comm *inner, const cpt_fault *fault, int owns_inner,
+                               ctxpar_comm **comm_out);
+
+// The inner comm's split, wrapped: the faulty rank stays faulty in its sub-comm (the same fault
+// at the same transfer, counted there), the others' sub-comms forward faithfully.
+static ctxpar_status fault_split(ctxpar_comm *c, int color, int key, ctxpar_comm **comm_out) {
+    fault_impl *f = impl_of(c);
+    if (f->dead)
+        return dead_error(c);
+    ctxpar_comm *sub = NULL;
+    CTXPAR_CHECK(ctxpar_comm_split(inner_of(c), color, key, &sub));
+    if (!sub) {
+        *comm_out = NULL;
+        return CTXPAR_OK;
+    }
+    cpt_fault fault = f->fault;
+    fault.rank = c->rank == f->fault.rank ? sub->rank : -1;
+    ctxpar_status st = wrap_comm(sub, &fault, 1, comm_out);
+    if (st != CTXPAR_OK)
+        ctxpar_comm_destroy(sub);
+    return st;
+}
 
 static const struct ctxpar_comm_ops fault_ops = {
     .version = CTXPAR_COMM_OPS_VERSION,
@@ -175,17 +204,24 @@ static const struct ctxpar_comm_ops fault_ops = {
     .barrier = fault_barrier,
     .test = fault_test,
     .abort = fault_abort,
+    .split = fault_split,
 };
 
 ctxpar_status cpt_comm_create_fault(ctxpar_comm *inner, const cpt_fault *fault,
                                        ctxpar_comm **comm_out) {
     if (!inner || !fault || !comm_out)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "inner, fault and comm_out must be set");
+    return wrap_comm(inner, fault, 0, comm_out);
+}
+
+static ctxpar_status wrap_comm(ctxpar_comm *inner, const cpt_fault *fault, int owns_inner,
+                               ctxpar_comm **comm_out) {
     fault_impl *f = calloc(1, sizeof *f);
     if (!f)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "fault comm: cannot allocate");
     f->inner = inner;
     f->fault = *fault;
+    f->owns_inner = owns_inner;
     ctxpar_status st = ctxpar_comm_create(&fault_ops, f, inner->rank, inner->size, comm_out);
     if (st != CTXPAR_OK) {
         free(f);

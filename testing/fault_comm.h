@@ -9,6 +9,8 @@
  *   DEAD     stops: returns CTXPAR_ERR_REMOTE to its caller and, with `announce`, aborts the
  *            inner comm so peers learn at once (REMOTE) rather than by timing out (TIMEOUT).
  * Buffers must be host memory (the CORRUPT copy is made with memcpy).
+ * split wraps the inner comm's sub-comm: the faulty rank's sub-comm has the same fault (at its
+ * own n-th transfer); the other ranks' sub-comms forward every op.
  */
 #ifndef CPT_TESTING_FAULT_COMM_H
 #define CPT_TESTING_FAULT_COMM_H

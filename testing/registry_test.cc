@@ -10,7 +10,8 @@
 
 namespace {
 
-const ctxpar_algo kAll[] = {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL};
+const ctxpar_algo kAll[] = {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL,
+                            CTXPAR_ALGO_HYBRID};
 
 TEST(Registry, EveryAlgorithmHasACompleteEntry) {
     int n = 0;
@@ -57,7 +58,16 @@ ctxpar_problem Problem(int P, int64_t hq, int64_t hkv) {
     pb.heads_kv = hkv;
     pb.head_dim = 16;
     pb.scale = 0.25f;
+    pb.comm_splits = 1;
     return pb;
+}
+
+// The hybrid's cost for groups of u as docs/algorithms.md states it: the all-to-all part
+// 4·(Hq + u·hk)·(u-1)/u and the ring part 2·u·hk·(r-1), both x P/(P-1); hk = Hkv/u, or 1 when
+// the group replicates one K/V head.
+double DocumentedHybridCost(int P, int64_t hq, int64_t hkv, int u) {
+    const double hk = hkv % u == 0 ? (double)(hkv / u) : 1.0, c = (double)P / (P - 1);
+    return c * (4.0 * ((double)hq + u * hk) * (u - 1) / u + 2.0 * u * hk * (P / u - 1));
 }
 
 // The rule as docs/algorithms.md states it, written out independently of the table.
@@ -65,6 +75,18 @@ ctxpar_algo DocumentedRule(int P, int64_t hq, int64_t hkv) {
     const bool a2a_fits = hq % P == 0 && (hkv % P == 0 || P % hkv == 0);
     if (a2a_fits && 2 * (hq + hkv) < P * hkv)
         return CTXPAR_ALGO_ALLTOALL;
+    // The hybrid when all-to-all cannot run and a group of 1 < u < P ranks moves less than the
+    // ring (all-gather's rule below then never holds).
+    double best = 2.0 * (double)hkv * P;
+    bool hybrid = false;
+    for (int u = 2; u < P && u <= 16 && !a2a_fits; u++)
+        if (P % u == 0 && hq % u == 0 && (hkv % u == 0 || u % hkv == 0) &&
+            DocumentedHybridCost(P, hq, hkv, u) + 0.5 < best) {
+            best = DocumentedHybridCost(P, hq, hkv, u) + 0.5;
+            hybrid = true;
+        }
+    if (hybrid)
+        return CTXPAR_ALGO_HYBRID;
     if (hkv * P <= hq)
         return CTXPAR_ALGO_ALLGATHER;
     return CTXPAR_ALGO_RING;

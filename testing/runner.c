@@ -450,6 +450,7 @@ ctxpar_status cpt_run_finish(const cpt_run_config *cfg, cpt_run_result *res) {
         memset(&r1, 0, sizeof r1);
         cpt_run_config c1 = *cfg;
         c1.ranks = 1;
+        c1.params.ulysses = 0; // one rank: a group of one (the hybrid's only choice)
         c1.trace = NULL;
         double fwd_1;
         st = cpt_run_collect(&c1, 1, &single, &r1, &res->time_single_s, &fwd_1,

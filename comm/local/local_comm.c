@@ -317,6 +317,7 @@ static const struct ctxpar_comm_ops local_ops = {
     .barrier = local_barrier,
     .test = local_test,
     .abort = local_abort,
+    .split = ctxpar_local_split,
 };
 
 ctxpar_status ctxpar_comm_create_local(ctxpar_local_group *group, int rank,
@@ -328,14 +329,17 @@ ctxpar_status ctxpar_comm_create_local(ctxpar_local_group *group, int rank,
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "rank (%d) must be in [0, %d)", rank,
                             group->nranks);
     local_comm *c = calloc(1, sizeof *c);
-    if (!c)
+    if (!c) {
+        ctxpar_local_forgo(group); // a split group must not wait for this rank
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate rank %d's local comm", rank);
+    }
     c->group = group;
     c->rank = rank;
     c->dev = copy_device;
     ctxpar_status st = ctxpar_local_attach(group, rank, c);
     if (st != CTXPAR_OK) {
         free(c);
+        ctxpar_local_forgo(group);
         return st;
     }
     ctxpar_comm *base = NULL;

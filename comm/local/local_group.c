@@ -106,6 +106,8 @@ ctxpar_status ctxpar_local_attach(ctxpar_local_group *g, int rank, local_comm *c
         g->comm[rank] = c;
         g->state[rank] = LOCAL_RANK_ALIVE;
         g->attached++;
+        if (g->to_attach > 0)
+            g->to_attach--;
     }
     pthread_mutex_unlock(&g->mu);
     return st;
@@ -120,7 +122,17 @@ int ctxpar_local_detach(ctxpar_local_group *g, int rank) {
             g->state[r] = LOCAL_RANK_ABSENT;
         clear_channels(g);
     }
-    return g->attached == 0 && g->destroy_requested;
+    return g->attached == 0 && (g->destroy_requested || (g->self_owned && g->to_attach == 0));
+}
+
+void ctxpar_local_forgo(ctxpar_local_group *g) {
+    pthread_mutex_lock(&g->mu);
+    if (g->to_attach > 0)
+        g->to_attach--;
+    int free_it = g->self_owned && g->attached == 0 && g->to_attach == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (free_it)
+        free_group(g);
 }
 
 void ctxpar_local_free_group(ctxpar_local_group *g) {

@@ -93,6 +93,10 @@ struct ctxpar_local_group {
     int nranks;
     int attached;          // comms alive
     int destroy_requested; // freed when the last comm goes
+    // A group made by split has no user to destroy it: it is freed when its last comm goes, once
+    // every member it was made for has attached (or given up: to_attach counts those left).
+    int self_owned;
+    int to_attach;
     local_comm **comm;     // [nranks], NULL when absent
     local_rank_state *state;
     local_channel *chan; // [LOCAL_NUM_TAGS][nranks (src)][nranks (dst)]
@@ -128,6 +132,15 @@ ctxpar_status ctxpar_local_attach(ctxpar_local_group *g, int rank, local_comm *c
 // ctxpar_local_free_group, after unlocking): it was destroyed and this was its last comm.
 int ctxpar_local_detach(ctxpar_local_group *g, int rank);
 void ctxpar_local_free_group(ctxpar_local_group *g);
+// A member of a split group that will not attach (its comm could not be made): frees the group
+// when that leaves it with nobody (takes the lock).
+void ctxpar_local_forgo(ctxpar_local_group *g);
+
+/* ---- local_split.c */
+
+// The split op (see ctxpar_backend.h): the members' colors and keys travel by allreduce over the
+// parent, the first member makes the group and its address travels the same way.
+ctxpar_status ctxpar_local_split(ctxpar_comm *comm, int color, int key, ctxpar_comm **comm_out);
 
 local_channel *ctxpar_local_channel(ctxpar_local_group *g, int tag, int src, int dst);
 // Waits on the group's condition variable until *deadline (CLOCK_MONOTONIC); NULL = no limit.

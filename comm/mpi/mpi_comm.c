@@ -82,6 +82,9 @@ static void mpicomm_destroy(ctxpar_comm *comm) {
     free_impl(c);
 }
 
+static ctxpar_status mpicomm_split(ctxpar_comm *comm, int color, int key,
+                                   ctxpar_comm **comm_out);
+
 static const struct ctxpar_comm_ops mpicomm_ops = {
     .version = CTXPAR_COMM_OPS_VERSION,
     .struct_size = sizeof(struct ctxpar_comm_ops),
@@ -97,6 +100,7 @@ static const struct ctxpar_comm_ops mpicomm_ops = {
     .barrier = ctxpar_mpi_barrier,
     .test = mpicomm_test,
     .abort = mpicomm_abort,
+    .split = mpicomm_split,
 };
 
 static ctxpar_status mpicomm_failure(int rc, const char *call) {
@@ -181,5 +185,31 @@ ctxpar_status ctxpar_mpi_set_max_message(ctxpar_comm *comm, size_t bytes) {
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "max message (%zu bytes) must be in [1, %zu]",
                             bytes, CTXPAR_MPI_MAX_MESSAGE);
     impl_of(comm)->max_message = bytes;
+    return CTXPAR_OK;
+}
+
+// MPI_Comm_split waits without a deadline: a barrier through this comm's own ops first, which
+// honours the timeout and abort notices, so that a missing or failed peer gives TIMEOUT or REMOTE
+// as every other op does. The new comm is a duplicate made by ctxpar_comm_create_mpi (with this
+// comm's message size); the split's own communicator is freed at once.
+static ctxpar_status mpicomm_split(ctxpar_comm *comm, int color, int key,
+                                   ctxpar_comm **comm_out) {
+    mpi_comm_impl *c = impl_of(comm);
+    CTXPAR_CHECK(ctxpar_mpi_barrier(comm));
+    MPI_Comm sub = MPI_COMM_NULL;
+    int rc = MPI_Comm_split(c->comm, color < 0 ? MPI_UNDEFINED : color, key, &sub);
+    if (rc != MPI_SUCCESS)
+        return mpicomm_failure(rc, "MPI_Comm_split");
+    if (sub == MPI_COMM_NULL) {
+        *comm_out = NULL;
+        return CTXPAR_OK;
+    }
+    ctxpar_comm *out = NULL;
+    ctxpar_status st = ctxpar_comm_create_mpi(sub, &out);
+    MPI_Comm_free(&sub);
+    if (st != CTXPAR_OK)
+        return st;
+    impl_of(out)->max_message = c->max_message;
+    *comm_out = out;
     return CTXPAR_OK;
 }

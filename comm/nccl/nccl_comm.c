@@ -142,6 +142,8 @@ static void release(nccl_impl *im) {
     if (!im)
         return;
     (void)cudaSetDevice(im->ordinal);
+    if (im->owns_nccl && !im->aborted) // an aborted communicator is already freed
+        (void)ncclCommDestroy(im->nccl);
     if (im->small_dev)
         (void)cudaFree(im->small_dev);
     if (im->small_host)
@@ -248,4 +250,5 @@ static const struct ctxpar_comm_ops nccl_ops = {
     .barrier = ctxpar_nccl_barrier,
     .test = ctxpar_nccl_test,
     .abort = ctxpar_nccl_abort,
+    .split = ctxpar_nccl_split,
 };

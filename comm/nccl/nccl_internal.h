@@ -22,6 +22,7 @@ typedef struct nccl_impl {
     int rank_order_reduce;
     int host_wait;
     int aborted;
+    int owns_nccl; // made by split: destroyed with the comm
 } nccl_impl;
 
 struct ctxpar_request {
@@ -81,5 +82,7 @@ ctxpar_status ctxpar_nccl_allreduce_i64(struct ctxpar_comm *comm, int64_t *buf, 
                                         ctxpar_reduce_op op);
 ctxpar_status ctxpar_nccl_barrier(struct ctxpar_comm *comm);
 void ctxpar_nccl_abort(struct ctxpar_comm *comm);
+ctxpar_status ctxpar_nccl_split(struct ctxpar_comm *comm, int color, int key,
+                                struct ctxpar_comm **comm_out);
 
 #endif // CTXPAR_NCCL_INTERNAL_H

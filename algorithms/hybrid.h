@@ -1,0 +1,33 @@
+/*
+ * hybrid.h - the hybrid (2-D) algorithm's shape: P = u x r ranks, u consecutive ranks form an
+ * all-to-all group, the r groups a ring. Shared by hybrid.c and the planner.
+ */
+#ifndef CTXPAR_HYBRID_H
+#define CTXPAR_HYBRID_H
+
+#include "algorithms.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Whether u ranks per group can run this problem: u divides P and Hq, Hkv divides by u or u by
+ * Hkv, u <= CTXPAR_MAX_ULYSSES. */
+int ctxpar_hybrid_valid_u(const ctxpar_problem *pb, int64_t u);
+
+/* The group size the hybrid uses: pb->ulysses if set (0 if not valid), else the valid u of the
+ * lowest cost (ties: the smaller u). */
+int ctxpar_hybrid_ulysses(const ctxpar_problem *pb);
+
+/* The problem one rank of the ring across groups solves: rank pb->rank / u of P / u, the
+ * group's rows (u x the local rows, span_group u) and this rank's share of the heads. */
+ctxpar_problem ctxpar_hybrid_ring_problem(const ctxpar_problem *pb, int u);
+
+/* The problem of the all-to-all inside a group: rank pb->rank % u of u. */
+ctxpar_problem ctxpar_hybrid_group_problem(const ctxpar_problem *pb, int u);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CTXPAR_HYBRID_H */

@@ -251,7 +251,7 @@ TEST_P(CommConformance, BadArgumentsAreRejectedAndTheCommStaysUsable) {
 // split by color and key: members ranked by (key, parent rank), each sub-comm works on its own
 // (an allreduce and a ring of transfers see only its members), with the parent's timeout.
 TEST_P(CommConformance, SplitByColorAndKey) {
-    Run([](int r, int p, ctxpar_comm *comm) {
+    Run([](int r, int p, ctxpar_comm *comm, ctxpar_device *mem) {
         const int color = r % 2, key = -r / 2; // later parent ranks first (ties: none)
         std::vector<int> members;              // parent ranks, in their sub-comm's order
         for (int s = p - 1; s >= 0; s--)
@@ -273,13 +273,14 @@ TEST_P(CommConformance, SplitByColorAndKey) {
         EXPECT_EQ(v, want) << "rank " << r;
         const size_t bytes = 3001;
         const int dst = (want_rank + 1) % n, src = (want_rank - 1 + n) % n;
-        std::vector<uint8_t> send = Pattern(11, r, bytes), recv(bytes, 0xEE);
+        CommBuffer<uint8_t> send(mem, Pattern(11, r, bytes));
+        CommBuffer<uint8_t> recv(mem, std::vector<uint8_t>(bytes, 0xEE));
         ctxpar_request *req = nullptr;
         EXPECT_OK(ctxpar_comm_sendrecv(sub, send.data(), bytes, dst, recv.data(), bytes, src, 0,
                                        nullptr, &req));
         EXPECT_OK(ctxpar_comm_wait(sub, req, nullptr));
         std::vector<uint8_t> want_bytes = Pattern(11, members[(size_t)src], bytes);
-        EXPECT_EQ(FirstDiff(recv.data(), want_bytes.data(), bytes), -1) << "rank " << r;
+        EXPECT_EQ(FirstDiff(recv.Read().data(), want_bytes.data(), bytes), -1) << "rank " << r;
         // The parent still works, and the sub-comm outlives nothing: destroyed before it.
         v = 1;
         EXPECT_OK(ctxpar_comm_allreduce_i64(comm, &v, 1, CTXPAR_REDUCE_SUM));
@@ -291,7 +292,7 @@ TEST_P(CommConformance, SplitByColorAndKey) {
 // Equal keys keep the parent's order; a negative color joins no sub-comm; a sub-comm splits
 // again; the 2-D grid of the hybrid algorithm (rows of u consecutive ranks, columns across).
 TEST_P(CommConformance, SplitNoneNestedAndGrid) {
-    Run([](int r, int p, ctxpar_comm *comm) {
+    Run([](int r, int p, ctxpar_comm *comm, ctxpar_device *mem) {
         ctxpar_comm *rest = reinterpret_cast<ctxpar_comm *>(&r); // must be overwritten
         EXPECT_OK(ctxpar_comm_split(comm, r == 0 ? -1 : 5, 0, &rest));
         if (r == 0) {
@@ -317,13 +318,16 @@ TEST_P(CommConformance, SplitNoneNestedAndGrid) {
         EXPECT_EQ(ctxpar_comm_rank(col), r / u);
         EXPECT_EQ(ctxpar_comm_size(col), p / u);
         // Both in flight at once: an all-to-all in the row, an allgather down the column.
-        std::vector<uint8_t> a2a_send = Pattern(21, r, 64 * (size_t)u), a2a_recv(64 * (size_t)u);
-        std::vector<uint8_t> ag_send = Pattern(22, r, 48), ag_recv(48 * (size_t)(p / u));
+        CommBuffer<uint8_t> a2a_send(mem, Pattern(21, r, 64 * (size_t)u));
+        CommBuffer<uint8_t> a2a_out(mem, std::vector<uint8_t>(64 * (size_t)u));
+        CommBuffer<uint8_t> ag_send(mem, Pattern(22, r, 48));
+        CommBuffer<uint8_t> ag_out(mem, std::vector<uint8_t>(48 * (size_t)(p / u)));
         ctxpar_request *q1 = nullptr, *q2 = nullptr;
-        EXPECT_OK(ctxpar_comm_alltoall(row, a2a_send.data(), a2a_recv.data(), 64, nullptr, &q1));
-        EXPECT_OK(ctxpar_comm_allgather(col, ag_send.data(), ag_recv.data(), 48, nullptr, &q2));
+        EXPECT_OK(ctxpar_comm_alltoall(row, a2a_send.data(), a2a_out.data(), 64, nullptr, &q1));
+        EXPECT_OK(ctxpar_comm_allgather(col, ag_send.data(), ag_out.data(), 48, nullptr, &q2));
         EXPECT_OK(ctxpar_comm_wait(col, q2, nullptr));
         EXPECT_OK(ctxpar_comm_wait(row, q1, nullptr));
+        const std::vector<uint8_t> &a2a_recv = a2a_out.Read(), &ag_recv = ag_out.Read();
         for (int i = 0; i < u; i++) {
             const int from = (r / u) * u + i;
             std::vector<uint8_t> want = Pattern(21, from, 64 * (size_t)u);

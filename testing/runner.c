@@ -498,9 +498,6 @@ ctxpar_status cpt_run(const cpt_run_config *cfg_in, cpt_run_result *res) {
     cpt_run_config copy, *cfg = &copy;
     int32_t *cu = NULL;
     CTXPAR_CHECK(cpt_run_resolve_docs(cfg_in, &copy, &cu));
-    // Shards may be uneven: every rank is told the total (params.seq_len_global).
-    if (copy.params.seq_len_global == 0)
-        copy.params.seq_len_global = copy.seq;
     ctxpar_status st = cpt_run_collect(cfg, cfg->ranks, &res->outputs, res, &res->time_s,
                                           &res->time_fwd_s, &res->peak_bytes_per_rank);
     if (st == CTXPAR_OK)

@@ -75,6 +75,9 @@ ctxpar_status cpt_run_resolve_docs(const cpt_run_config *cfg, cpt_run_config *co
                                       int32_t **cu_out) {
     *copy_out = *cfg;
     *cu_out = NULL;
+    // Shards may be uneven: every rank is told the total (params.seq_len_global).
+    if (copy_out->params.seq_len_global == 0)
+        copy_out->params.seq_len_global = cfg->seq;
     if (cfg->docs <= 0 || cfg->params.cu_seqlens)
         return CTXPAR_OK;
     if (cfg->docs > cfg->seq)

@@ -14,23 +14,44 @@
 extern "C" {
 #endif
 
-/* Spans of global positions held by one rank (layout.c). ZIGZAG needs two; a rank of the
- * hybrid's ring holds the spans of a whole all-to-all group (ctxpar_problem_spans). */
+/*
+ * Layouts (layout.c): which global positions each rank holds, for any length S >= 1 and any P.
+ * Built-in layouts split S as evenly as their granule allows (shards differ by at most one token,
+ * a rank may hold none when S < P); CUSTOM follows the caller's assignment. A rank's positions
+ * are a list of spans in increasing order (runs of consecutive positions for CUSTOM).
+ */
+
+/* The hybrid's largest all-to-all group. */
 #define CTXPAR_MAX_ULYSSES 16
-#define CTXPAR_MAX_SPANS (2 * CTXPAR_MAX_ULYSSES)
 
-typedef struct ctxpar_shard_spans {
-    ctxpar_span span[CTXPAR_MAX_SPANS];
-    int count;
-} ctxpar_shard_spans;
+/* Tokens `rank` holds; assignment is read only for CUSTOM (valid: checked by the caller). */
+int64_t ctxpar_layout_count(ctxpar_layout layout, const int32_t *assignment, int64_t seq_global,
+                            int rank, int nranks);
 
-/* The spans of `rank` for a layout; seq_global divides as the layout requires (checked by the
- * caller with ctxpar_layout_check). */
-void ctxpar_layout_spans(ctxpar_layout layout, int64_t seq_global, int rank, int nranks,
-                         ctxpar_shard_spans *spans_out);
+/* The largest rank's count; -1 when out of memory (CUSTOM counts every rank). */
+int64_t ctxpar_layout_max_count(ctxpar_layout layout, const int32_t *assignment,
+                                int64_t seq_global, int nranks);
 
-/* INVALID_ARG unless seq_global > 0 divides by the layout's unit (P, or 2P for ZIGZAG). */
-ctxpar_status ctxpar_layout_check(ctxpar_layout layout, int64_t seq_global, int nranks);
+/* Every rank's spans, built once per call (host memory). */
+typedef struct ctxpar_layout_map {
+    int nranks;
+    int64_t seq_global;
+    int64_t *count;    /* [P] tokens of each rank */
+    int64_t *first;    /* [P + 1]: rank r's spans are span[first[r] .. first[r + 1]) */
+    ctxpar_span *span; /* all ranks' spans, rank by rank; none is empty */
+} ctxpar_layout_map;
+
+ctxpar_status ctxpar_layout_map_make(ctxpar_layout layout, const int32_t *assignment,
+                                     int64_t seq_global, int nranks, ctxpar_layout_map *map_out);
+void ctxpar_layout_map_free(ctxpar_layout_map *map);
+/* The map of nranks / g ranks in which rank i holds the positions of ranks i*g .. i*g+g-1 of `m`,
+ * in that order (the hybrid's ring over its all-to-all groups); adjacent spans merged. */
+ctxpar_status ctxpar_layout_map_group(const ctxpar_layout_map *m, int g, ctxpar_layout_map *out);
+
+static inline ctxpar_spans ctxpar_layout_map_spans(const ctxpar_layout_map *m, int rank) {
+    ctxpar_spans s = {m->span + m->first[rank], (int)(m->first[rank + 1] - m->first[rank])};
+    return s;
+}
 
 /* A view of the rows of `t` ([B, S, H, D]) at local indices [first, first + len). */
 ctxpar_tensor ctxpar_tensor_rows(const ctxpar_tensor *t, int64_t first, int64_t len);
@@ -47,16 +68,22 @@ typedef struct ctxpar_problem {
     float scale;
     ctxpar_dtype dtype;
     int64_t batch, seq_local, seq_global, heads_q, heads_kv, head_dim;
-    int64_t ulysses;  /* params.ulysses (hybrid: 0 = chosen) */
-    int comm_splits;  /* the comm has the split op (the hybrid needs it) */
-    /* > 1: rank i of this problem holds the positions of the layout's ranks i*g .. i*g+g-1 of
-     * nranks*g, in that order (the hybrid's ring over all-to-all groups of g ranks). */
-    int span_group;
+    int64_t ulysses; /* params.ulysses (hybrid: 0 = chosen) */
+    int comm_splits; /* the comm has the split op (the hybrid needs it) */
+    /* The largest rank's token count: what every buffer that travels is sized by (a block of
+     * rank j holds its own count of rows, densely packed, at the front). */
+    int64_t seq_max;
+    const int32_t *assignment;     /* CTXPAR_LAYOUT_CUSTOM's (params.assignment) */
+    const ctxpar_layout_map *map;  /* set by the front door for the attention calls */
 } ctxpar_problem;
 
-/* The spans of `rank` of the problem: the layout's, or with span_group a whole group's
- * (adjacent spans merged). */
-void ctxpar_problem_spans(const ctxpar_problem *pb, int rank, ctxpar_shard_spans *spans_out);
+/* Rank j's token count and positions in a problem. */
+static inline int64_t ctxpar_problem_count(const ctxpar_problem *pb, int j) {
+    return pb->map->count[j];
+}
+static inline ctxpar_spans ctxpar_problem_spans(const ctxpar_problem *pb, int j) {
+    return ctxpar_layout_map_spans(pb->map, j);
+}
 
 /*
  * The context's workspace (workspace.c): one device block that the algorithms carve their buffers

@@ -13,7 +13,7 @@
 static ctxpar_status gather_kv(const ctxpar_run *run, const ctxpar_problem *pb, void *local,
                                void *gathered, void *kv_global) {
     const int P = pb->nranks;
-    const size_t block = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
+    const size_t block = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_max);
     double t0 = ctxpar_now();
     if (P > 1) {
         ctxpar_request *req = NULL;
@@ -28,8 +28,9 @@ static ctxpar_status gather_kv(const ctxpar_run *run, const ctxpar_problem *pb, 
     }
     for (int j = 0; j < P; j++) {
         for (int which = 0; which < 2; which++) {
+            // Rank j's block: its own count of rows, packed at the front.
             ctxpar_tensor src = ctxpar_packed_kv((char *)gathered + (size_t)j * block, pb->dtype,
-                                                 pb, pb->seq_local, which);
+                                                 pb, ctxpar_problem_count(pb, j), which);
             ctxpar_tensor dst = ctxpar_packed_kv(kv_global, pb->dtype, pb, pb->seq_global, which);
             CTXPAR_CHECK(ctxpar_move_shard_rows(run, pb, j, &src, &dst, 1));
         }
@@ -38,13 +39,13 @@ static ctxpar_status gather_kv(const ctxpar_run *run, const ctxpar_problem *pb, 
 }
 
 // The whole sequence as one key block, plus the local queries.
-static ctxpar_attn_block whole_block(const ctxpar_problem *pb, const ctxpar_shard_spans *qs,
+static ctxpar_attn_block whole_block(const ctxpar_problem *pb, ctxpar_spans qs,
                                      const ctxpar_span *all, const ctxpar_tensor *q,
                                      void *kv_global) {
     ctxpar_attn_block blk = {*q,
                              ctxpar_packed_kv(kv_global, pb->dtype, pb, pb->seq_global, 0),
                              ctxpar_packed_kv(kv_global, pb->dtype, pb, pb->seq_global, 1),
-                             {qs->span, qs->count},
+                             qs,
                              {all, 1},
                              pb->mask,
                              pb->scale};
@@ -64,7 +65,7 @@ typedef struct allgather_ws {
 static size_t allgather_layout(const ctxpar_problem *pb, int backward, char *base,
                                allgather_ws *w) {
     const int P = pb->nranks;
-    const size_t block = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
+    const size_t block = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_max);
     const size_t q_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
     const size_t row_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
     const size_t dkv_global = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_global);
@@ -81,10 +82,12 @@ static size_t allgather_layout(const ctxpar_problem *pb, int backward, char *bas
     w->dq_acc = ctxpar_carve_take(&c, q_n * sizeof(float));
     w->delta = ctxpar_carve_take(&c, row_n * sizeof(float));
     w->dkv_global = ctxpar_carve_take(&c, dkv_global);
-    w->dkv_blocks = ctxpar_carve_take(&c, dkv_global);
+    // P blocks sized for the largest shard: more than the sequence when shards are uneven.
+    const size_t blocks = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_max) * (size_t)P;
+    w->dkv_blocks = ctxpar_carve_take(&c, blocks > dkv_global ? blocks : dkv_global);
     // This rank's reduced dK/dV lands where the gathered K/V were (dead once in global order)
     // when it fits: the backward then holds no more than the forward plus the gradients.
-    const size_t mine = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);
+    const size_t mine = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_max);
     if (P == 1)
         w->dkv_mine = w->dkv_blocks;
     else if (block * (size_t)P >= mine)
@@ -115,15 +118,18 @@ static ctxpar_status ctxpar_allgather_fwd(const ctxpar_run *run, const ctxpar_pr
                                           const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
     allgather_ws w;
     CTXPAR_CHECK(setup(run, pb, 0, k, v, &w));
-    ctxpar_shard_spans qs;
-    ctxpar_layout_spans(pb->layout, pb->seq_global, pb->rank, pb->nranks, &qs);
     ctxpar_span all = {0, pb->seq_global, 1};
-    ctxpar_attn_block blk = whole_block(pb, &qs, &all, q, w.kv_global);
+    ctxpar_attn_block blk = whole_block(pb, ctxpar_problem_spans(pb, pb->rank), &all, q,
+                                        w.kv_global);
     (void)ctxpar_block_account(run, pb, blk.q_pos, blk.k_pos);
-    double t0 = ctxpar_now();
-    // The kernel handles rows that see nothing (out 0, lse -inf), so it always runs.
-    CTXPAR_CHECK(ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc, 0, run->stream));
-    ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", -1, -1, t0, ctxpar_now(), 0);
+    // The kernel handles rows that see nothing (out 0, lse -inf), so it runs unless this rank
+    // holds no rows at all.
+    if (pb->seq_local > 0) {
+        double t0 = ctxpar_now();
+        CTXPAR_CHECK(
+            ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc, 0, run->stream));
+        ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", -1, -1, t0, ctxpar_now(), 0);
+    }
     return ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, out, lse);
 }
 
@@ -131,13 +137,14 @@ static ctxpar_status ctxpar_allgather_fwd(const ctxpar_run *run, const ctxpar_pr
 // layout's order, ready for reduce-scatter.
 static ctxpar_status scatter_order(const ctxpar_run *run, const ctxpar_problem *pb,
                                    void *dkv_global, void *dkv_blocks) {
-    const size_t block = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);
+    const size_t block = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_max);
     for (int j = 0; j < pb->nranks; j++) {
         for (int which = 0; which < 2; which++) {
             ctxpar_tensor global =
                 ctxpar_packed_kv(dkv_global, CTXPAR_DTYPE_F32, pb, pb->seq_global, which);
-            ctxpar_tensor local = ctxpar_packed_kv((char *)dkv_blocks + (size_t)j * block,
-                                                   CTXPAR_DTYPE_F32, pb, pb->seq_local, which);
+            ctxpar_tensor local =
+                ctxpar_packed_kv((char *)dkv_blocks + (size_t)j * block, CTXPAR_DTYPE_F32, pb,
+                                 ctxpar_problem_count(pb, j), which);
             CTXPAR_CHECK(ctxpar_move_shard_rows(run, pb, j, &local, &global, 0));
         }
     }
@@ -152,7 +159,7 @@ static ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_pr
     const int P = pb->nranks;
     const size_t q_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
     const size_t dkv_global_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_global);
-    const size_t dkv_block_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);
+    const size_t dkv_block_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_max);
     allgather_ws w;
     ctxpar_status st;
     CTXPAR_CHECK(setup(run, pb, 1, k, v, &w));
@@ -164,10 +171,9 @@ static ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_pr
     CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, dkv_global, 0.0f,
                                       dkv_global_bytes / sizeof(float), run->stream),
                       st, done);
-    ctxpar_shard_spans qs;
-    ctxpar_layout_spans(pb->layout, pb->seq_global, pb->rank, P, &qs);
     ctxpar_span all = {0, pb->seq_global, 1};
-    ctxpar_attn_block blk = whole_block(pb, &qs, &all, q, kv_global);
+    ctxpar_attn_block blk =
+        whole_block(pb, ctxpar_problem_spans(pb, pb->rank), &all, q, kv_global);
     if (ctxpar_block_account(run, pb, blk.q_pos, blk.k_pos)) {
         float *dk_g = dkv_global;
         float *dv_g = dk_g + dkv_global_bytes / sizeof(float) / 2;
@@ -177,6 +183,11 @@ static ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_pr
                           st, done);
         ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", -1, -1, t0, ctxpar_now(), 0);
     }
+    if (pb->seq_max * (int64_t)P != pb->seq_global) // uneven: the blocks' tails are summed too
+        CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, dkv_blocks, 0.0f,
+                                          dkv_block_bytes / sizeof(float) * (size_t)P,
+                                          run->stream),
+                          st, done);
     CTXPAR_CHECK_GOTO(scatter_order(run, pb, dkv_global, dkv_blocks), st, done);
     if (P > 1) {
         ctxpar_request *req = NULL;
@@ -213,7 +224,7 @@ static double allgather_cost(const ctxpar_problem *pb) {
 
 // The local queries against the whole sequence, all heads.
 static void allgather_blocks(const ctxpar_problem *pb, ctxpar_attn_query *q) {
-    q->seq_q = pb->seq_local;
+    q->seq_q = pb->seq_max; // the same bound on every rank
     q->seq_k = pb->seq_global;
 }
 

@@ -122,8 +122,8 @@ static ctxpar_status unpack_global(const ctxpar_run *run, const ctxpar_problem *
                                    ctxpar_tensor *global) {
     for (int i = 0; i < pb->nranks; i++)
         for (int s = 0; s < n; s++) {
-            ctxpar_tensor local =
-                ctxpar_a2a_seg_view((char *)recv + (size_t)i * block, pb, segs, s, pb->seq_local);
+            ctxpar_tensor local = ctxpar_a2a_seg_view((char *)recv + (size_t)i * block, pb, segs, s,
+                                                      ctxpar_problem_count(pb, i));
             CTXPAR_CHECK(ctxpar_move_shard_rows(run, pb, i, &local, &global[s], 1));
         }
     return CTXPAR_OK;
@@ -135,8 +135,8 @@ static ctxpar_status pack_tokens(const ctxpar_run *run, const ctxpar_problem *pb
                                  void *send, size_t block) {
     for (int j = 0; j < pb->nranks; j++)
         for (int s = 0; s < n; s++) {
-            ctxpar_tensor local =
-                ctxpar_a2a_seg_view((char *)send + (size_t)j * block, pb, segs, s, pb->seq_local);
+            ctxpar_tensor local = ctxpar_a2a_seg_view((char *)send + (size_t)j * block, pb, segs, s,
+                                                      ctxpar_problem_count(pb, j));
             CTXPAR_CHECK(ctxpar_move_shard_rows(run, pb, j, &local, &global[s], 0));
         }
     return CTXPAR_OK;
@@ -168,9 +168,10 @@ static size_t a2a_layout(const ctxpar_problem *pb, int backward, char *base, a2a
     const ctxpar_seg fwd_back[2] = {{dt, h.hq, D}, {f32, h.hq, 1}};
     const ctxpar_seg bwd_back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, D}};
     const int n_in = backward ? 6 : 3;
-    const size_t in_b = ctxpar_a2a_block_bytes(pb, in, n_in, pb->seq_local);
-    const size_t back_b = backward ? ctxpar_a2a_block_bytes(pb, bwd_back, 3, pb->seq_local)
-                                   : ctxpar_a2a_block_bytes(pb, fwd_back, 2, pb->seq_local);
+    // Every block is sized for the largest shard; each holds its owner's count of rows.
+    const size_t in_b = ctxpar_a2a_block_bytes(pb, in, n_in, pb->seq_max);
+    const size_t back_b = backward ? ctxpar_a2a_block_bytes(pb, bwd_back, 3, pb->seq_max)
+                                   : ctxpar_a2a_block_bytes(pb, fwd_back, 2, pb->seq_max);
     const size_t big = (in_b > back_b ? in_b : back_b) * (size_t)pb->nranks;
     const size_t rows = ctxpar_count(pb->batch, S, h.hq, 1) * sizeof(float);
     ctxpar_carve c = {base, 0};
@@ -212,8 +213,8 @@ static ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_pro
     const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(pb);
     const ctxpar_seg in[3] = {{pb->dtype, h.hq, D}, {pb->dtype, h.hk, D}, {pb->dtype, h.hk, D}};
     const ctxpar_seg back[2] = {{pb->dtype, h.hq, D}, {CTXPAR_DTYPE_F32, h.hq, 1}};
-    const size_t in_b = ctxpar_a2a_block_bytes(pb, in, 3, pb->seq_local);
-    const size_t back_b = ctxpar_a2a_block_bytes(pb, back, 2, pb->seq_local);
+    const size_t in_b = ctxpar_a2a_block_bytes(pb, in, 3, pb->seq_max);
+    const size_t back_b = ctxpar_a2a_block_bytes(pb, back, 2, pb->seq_max);
     ctxpar_status st;
     a2a_ws w;
     CTXPAR_CHECK(take_workspace(run, pb, 0, &w));
@@ -313,8 +314,8 @@ static ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_pro
     const ctxpar_seg in[6] = {{dt, h.hq, D}, {dt, h.hk, D}, {dt, h.hk, D},
                               {dt, h.hq, D}, {dt, h.hq, D}, {f32, h.hq, 1}};
     const ctxpar_seg back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, D}};
-    const size_t in_b = ctxpar_a2a_block_bytes(pb, in, 6, pb->seq_local);
-    const size_t back_b = ctxpar_a2a_block_bytes(pb, back, 3, pb->seq_local);
+    const size_t in_b = ctxpar_a2a_block_bytes(pb, in, 6, pb->seq_max);
+    const size_t back_b = ctxpar_a2a_block_bytes(pb, back, 3, pb->seq_max);
     ctxpar_status st;
     a2a_ws w;
     CTXPAR_CHECK(take_workspace(run, pb, 1, &w));

@@ -63,9 +63,19 @@ int ctxpar_block_account(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar
                     run->work->blocks_skipped++;
                 } else {
                     run->work->blocks_computed++;
+                    // Documents per batch row: each row counts its own pairs.
+                    double pairs = 0;
+                    if (pb->mask.doc_rows > 0)
+                        for (int64_t b = 0; b < pb->mask.doc_rows; b++) {
+                            ctxpar_mask_desc m = ctxpar_mask_row(&pb->mask, b);
+                            pairs += visible_pairs(&m, &q_pos.span[i], &k_pos.span[j],
+                                                   pb->seq_global);
+                        }
+                    else
+                        pairs = (double)pb->batch * visible_pairs(&pb->mask, &q_pos.span[i],
+                                                                  &k_pos.span[j], pb->seq_global);
                     run->work->flops +=
-                        4.0 * (double)pb->head_dim * (double)pb->batch * (double)pb->heads_q *
-                        visible_pairs(&pb->mask, &q_pos.span[i], &k_pos.span[j], pb->seq_global);
+                        4.0 * (double)pb->head_dim * (double)pb->heads_q * pairs;
                 }
             }
             live |= c != CTXPAR_BLOCK_SKIP;
@@ -87,6 +97,8 @@ ctxpar_tensor ctxpar_packed_kv(void *buf, ctxpar_dtype dtype, const ctxpar_probl
 
 ctxpar_status ctxpar_pack_kv(const ctxpar_run *run, const ctxpar_problem *pb,
                              const ctxpar_tensor *k, const ctxpar_tensor *v, void *buf) {
+    if (pb->seq_local == 0)
+        return CTXPAR_OK;
     ctxpar_tensor kp = ctxpar_packed_kv(buf, pb->dtype, pb, pb->seq_local, 0);
     ctxpar_tensor vp = ctxpar_packed_kv(buf, pb->dtype, pb, pb->seq_local, 1);
     CTXPAR_CHECK(ctxpar_dev_cast(run->dev, k, &kp, run->stream));
@@ -108,8 +120,7 @@ ctxpar_status ctxpar_store_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
 ctxpar_status ctxpar_move_shard_rows(const ctxpar_run *run, const ctxpar_problem *pb, int j,
                                      const ctxpar_tensor *local, const ctxpar_tensor *global,
                                      int to_global) {
-    ctxpar_shard_spans sp;
-    ctxpar_layout_spans(pb->layout, pb->seq_global, j, pb->nranks, &sp);
+    ctxpar_spans sp = ctxpar_problem_spans(pb, j);
     int64_t first = 0;
     for (int i = 0; i < sp.count; i++) {
         ctxpar_tensor l = ctxpar_tensor_rows(local, first, sp.span[i].len);

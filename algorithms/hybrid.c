@@ -36,7 +36,8 @@ ctxpar_problem ctxpar_hybrid_ring_problem(const ctxpar_problem *pb, int u) {
     r.seq_local = pb->seq_local * u;
     r.heads_q = h.hq;
     r.heads_kv = h.hk;
-    r.span_group = u;
+    r.seq_max = r.seq_local; // shards are even (hybrid_check)
+    r.map = NULL;
     return r;
 }
 
@@ -81,6 +82,15 @@ static ctxpar_status hybrid_check(const ctxpar_problem *pb) {
                             "hybrid: params.ulysses (%lld) is above the largest group supported "
                             "(%d)",
                             (long long)pb->ulysses, CTXPAR_MAX_ULYSSES);
+    // The all-to-all pieces it shares with the ring move equal shards: a group's rows are u
+    // times a rank's. Uneven shards and custom layouts run on the ring or all-gather for now.
+    const int64_t unit = pb->layout == CTXPAR_LAYOUT_ZIGZAG ? 2 * (int64_t)pb->nranks : pb->nranks;
+    if (pb->layout == CTXPAR_LAYOUT_CUSTOM || pb->seq_global % unit != 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "hybrid needs equal shards: a sequence length (%lld) that divides by "
+                            "%lld (%s layout, %d ranks); use ring or all-gather for others",
+                            (long long)pb->seq_global, (long long)unit,
+                            ctxpar_layout_name(pb->layout), pb->nranks);
     if (ctxpar_hybrid_ulysses(pb) == 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "hybrid needs params.ulysses (%lld; 0 = any) to divide the ranks (%d) "
@@ -205,6 +215,7 @@ typedef struct hyb_call {
     ctxpar_grid tmp; // when the run has no context's grid
     ctxpar_grid *grid;
     ctxpar_problem g, r;
+    ctxpar_layout_map ring_map; // r's positions
     ctxpar_heads_plan h;
     ctxpar_run run_g, run_r;
     uint64_t sent0;
@@ -219,8 +230,11 @@ static ctxpar_status begin(const ctxpar_run *run, const ctxpar_problem *pb, int 
     c->g = ctxpar_hybrid_group_problem(pb, c->u);
     c->r = ctxpar_hybrid_ring_problem(pb, c->u);
     c->h = ctxpar_a2a_plan_heads(&c->g);
+    c->ring_map = (ctxpar_layout_map){0};
     CTXPAR_CHECK(get_grid(run, c->grid, c->u));
     c->sent0 = c->grid->group->bytes_sent + c->grid->ring->bytes_sent;
+    CTXPAR_CHECK(ctxpar_layout_map_group(pb->map, c->u, &c->ring_map));
+    c->r.map = &c->ring_map;
     c->run_g = *run;
     c->run_g.comm = c->grid->group;
     c->run_r = *run;
@@ -244,6 +258,7 @@ static ctxpar_status end(const ctxpar_run *run, hyb_call *c, ctxpar_status st) {
     }
     if (c->grid == &c->tmp)
         ctxpar_grid_release(&c->tmp);
+    ctxpar_layout_map_free(&c->ring_map);
     return st;
 }
 

@@ -20,7 +20,8 @@ int ctxpar_hybrid_valid_u(const ctxpar_problem *pb, int64_t u);
 int ctxpar_hybrid_ulysses(const ctxpar_problem *pb);
 
 /* The problem one rank of the ring across groups solves: rank pb->rank / u of P / u, the
- * group's rows (u x the local rows, span_group u) and this rank's share of the heads. */
+ * group's rows (u x the local rows) and this rank's share of the heads. Its map (positions) is
+ * NULL: a call sets it to ctxpar_layout_map_group(pb->map, u). */
 ctxpar_problem ctxpar_hybrid_ring_problem(const ctxpar_problem *pb, int u);
 
 /* The problem of the all-to-all inside a group: rank pb->rank % u of u. */

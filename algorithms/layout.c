@@ -1,60 +1,168 @@
-// Layouts: which global positions each rank holds, as spans.
+// Layouts: which global positions each rank holds, as spans, for any S and P.
+#include <stdlib.h>
+
 #include "algorithms.h"
 
-ctxpar_status ctxpar_layout_check(ctxpar_layout layout, int64_t seq_global, int nranks) {
-    int64_t unit = layout == CTXPAR_LAYOUT_ZIGZAG ? 2 * (int64_t)nranks : nranks;
-    if (seq_global <= 0 || seq_global % unit != 0)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                            "sequence length %lld does not divide by %lld (%s layout, %d ranks)",
-                            (long long)seq_global, (long long)unit, ctxpar_layout_name(layout),
-                            nranks);
-    return CTXPAR_OK;
+static int64_t min64(int64_t a, int64_t b) {
+    return a < b ? a : b;
 }
 
-void ctxpar_layout_spans(ctxpar_layout layout, int64_t seq_global, int rank, int nranks,
-                         ctxpar_shard_spans *spans_out) {
-    ctxpar_shard_spans s = {{{0, 0, 1}, {0, 0, 1}}, 1};
-    int64_t local = seq_global / nranks;
+// The (at most two) spans of a built-in layout; empty spans are left out. The remainder of an
+// uneven split goes to the lowest ranks: CONTIGUOUS gives ranks r < S mod P one token more;
+// STRIPED is token t on rank t mod P as always; ZIGZAG cuts 2P chunks of S / 2P tokens and gives
+// the S mod 2P extra tokens one each to the front chunks 0, 1, ..., P-1 (ranks 0, 1, ...), then
+// to the back chunks 2P-1, 2P-2, ... (ranks 0, 1, ... again), so counts differ by at most one.
+static int builtin_spans(ctxpar_layout layout, int64_t S, int rank, int nranks,
+                         ctxpar_span out[2]) {
+    const int64_t P = nranks, r = rank;
+    ctxpar_span s[2] = {{0, 0, 1}, {0, 0, 1}};
     switch (layout) {
-    case CTXPAR_LAYOUT_CONTIGUOUS:
-        s.span[0] = (ctxpar_span){rank * local, local, 1};
+    case CTXPAR_LAYOUT_CONTIGUOUS: {
+        int64_t base = S / P, rem = S % P;
+        s[0] = (ctxpar_span){r * base + min64(r, rem), base + (r < rem), 1};
         break;
+    }
     case CTXPAR_LAYOUT_ZIGZAG: {
-        // 2P chunks; rank r holds chunk r and chunk 2P-1-r, so causal work is equal.
-        int64_t chunk = seq_global / (2 * (int64_t)nranks);
-        s.span[0] = (ctxpar_span){rank * chunk, chunk, 1};
-        s.span[1] = (ctxpar_span){(2 * (int64_t)nranks - 1 - rank) * chunk, chunk, 1};
-        s.count = 2;
+        int64_t base = S / (2 * P), rem = S % (2 * P), back_rem = rem > P ? rem - P : 0;
+        s[0] = (ctxpar_span){r * base + min64(r, rem), base + (r < rem), 1};
+        // Back chunk 2P-1-r: the chunks after it belong to ranks 0 .. r-1.
+        int64_t len = base + (r < back_rem), after = r * base + min64(r, back_rem);
+        s[1] = (ctxpar_span){S - after - len, len, 1};
         break;
     }
     case CTXPAR_LAYOUT_STRIPED:
-        s.span[0] = (ctxpar_span){rank, local, nranks};
+        s[0] = (ctxpar_span){r, S > r ? (S - r + P - 1) / P : 0, P};
+        break;
+    default:
         break;
     }
-    *spans_out = s;
+    int n = 0;
+    for (int i = 0; i < 2; i++)
+        if (s[i].len > 0)
+            out[n++] = s[i];
+    return n;
 }
 
-void ctxpar_problem_spans(const ctxpar_problem *pb, int rank, ctxpar_shard_spans *spans_out) {
-    const int g = pb->span_group > 1 ? pb->span_group : 1;
-    if (g == 1) {
-        ctxpar_layout_spans(pb->layout, pb->seq_global, rank, pb->nranks, spans_out);
-        return;
+int64_t ctxpar_layout_count(ctxpar_layout layout, const int32_t *assignment, int64_t seq_global,
+                            int rank, int nranks) {
+    int64_t n = 0;
+    if (layout == CTXPAR_LAYOUT_CUSTOM) {
+        for (int64_t t = 0; t < seq_global; t++)
+            n += assignment[t] == rank;
+        return n;
     }
-    ctxpar_shard_spans out;
-    out.count = 0;
-    for (int i = 0; i < g; i++) {
-        ctxpar_shard_spans one;
-        ctxpar_layout_spans(pb->layout, pb->seq_global, rank * g + i, pb->nranks * g, &one);
-        for (int j = 0; j < one.count; j++) {
-            ctxpar_span *last = out.count ? &out.span[out.count - 1] : NULL;
-            const ctxpar_span *sp = &one.span[j];
-            if (last && last->stride == 1 && sp->stride == 1 && last->start + last->len == sp->start)
-                last->len += sp->len; // the next rows continue the positions: one span
+    ctxpar_span s[2];
+    int c = builtin_spans(layout, seq_global, rank, nranks, s);
+    for (int i = 0; i < c; i++)
+        n += s[i].len;
+    return n;
+}
+
+int64_t ctxpar_layout_max_count(ctxpar_layout layout, const int32_t *assignment,
+                                int64_t seq_global, int nranks) {
+    if (layout != CTXPAR_LAYOUT_CUSTOM) // rank 0 gets the remainder first
+        return ctxpar_layout_count(layout, NULL, seq_global, 0, nranks);
+    int64_t *count = calloc((size_t)nranks, sizeof *count), max = 0;
+    if (!count)
+        return -1;
+    for (int64_t t = 0; t < seq_global; t++)
+        count[assignment[t]]++;
+    for (int r = 0; r < nranks; r++)
+        max = count[r] > max ? count[r] : max;
+    free(count);
+    return max;
+}
+
+void ctxpar_layout_map_free(ctxpar_layout_map *map) {
+    free(map->count);
+    free(map->first);
+    free(map->span);
+    map->count = map->first = NULL;
+    map->span = NULL;
+}
+
+ctxpar_status ctxpar_layout_map_make(ctxpar_layout layout, const int32_t *assignment,
+                                     int64_t seq_global, int nranks, ctxpar_layout_map *map_out) {
+    ctxpar_layout_map m = {nranks, seq_global, NULL, NULL, NULL};
+    const size_t P = (size_t)nranks;
+    m.count = calloc(P, sizeof *m.count);
+    m.first = calloc(P + 1, sizeof *m.first);
+    int64_t *next = NULL;
+    if (!m.count || !m.first)
+        goto oom;
+    if (layout == CTXPAR_LAYOUT_CUSTOM) {
+        const int32_t *a = assignment;
+        for (int64_t t = 0; t < seq_global; t++) {
+            m.count[a[t]]++;
+            if (t == 0 || a[t - 1] != a[t])
+                m.first[a[t] + 1]++; // rank a[t]'s runs
+        }
+        for (size_t r = 0; r < P; r++)
+            m.first[r + 1] += m.first[r];
+        m.span = malloc(sizeof *m.span * (size_t)(m.first[P] > 0 ? m.first[P] : 1));
+        next = malloc(sizeof *next * P);
+        if (!m.span || !next)
+            goto oom;
+        for (size_t r = 0; r < P; r++)
+            next[r] = m.first[r];
+        for (int64_t t = 0; t < seq_global; t++) {
+            if (t > 0 && a[t - 1] == a[t])
+                m.span[next[a[t]] - 1].len++;
             else
-                out.span[out.count++] = *sp;
+                m.span[next[a[t]]++] = (ctxpar_span){t, 1, 1};
+        }
+        free(next);
+    } else {
+        m.span = malloc(sizeof *m.span * 2 * P);
+        if (!m.span)
+            goto oom;
+        for (int r = 0; r < nranks; r++) {
+            int c = builtin_spans(layout, seq_global, r, nranks, m.span + m.first[r]);
+            m.first[r + 1] = m.first[r] + c;
+            for (int i = 0; i < c; i++)
+                m.count[r] += m.span[m.first[r] + i].len;
         }
     }
-    *spans_out = out;
+    *map_out = m;
+    return CTXPAR_OK;
+oom:
+    free(next);
+    ctxpar_layout_map_free(&m);
+    return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the layout of %lld tokens on %d "
+                                                  "ranks",
+                        (long long)seq_global, nranks);
+}
+
+ctxpar_status ctxpar_layout_map_group(const ctxpar_layout_map *m, int g, ctxpar_layout_map *out) {
+    const int n = m->nranks / g;
+    ctxpar_layout_map r = {n, m->seq_global, NULL, NULL, NULL};
+    r.count = calloc((size_t)n, sizeof *r.count);
+    r.first = calloc((size_t)n + 1, sizeof *r.first);
+    r.span = malloc(sizeof *r.span * (size_t)(m->first[m->nranks] > 0 ? m->first[m->nranks] : 1));
+    if (!r.count || !r.first || !r.span) {
+        ctxpar_layout_map_free(&r);
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the layout of %d groups",
+                            n);
+    }
+    int64_t used = 0;
+    for (int i = 0; i < n; i++) {
+        const int64_t begin = used;
+        for (int j = i * g; j < (i + 1) * g; j++) {
+            r.count[i] += m->count[j];
+            for (int64_t k = m->first[j]; k < m->first[j + 1]; k++) {
+                const ctxpar_span *sp = &m->span[k];
+                ctxpar_span *last = used > begin ? &r.span[used - 1] : NULL;
+                if (last && last->stride == 1 && sp->stride == 1 &&
+                    last->start + last->len == sp->start)
+                    last->len += sp->len; // the next rows continue the positions: one span
+                else
+                    r.span[used++] = *sp;
+            }
+        }
+        r.first[i + 1] = used;
+    }
+    *out = r;
+    return CTXPAR_OK;
 }
 
 ctxpar_tensor ctxpar_tensor_rows(const ctxpar_tensor *t, int64_t first, int64_t len) {

@@ -34,17 +34,23 @@ static ctxpar_status post_kv(const ctxpar_run *run, const ctxpar_problem *pb,
                             recv ? prev_rank(pb) : -1, bytes);
 }
 
+// Where block j's dV starts in its dK/dV sum: blocks are densely packed with their own count
+// of rows at the front of buffers sized for the largest shard.
+static float *dv_part(const ctxpar_problem *pb, float *dkv, int j) {
+    return dkv + ctxpar_count(pb->batch, ctxpar_problem_count(pb, j), pb->heads_kv, pb->head_dim);
+}
+
 // The block of query rows x the K/V held at step s, if any of it is visible.
-static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb,
-                          const ctxpar_shard_spans *qs, ctxpar_shard_spans *ks, int s,
-                          const ctxpar_tensor *q, void *kv, ctxpar_attn_block *blk) {
-    ctxpar_problem_spans(pb, block_at(pb, s), ks);
-    ctxpar_spans qp = {qs->span, qs->count}, kp = {ks->span, ks->count};
+static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_spans qp,
+                          int s, const ctxpar_tensor *q, void *kv, ctxpar_attn_block *blk) {
+    const int j = block_at(pb, s);
+    ctxpar_spans kp = ctxpar_problem_spans(pb, j);
     if (!ctxpar_block_account(run, pb, qp, kp))
         return 0;
+    const int64_t n = ctxpar_problem_count(pb, j);
     ctxpar_attn_block b = {*q,
-                           ctxpar_packed_kv(kv, pb->dtype, pb, pb->seq_local, 0),
-                           ctxpar_packed_kv(kv, pb->dtype, pb, pb->seq_local, 1),
+                           ctxpar_packed_kv(kv, pb->dtype, pb, n, 0),
+                           ctxpar_packed_kv(kv, pb->dtype, pb, n, 1),
                            qp,
                            kp,
                            pb->mask,
@@ -61,7 +67,7 @@ typedef struct ring_fwd_ws {
 } ring_fwd_ws;
 
 static size_t ring_fwd_layout(const ctxpar_problem *pb, char *base, ring_fwd_ws *w) {
-    const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
+    const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_max);
     ctxpar_carve c = {base, 0};
     w->kv[0] = ctxpar_carve_take(&c, kv_bytes + CTXPAR_XFER_TRAILER);
     w->kv[1] = pb->nranks > 1 ? ctxpar_carve_take(&c, kv_bytes + CTXPAR_XFER_TRAILER) : NULL;
@@ -76,7 +82,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
                                      const ctxpar_tensor *q, const ctxpar_tensor *k,
                                      const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
     const int P = pb->nranks;
-    const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
+    const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_max);
     const size_t out_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
     const size_t lse_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
     ctxpar_ring_plan plan = {0, NULL, NULL};
@@ -90,8 +96,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
     (void)ring_fwd_layout(pb, base, &w);
     CTXPAR_CHECK_GOTO(ctxpar_pack_kv(run, pb, k, v, w.kv[0]), st, done);
 
-    ctxpar_shard_spans qs, ks;
-    ctxpar_problem_spans(pb, pb->rank, &qs);
+    const ctxpar_spans qs = ctxpar_problem_spans(pb, pb->rank);
     int have = 0; // whether out_acc/lse_acc hold a partial yet
     for (int s = 0; s < P; s++) {
         void *cur = w.kv[s % 2];
@@ -100,7 +105,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
                           done);
         ctxpar_attn_block blk;
         if (ctxpar_ring_holds(&plan, pb->rank, s) &&
-            block_for_step(run, pb, &qs, &ks, s, q, cur, &blk)) {
+            block_for_step(run, pb, qs, s, q, cur, &blk)) {
             double t0 = ctxpar_now();
             CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc, have,
                                                         run->stream),
@@ -152,8 +157,8 @@ static int dkv_destination(const ctxpar_problem *pb, const ctxpar_ring_plan *pla
 // Per rank: the K/V double buffer (4 shard tensors in F32), two dK/dV partial sums (4) and dQ
 // (1), for every mask and layout (docs/algorithms.md).
 static size_t ring_bwd_layout(const ctxpar_problem *pb, char *base, ring_bwd *w) {
-    const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
-    const size_t dkv_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);
+    const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_max);
+    const size_t dkv_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_max);
     const int P = pb->nranks;
     ctxpar_carve c = {base, 0};
     w->kv[0] = ctxpar_carve_take(&c, kv_bytes + CTXPAR_XFER_TRAILER);
@@ -178,7 +183,7 @@ static size_t ctxpar_ring_workspace_bytes(const ctxpar_problem *pb) {
 // step), add this rank's contribution, pass it on, and post the receive of the next block's
 // sum and, when due, of this rank's finished block.
 static ctxpar_status bwd_step(const ctxpar_run *run, const ctxpar_problem *pb, ring_bwd *w, int s,
-                              const ctxpar_shard_spans *qs, const ctxpar_tensor *q,
+                              ctxpar_spans qs, const ctxpar_tensor *q,
                               const ctxpar_tensor *dout, const float *lse, size_t kv_bytes) {
     const int P = pb->nranks;
     void *cur = w->kv[s % 2];
@@ -193,12 +198,12 @@ static ctxpar_status bwd_step(const ctxpar_run *run, const ctxpar_problem *pb, r
     if (has_sum) {
         if (s == 0) // this rank's own block: the first contribution to its sum
             CTXPAR_CHECK(ctxpar_dev_fill(run->dev, acc, 0.0f, w->dkv_n, run->stream));
-        ctxpar_shard_spans ks;
         ctxpar_attn_block blk;
-        if (holds && block_for_step(run, pb, qs, &ks, s, q, cur, &blk)) {
+        if (holds && block_for_step(run, pb, qs, s, q, cur, &blk)) {
             double t0 = ctxpar_now();
             CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc,
-                                                   acc, acc + w->dkv_n / 2, run->stream));
+                                                   acc, dv_part(pb, acc, block_at(pb, s)),
+                                                   run->stream));
             ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", s, block_at(pb, s), t0, ctxpar_now(),
                              0);
         }
@@ -224,20 +229,17 @@ static ctxpar_status bwd_step(const ctxpar_run *run, const ctxpar_problem *pb, r
 
 // dK/dV of this rank's own block when no other rank needs it (into d[0], free after the ring).
 static ctxpar_status own_block_bwd(const ctxpar_run *run, const ctxpar_problem *pb, ring_bwd *w,
-                                   const ctxpar_shard_spans *qs, const ctxpar_tensor *q,
+                                   ctxpar_spans qs, const ctxpar_tensor *q,
                                    const ctxpar_tensor *k, const ctxpar_tensor *v,
                                    const ctxpar_tensor *dout, const float *lse) {
     CTXPAR_CHECK(ctxpar_dev_fill(run->dev, w->d[0], 0.0f, w->dkv_n, run->stream));
-    ctxpar_shard_spans ks;
-    ctxpar_problem_spans(pb, pb->rank, &ks);
-    ctxpar_spans qp = {qs->span, qs->count}, kp = {ks.span, ks.count};
-    if (!ctxpar_block_account(run, pb, qp, kp))
+    if (!ctxpar_block_account(run, pb, qs, qs))
         return CTXPAR_OK;
-    ctxpar_attn_block blk = {*q, *k, *v, qp, kp, pb->mask, pb->scale};
+    ctxpar_attn_block blk = {*q, *k, *v, qs, qs, pb->mask, pb->scale};
     float *acc = w->d[0];
     double t0 = ctxpar_now();
     CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc, acc,
-                                           acc + w->dkv_n / 2, run->stream));
+                                           dv_part(pb, acc, pb->rank), run->stream));
     ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", 0, pb->rank, t0, ctxpar_now(), 0);
     return CTXPAR_OK;
 }
@@ -248,10 +250,10 @@ static ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem
                                      const float *lse, const ctxpar_tensor *dout, ctxpar_tensor *dq,
                                      ctxpar_tensor *dk, ctxpar_tensor *dv) {
     const int P = pb->nranks;
-    const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
+    const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_max);
     const size_t q_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
     ring_bwd w = {0};
-    w.dkv_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);
+    w.dkv_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_max);
     w.dkv_n = w.dkv_bytes / sizeof(float);
     void *base = NULL;
     ctxpar_status st;
@@ -264,10 +266,9 @@ static ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem
                       done);
     CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.dq_acc, 0.0f, q_n, run->stream), st, done);
 
-    ctxpar_shard_spans qs;
-    ctxpar_problem_spans(pb, pb->rank, &qs);
+    const ctxpar_spans qs = ctxpar_problem_spans(pb, pb->rank);
     for (int s = 0; s < P; s++)
-        CTXPAR_CHECK_GOTO(bwd_step(run, pb, &w, s, &qs, q, dout, lse, kv_bytes), st, done);
+        CTXPAR_CHECK_GOTO(bwd_step(run, pb, &w, s, qs, q, dout, lse, kv_bytes), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xd), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xsend), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &w.xhome), st, done);
@@ -278,7 +279,7 @@ static ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem
     if (P > 1 && own_last != pb->rank)
         dkv = w.d[(ctxpar_ring_dist(pb->rank, own_last, P) + 1) % 2];
     else if (P > 1)
-        CTXPAR_CHECK_GOTO(own_block_bwd(run, pb, &w, &qs, q, k, v, dout, lse), st, done);
+        CTXPAR_CHECK_GOTO(own_block_bwd(run, pb, &w, qs, q, k, v, dout, lse), st, done);
     ctxpar_tensor dq_t = ctxpar_tensor_bshd(w.dq_acc, CTXPAR_DTYPE_F32, pb->batch, pb->seq_local,
                                             pb->heads_q, pb->head_dim);
     ctxpar_tensor dk_t = ctxpar_packed_kv((void *)dkv, CTXPAR_DTYPE_F32, pb, pb->seq_local, 0);
@@ -303,7 +304,7 @@ static double ring_cost(const ctxpar_problem *pb) {
 
 // Blocks of one shard's queries against one shard's keys, all heads.
 static void ring_blocks(const ctxpar_problem *pb, ctxpar_attn_query *q) {
-    q->seq_q = q->seq_k = pb->seq_local;
+    q->seq_q = q->seq_k = pb->seq_max; // the same bound on every rank
 }
 
 static ctxpar_status any_problem(const ctxpar_problem *pb) {

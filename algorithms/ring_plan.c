@@ -4,9 +4,7 @@
 #include "ring_plan.h"
 
 int ctxpar_shards_interact(const ctxpar_problem *pb, int q_rank, int k_rank) {
-    ctxpar_shard_spans qs, ks;
-    ctxpar_problem_spans(pb, q_rank, &qs);
-    ctxpar_problem_spans(pb, k_rank, &ks);
+    ctxpar_spans qs = ctxpar_problem_spans(pb, q_rank), ks = ctxpar_problem_spans(pb, k_rank);
     for (int i = 0; i < qs.count; i++)
         for (int j = 0; j < ks.count; j++) {
             int64_t qmin, qmax, kmin, kmax;

@@ -14,6 +14,8 @@ enum {
     F_WINDOW_RIGHT,
     F_NUM_DOCS,
     F_DOCS_HASH,
+    F_DOC_ROWS,
+    F_ASSIGN_HASH,
     F_SCALE,
     F_SEQ,
     F_BATCH,
@@ -30,16 +32,23 @@ static const char *const field_name[F_COUNT] = {
     "valid arguments",       "direction (forward/backward)", "algorithm",
     "layout",                "mask",                         "window_left",
     "window_right",          "num_docs",                     "cu_seqlens contents",
+    "cu_seqlens_rows",       "assignment contents",
     "softmax_scale",         "global sequence length",       "batch",
     "q heads",               "k/v heads",                    "head_dim",
     "dtype",                 "verify_transfers option",      "ulysses"};
 
-// Order-sensitive hash of the document boundaries, kept to 62 bits so that it can be negated.
-static int64_t docs_hash(const ctxpar_attn_params *p) {
+// Order-sensitive hash of n int32 values, kept to 62 bits so that it can be negated.
+static int64_t hash_i32(const int32_t *a, int64_t n) {
     uint64_t h = 1469598103934665603ull;
-    for (int64_t i = 0; p->cu_seqlens && i <= p->num_docs; i++)
-        h = (h ^ (uint32_t)p->cu_seqlens[i]) * 1099511628211ull;
+    for (int64_t i = 0; a && i < n; i++)
+        h = (h ^ (uint32_t)a[i]) * 1099511628211ull;
     return (int64_t)(h >> 2);
+}
+
+// The document boundaries of every row.
+static int64_t docs_hash(const ctxpar_attn_params *p) {
+    int64_t rows = p->cu_seqlens_rows > 0 ? p->cu_seqlens_rows : 1;
+    return hash_i32(p->cu_seqlens, rows * (p->num_docs + 1));
 }
 
 ctxpar_status ctxpar_check_agreement(ctxpar_context *ctx, ctxpar_call_kind kind,
@@ -58,6 +67,8 @@ ctxpar_status ctxpar_check_agreement(ctxpar_context *ctx, ctxpar_call_kind kind,
         f[F_WINDOW_RIGHT] = pb->mask.window_right;
         f[F_NUM_DOCS] = pb->mask.num_docs;
         f[F_DOCS_HASH] = docs_hash(params);
+        f[F_DOC_ROWS] = params->cu_seqlens_rows;
+        f[F_ASSIGN_HASH] = hash_i32(params->assignment, params->assignment ? pb->seq_global : 0);
         f[F_SCALE] = scale_bits;
         f[F_SEQ] = pb->seq_global;
         f[F_BATCH] = pb->batch;

@@ -61,6 +61,16 @@ static ctxpar_status validate_fwd(const ctxpar_context *ctx, const ctxpar_attn_p
     return ctxpar_algorithm_check(*algo, pb, ctx->dev, backward);
 }
 
+// Every rank's positions for the algorithms (after local validation succeeded).
+static ctxpar_status make_map(const ctxpar_attn_params *p, ctxpar_problem *pb,
+                              ctxpar_layout_map *map, ctxpar_status st) {
+    if (st != CTXPAR_OK)
+        return st;
+    CTXPAR_CHECK(ctxpar_layout_map_make(p->layout, p->assignment, pb->seq_global, pb->nranks, map));
+    pb->map = map;
+    return CTXPAR_OK;
+}
+
 // The id the ranks agree on: AUTO until validation resolved it.
 static ctxpar_algo algo_id(const ctxpar_algorithm *algo) {
     return algo ? algo->id : CTXPAR_ALGO_AUTO;
@@ -76,11 +86,16 @@ ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     ctxpar_attn_params p;
     ctxpar_problem pb;
     const ctxpar_algorithm *algo = NULL;
+    ctxpar_layout_map map = {0};
     ctxpar_status st = validate_fwd(ctx, params, q, k, v, out, 0, &p, &pb, &algo);
-    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_FWD, &p, &pb, algo_id(algo), st));
-    ctxpar_run run = make_run(ctx, stream);
-    st = algo->forward(&run, &pb, q, k, v, out, lse);
-    return abort_on_failure(ctx, finish(ctx, stream, st));
+    st = make_map(&p, &pb, &map, st);
+    st = agree(ctx, CTXPAR_CALL_FWD, &p, &pb, algo_id(algo), st);
+    if (st == CTXPAR_OK) {
+        ctxpar_run run = make_run(ctx, stream);
+        st = abort_on_failure(ctx, finish(ctx, stream, algo->forward(&run, &pb, q, k, v, out, lse)));
+    }
+    ctxpar_layout_map_free(&map);
+    return st;
 }
 
 static ctxpar_status validate_bwd(const ctxpar_context *ctx, const ctxpar_attn_params *params,
@@ -109,12 +124,19 @@ ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     ctxpar_attn_params p;
     ctxpar_problem pb;
     const ctxpar_algorithm *algo = NULL;
+    ctxpar_layout_map map = {0};
     ctxpar_status st =
         validate_bwd(ctx, params, q, k, v, out, lse, dout, dq, dk, dv, &p, &pb, &algo);
-    CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_BWD, &p, &pb, algo_id(algo), st));
-    ctxpar_run run = make_run(ctx, stream);
-    st = algo->backward(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
-    return abort_on_failure(ctx, finish(ctx, stream, st));
+    st = make_map(&p, &pb, &map, st);
+    st = agree(ctx, CTXPAR_CALL_BWD, &p, &pb, algo_id(algo), st);
+    if (st == CTXPAR_OK) {
+        ctxpar_run run = make_run(ctx, stream);
+        st = abort_on_failure(
+            ctx, finish(ctx, stream,
+                        algo->backward(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv)));
+    }
+    ctxpar_layout_map_free(&map);
+    return st;
 }
 
 ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx, const ctxpar_attn_params *params,

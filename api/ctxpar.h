@@ -98,7 +98,11 @@ typedef enum ctxpar_layout {
     CTXPAR_LAYOUT_CONTIGUOUS = 0, /* rank r holds tokens [r*S/P, (r+1)*S/P) */
     CTXPAR_LAYOUT_ZIGZAG = 1,     /* 2P chunks; rank r holds chunks r and 2P-1-r */
     CTXPAR_LAYOUT_STRIPED = 2,    /* token t on rank t mod P */
+    CTXPAR_LAYOUT_CUSTOM = 3,     /* token t on rank params.assignment[t] */
 } ctxpar_layout;
+/* Any S >= 1 works with any P: when S does not divide, the built-in layouts give the lowest
+ * ranks one token more (ZIGZAG: see docs/algorithms.md), so shards differ by at most one token
+ * and a rank may hold none (S < P). ctxpar_shard_count says how many tokens a rank holds. */
 
 typedef enum ctxpar_mask {
     CTXPAR_MASK_NONE = 0,
@@ -122,7 +126,9 @@ typedef struct ctxpar_attn_params {
     int64_t num_docs;
     /* Multiplies QK^T; 0 = 1/sqrt(head_dim). */
     float softmax_scale;
-    /* Global sequence length; 0 = local seq * P. */
+    /* Global sequence length; 0 = local seq * P, which is right only for equal shards: set it
+     * when S does not divide by P (2P for ZIGZAG) and with CTXPAR_LAYOUT_CUSTOM. Each rank's
+     * local seq must be its share of it (ctxpar_shard_count); the ranks must agree on it. */
     int64_t seq_len_global;
     /* Right side of a two-sided window: a query at position i sees keys k with k - i <=
      * window_right; 0 = no limit (a right limit of 0 is CTXPAR_MASK_CAUSAL). With window_left it
@@ -143,15 +149,19 @@ typedef struct ctxpar_attn_params {
      * ranks; it must divide P and the q heads, and the k/v heads must divide by it or it by them;
      * at most 16. 0 = chosen by the library (docs/algorithms.md). Only with HYBRID or AUTO. */
     int64_t ulysses;
+    /* Documents per batch row: 0 = cu_seqlens is one set of num_docs + 1 boundaries for every
+     * row; B (the batch) = cu_seqlens is [B, num_docs + 1], row b's documents for batch row b
+     * (pad rows with fewer documents with empty ones). */
+    int64_t cu_seqlens_rows;
 } ctxpar_attn_params;
 
 #define CTXPAR_ATTN_PARAMS_INIT                                                                   \
     {                                                                                             \
         sizeof(ctxpar_attn_params), CTXPAR_ALGO_AUTO, CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_MASK_NONE, \
-            0, NULL, 0, 0.0f, 0, 0, NULL, NULL, 0.0f, NULL, 0                                     \
+            0, NULL, 0, 0.0f, 0, 0, NULL, NULL, 0.0f, NULL, 0, 0                                  \
     }
 
-/* "auto", "ring", ...;  "contiguous", "zigzag", "striped";  "none", "causal". */
+/* "auto", "ring", ...;  "contiguous", "zigzag", "striped", "custom";  "none", "causal". */
 CTXPAR_API const char *ctxpar_algo_name(ctxpar_algo algo);
 CTXPAR_API const char *ctxpar_layout_name(ctxpar_layout lay);
 CTXPAR_API const char *ctxpar_mask_name(ctxpar_mask mask);
@@ -253,19 +263,37 @@ CTXPAR_API ctxpar_status ctxpar_attn_supported(const ctxpar_context *ctx,
 
 /* ---------------------------------------------------------------- layouts */
 
-/* Global position of each local token of `rank` for a layout: pos_out[i] for i < seq_global/P.
- * seq_global must divide by P (by 2P for ZIGZAG). Host memory. */
+/* For any seq_global >= 1 and nranks >= 1. The _assigned variants take CTXPAR_LAYOUT_CUSTOM's
+ * assignment (int32 [seq_global], each a rank in [0, nranks); NULL for the other layouts); the
+ * plain ones refuse CUSTOM. */
+
+/* How many tokens `rank` holds (its local seq). */
+CTXPAR_API ctxpar_status ctxpar_shard_count(ctxpar_layout layout, const int32_t *assignment,
+                                            int64_t seq_global, int rank, int nranks,
+                                            int64_t *count_out);
+
+/* Global position of each local token of `rank`, increasing: pos_out[i] for i < its count
+ * (ctxpar_shard_count). Host memory. */
 CTXPAR_API ctxpar_status ctxpar_positions(ctxpar_layout layout, int64_t seq_global, int rank,
                                           int nranks, int64_t *pos_out);
+CTXPAR_API ctxpar_status ctxpar_positions_assigned(ctxpar_layout layout,
+                                                   const int32_t *assignment, int64_t seq_global,
+                                                   int rank, int nranks, int64_t *pos_out);
 
 /* Copies the rows of `global` ([B, S, H, D], host) that `rank` holds into `local_out`
- * ([B, S/P, H, D], host, same dtype, caller-allocated). */
+ * ([B, count, H, D], host, same dtype, caller-allocated). */
 CTXPAR_API ctxpar_status ctxpar_shard(ctxpar_layout layout, int rank, int nranks,
                                       const ctxpar_tensor *global, ctxpar_tensor *local_out);
+CTXPAR_API ctxpar_status ctxpar_shard_assigned(ctxpar_layout layout, const int32_t *assignment,
+                                               int rank, int nranks, const ctxpar_tensor *global,
+                                               ctxpar_tensor *local_out);
 
 /* The inverse: copies `local` of `rank` into its rows of `global_out` (host). */
 CTXPAR_API ctxpar_status ctxpar_unshard(ctxpar_layout layout, int rank, int nranks,
                                         const ctxpar_tensor *local, ctxpar_tensor *global_out);
+CTXPAR_API ctxpar_status ctxpar_unshard_assigned(ctxpar_layout layout, const int32_t *assignment,
+                                                 int rank, int nranks, const ctxpar_tensor *local,
+                                                 ctxpar_tensor *global_out);
 
 /* ---------------------------------------------------------------- memory and counters */
 

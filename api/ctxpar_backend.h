@@ -93,7 +93,20 @@ typedef struct ctxpar_mask_desc {
     const int32_t *cu_seqlens; /* num_docs + 1 global document boundaries; NULL = one document */
     int64_t num_docs;
     int64_t window_right; /* k - q <= window_right; 0 = none */
+    /* > 0: documents per batch row: cu_seqlens holds doc_rows rows of num_docs + 1 boundaries,
+     * row b for batch row b (doc_rows = batch). The dispatch hands a backend one batch row at a
+     * time with that row's boundaries and doc_rows 0, so kernels never see it. */
+    int64_t doc_rows;
 } ctxpar_mask_desc;
+
+/* The mask of batch row b alone (its documents; doc_rows 0). */
+static inline ctxpar_mask_desc ctxpar_mask_row(const ctxpar_mask_desc *m, int64_t b) {
+    ctxpar_mask_desc r = *m;
+    if (m->cu_seqlens && m->doc_rows > 0)
+        r.cu_seqlens = m->cu_seqlens + b * (m->num_docs + 1);
+    r.doc_rows = 0;
+    return r;
+}
 
 /* Index of the document holding global position pos (0 without documents). */
 static inline int64_t ctxpar_mask_doc_of(const ctxpar_mask_desc *m, int64_t pos) {
@@ -146,12 +159,22 @@ static inline ctxpar_block_class ctxpar_mask_classify(const ctxpar_mask_desc *m,
     if (m->window_right > 0 && kmax - qmin > m->window_right)
         full = 0;
     if (m->cu_seqlens) {
-        int64_t qd0 = ctxpar_mask_doc_of(m, qmin), qd1 = ctxpar_mask_doc_of(m, qmax);
-        int64_t kd0 = ctxpar_mask_doc_of(m, kmin), kd1 = ctxpar_mask_doc_of(m, kmax);
-        if (qd1 < kd0 || kd1 < qd0)
+        // With documents per batch row: SKIP only if every row skips, FULL only if every row is.
+        int any = 0;
+        for (int64_t b = 0; b < (m->doc_rows > 0 ? m->doc_rows : 1); b++) {
+            ctxpar_mask_desc r = ctxpar_mask_row(m, b);
+            int64_t qd0 = ctxpar_mask_doc_of(&r, qmin), qd1 = ctxpar_mask_doc_of(&r, qmax);
+            int64_t kd0 = ctxpar_mask_doc_of(&r, kmin), kd1 = ctxpar_mask_doc_of(&r, kmax);
+            if (qd1 < kd0 || kd1 < qd0) {
+                full = 0;
+                continue;
+            }
+            any = 1;
+            if (!(qd0 == qd1 && kd0 == kd1 && qd0 == kd0))
+                full = 0;
+        }
+        if (!any)
             return CTXPAR_BLOCK_SKIP;
-        if (!(qd0 == qd1 && kd0 == kd1 && qd0 == kd0))
-            full = 0;
     }
     return full ? CTXPAR_BLOCK_FULL : CTXPAR_BLOCK_PARTIAL;
 }

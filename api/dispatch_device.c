@@ -315,9 +315,53 @@ static int64_t block_rows(const ctxpar_attn_block *blk) {
     return blk->q.shape[0] * blk->q.shape[2] * blk->q.shape[1];
 }
 
+// Documents per batch row (mask.doc_rows > 0): backends see one batch row at a time, with its own
+// documents, so no kernel needs to know. Row b of a block and of its dense F32 accumulators.
+static ctxpar_status check_rows(const char *op, const ctxpar_attn_block *blk) {
+    if (blk->mask.doc_rows != blk->q.shape[0] || !blk->mask.cu_seqlens)
+        return BAD("%s: mask.doc_rows (%lld) must be the batch (%lld), with cu_seqlens", op,
+                   (long long)blk->mask.doc_rows, (long long)blk->q.shape[0]);
+    return CTXPAR_OK;
+}
+
+static ctxpar_tensor batch_row(const ctxpar_tensor *t, int64_t b) {
+    ctxpar_tensor r = *t;
+    r.data = (char *)t->data + (size_t)(b * t->stride[0]) * ctxpar_dtype_size(t->dtype);
+    r.shape[0] = 1;
+    return r;
+}
+
+static ctxpar_attn_block block_row(const ctxpar_attn_block *blk, int64_t b) {
+    ctxpar_attn_block r = *blk;
+    r.q = batch_row(&blk->q, b);
+    r.k = batch_row(&blk->k, b);
+    r.v = batch_row(&blk->v, b);
+    r.mask = ctxpar_mask_row(&blk->mask, b);
+    return r;
+}
+
+// Elements of one batch row of a dense [B, ...] accumulator of t's other dimensions.
+static size_t row_elems(const ctxpar_tensor *t) {
+    return (size_t)(t->shape[1] * t->shape[2] * t->shape[3]);
+}
+
+static float *at_row(float *p, size_t n, int64_t b) {
+    return p ? p + (size_t)b * n : NULL;
+}
+
 ctxpar_status ctxpar_dev_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_block *blk,
                                         float *out_acc, float *lse_acc, int merge,
                                         ctxpar_stream *stream) {
+    if (blk && blk->mask.doc_rows > 0) {
+        CTXPAR_CHECK(check_rows("attn_block_fwd", blk));
+        const size_t o = row_elems(&blk->q), l = (size_t)(blk->q.shape[1] * blk->q.shape[2]);
+        for (int64_t b = 0; b < blk->q.shape[0]; b++) {
+            ctxpar_attn_block r = block_row(blk, b);
+            CTXPAR_CHECK(ctxpar_dev_attn_block_fwd(dev, &r, at_row(out_acc, o, b),
+                                                   at_row(lse_acc, l, b), merge, stream));
+        }
+        return CTXPAR_OK;
+    }
     CTXPAR_CHECK(check_block("attn_block_fwd", blk));
     if (merge != 0 && merge != 1)
         return BAD("attn_block_fwd: merge (%d) must be 0 or 1", merge);
@@ -360,6 +404,20 @@ ctxpar_status ctxpar_dev_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
                                         const ctxpar_tensor *dout, const float *lse,
                                         const float *delta, float *dq_acc, float *dk_acc,
                                         float *dv_acc, ctxpar_stream *stream) {
+    if (blk && blk->mask.doc_rows > 0 && dout) {
+        CTXPAR_CHECK(check_rows("attn_block_bwd", blk));
+        const size_t o = row_elems(&blk->q), l = (size_t)(blk->q.shape[1] * blk->q.shape[2]);
+        const size_t kn = row_elems(&blk->k), vn = row_elems(&blk->v);
+        for (int64_t b = 0; b < blk->q.shape[0]; b++) {
+            ctxpar_attn_block r = block_row(blk, b);
+            ctxpar_tensor d = batch_row(dout, b);
+            CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(
+                dev, &r, &d, lse ? lse + (size_t)b * l : NULL,
+                delta ? delta + (size_t)b * l : NULL, at_row(dq_acc, o, b), at_row(dk_acc, kn, b),
+                at_row(dv_acc, vn, b), stream));
+        }
+        return CTXPAR_OK;
+    }
     CTXPAR_CHECK(check_block("attn_block_bwd", blk));
     CTXPAR_CHECK(check_tensor("attn_block_bwd", "dout", dout));
     if (dout->dtype != blk->q.dtype)

@@ -1,4 +1,4 @@
-// The public layout helpers: positions, shard and unshard of host tensors.
+// The public layout helpers: counts, positions, shard and unshard of host tensors.
 #include <string.h>
 
 #include "algorithms.h"
@@ -11,51 +11,73 @@ static ctxpar_status check_ranks(int rank, int nranks) {
     return CTXPAR_OK;
 }
 
-static ctxpar_status check_layout(ctxpar_layout layout) {
-    if ((unsigned)layout > CTXPAR_LAYOUT_STRIPED)
+// The layout, the ranks, the length and (CUSTOM) the assignment, as the helpers take them.
+static ctxpar_status check_layout(ctxpar_layout layout, const int32_t *assignment,
+                                  int64_t seq_global, int rank, int nranks) {
+    if ((unsigned)layout > CTXPAR_LAYOUT_CUSTOM)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "layout (%d) is not a ctxpar_layout",
                             (int)layout);
+    CTXPAR_CHECK(check_ranks(rank, nranks));
+    if (seq_global < 1)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "seq_global (%lld) must be >= 1",
+                            (long long)seq_global);
+    return ctxpar_validate_assignment("assignment", layout, assignment, seq_global, nranks);
+}
+
+ctxpar_status ctxpar_shard_count(ctxpar_layout layout, const int32_t *assignment,
+                                 int64_t seq_global, int rank, int nranks, int64_t *count_out) {
+    ctxpar_clear_error();
+    CTXPAR_CHECK(check_layout(layout, assignment, seq_global, rank, nranks));
+    if (!count_out)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "count_out is NULL");
+    *count_out = ctxpar_layout_count(layout, assignment, seq_global, rank, nranks);
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_positions_assigned(ctxpar_layout layout, const int32_t *assignment,
+                                        int64_t seq_global, int rank, int nranks,
+                                        int64_t *pos_out) {
+    ctxpar_clear_error();
+    CTXPAR_CHECK(check_layout(layout, assignment, seq_global, rank, nranks));
+    if (!pos_out)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "pos_out is NULL");
+    ctxpar_layout_map m;
+    CTXPAR_CHECK(ctxpar_layout_map_make(layout, assignment, seq_global, nranks, &m));
+    ctxpar_spans s = ctxpar_layout_map_spans(&m, rank);
+    int64_t n = 0;
+    for (int i = 0; i < s.count; i++)
+        for (int64_t j = 0; j < s.span[i].len; j++)
+            pos_out[n++] = s.span[i].start + j * s.span[i].stride;
+    ctxpar_layout_map_free(&m);
     return CTXPAR_OK;
 }
 
 ctxpar_status ctxpar_positions(ctxpar_layout layout, int64_t seq_global, int rank, int nranks,
                                int64_t *pos_out) {
-    ctxpar_clear_error();
-    CTXPAR_CHECK(check_layout(layout));
-    CTXPAR_CHECK(check_ranks(rank, nranks));
-    if (!pos_out)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "pos_out is NULL");
-    CTXPAR_CHECK(ctxpar_layout_check(layout, seq_global, nranks));
-    ctxpar_shard_spans s;
-    ctxpar_layout_spans(layout, seq_global, rank, nranks, &s);
-    int64_t n = 0;
-    for (int i = 0; i < s.count; i++)
-        for (int64_t j = 0; j < s.span[i].len; j++)
-            pos_out[n++] = s.span[i].start + j * s.span[i].stride;
-    return CTXPAR_OK;
+    return ctxpar_positions_assigned(layout, NULL, seq_global, rank, nranks, pos_out);
 }
 
 // Copies rows between a local tensor and the global one: to_global selects the direction.
-static ctxpar_status copy_rows(ctxpar_layout layout, int rank, int nranks,
-                               const ctxpar_tensor *local, const ctxpar_tensor *global,
-                               int to_global) {
-    CTXPAR_CHECK(check_layout(layout));
-    CTXPAR_CHECK(check_ranks(rank, nranks));
+static ctxpar_status copy_rows(ctxpar_layout layout, const int32_t *assignment, int rank,
+                               int nranks, const ctxpar_tensor *local,
+                               const ctxpar_tensor *global, int to_global) {
     CTXPAR_CHECK(ctxpar_validate_tensor("global", global));
-    CTXPAR_CHECK(ctxpar_validate_tensor("local", local));
-    CTXPAR_CHECK(ctxpar_layout_check(layout, global->shape[1], nranks));
+    CTXPAR_CHECK(check_layout(layout, assignment, global->shape[1], rank, nranks));
+    CTXPAR_CHECK(ctxpar_validate_shard_tensor("local", local));
     if (local->dtype != global->dtype)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "local.dtype (%s) != global.dtype (%s)",
                             ctxpar_dtype_name(local->dtype), ctxpar_dtype_name(global->dtype));
-    int64_t want[4] = {global->shape[0], global->shape[1] / nranks, global->shape[2],
-                       global->shape[3]};
+    int64_t count = ctxpar_layout_count(layout, assignment, global->shape[1], rank, nranks);
+    int64_t want[4] = {global->shape[0], count, global->shape[2], global->shape[3]};
     for (int d = 0; d < 4; d++)
         if (local->shape[d] != want[d])
             return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                                "local.shape[%d] (%lld) != %lld (global shape with seq / %d)", d,
-                                (long long)local->shape[d], (long long)want[d], nranks);
-    ctxpar_shard_spans s;
-    ctxpar_layout_spans(layout, global->shape[1], rank, nranks, &s);
+                                "local.shape[%d] (%lld) != %lld (global shape with seq = rank "
+                                "%d's count of %d ranks)",
+                                d, (long long)local->shape[d], (long long)want[d], rank, nranks);
+    ctxpar_layout_map m;
+    CTXPAR_CHECK(ctxpar_layout_map_make(layout, assignment, global->shape[1], nranks, &m));
+    ctxpar_spans s = ctxpar_layout_map_spans(&m, rank);
     size_t es = ctxpar_dtype_size(global->dtype), row = (size_t)global->shape[3] * es;
     int64_t first = 0;
     for (int i = 0; i < s.count; i++) {
@@ -75,17 +97,30 @@ static ctxpar_status copy_rows(ctxpar_layout layout, int rank, int nranks,
                 }
         first += s.span[i].len;
     }
+    ctxpar_layout_map_free(&m);
     return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_shard_assigned(ctxpar_layout layout, const int32_t *assignment, int rank,
+                                    int nranks, const ctxpar_tensor *global,
+                                    ctxpar_tensor *local_out) {
+    ctxpar_clear_error();
+    return copy_rows(layout, assignment, rank, nranks, local_out, global, 0);
+}
+
+ctxpar_status ctxpar_unshard_assigned(ctxpar_layout layout, const int32_t *assignment, int rank,
+                                      int nranks, const ctxpar_tensor *local,
+                                      ctxpar_tensor *global_out) {
+    ctxpar_clear_error();
+    return copy_rows(layout, assignment, rank, nranks, local, global_out, 1);
 }
 
 ctxpar_status ctxpar_shard(ctxpar_layout layout, int rank, int nranks,
                            const ctxpar_tensor *global, ctxpar_tensor *local_out) {
-    ctxpar_clear_error();
-    return copy_rows(layout, rank, nranks, local_out, global, 0);
+    return ctxpar_shard_assigned(layout, NULL, rank, nranks, global, local_out);
 }
 
 ctxpar_status ctxpar_unshard(ctxpar_layout layout, int rank, int nranks,
                              const ctxpar_tensor *local, ctxpar_tensor *global_out) {
-    ctxpar_clear_error();
-    return copy_rows(layout, rank, nranks, local, global_out, 1);
+    return ctxpar_unshard_assigned(layout, NULL, rank, nranks, local, global_out);
 }

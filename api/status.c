@@ -72,6 +72,7 @@ const char *ctxpar_layout_name(ctxpar_layout layout) {
     case CTXPAR_LAYOUT_CONTIGUOUS: return "contiguous";
     case CTXPAR_LAYOUT_ZIGZAG: return "zigzag";
     case CTXPAR_LAYOUT_STRIPED: return "striped";
+    case CTXPAR_LAYOUT_CUSTOM: return "custom";
     }
     return "?";
 }

@@ -1,6 +1,7 @@
 // Validation of every argument of the attention entry points. Messages name the argument and the
 // values, so that a user can fix the call from the message alone.
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,16 +11,19 @@
 
 #define BAD(...) CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, __VA_ARGS__)
 
-ctxpar_status ctxpar_validate_tensor(const char *name, const ctxpar_tensor *t) {
+// empty_seq: a rank's shard, which may hold no tokens (S < P): seq 0 (data still set).
+static ctxpar_status check_tensor(const char *name, const ctxpar_tensor *t, int empty_seq) {
     if (!t)
         return BAD("%s is NULL", name);
-    if (!t->data)
-        return BAD("%s.data is NULL", name);
     if (ctxpar_dtype_size(t->dtype) == 0)
         return BAD("%s.dtype (%d) is not a ctxpar_dtype", name, (int)t->dtype);
     for (int d = 0; d < 4; d++)
-        if (t->shape[d] <= 0)
+        if (t->shape[d] <= 0 && !(empty_seq && d == 1 && t->shape[d] == 0))
             return BAD("%s.shape[%d] (%lld) must be > 0", name, d, (long long)t->shape[d]);
+    if (!t->data)
+        return BAD("%s.data is NULL", name);
+    if (t->shape[1] == 0)
+        return CTXPAR_OK; // no element: nothing is addressed
     if (t->stride[3] != 1)
         return BAD("%s.stride[3] (%lld) must be 1: head_dim must be contiguous", name,
                    (long long)t->stride[3]);
@@ -62,6 +66,32 @@ ctxpar_status ctxpar_validate_tensor(const char *name, const ctxpar_tensor *t) {
     return CTXPAR_OK;
 }
 
+ctxpar_status ctxpar_validate_tensor(const char *name, const ctxpar_tensor *t) {
+    return check_tensor(name, t, 0);
+}
+
+ctxpar_status ctxpar_validate_shard_tensor(const char *name, const ctxpar_tensor *t) {
+    return check_tensor(name, t, 1);
+}
+
+ctxpar_status ctxpar_validate_assignment(const char *name, ctxpar_layout layout,
+                                         const int32_t *assignment, int64_t seq_global,
+                                         int nranks) {
+    if (layout != CTXPAR_LAYOUT_CUSTOM) {
+        if (assignment)
+            return BAD("%s is set but the layout is %s (only custom takes one)", name,
+                       ctxpar_layout_name(layout));
+        return CTXPAR_OK;
+    }
+    if (!assignment)
+        return BAD("%s is NULL: the custom layout needs the rank of every token", name);
+    for (int64_t t = 0; t < seq_global; t++)
+        if (assignment[t] < 0 || assignment[t] >= nranks)
+            return BAD("%s[%lld] (%d) is not a rank in [0, %d): token %lld is on no rank", name,
+                       (long long)t, assignment[t], nranks, (long long)t);
+    return CTXPAR_OK;
+}
+
 ctxpar_status ctxpar_params_normalize(const ctxpar_attn_params *p, ctxpar_attn_params *out) {
     if (!p)
         return BAD("params is NULL");
@@ -81,7 +111,7 @@ ctxpar_status ctxpar_params_normalize(const ctxpar_attn_params *p, ctxpar_attn_p
 
 ctxpar_status ctxpar_validate_same(const char *name, const ctxpar_tensor *t, const char *like_name,
                                    const ctxpar_tensor *like) {
-    CTXPAR_CHECK(ctxpar_validate_tensor(name, t));
+    CTXPAR_CHECK(ctxpar_validate_shard_tensor(name, t));
     if (t->dtype != like->dtype)
         return BAD("%s.dtype (%s) != %s.dtype (%s)", name, ctxpar_dtype_name(t->dtype), like_name,
                    ctxpar_dtype_name(like->dtype));
@@ -92,30 +122,48 @@ ctxpar_status ctxpar_validate_same(const char *name, const ctxpar_tensor *t, con
     return CTXPAR_OK;
 }
 
-static ctxpar_status validate_cu_seqlens(const ctxpar_attn_params *p, int64_t seq_global) {
+// rows > 0: cu_seqlens is [rows, num_docs + 1], each row checked (messages name [row][i]).
+static ctxpar_status validate_cu_seqlens(const ctxpar_attn_params *p, int64_t seq_global,
+                                         int64_t batch) {
     if (!p->cu_seqlens) {
         if (p->num_docs != 0)
             return BAD("params.num_docs (%lld) is set but params.cu_seqlens is NULL",
                        (long long)p->num_docs);
+        if (p->cu_seqlens_rows != 0)
+            return BAD("params.cu_seqlens_rows (%lld) is set but params.cu_seqlens is NULL",
+                       (long long)p->cu_seqlens_rows);
         return CTXPAR_OK;
     }
     if (p->num_docs < 1)
         return BAD("params.num_docs (%lld) must be >= 1 with params.cu_seqlens",
                    (long long)p->num_docs);
-    if (p->cu_seqlens[0] != 0)
-        return BAD("params.cu_seqlens[0] (%d) must be 0", p->cu_seqlens[0]);
-    // Equal boundaries are an empty document (data loaders make them): allowed, it holds nothing.
-    for (int64_t i = 1; i <= p->num_docs; i++)
-        if (p->cu_seqlens[i] < p->cu_seqlens[i - 1])
-            return BAD("params.cu_seqlens is decreasing: [%lld] = %d < [%lld] = %d",
-                       (long long)i, p->cu_seqlens[i], (long long)(i - 1), p->cu_seqlens[i - 1]);
-    if (p->cu_seqlens[p->num_docs] != seq_global)
-        return BAD("params.cu_seqlens[%lld] (%d) must equal the global sequence length (%lld)",
-                   (long long)p->num_docs, p->cu_seqlens[p->num_docs], (long long)seq_global);
+    if (p->cu_seqlens_rows != 0 && p->cu_seqlens_rows != batch)
+        return BAD("params.cu_seqlens_rows (%lld) must be 0 (one set of documents) or the batch "
+                   "(%lld)",
+                   (long long)p->cu_seqlens_rows, (long long)batch);
+    const int64_t rows = p->cu_seqlens_rows > 0 ? p->cu_seqlens_rows : 1;
+    for (int64_t r = 0; r < rows; r++) {
+        const int32_t *cu = p->cu_seqlens + r * (p->num_docs + 1);
+        char at[48] = "";
+        if (p->cu_seqlens_rows > 0)
+            snprintf(at, sizeof at, "[%lld]", (long long)r);
+        if (cu[0] != 0)
+            return BAD("params.cu_seqlens%s[0] (%d) must be 0", at, cu[0]);
+        // Equal boundaries are an empty document (data loaders make them): allowed.
+        for (int64_t i = 1; i <= p->num_docs; i++)
+            if (cu[i] < cu[i - 1])
+                return BAD("params.cu_seqlens%s is decreasing: [%lld] = %d < [%lld] = %d", at,
+                           (long long)i, cu[i], (long long)(i - 1), cu[i - 1]);
+        if (cu[p->num_docs] != seq_global)
+            return BAD("params.cu_seqlens%s[%lld] (%d) must equal the global sequence length "
+                       "(%lld)",
+                       at, (long long)p->num_docs, cu[p->num_docs], (long long)seq_global);
+    }
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_global) {
+ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_global,
+                                     int64_t batch) {
     if (!p)
         return BAD("params is NULL");
     if (p->struct_size != sizeof *p)
@@ -123,7 +171,7 @@ ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_gl
                             p->struct_size);
     if (p->algo != CTXPAR_ALGO_AUTO && !ctxpar_algorithm_find(p->algo))
         return BAD("params.algo (%d) is not a ctxpar_algo", (int)p->algo);
-    if ((unsigned)p->layout > CTXPAR_LAYOUT_STRIPED)
+    if ((unsigned)p->layout > CTXPAR_LAYOUT_CUSTOM)
         return BAD("params.layout (%d) is not a ctxpar_layout", (int)p->layout);
     if ((unsigned)p->mask > CTXPAR_MASK_CAUSAL)
         return BAD("params.mask (%d) is not a ctxpar_mask", (int)p->mask);
@@ -145,23 +193,23 @@ ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_gl
     if (p->softcap != 0.0f)
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
                             "params.softcap: soft-capping is not implemented yet");
-    if (p->assignment)
-        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
-                            "params.assignment: custom layouts are not implemented yet");
     if (p->ulysses < 0)
         return BAD("params.ulysses (%lld) must be >= 0 (0 = chosen by the library)",
                    (long long)p->ulysses);
     if (p->ulysses != 0 && p->algo != CTXPAR_ALGO_HYBRID && p->algo != CTXPAR_ALGO_AUTO)
         return BAD("params.ulysses (%lld) applies to the hybrid algorithm only (algo is %s)",
                    (long long)p->ulysses, ctxpar_algo_name(p->algo));
-    return validate_cu_seqlens(p, seq_global);
+    if (p->cu_seqlens_rows < 0)
+        return BAD("params.cu_seqlens_rows (%lld) must be >= 0", (long long)p->cu_seqlens_rows);
+    return validate_cu_seqlens(p, seq_global, batch);
 }
 
 ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_comm *comm,
                                       const ctxpar_tensor *q, const ctxpar_tensor *k,
                                       const ctxpar_tensor *v, ctxpar_problem *pb_out) {
-    CTXPAR_CHECK(ctxpar_validate_tensor("q", q));
-    CTXPAR_CHECK(ctxpar_validate_tensor("k", k));
+    // A rank may hold no tokens (S < P): its shards have seq 0.
+    CTXPAR_CHECK(ctxpar_validate_shard_tensor("q", q));
+    CTXPAR_CHECK(ctxpar_validate_shard_tensor("k", k));
     if (k->dtype != q->dtype)
         return BAD("k.dtype (%s) != q.dtype (%s)", ctxpar_dtype_name(k->dtype),
                    ctxpar_dtype_name(q->dtype));
@@ -178,21 +226,48 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     int P = comm->size;
     if (P > (1 << 20)) // ring steps travel in 20-bit transfer tags
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "%d ranks: at most 2^20 are supported", P);
+    if (!p)
+        return BAD("params is NULL");
     // Every buffer an algorithm makes is at most a few F32 copies of the whole sequence's Q, K, V
     // or out: 32 bytes per element of [B, S, Hq, D] bounds them all (Hkv <= Hq).
     size_t elems;
-    if (!ctxpar_count_checked(&elems, q->shape[0], q->shape[1], P, q->shape[2]) ||
-        ctxpar_count_mul(ctxpar_count_mul(elems, (size_t)q->shape[3]), 32) > PTRDIFF_MAX)
-        return BAD("problem too large: batch %lld x local seq %lld x %d ranks x q heads %lld x "
-                   "head_dim %lld x 32 bytes does not fit in 2^63",
-                   (long long)q->shape[0], (long long)q->shape[1], P, (long long)q->shape[2],
-                   (long long)q->shape[3]);
-    int64_t seq_global = q->shape[1] * P;
-    if (p && p->seq_len_global != 0 && p->seq_len_global != seq_global)
-        return BAD("params.seq_len_global (%lld) != local seq (%lld) x ranks (%d)",
-                   (long long)p->seq_len_global, (long long)q->shape[1], P);
-    CTXPAR_CHECK(ctxpar_validate_params(p, seq_global));
-    CTXPAR_CHECK(ctxpar_layout_check(p->layout, seq_global, P));
+    int too_large = !ctxpar_count_checked(&elems, q->shape[0], q->shape[1] > 0 ? q->shape[1] : 1,
+                                          P, q->shape[2]) ||
+                    ctxpar_count_mul(ctxpar_count_mul(elems, (size_t)q->shape[3]), 32) >
+                        PTRDIFF_MAX;
+    // 0 = equal shards (local seq x P); otherwise each rank's local seq is checked against its
+    // share, and the agreement step compares the total across ranks.
+    int64_t seq_global = p->seq_len_global;
+    if (seq_global == 0) {
+        if (p->layout == CTXPAR_LAYOUT_CUSTOM)
+            return BAD("params.seq_len_global must be set with the custom layout (the length of "
+                       "params.assignment)");
+        seq_global = too_large ? 0 : q->shape[1] * P;
+    }
+    too_large = too_large ||
+                !ctxpar_count_checked(&elems, q->shape[0], seq_global > 0 ? seq_global : 1,
+                                      q->shape[2], q->shape[3]) ||
+                ctxpar_count_mul(elems, 32) > PTRDIFF_MAX;
+    if (too_large)
+        return BAD("problem too large: batch %lld x seq %lld (local %lld, %d ranks) x q heads "
+                   "%lld x head_dim %lld x 32 bytes does not fit in 2^63",
+                   (long long)q->shape[0], (long long)seq_global, (long long)q->shape[1], P,
+                   (long long)q->shape[2], (long long)q->shape[3]);
+    if (seq_global < 1)
+        return BAD("params.seq_len_global (%lld) must be >= 1", (long long)seq_global);
+    CTXPAR_CHECK(ctxpar_validate_params(p, seq_global, q->shape[0]));
+    CTXPAR_CHECK(
+        ctxpar_validate_assignment("params.assignment", p->layout, p->assignment, seq_global, P));
+    const int64_t mine = ctxpar_layout_count(p->layout, p->assignment, seq_global, comm->rank, P);
+    if (mine != q->shape[1])
+        return BAD("q.shape[1] (%lld) != %lld, the tokens rank %d holds of the global sequence "
+                   "length %lld under the %s layout (%s); see ctxpar_shard_count",
+                   (long long)q->shape[1], (long long)mine, comm->rank, (long long)seq_global,
+                   ctxpar_layout_name(p->layout),
+                   p->seq_len_global ? "params.seq_len_global" : "local seq x ranks");
+    const int64_t seq_max = ctxpar_layout_max_count(p->layout, p->assignment, seq_global, P);
+    if (seq_max < 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot count the tokens of %d ranks", P);
     ctxpar_problem pb = {0};
     pb.rank = comm->rank;
     pb.nranks = P;
@@ -202,6 +277,9 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     pb.mask.window_right = p->window_right;
     pb.mask.cu_seqlens = p->cu_seqlens;
     pb.mask.num_docs = p->num_docs;
+    pb.mask.doc_rows = p->cu_seqlens_rows;
+    pb.seq_max = seq_max;
+    pb.assignment = p->assignment;
     pb.scale = p->softmax_scale != 0.0f ? p->softmax_scale : 1.0f / sqrtf((float)q->shape[3]);
     pb.dtype = q->dtype;
     pb.batch = q->shape[0];

@@ -13,8 +13,19 @@ ctxpar_status ctxpar_validate_tensor(const char *name, const ctxpar_tensor *t);
 // defaults: the front door works on the copy, whose struct_size is sizeof(ctxpar_attn_params).
 ctxpar_status ctxpar_params_normalize(const ctxpar_attn_params *p, ctxpar_attn_params *out);
 
-// The params struct on its own (enums, window, scale), normalized; seq_global for cu_seqlens.
-ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_global);
+// The params struct on its own (enums, window, scale), normalized; seq_global and batch for
+// cu_seqlens.
+ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_global,
+                                     int64_t batch);
+
+// A rank's shard: as ctxpar_validate_tensor, but seq (shape[1]) may be 0 (data set, unread).
+ctxpar_status ctxpar_validate_shard_tensor(const char *name, const ctxpar_tensor *t);
+
+// CUSTOM's assignment (named `name` in messages): set, every token on a rank in [0, nranks);
+// for the other layouts: not set.
+ctxpar_status ctxpar_validate_assignment(const char *name, ctxpar_layout layout,
+                                         const int32_t *assignment, int64_t seq_global,
+                                         int nranks);
 
 // q, k, v (and out) against each other and the params; fills the problem on success.
 ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_comm *comm,

@@ -153,7 +153,7 @@ struct Problem {
                 in64[i][x] = in[i][x] = cpt_acc_input(dist, 1, 7, i + 1, x);
         }
         vis.resize(sh.seq_q * sh.seq_k);
-        ctxpar_mask_desc causal = {1, 0, nullptr, 0, 0};
+        ctxpar_mask_desc causal = {1, 0, nullptr, 0, 0, 0};
         EXPECT_EQ(cpt_oracle_visibility(&sh, nullptr, nullptr, &causal, vis.data()), CTXPAR_OK);
         const size_t sizes[5] = {n, (size_t)(sh.batch * sh.heads_q * sh.seq_q), n, n, n};
         for (int t = 0; t < 5; t++) {

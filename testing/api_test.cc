@@ -3,6 +3,7 @@
 // checked; the layout helpers are exact inverses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -38,6 +39,7 @@ struct Fixture {
                   *pdk = &tdk, *pdv = &tdv;
     float *plse = nullptr;
     int32_t cu[4] = {0, 4, 10, 16};
+    int32_t assign[16] = {0}; // every token on rank 0
 
     Fixture() {
         EXPECT_EQ(ctxpar_device_create_cpu(nullptr, &dev), CTXPAR_OK);
@@ -162,12 +164,55 @@ const BadCase kBadCases[] = {
      CTXPAR_ERR_INVALID_ARG, "out.dtype"},
     {"out_shape_mismatch", [](Fixture &f) { f.tout.shape[1] = 8; }, CTXPAR_ERR_INVALID_ARG,
      "out.shape[1]"},
-    {"seq_not_divisible_for_zigzag",
+    {"local_seq_is_not_the_ranks_share", [](Fixture &f) { f.params.seq_len_global = 15; },
+     CTXPAR_ERR_INVALID_ARG, "q.shape[1] (16) != 15"},
+    {"custom_layout_without_assignment",
      [](Fixture &f) {
-         f.Reshape(1, 15);
-         f.params.layout = CTXPAR_LAYOUT_ZIGZAG;
+         f.params.layout = CTXPAR_LAYOUT_CUSTOM;
+         f.params.seq_len_global = 16;
      },
-     CTXPAR_ERR_INVALID_ARG, "does not divide by 2"},
+     CTXPAR_ERR_INVALID_ARG, "params.assignment is NULL"},
+    {"custom_layout_without_seq_len_global",
+     [](Fixture &f) {
+         f.params.layout = CTXPAR_LAYOUT_CUSTOM;
+         f.params.assignment = f.assign;
+     },
+     CTXPAR_ERR_INVALID_ARG, "params.seq_len_global"},
+    {"assignment_token_on_no_rank",
+     [](Fixture &f) {
+         f.assign[5] = -1;
+         f.params.layout = CTXPAR_LAYOUT_CUSTOM;
+         f.params.assignment = f.assign;
+         f.params.seq_len_global = 16;
+     },
+     CTXPAR_ERR_INVALID_ARG, "params.assignment[5] (-1)"},
+    {"assignment_rank_out_of_range",
+     [](Fixture &f) {
+         f.assign[9] = 1; // one rank
+         f.params.layout = CTXPAR_LAYOUT_CUSTOM;
+         f.params.assignment = f.assign;
+         f.params.seq_len_global = 16;
+     },
+     CTXPAR_ERR_INVALID_ARG, "params.assignment[9] (1)"},
+    {"assignment_with_a_builtin_layout", [](Fixture &f) { f.params.assignment = f.assign; },
+     CTXPAR_ERR_INVALID_ARG, "params.assignment is set"},
+    {"cu_seqlens_rows_not_the_batch",
+     [](Fixture &f) {
+         f.params.cu_seqlens = f.cu;
+         f.params.num_docs = 3;
+         f.params.cu_seqlens_rows = 2;
+     },
+     CTXPAR_ERR_INVALID_ARG, "params.cu_seqlens_rows (2)"},
+    {"cu_seqlens_rows_without_cu_seqlens", [](Fixture &f) { f.params.cu_seqlens_rows = 1; },
+     CTXPAR_ERR_INVALID_ARG, "params.cu_seqlens_rows"},
+    {"cu_seqlens_row_decreasing",
+     [](Fixture &f) {
+         f.cu[2] = 3;
+         f.params.cu_seqlens = f.cu;
+         f.params.num_docs = 3;
+         f.params.cu_seqlens_rows = 1;
+     },
+     CTXPAR_ERR_INVALID_ARG, "params.cu_seqlens[0] is decreasing"},
     {"struct_size_too_small", [](Fixture &f) { f.params.struct_size = 8; }, CTXPAR_ERR_INVALID_ARG,
      "struct_size"},
     {"unknown_algo", [](Fixture &f) { f.params.algo = static_cast<ctxpar_algo>(9); },
@@ -369,8 +414,10 @@ TEST(OtherEntryPoints, EachBadArgumentIsNamed) {
          [&] { return ctxpar_positions(static_cast<ctxpar_layout>(7), 16, 0, 1, pos.data()); }},
         {"rank", [&] { return ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 16, 2, 2, pos.data()); }},
         {"pos_out", [&] { return ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 16, 0, 2, nullptr); }},
-        {"does not divide",
-         [&] { return ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 18, 0, 4, pos.data()); }},
+        {"seq_global (0)",
+         [&] { return ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 0, 0, 4, pos.data()); }},
+        {"count_out", [&] { return ctxpar_shard_count(CTXPAR_LAYOUT_ZIGZAG, nullptr, 9, 0, 4,
+                                                      nullptr); }},
         {"global is NULL",
          [&] { return ctxpar_shard(CTXPAR_LAYOUT_ZIGZAG, 0, 2, nullptr, &local); }},
         {"local.shape[1]", [&] { return ctxpar_shard(CTXPAR_LAYOUT_ZIGZAG, 0, 4, &f.tq, &local); }},
@@ -779,9 +826,86 @@ TEST(Layout, ZigzagAndStripedHoldTheDocumentedTokens) {
     EXPECT_EQ(pos, (std::vector<int64_t>{2, 3, 4, 5}));
     ASSERT_EQ(ctxpar_positions(CTXPAR_LAYOUT_STRIPED, 8, 1, 2, pos.data()), CTXPAR_OK);
     EXPECT_EQ(pos, (std::vector<int64_t>{1, 3, 5, 7}));
-    EXPECT_EQ(ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 6, 0, 2, pos.data()), CTXPAR_ERR_INVALID_ARG);
     EXPECT_EQ(ctxpar_positions(CTXPAR_LAYOUT_CONTIGUOUS, 8, 2, 2, pos.data()),
               CTXPAR_ERR_INVALID_ARG);
+    // Uneven (docs/algorithms.md): zigzag's extra tokens go to the front chunks of ranks 0, 1,
+    // ..., then to the back chunks of ranks 0, 1, ...; contiguous gives the first ranks one more.
+    pos.assign(4, -1);
+    ASSERT_EQ(ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 7, 0, 2, pos.data()), CTXPAR_OK);
+    EXPECT_EQ(pos, (std::vector<int64_t>{0, 1, 5, 6}));
+    pos.assign(4, -1);
+    ASSERT_EQ(ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 7, 1, 2, pos.data()), CTXPAR_OK);
+    EXPECT_EQ(pos, (std::vector<int64_t>{2, 3, 4, -1}));
+    pos.assign(4, -1);
+    ASSERT_EQ(ctxpar_positions(CTXPAR_LAYOUT_ZIGZAG, 13, 1, 3, pos.data()), CTXPAR_OK);
+    EXPECT_EQ(pos, (std::vector<int64_t>{3, 4, 9, 10})); // chunks 3,2,2,2,2,2 -> rank 1: 2 + 2
+    pos.assign(4, -1);
+    ASSERT_EQ(ctxpar_positions(CTXPAR_LAYOUT_CONTIGUOUS, 10, 2, 4, pos.data()), CTXPAR_OK);
+    EXPECT_EQ(pos, (std::vector<int64_t>{6, 7, -1, -1}));
+}
+
+// Any S >= 1 and P: the shards partition the sequence in increasing order, differ by at most one
+// token (built-in layouts), and ctxpar_shard_count says how many each rank holds.
+TEST(Layout, AnyLengthPartitionsEvenlyAndCountsAgree) {
+    for (ctxpar_layout layout :
+         {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED,
+          CTXPAR_LAYOUT_CUSTOM})
+        for (int P : {1, 2, 3, 4, 5, 8})
+            for (int64_t S = 1; S <= 40; S++) {
+                std::vector<int32_t> assign(S);
+                for (int64_t t = 0; t < S; t++) // an arbitrary assignment
+                    assign[t] = static_cast<int32_t>((t * 7 + t / 3) % P);
+                const int32_t *a = layout == CTXPAR_LAYOUT_CUSTOM ? assign.data() : nullptr;
+                std::vector<int> seen(S, 0);
+                int64_t lo = S, hi = 0, total = 0;
+                for (int r = 0; r < P; r++) {
+                    int64_t n = -1;
+                    ASSERT_EQ(ctxpar_shard_count(layout, a, S, r, P, &n), CTXPAR_OK)
+                        << ctxpar_last_error();
+                    std::vector<int64_t> pos(n + 1, -7);
+                    ASSERT_EQ(ctxpar_positions_assigned(layout, a, S, r, P, pos.data()),
+                              CTXPAR_OK);
+                    EXPECT_EQ(pos[n], -7) << "wrote past the count";
+                    for (int64_t i = 0; i < n; i++) {
+                        ASSERT_GE(pos[i], 0);
+                        ASSERT_LT(pos[i], S);
+                        if (i > 0) {
+                            EXPECT_LT(pos[i - 1], pos[i]) << "positions must increase";
+                        }
+                        if (a) {
+                            EXPECT_EQ(a[pos[i]], r);
+                        }
+                        seen[pos[i]]++;
+                    }
+                    lo = std::min(lo, n);
+                    hi = std::max(hi, n);
+                    total += n;
+                }
+                EXPECT_EQ(total, S);
+                if (!a) {
+                    EXPECT_LE(hi - lo, 1) << ctxpar_layout_name(layout) << " S=" << S << " P=" << P;
+                }
+                for (int64_t t = 0; t < S; t++)
+                    ASSERT_EQ(seen[t], 1) << ctxpar_layout_name(layout) << " S=" << S
+                                          << " P=" << P << " t=" << t;
+            }
+}
+
+TEST(Layout, CustomHelpersCheckTheAssignment) {
+    std::vector<int64_t> pos(8);
+    int64_t n = 0;
+    int32_t bad[4] = {0, 1, 2, 1};
+    EXPECT_EQ(ctxpar_shard_count(CTXPAR_LAYOUT_CUSTOM, nullptr, 4, 0, 2, &n),
+              CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("assignment is NULL"), std::string::npos);
+    EXPECT_EQ(ctxpar_positions_assigned(CTXPAR_LAYOUT_CUSTOM, bad, 4, 0, 2, pos.data()),
+              CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("assignment[2] (2)"), std::string::npos);
+    EXPECT_EQ(ctxpar_positions(CTXPAR_LAYOUT_CUSTOM, 4, 0, 2, pos.data()), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(ctxpar_shard_count(CTXPAR_LAYOUT_ZIGZAG, bad, 4, 0, 2, &n), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(ctxpar_shard_count(CTXPAR_LAYOUT_ZIGZAG, nullptr, 0, 0, 2, &n),
+              CTXPAR_ERR_INVALID_ARG);
+    EXPECT_STREQ(ctxpar_layout_name(CTXPAR_LAYOUT_CUSTOM), "custom");
 }
 
 TEST(Layout, ShardThenUnshardIsTheIdentity) {
@@ -808,6 +932,37 @@ TEST(Layout, ShardThenUnshardIsTheIdentity) {
         }
         EXPECT_EQ(back, global) << ctxpar_layout_name(layout);
     }
+}
+
+// Uneven and custom shards (a rank may hold none) round-trip too.
+TEST(Layout, UnevenAndCustomShardThenUnshardIsTheIdentity) {
+    const int64_t B = 2, S = 11, H = 2, D = 3;
+    std::vector<float> global(B * S * H * D), back(B * S * H * D);
+    for (size_t i = 0; i < global.size(); i++)
+        global[i] = static_cast<float>(i);
+    ctxpar_tensor g = ctxpar_tensor_bshd(global.data(), CTXPAR_DTYPE_F32, B, S, H, D);
+    ctxpar_tensor gb = ctxpar_tensor_bshd(back.data(), CTXPAR_DTYPE_F32, B, S, H, D);
+    const int32_t assign[S] = {2, 2, 0, 3, 0, 0, 2, 3, 3, 0, 2}; // rank 1 holds nothing
+    for (ctxpar_layout layout : {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG,
+                                 CTXPAR_LAYOUT_STRIPED, CTXPAR_LAYOUT_CUSTOM})
+        for (int P : {3, 4, 16}) {
+            if (layout == CTXPAR_LAYOUT_CUSTOM && P != 4)
+                continue;
+            const int32_t *a = layout == CTXPAR_LAYOUT_CUSTOM ? assign : nullptr;
+            std::fill(back.begin(), back.end(), -1.0f);
+            for (int r = 0; r < P; r++) {
+                int64_t n = 0;
+                ASSERT_EQ(ctxpar_shard_count(layout, a, S, r, P, &n), CTXPAR_OK);
+                std::vector<float> local(B * n * H * D + 1);
+                ctxpar_tensor l = ctxpar_tensor_bshd(local.data(), CTXPAR_DTYPE_F32, B, n, H, D);
+                ASSERT_EQ(ctxpar_shard_assigned(layout, a, r, P, &g, &l), CTXPAR_OK)
+                    << ctxpar_last_error();
+                ASSERT_EQ(ctxpar_unshard_assigned(layout, a, r, P, &l, &gb), CTXPAR_OK);
+                l.shape[1] = n + 1;
+                EXPECT_EQ(ctxpar_shard_assigned(layout, a, r, P, &g, &l), CTXPAR_ERR_INVALID_ARG);
+            }
+            EXPECT_EQ(back, global) << ctxpar_layout_name(layout) << " P=" << P;
+        }
 }
 
 } // namespace

@@ -218,7 +218,7 @@ struct Problem {
     }
 
     ctxpar_mask_desc Mask() const {
-        ctxpar_mask_desc m = {causal, window, nullptr, 0, 0};
+        ctxpar_mask_desc m = {causal, window, nullptr, 0, 0, 0};
         if (!cu.empty()) {
             m.cu_seqlens = cu.data();
             m.num_docs = (int64_t)cu.size() - 1;

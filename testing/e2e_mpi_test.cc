@@ -118,6 +118,66 @@ std::string Name(const testing::TestParamInfo<MpiCase> &info) {
 
 INSTANTIATE_TEST_SUITE_P(Mpi, EndToEndMpi, testing::ValuesIn(Cases()), Name);
 
+// Any length and any sharding across processes: 53 tokens (no P or 2P > 1 divides it), a
+// custom random assignment, documents per batch row; against the oracle and P = 1.
+TEST(EndToEndMpiLayout, UnevenCustomAndPerRowDocuments) {
+    const int P = Size();
+    std::vector<int32_t> assign(53), cu = {0, 9, 9, 30, 53, 0, 0, 27, 53, 53};
+    uint64_t x = 12345;
+    for (auto &a : assign) { // the same on every process
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        a = static_cast<int32_t>(x % static_cast<uint64_t>(P));
+    }
+    struct Variant {
+        ctxpar_algo algo;
+        ctxpar_layout layout;
+        bool row_docs;
+    };
+    for (const Variant &var : {Variant{CTXPAR_ALGO_RING, CTXPAR_LAYOUT_ZIGZAG, false},
+                               Variant{CTXPAR_ALGO_ALLGATHER, CTXPAR_LAYOUT_CUSTOM, false},
+                               Variant{CTXPAR_ALGO_RING, CTXPAR_LAYOUT_CUSTOM, true},
+                               Variant{CTXPAR_ALGO_ALLTOALL, CTXPAR_LAYOUT_STRIPED, true}}) {
+        cpt_run_config cfg;
+        cpt_run_config_default(&cfg);
+        cfg.ranks = P;
+        cfg.batch = 2;
+        cfg.seq = 53;
+        cfg.heads = 12;
+        cfg.kv_heads = P == 3 ? 3 : 4;
+        cfg.head_dim = 32;
+        cfg.dtype = CTXPAR_DTYPE_F32;
+        cfg.params.algo = var.algo;
+        cfg.params.layout = var.layout;
+        cfg.params.mask = CTXPAR_MASK_CAUSAL;
+        if (var.layout == CTXPAR_LAYOUT_CUSTOM)
+            cfg.params.assignment = assign.data();
+        if (var.row_docs) {
+            cfg.params.cu_seqlens = cu.data();
+            cfg.params.num_docs = 4;
+            cfg.params.cu_seqlens_rows = 2;
+        }
+        cfg.backward = 1;
+        cfg.threads = 1;
+        const std::string what = std::string(ctxpar_algo_name(var.algo)) + " " +
+                                 ctxpar_layout_name(var.layout) +
+                                 (var.row_docs ? " with documents per row" : "");
+        cpt_run_result r;
+        ASSERT_EQ(cpt_run_mpi(&cfg, &r), CTXPAR_OK) << what << ": " << ctxpar_last_error();
+        ASSERT_EQ(r.status, CTXPAR_OK) << what << ": " << r.message;
+        EXPECT_TRUE(r.ok) << what;
+        if (Rank() == 0) {
+            for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+                EXPECT_LE(r.bound_ratio[i], 1.0) << what << " " << i;
+                EXPECT_TRUE(cpt_error_ratio_ok(r.error[i], r.error_1[i])) << what << " " << i;
+            }
+            if (var.algo == CTXPAR_ALGO_ALLGATHER) {
+                EXPECT_TRUE(r.bitwise_single[CPT_T_OUT]) << what;
+            }
+        }
+        cpt_run_result_free(&r);
+    }
+}
+
 // One rank of a direct API call: small valid tensors, a CPU device and an MPI comm.
 struct Direct {
     ctxpar_device *dev = nullptr;

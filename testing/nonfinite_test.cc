@@ -237,7 +237,7 @@ Reference Oracle(const Scenario &sc, const Inputs &in) {
     Reference ref;
     cpt_oracle_shape sh = {B, S, S, HQ, HKV, D};
     ctxpar_mask_desc mask = {sc.mask == CTXPAR_MASK_CAUSAL, sc.window, sc.docs ? kDocs : nullptr,
-                             sc.docs ? 3 : 0, 0};
+                             sc.docs ? 3 : 0, 0, 0};
     // The scale the library resolves: 1/sqrt(D) in float.
     const double scale = 1.0f / std::sqrt(static_cast<float>(D));
     ref.t[0].resize(B * S * HQ * D);
@@ -302,7 +302,7 @@ Reference ConventionOracle(const Scenario &sc, const Inputs &in,
     ref.t[3].assign(S * HKV * D, 0.0);
     ref.t[4].assign(S * HKV * D, 0.0);
     ctxpar_mask_desc mask = {sc.mask == CTXPAR_MASK_CAUSAL, sc.window, sc.docs ? kDocs : nullptr,
-                             sc.docs ? 3 : 0, 0};
+                             sc.docs ? 3 : 0, 0, 0};
     const double scale = 1.0f / std::sqrt(static_cast<float>(D));
     for (int64_t h = 0; h < HQ; h++) {
         const int64_t g = h / (HQ / HKV);

@@ -71,7 +71,7 @@ TEST(OracleFwd, CausalFirstRowSeesOnlyItselfLastRowSeesAll) {
     const int64_t S = 4, D = 2;
     cpt_oracle_shape sh = {1, S, S, 1, 1, D};
     Vec q = Random(0, S * D), k = Random(1, S * D), v = Random(2, S * D);
-    ctxpar_mask_desc causal = {1, 0, nullptr, 0, 0};
+    ctxpar_mask_desc causal = {1, 0, nullptr, 0, 0, 0};
     Result r = Fwd(sh, q, k, v, nullptr, nullptr, &causal, 0.7);
     EXPECT_DOUBLE_EQ(r.out[0], v[0]);
     EXPECT_DOUBLE_EQ(r.out[1], v[1]);
@@ -97,7 +97,7 @@ TEST(OracleFwd, FullyMaskedRowIsZeroWithMinusInfLse) {
     cpt_oracle_shape sh = {1, 1, 2, 1, 1, 2};
     Vec q = {1.0, 2.0}, k = {1.0, 1.0, 2.0, 2.0}, v = {3.0, 3.0, 4.0, 4.0};
     int64_t qp[] = {0}, kp[] = {5, 6};
-    ctxpar_mask_desc causal = {1, 0, nullptr, 0, 0};
+    ctxpar_mask_desc causal = {1, 0, nullptr, 0, 0, 0};
     Result r = Fwd(sh, q, k, v, qp, kp, &causal);
     EXPECT_EQ(r.out[0], 0.0);
     EXPECT_EQ(r.out[1], 0.0);
@@ -119,13 +119,13 @@ TEST(OracleFwd, SlidingWindowKeepsTheLastWKeys) {
     const int64_t S = 5;
     cpt_oracle_shape sh = {1, S, S, 1, 1, 1};
     Vec q(S, 0.0), k = Random(1, S), v = {1.0, 2.0, 4.0, 8.0, 16.0};
-    ctxpar_mask_desc win = {1, 2, nullptr, 0, 0};
+    ctxpar_mask_desc win = {1, 2, nullptr, 0, 0, 0};
     Result r = Fwd(sh, q, k, v, nullptr, nullptr, &win);
     EXPECT_DOUBLE_EQ(r.out[4], 12.0);
     EXPECT_NEAR(r.lse[4], std::log(2.0), 1e-15);
     EXPECT_DOUBLE_EQ(r.out[0], 1.0);
     // Without causal the window still cuts keys far in the past, but not the future.
-    ctxpar_mask_desc win_only = {0, 2, nullptr, 0, 0};
+    ctxpar_mask_desc win_only = {0, 2, nullptr, 0, 0, 0};
     r = Fwd(sh, q, k, v, nullptr, nullptr, &win_only);
     EXPECT_NEAR(r.out[2], (2.0 + 4.0 + 8.0 + 16.0) / 4.0, 1e-14);
 }
@@ -136,7 +136,7 @@ TEST(OracleFwd, DocumentsDoNotSeeEachOther) {
     cpt_oracle_shape sh = {1, S, S, 1, 1, 1};
     Vec q(S, 0.0), k = Random(1, S), v = {1.0, 2.0, 4.0, 8.0, 16.0};
     int32_t cu[] = {0, 2, 5};
-    ctxpar_mask_desc docs = {0, 0, cu, 2, 0};
+    ctxpar_mask_desc docs = {0, 0, cu, 2, 0, 0};
     Result r = Fwd(sh, q, k, v, nullptr, nullptr, &docs);
     EXPECT_NEAR(r.out[0], 1.5, 1e-15);
     EXPECT_NEAR(r.out[1], 1.5, 1e-15);
@@ -159,7 +159,7 @@ TEST(OracleFwd, GqaEqualsExpandedHeads) {
                     ke[((b * S + s) * Hq + h) * D + d] = k[((b * S + s) * Hk + h / 2) * D + d];
                     ve[((b * S + s) * Hq + h) * D + d] = v[((b * S + s) * Hk + h / 2) * D + d];
                 }
-    ctxpar_mask_desc causal = {1, 0, nullptr, 0, 0};
+    ctxpar_mask_desc causal = {1, 0, nullptr, 0, 0, 0};
     Result g = Fwd(sh, q, k, v, nullptr, nullptr, &causal, 0.5);
     cpt_oracle_shape mha = {B, S, S, Hq, Hq, D};
     Result e = Fwd(mha, q, ke, ve, nullptr, nullptr, &causal, 0.5);
@@ -267,7 +267,7 @@ TEST(OracleBwd, MatchesFiniteDifferencesGqaCausalWindowDocs) {
     c.q_pos = {0, 1, 2, 3, 4, 5};
     c.k_pos = c.q_pos;
     static const int32_t cu[] = {0, 2, 6};
-    c.mask = {1, 3, cu, 2, 0};
+    c.mask = {1, 3, cu, 2, 0, 0};
     CheckAgainstFiniteDifferences(c);
 }
 
@@ -277,7 +277,7 @@ TEST(OracleBwd, MatchesFiniteDifferencesCrossBlockWithMaskedRows) {
     c.sh = {1, 4, 5, 2, 1, 4};
     c.q_pos = {0, 1, 5, 6};
     c.k_pos = {2, 3, 4, 5, 6};
-    c.mask = {1, 0, nullptr, 0, 0};
+    c.mask = {1, 0, nullptr, 0, 0, 0};
     CheckAgainstFiniteDifferences(c);
 }
 
@@ -286,7 +286,7 @@ TEST(OracleBwd, MatchesFiniteDifferencesNoMask) {
     c.sh = {1, 3, 7, 3, 3, 2};
     c.q_pos = {0, 1, 2};
     c.k_pos = {0, 1, 2, 3, 4, 5, 6};
-    c.mask = {0, 0, nullptr, 0, 0};
+    c.mask = {0, 0, nullptr, 0, 0, 0};
     CheckAgainstFiniteDifferences(c);
 }
 
@@ -298,7 +298,7 @@ TEST(OracleBwd, MatchesFiniteDifferencesMlaSoftcapSinks) {
     c.sh = {1, 4, 4, 4, 2, 5};
     c.q_pos = {0, 2, 3, 5};
     c.k_pos = {1, 2, 3, 4};
-    c.mask = {1, 0, nullptr, 0, 0};
+    c.mask = {1, 0, nullptr, 0, 0, 0};
     c.f.head_dim_v = 3;
     c.f.softcap = 0.7;
     c.sinks = {0.3, -1.2, 2.0, 0.0};
@@ -312,7 +312,7 @@ TEST(OracleBwd, MatchesFiniteDifferencesTwoSidedWindowPerRowDocs) {
     c.sh = {2, 6, 6, 2, 1, 3};
     c.q_pos = {0, 1, 2, 3, 4, 5};
     c.k_pos = c.q_pos;
-    c.mask = {0, 2, nullptr, 0, 1};
+    c.mask = {0, 2, nullptr, 0, 1, 0};
     static const int32_t cu[] = {0, 0, 4, 6, 6, /* row 1 */ 0, 1, 1, 1, 6};
     c.f.row_cu_seqlens = cu;
     c.f.row_num_docs = 4;
@@ -332,7 +332,7 @@ TEST(OracleFwd, SinkAddsOnceToTheDenominator) {
     EXPECT_NEAR(out[0], (2.0 * std::exp(1.0) + 4.0) / z, 1e-15);
     EXPECT_NEAR(lse[0], std::log(z), 1e-15);
     // Nothing visible: out 0 and lse = the sink (a row is never empty with a sink).
-    ctxpar_mask_desc causal = {1, 0, nullptr, 0, 0};
+    ctxpar_mask_desc causal = {1, 0, nullptr, 0, 0, 0};
     const int64_t qp[] = {0}, kp[] = {1, 2};
     cpt_oracle_fwd_ex(&sh, q.data(), k.data(), v.data(), qp, kp, &causal, &f, 1.0, out.data(),
                       lse.data());
@@ -359,7 +359,7 @@ TEST(OracleFwd, RightWindowAndPerRowEmptyDocuments) {
     cpt_oracle_features f = {};
     f.row_cu_seqlens = cu;
     f.row_num_docs = 3;
-    const ctxpar_mask_desc right = {0, 0, nullptr, 0, 1};
+    const ctxpar_mask_desc right = {0, 0, nullptr, 0, 1, 0};
     Vec q(8, 0.0), k(8, 0.0), v(8); // equal scores: out is the mean of the visible values
     for (int i = 0; i < 8; i++)
         v[i] = i % 4;

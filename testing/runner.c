@@ -94,15 +94,18 @@ static ctxpar_tensor global_view(const cpt_run_config *cfg, void *data, int i) {
 ctxpar_status cpt_run_outputs_place(const cpt_run_config *cfg, int rank, int nranks,
                                        const cpt_rank_outputs *local,
                                        cpt_run_outputs *global) {
-    int64_t seq = cfg->seq / nranks;
+    int64_t seq = cpt_run_local_seq(cfg, rank, nranks);
+    if (seq < 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "seq %lld cannot be sharded", (long long)cfg->seq);
     for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         if (!has_tensor(cfg, i) || !local->t[i])
             continue;
         if (i == CPT_T_LSE) { // [B, H, S]: place by positions
-            int64_t *pos = malloc((size_t)seq * sizeof *pos);
+            int64_t *pos = malloc((size_t)seq * sizeof *pos + 1);
             if (!pos)
                 return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
-            ctxpar_status st = ctxpar_positions(cfg->params.layout, cfg->seq, rank, nranks, pos);
+            ctxpar_status st = ctxpar_positions_assigned(
+                cfg->params.layout, cfg->params.assignment, cfg->seq, rank, nranks, pos);
             const float *src = local->t[i];
             float *dst = global->t[i];
             for (int64_t bh = 0; st == CTXPAR_OK && bh < cfg->batch * cfg->heads; bh++)
@@ -115,7 +118,8 @@ ctxpar_status cpt_run_outputs_place(const cpt_run_config *cfg, int rank, int nra
         ctxpar_tensor g = global_view(cfg, global->t[i], i);
         ctxpar_tensor l = ctxpar_tensor_bshd(local->t[i], cfg->dtype, cfg->batch, seq, g.shape[2],
                                cfg->head_dim);
-        CTXPAR_CHECK(ctxpar_unshard(cfg->params.layout, rank, nranks, &l, &g));
+        CTXPAR_CHECK(ctxpar_unshard_assigned(cfg->params.layout, cfg->params.assignment, rank,
+                                             nranks, &l, &g));
     }
     return CTXPAR_OK;
 }
@@ -224,24 +228,44 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
     cpt_run_fill_global_f64(cfg, CPT_RUN_ID_V, v);
     for (int64_t i = 0; i < cfg->seq; i++)
         pos[i] = i;
-    cpt_oracle_shape shape = {cfg->batch, cfg->seq,      cfg->seq,
-                                 cfg->heads, cfg->kv_heads, cfg->head_dim};
-    ctxpar_mask_desc mask = cpt_oracle_mask(&cfg->params);
     double scale = cfg->params.softmax_scale != 0.0f ? (double)cfg->params.softmax_scale
                                                      : 1.0 / sqrt((double)cfg->head_dim);
     // The library resolves the default scale in float; use the same value.
     if (cfg->params.softmax_scale == 0.0f)
         scale = (double)(1.0f / sqrtf((float)cfg->head_dim));
-    cpt_oracle_fwd(&shape, q, k, v, pos, pos, &mask, scale, o->t[CPT_T_OUT],
-                      o->t[CPT_T_LSE]);
-    if (cfg->backward) {
+    if (cfg->backward)
         cpt_run_fill_global_f64(cfg, CPT_RUN_ID_DOUT, dout);
-        cpt_oracle_bwd(&shape, q, k, v, pos, pos, &mask, scale, dout, o->t[CPT_T_DQ],
-                          o->t[CPT_T_DK], o->t[CPT_T_DV]);
+    // Documents per batch row: the oracle runs row by row, each with its row's documents.
+    const int per_row = cfg->params.cu_seqlens && cfg->params.cu_seqlens_rows > 0;
+    const int64_t rows = per_row ? cfg->batch : 1, S = cfg->seq;
+    for (int64_t b = 0; st == CTXPAR_OK && b < rows; b++) {
+        cpt_oracle_shape shape = {per_row ? 1 : cfg->batch, S, S, cfg->heads, cfg->kv_heads,
+                                  cfg->head_dim};
+        ctxpar_mask_desc mask = cpt_oracle_mask(&cfg->params);
+        if (per_row)
+            mask.cu_seqlens += b * (cfg->params.num_docs + 1);
+        // Offsets of row b in each global tensor: [B, S, H, D] and lse [B, H, S].
+        const size_t qo = (size_t)(b * S * cfg->heads * cfg->head_dim),
+                     ko = (size_t)(b * S * cfg->kv_heads * cfg->head_dim),
+                     lo = (size_t)(b * S * cfg->heads);
+        const size_t off[CPT_RUN_TENSORS] = {qo, lo, qo, ko, ko};
+        double *t[CPT_RUN_TENSORS], *m[CPT_RUN_TENSORS], *m16[CPT_RUN_TENSORS];
+        for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+            t[i] = o->t[i] ? o->t[i] + off[i] : NULL;
+            m[i] = o->mag[i] ? o->mag[i] + off[i] : NULL;
+            m16[i] = o->mag16[i] ? o->mag16[i] + off[i] : NULL;
+        }
+        const double *dq = dout ? dout + qo : NULL;
+        cpt_oracle_fwd(&shape, q + qo, k + ko, v + ko, pos, pos, &mask, scale, t[CPT_T_OUT],
+                       t[CPT_T_LSE]);
+        if (cfg->backward)
+            cpt_oracle_bwd(&shape, q + qo, k + ko, v + ko, pos, pos, &mask, scale, dq,
+                           t[CPT_T_DQ], t[CPT_T_DK], t[CPT_T_DV]);
+        cpt_magnitudes mag = {{m[0], m[1], m[2], m[3], m[4]},
+                              {m16[0], m16[1], m16[2], m16[3], m16[4]}};
+        st = cpt_bound_magnitudes_masked(&shape, q + qo, k + ko, v + ko, dq, pos, pos, &mask,
+                                         scale, &mag);
     }
-    cpt_magnitudes mag = {{o->mag[0], o->mag[1], o->mag[2], o->mag[3], o->mag[4]},
-                          {o->mag16[0], o->mag16[1], o->mag16[2], o->mag16[3], o->mag16[4]}};
-    st = cpt_bound_magnitudes_masked(&shape, q, k, v, dout, pos, pos, &mask, scale, &mag);
 done:
     free(q);
     free(k);
@@ -311,13 +335,15 @@ static ctxpar_status bound_verdict(const cpt_run_config *cfg, const cpt_run_outp
     }
     w->bound = cpt_bound_elem(cfg->dtype, i == CPT_T_LSE, o->mag[i][x],
                                  o->mag16[i] ? o->mag16[i][x] : 0.0, o->t[i][x]);
-    int64_t *pos = malloc((size_t)(S / cfg->ranks) * sizeof *pos + 1);
+    int64_t *pos = malloc((size_t)S * sizeof *pos);
     if (!pos)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
     ctxpar_status st = CTXPAR_OK;
     for (int r = 0; st == CTXPAR_OK && w->rank < 0 && r < cfg->ranks; r++) {
-        st = ctxpar_positions(cfg->params.layout, S, r, cfg->ranks, pos);
-        for (int64_t s = 0; st == CTXPAR_OK && s < S / cfg->ranks; s++)
+        st = ctxpar_positions_assigned(cfg->params.layout, cfg->params.assignment, S, r,
+                                       cfg->ranks, pos);
+        const int64_t n = cpt_run_local_seq(cfg, r, cfg->ranks);
+        for (int64_t s = 0; st == CTXPAR_OK && s < n; s++)
             if (pos[s] == w->position)
                 w->rank = r;
     }
@@ -388,9 +414,6 @@ ctxpar_status cpt_run_check_config(const cpt_run_config *cfg) {
         cfg->head_dim < 1)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "batch, seq, heads, kv-heads and dim must "
                                                     "be >= 1");
-    if (cfg->seq % cfg->ranks != 0)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "seq (%lld) does not divide by ranks (%d)",
-                            (long long)cfg->seq, cfg->ranks);
     if (cfg->heads % cfg->kv_heads != 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "heads (%lld) is not a multiple of kv-heads "
                                                     "(%lld)",
@@ -452,6 +475,10 @@ ctxpar_status cpt_run_finish(const cpt_run_config *cfg, cpt_run_result *res) {
         c1.ranks = 1;
         c1.params.ulysses = 0; // one rank: a group of one (the hybrid's only choice)
         c1.trace = NULL;
+        if (c1.params.layout == CTXPAR_LAYOUT_CUSTOM) { // one rank holds everything in order
+            c1.params.layout = CTXPAR_LAYOUT_CONTIGUOUS;
+            c1.params.assignment = NULL;
+        }
         double fwd_1;
         st = cpt_run_collect(&c1, 1, &single, &r1, &res->time_single_s, &fwd_1,
                                 &res->single_rank_peak_bytes);

@@ -19,6 +19,14 @@ static ctxpar_tensor input_view(const cpt_run_config *cfg, int id) {
     return ctxpar_tensor_bshd((void *)p, cfg->dtype, cfg->batch, cfg->seq, heads, cfg->head_dim);
 }
 
+int64_t cpt_run_local_seq(const cpt_run_config *cfg, int rank, int nranks) {
+    int64_t n = -1;
+    if (ctxpar_shard_count(cfg->params.layout, cfg->params.assignment, cfg->seq, rank, nranks,
+                           &n) != CTXPAR_OK)
+        return -1;
+    return n;
+}
+
 ctxpar_status cpt_run_fill_local(const cpt_run_config *cfg, int id, int rank, int nranks,
                                     const int64_t *pos, ctxpar_tensor *local) {
     if (!cfg->inputs) {
@@ -26,7 +34,8 @@ ctxpar_status cpt_run_fill_local(const cpt_run_config *cfg, int id, int rank, in
         return CTXPAR_OK;
     }
     ctxpar_tensor g = input_view(cfg, id);
-    return ctxpar_shard(cfg->params.layout, rank, nranks, &g, local);
+    return ctxpar_shard_assigned(cfg->params.layout, cfg->params.assignment, rank, nranks, &g,
+                                 local);
 }
 
 void cpt_run_fill_global_f64(const cpt_run_config *cfg, int id, double *dst) {
@@ -66,6 +75,9 @@ ctxpar_status cpt_run_resolve_docs(const cpt_run_config *cfg, cpt_run_config *co
                                       int32_t **cu_out) {
     *copy_out = *cfg;
     *cu_out = NULL;
+    // Shards may be uneven: every rank is told the total (params.seq_len_global).
+    if (copy_out->params.seq_len_global == 0)
+        copy_out->params.seq_len_global = cfg->seq;
     if (cfg->docs <= 0 || cfg->params.cu_seqlens)
         return CTXPAR_OK;
     if (cfg->docs > cfg->seq)

@@ -14,6 +14,9 @@ enum { CPT_RUN_ID_Q = 1, CPT_RUN_ID_K = 2, CPT_RUN_ID_V = 3, CPT_RUN_ID_DOUT = 4
 /* Fills `local` ([B, S/P, H, D], host, the run's dtype) with the rows of global input `id`
  * (CPT_RUN_ID_*) that `rank` of `nranks` holds: from cfg->inputs when given (sharded by the
  * layout), else from the generator at the global positions pos. */
+/* Tokens rank holds of cfg->seq under the layout (and CUSTOM's assignment); -1 if invalid. */
+int64_t cpt_run_local_seq(const cpt_run_config *cfg, int rank, int nranks);
+
 ctxpar_status cpt_run_fill_local(const cpt_run_config *cfg, int id, int rank, int nranks,
                                     const int64_t *pos, ctxpar_tensor *local);
 

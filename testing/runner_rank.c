@@ -75,7 +75,9 @@ static ctxpar_status alloc_local(local_set *t) {
         t->bytes[i] = i == L_LSE ? (size_t)(c->batch * c->heads * t->seq) * sizeof(float)
                                  : (size_t)(c->batch * t->seq * slot_heads(c, i) * c->head_dim) *
                                        ctxpar_dtype_size(c->dtype);
-        t->host[i] = calloc(1, t->bytes[i] ? t->bytes[i] : 1);
+        if (t->bytes[i] == 0) // a rank with no tokens still passes real (unread) pointers
+            t->bytes[i] = 1;
+        t->host[i] = calloc(1, t->bytes[i]);
         if (!t->host[i])
             return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %zu host bytes",
                                 t->bytes[i]);
@@ -168,12 +170,17 @@ void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *co
     char stage[32];
     snprintf(stage, sizeof stage, "%d rank%s", P, P > 1 ? "s" : "");
     ctxpar_context *ctx = NULL;
-    local_set t = {.cfg = cfg, .dev = dev, .seq = cfg->seq / P};
+    local_set t = {.cfg = cfg, .dev = dev, .seq = cpt_run_local_seq(cfg, rank, P)};
     int64_t *pos = malloc((size_t)t.seq * sizeof *pos + 1);
     double *times = malloc((size_t)reps * sizeof *times);
     double *fwd_times = malloc((size_t)reps * sizeof *fwd_times);
     rank_trace rt = {cfg, rank, 0, 0, 0, 0};
     ctxpar_status st;
+    if (t.seq < 0) {
+        fail(r, CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "seq %lld cannot be sharded: %s",
+                             (long long)cfg->seq, ctxpar_last_error()), rank);
+        goto done;
+    }
     if (!pos || !times || !fwd_times) {
         fail(r, CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %d timings", reps), rank);
         goto done;
@@ -183,7 +190,9 @@ void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *co
     opts.verify_transfers = cfg->verify_transfers;
     CTXPAR_CHECK_GOTO(ctxpar_context_create(dev, comm, &opts, &ctx), st, failed);
     CTXPAR_CHECK_GOTO(ctxpar_context_set_trace(ctx, on_event, &rt), st, failed);
-    CTXPAR_CHECK_GOTO(ctxpar_positions(cfg->params.layout, cfg->seq, rank, P, pos), st, failed);
+    CTXPAR_CHECK_GOTO(ctxpar_positions_assigned(cfg->params.layout, cfg->params.assignment,
+                                                cfg->seq, rank, P, pos),
+                      st, failed);
     CTXPAR_CHECK_GOTO(fill_inputs(&t, rank, P, pos), st, failed);
     ctxpar_tensor q = slot_tensor(&t, L_Q, 1), k = slot_tensor(&t, L_K, 1);
     CTXPAR_CHECK_GOTO(ctxpar_attn_choose_algo(ctx, &cfg->params, &q, &k, &r->algo), st, failed);

@@ -251,10 +251,14 @@ class Context:
 
 
 def positions(layout, seq_global, rank, nranks):
-    """Global positions (int64 array) of the tokens `rank` holds in `layout`."""
-    n = int(seq_global) // max(int(nranks), 1)
-    pos = np.empty(n, dtype=np.int64)
-    _lib.check(_lib.lib.ctxpar_positions(_choice("layout", LAYOUTS, layout), int(seq_global),
+    """Global positions (int64 array) of the tokens `rank` holds in `layout`; any seq_global
+    >= 1 (uneven shards: the first ranks hold one token more, some may hold none)."""
+    lay = _choice("layout", LAYOUTS, layout)
+    n = ctypes.c_int64(0)
+    _lib.check(_lib.lib.ctxpar_shard_count(lay, None, int(seq_global), int(rank), int(nranks),
+                                           ctypes.byref(n)))
+    pos = np.empty(max(n.value, 1), dtype=np.int64)[:n.value]
+    _lib.check(_lib.lib.ctxpar_positions(lay, int(seq_global),
                                          int(rank), int(nranks),
                                          pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))))
     return pos
@@ -316,9 +320,7 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
     inputs = {n: _cast(x, dtype) for n, x in inputs.items()}
     b, s, hq, d = T.bshd_shape(inputs["q"], format)
     hk = T.bshd_shape(inputs["k"], format)[2]
-    unit = 2 * P if layout == "zigzag" else P
-    if s % unit:
-        raise ValueError(f"seq ({s}) must divide by {unit} for {P} ranks in layout '{layout}'")
+    _choice("layout", LAYOUTS, layout)
     # Argument errors surface here, on the caller's thread, before any rank starts.
     Context._views(inputs, format, dtype)
     _params(algo, layout, mask, window, cu_seqlens, scale, s)

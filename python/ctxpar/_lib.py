@@ -94,6 +94,7 @@ _SIGNATURES = {
                                 _P(Tensor), c_void_p, _P(Tensor), _P(Tensor), _P(Tensor),
                                 _P(Tensor), c_void_p]),
     "ctxpar_positions": (c_int, [c_int, c_int64, c_int, c_int, _P(c_int64)]),
+    "ctxpar_shard_count": (c_int, [c_int, c_void_p, c_int64, c_int, c_int, _P(c_int64)]),
 }
 for _name, (_res, _args) in _SIGNATURES.items():
     _fn = getattr(lib, _name)

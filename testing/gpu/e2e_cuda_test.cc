@@ -226,7 +226,7 @@ TEST_P(EndToEndCuda, MatchesOracleAndSingleRank) {
     for (int64_t i = 0; i < S; i++)
         pos[(size_t)i] = i;
     cpt_oracle_shape sh = {B, S, S, Hq, Hkv, D};
-    ctxpar_mask_desc m = {c.mask == CTXPAR_MASK_CAUSAL, 0, nullptr, 0, 0};
+    ctxpar_mask_desc m = {c.mask == CTXPAR_MASK_CAUSAL, 0, nullptr, 0, 0, 0};
     std::vector<double> out(q.size()), lse((size_t)(B * Hq * S)), dq(q.size()), dk(k.size()),
         dv(k.size());
     const double scale = (double)(1.0f / std::sqrt((float)D)); // the library's default, in F32

@@ -29,7 +29,7 @@ typedef struct cpt_audit_state {
     ctxpar_dtype file_dtype; /* the inputs' */
     void *converted[4];
     int32_t *cu_seqlens;
-    int64_t num_docs;
+    int64_t num_docs, cu_seqlens_rows;
     cpt_run_inputs inputs;
 } cpt_audit_state;
 

@@ -47,13 +47,14 @@ static int file_exists(const char *path) {
 // TransformerEngine's THD zigzag: each document in 2P chunks, rank r holding r and 2P-1-r.
 static int per_document(const cpt_audit_layout *lay) {
     return lay->format == CPT_TFORMAT_THD && lay->layout == CTXPAR_LAYOUT_ZIGZAG &&
-           lay->cu_seqlens && lay->num_docs > 0;
+           lay->cu_seqlens && lay->num_docs > 0 && lay->cu_seqlens_rows == 0;
 }
 
 ctxpar_status cpt_audit_positions(const cpt_audit_layout *lay, int64_t seq, int rank,
                                      int64_t *pos_out) {
     if (!per_document(lay))
-        return ctxpar_positions(lay->layout, seq, rank, lay->ranks, pos_out);
+        return ctxpar_positions_assigned(lay->layout, lay->assignment, seq, rank, lay->ranks,
+                                         pos_out);
     const int64_t two_p = 2 * (int64_t)lay->ranks;
     int64_t n = 0;
     for (int64_t d = 0; d < lay->num_docs; d++) {
@@ -75,13 +76,18 @@ ctxpar_status cpt_audit_positions(const cpt_audit_layout *lay, int64_t seq, int 
 }
 
 ctxpar_status cpt_audit_owners(const cpt_audit_layout *lay, int64_t seq, int *owner) {
-    int64_t *pos = malloc((size_t)(seq / lay->ranks) * sizeof *pos + 1);
+    int64_t *pos = malloc((size_t)seq * sizeof *pos + 1);
     if (!pos)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
     ctxpar_status st = CTXPAR_OK;
     for (int r = 0; st == CTXPAR_OK && r < lay->ranks; r++) {
-        st = cpt_audit_positions(lay, seq, r, pos);
-        for (int64_t i = 0; st == CTXPAR_OK && i < seq / lay->ranks; i++)
+        // Shards may be uneven (any seq): each rank's own count.
+        int64_t n = per_document(lay) ? seq / lay->ranks : 0;
+        if (!per_document(lay))
+            st = ctxpar_shard_count(lay->layout, lay->assignment, seq, r, lay->ranks, &n);
+        if (st == CTXPAR_OK)
+            st = cpt_audit_positions(lay, seq, r, pos);
+        for (int64_t i = 0; st == CTXPAR_OK && i < n; i++)
             owner[pos[i]] = r;
     }
     free(pos);
@@ -448,6 +454,9 @@ static ctxpar_status write_group(const char *pattern, int rank, int count, const
         int64_t seq = lse[i] ? t[i].dims[2] : t[i].dims[1], rows = seq;
         if (rank >= 0) {
             rows = seq / lay->ranks;
+            if (!per_document(lay)) // any seq: the rank's own count
+                st = ctxpar_shard_count(lay->layout, lay->assignment, seq, rank, lay->ranks,
+                                        &rows);
             free(pos);
             pos = malloc((size_t)rows * sizeof *pos + 1);
             st = pos ? cpt_audit_positions(lay, seq, rank, pos)

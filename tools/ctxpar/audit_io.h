@@ -48,6 +48,8 @@ typedef struct cpt_audit_layout {
     ctxpar_layout layout;
     const int32_t *cu_seqlens; /* NULL: one sequence */
     int64_t num_docs;
+    const int32_t *assignment; /* --layout custom's (--assign) */
+    int64_t cu_seqlens_rows;   /* > 0: cu_seqlens is [rows, num_docs + 1], one row per batch row */
 } cpt_audit_layout;
 
 /* The seq / ranks global positions rank `rank` holds, in its local order. */

@@ -78,7 +78,7 @@ double Scale() {
 }
 
 ctxpar_mask_desc Causal() {
-    return ctxpar_mask_desc{1, 0, nullptr, 0, 0};
+    return ctxpar_mask_desc{1, 0, nullptr, 0, 0, 0};
 }
 
 // Two packed documents (THD) for the TransformerEngine-style tests: 16 and 48 tokens, each a

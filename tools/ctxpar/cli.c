@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "testing/npy.h"
 #include "testing/tensor_format.h"
 
 typedef enum opt_id {
@@ -16,6 +17,7 @@ typedef enum opt_id {
     O_LAYOUT, O_DOCS, O_BACKWARD, O_SEED, O_Q, O_K, O_V, O_DOUT, O_CU_SEQLENS, O_SAVE, O_THREADS,
     O_WARMUP, O_REPEAT, O_CHECK, O_NO_CHECK, O_SWEEP, O_PEAK, O_VERIFY, O_COMM, O_BACKEND, O_JSON,
     O_TRACE, O_INPUTS, O_AGAINST, O_SHARDS, O_FORMAT, O_LSE_BASE, O_LSE_LAYOUT, O_MAX_RATIO,
+    O_ASSIGN,
 } opt_id;
 
 enum { C = CPT_CMD_CHECK, A = CPT_CMD_AUDIT, B = CPT_CMD_BENCH };
@@ -61,7 +63,10 @@ static const opt options[] = {
      "two-sided window (with --mask none): query i sees keys k, k-i <= R"},
     {"--scale", O_SCALE, C | A | B, 0, "X", "softmax scale of q.k (finite, non-zero)"},
     {"--algo", O_ALGO, C | A | B, 0, "ring|allgather|alltoall|auto", "algorithm"},
-    {"--layout", O_LAYOUT, C | A | B, 0, "contiguous|zigzag|striped", "how tokens are sharded"},
+    {"--layout", O_LAYOUT, C | A | B, 0, "contiguous|zigzag|striped|custom",
+     "how tokens are sharded (any --seq: uneven shards differ by at most one token)"},
+    {"--assign", O_ASSIGN, C | A | B, 0, "ASSIGN.npy",
+     "with --layout custom: int32/int64 [seq], the rank holding each token"},
     {"--docs", O_DOCS, C | B, 0, "N",
      "pack N documents of varied lengths; attention stays inside each"},
     {"--backward", O_BACKWARD, C | B, 1, NULL, "also run the backward pass (dq, dk, dv)"},
@@ -97,7 +102,7 @@ static int algo_names(const char *names[MAX_ALGOS]) {
     }
     return n;
 }
-static const char *const layout_names[] = {"contiguous", "zigzag", "striped"};
+static const char *const layout_names[] = {"contiguous", "zigzag", "striped", "custom"};
 static const char *const comm_names[] = {"local", "mpi"};
 
 // The registry's names, "cpu, cuda".
@@ -317,7 +322,7 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
         return 1;
     }
     case O_LAYOUT:
-        if (!pick(val, layout_names, 3, &e))
+        if (!pick(val, layout_names, 4, &e))
             return 0;
         c->params.layout = (ctxpar_layout)e;
         return 1;
@@ -358,6 +363,7 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
     case O_V: cli->v_path = val; return 1;
     case O_DOUT: cli->dout_path = val; return 1;
     case O_CU_SEQLENS: cli->cu_seqlens_path = val; return 1;
+    case O_ASSIGN: cli->assign_path = val; return 1;
     case O_SAVE: cli->save_dir = val; return 1;
     case O_INPUTS: cli->inputs_path = val; return 1;
     case O_AGAINST: cli->against_path = val; return 1;
@@ -433,7 +439,53 @@ static const opt *find_option(const char *a, size_t len) {
 }
 
 // What no single flag can check: lists only with --sweep, required files, and so on.
+// --assign FILE.npy: int32 or int64 [seq], read once (the tool holds it until the next parse;
+// the library checks each value is a rank).
+static int32_t *loaded_assignment;
+
+static int load_assignment(const char *cmd, cpt_cli *cli, FILE *err) {
+    if ((cli->cfg.params.layout == CTXPAR_LAYOUT_CUSTOM) != (cli->assign_path != NULL)) {
+        fprintf(err, "ctxpar %s: --layout custom and --assign FILE.npy go together\n", cmd);
+        return 0;
+    }
+    if (!cli->assign_path)
+        return 1;
+    if (cli->shards_pattern || cli->sweep) {
+        fprintf(err, "ctxpar %s: --layout custom does not combine with %s\n", cmd,
+                cli->sweep ? "--sweep" : "--shards");
+        return 0;
+    }
+    cpt_npy_array a;
+    if (cpt_npy_read(cli->assign_path, &a) != CTXPAR_OK) {
+        fprintf(err, "ctxpar %s: %s\n", cmd, ctxpar_last_error());
+        return 0;
+    }
+    int ok = (a.dtype == CPT_NPY_I32 || a.dtype == CPT_NPY_I64) && a.ndim == 1 && a.count > 0;
+    if (!ok)
+        fprintf(err, "ctxpar %s: %s: want a 1-D int32 or int64 array (the rank of each token)\n",
+                cmd, cli->assign_path);
+    free(loaded_assignment);
+    loaded_assignment = ok ? malloc(a.count * sizeof *loaded_assignment) : NULL;
+    for (size_t i = 0; ok && loaded_assignment && i < a.count; i++) {
+        int64_t v = a.dtype == CPT_NPY_I32 ? ((const int32_t *)a.data)[i]
+                                           : ((const int64_t *)a.data)[i];
+        loaded_assignment[i] = v < INT32_MIN || v > INT32_MAX ? -1 : (int32_t)v;
+    }
+    ok = ok && loaded_assignment;
+    if (ok && cli->cmd != A && (int64_t)a.count != cli->cfg.seq) {
+        fprintf(err, "ctxpar %s: %s holds %zu ranks but --seq is %lld\n", cmd, cli->assign_path,
+                a.count, (long long)cli->cfg.seq);
+        ok = 0;
+    }
+    cli->assign_len = (int64_t)a.count;
+    cli->cfg.params.assignment = ok ? loaded_assignment : NULL;
+    cpt_npy_free(&a);
+    return ok;
+}
+
 static int check_combination(const char *cmd, cpt_cli *cli, FILE *err) {
+    if (!load_assignment(cmd, cli, err))
+        return CPT_EXIT_USAGE;
     if (!cli->sweep && (cli->n_seqs > 1 || cli->n_ranks > 1)) {
         fprintf(err, "ctxpar %s: a list of values for --seq or --ranks needs --sweep\n", cmd);
         return CPT_EXIT_USAGE;

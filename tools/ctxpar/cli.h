@@ -29,6 +29,9 @@ typedef struct cpt_cli {
     int dtype_set;          /* --dtype was given (audit: else the files' dtype) */
     /* audit: the input files and where to save the results */
     const char *q_path, *k_path, *v_path, *dout_path, *cu_seqlens_path, *save_dir;
+    /* --assign: the file and its length (cfg.params.assignment points at its values) */
+    const char *assign_path;
+    int64_t assign_len;
     /* audit: --inputs, --against, --shards; the files' tensor_format.h conventions; the
      * verdict's --max-ratio */
     const char *inputs_path, *against_path, *shards_pattern;

@@ -86,8 +86,9 @@ static int check_inputs(const cpt_audit_state *a, const cpt_audit_layout *lay, c
     return 1;
 }
 
-// cu_seqlens: 1-D int32 or int64, 0 = c[0] < c[1] < ... < c[docs], each fitting int32 (that it
-// ends at seq is checked once q is read: shards of q are placed by it).
+// cu_seqlens: int32 or int64 [docs + 1], or [B, docs + 1] (each batch row its own documents),
+// each row 0 = c[0] <= c[1] <= ... <= c[docs], each fitting int32 (that each ends at seq, and
+// that B is the batch, is checked once q is read: shards of q are placed by it).
 static int read_cu_seqlens(const cpt_audit_src *src, cpt_audit_state *a, char *where,
                            size_t where_len, char *msg, size_t n) {
     cpt_npy_array c;
@@ -97,29 +98,36 @@ static int read_cu_seqlens(const cpt_audit_src *src, cpt_audit_state *a, char *w
     if (c.dtype != CPT_NPY_I32 && c.dtype != CPT_NPY_I64) {
         snprintf(msg, n, "%s: cu_seqlens has dtype %s; want int32 or int64", where,
                  cpt_npy_dtype_text(c.dtype));
-    } else if (c.ndim != 1 || c.shape[0] < 2) {
+    } else if (c.ndim < 1 || c.ndim > 2 || c.shape[c.ndim - 1] < 2 || c.shape[0] < 1) {
         snprintf(msg, n,
-                 "%s: cu_seqlens has %d dimensions and %zu entries; want [documents + 1] "
-                 "with at least 2 entries",
+                 "%s: cu_seqlens has %d dimensions and %zu entries; want [documents + 1] or "
+                 "[batch, documents + 1] with at least 2 entries a row",
                  where, c.ndim, c.count);
     } else if (!(a->cu_seqlens = malloc(c.count * sizeof *a->cu_seqlens))) {
         snprintf(msg, n, "%s: cannot allocate %zu entries", where, c.count);
     } else {
-        a->num_docs = (int64_t)c.count - 1;
+        const size_t row = (size_t)c.shape[c.ndim - 1];
+        a->num_docs = (int64_t)row - 1;
+        a->cu_seqlens_rows = c.ndim == 2 ? c.shape[0] : 0;
         ok = 1;
-        for (size_t i = 0; ok && i < c.count; i++) {
-            int64_t v = c.dtype == CPT_NPY_I32 ? ((const int32_t *)c.data)[i]
-                                                  : ((const int64_t *)c.data)[i];
+        for (size_t j = 0; ok && j < c.count; j++) {
+            const size_t i = j % row; // the entry within its row
+            int64_t v = c.dtype == CPT_NPY_I32 ? ((const int32_t *)c.data)[j]
+                                                  : ((const int64_t *)c.data)[j];
+            char at[48] = "";
+            if (c.ndim == 2)
+                snprintf(at, sizeof at, "[%zu]", j / row);
             if (v < INT32_MIN || v > INT32_MAX) {
-                snprintf(msg, n, "%s: cu_seqlens[%zu] = %lld does not fit in int32", where, i,
-                         (long long)v);
+                snprintf(msg, n, "%s: cu_seqlens%s[%zu] = %lld does not fit in int32", where, at,
+                         i, (long long)v);
                 ok = 0;
-            } else if ((i == 0 && v != 0) || (i > 0 && v < a->cu_seqlens[i - 1])) {
-                snprintf(msg, n, "%s: cu_seqlens[%zu] = %lld; want 0 first, then non-decreasing",
-                         where, i, (long long)v);
+            } else if ((i == 0 && v != 0) || (i > 0 && v < a->cu_seqlens[j - 1])) {
+                snprintf(msg, n,
+                         "%s: cu_seqlens%s[%zu] = %lld; want 0 first, then non-decreasing",
+                         where, at, i, (long long)v);
                 ok = 0;
             } else {
-                a->cu_seqlens[i] = (int32_t)v;
+                a->cu_seqlens[j] = (int32_t)v;
             }
         }
     }
@@ -219,6 +227,7 @@ static int configure(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
     c->backward = a->in[IN_DOUT].data != NULL;
     c->params.cu_seqlens = a->cu_seqlens;
     c->params.num_docs = a->cu_seqlens ? a->num_docs : 0;
+    c->params.cu_seqlens_rows = a->cu_seqlens ? a->cu_seqlens_rows : 0;
     c->keep_oracle = a->has_against;
     return 1;
 }
@@ -230,6 +239,8 @@ int cpt_audit_load(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
                                    cli->cfg.ranks,
                                    cli->cfg.params.layout,
                                    NULL,
+                                   0,
+                                   cli->cfg.params.assignment,
                                    0};
     const char *paths[N_IN + 1] = {cli->q_path, cli->k_path, cli->v_path, cli->dout_path,
                                    cli->cu_seqlens_path};
@@ -256,6 +267,7 @@ int cpt_audit_load(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
         return 0;
     a->lay.cu_seqlens = a->cu_seqlens;
     a->lay.num_docs = a->cu_seqlens ? a->num_docs : 0;
+    a->lay.cu_seqlens_rows = a->cu_seqlens ? a->cu_seqlens_rows : 0;
     for (int i = 0; i < N_IN; i++) {
         const cpt_audit_src *order[3] = {&a->files[i], &a->inputs_src, &a->shards};
         const cpt_audit_src *s = find(order, 3, in_names[i]);
@@ -277,10 +289,26 @@ int cpt_audit_load(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
     }
     if (!check_inputs(a, &a->lay, msg, n))
         return 0;
-    if (a->cu_seqlens && a->cu_seqlens[a->num_docs] != a->in[IN_Q].dims[1]) {
-        snprintf(msg, n,
-                 "%s: cu_seqlens ends at %d, but the sequence (q's dimension 1) has %lld tokens",
-                 cu_where, a->cu_seqlens[a->num_docs], (long long)a->in[IN_Q].dims[1]);
+    for (int64_t r = 0; a->cu_seqlens && r < (a->cu_seqlens_rows ? a->cu_seqlens_rows : 1); r++)
+        if (a->cu_seqlens[r * (a->num_docs + 1) + a->num_docs] != a->in[IN_Q].dims[1]) {
+            char row[48] = "";
+            if (a->cu_seqlens_rows)
+                snprintf(row, sizeof row, " row %lld", (long long)r);
+            snprintf(msg, n,
+                     "%s: cu_seqlens%s ends at %d, but the sequence (q's dimension 1) has %lld "
+                     "tokens",
+                     cu_where, row, a->cu_seqlens[r * (a->num_docs + 1) + a->num_docs],
+                     (long long)a->in[IN_Q].dims[1]);
+            return 0;
+        }
+    if (a->cu_seqlens_rows && a->cu_seqlens_rows != a->in[IN_Q].dims[0]) {
+        snprintf(msg, n, "%s: cu_seqlens has %lld rows, but the batch (q's dimension 0) is %lld",
+                 cu_where, (long long)a->cu_seqlens_rows, (long long)a->in[IN_Q].dims[0]);
+        return 0;
+    }
+    if (cli->assign_path && cli->assign_len != a->in[IN_Q].dims[1]) {
+        snprintf(msg, n, "%s: holds %lld ranks, but the sequence (q's dimension 1) has %lld tokens",
+                 cli->assign_path, (long long)cli->assign_len, (long long)a->in[IN_Q].dims[1]);
         return 0;
     }
     if ((cli->against_path || cli->shards_pattern) && !read_results(cli, a, msg, n))

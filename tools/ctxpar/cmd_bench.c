@@ -208,7 +208,7 @@ static void print_table(const cpt_run_config *c, const char *comm, const cpt_run
            ctxpar_layout_name(c->params.layout), ctxpar_mask_name(c->params.mask),
            ctxpar_dtype_name(c->dtype), c->backward ? "forward + backward" : "forward",
            (long long)c->batch, (long long)c->seq, (long long)c->heads, (long long)c->kv_heads,
-           (long long)c->head_dim, c->ranks, (long long)(c->seq / c->ranks),
+           (long long)c->head_dim, c->ranks, (long long)((c->seq + c->ranks - 1) / c->ranks),
            cpt_run_backend_name(c->backend), comm, c->repeat, c->warmup);
     if (peak->have)
         printf("              peak: %.1f GFLOP/s per core (%s FMA, measured), %d cores\n\n",

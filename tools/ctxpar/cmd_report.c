@@ -137,7 +137,7 @@ void cpt_report_table(FILE *f, const char *cmd, const cpt_run_config *c,
             ctxpar_layout_name(c->params.layout), ctxpar_mask_name(c->params.mask),
             c->params.num_docs > 0 || c->docs > 0 ? " + documents" : "",
             ctxpar_dtype_name(c->dtype), c->ranks,
-            (long long)(c->seq / c->ranks), (int)strlen(cmd) + 8, "",
+            (long long)((c->seq + c->ranks - 1) / c->ranks), (int)strlen(cmd) + 8, "",
             (long long)c->batch, (long long)c->heads, (long long)c->kv_heads,
             (long long)c->head_dim, c->backward ? "forward + backward" : "forward",
             cpt_run_backend_name(c->backend));

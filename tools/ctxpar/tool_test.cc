@@ -263,7 +263,7 @@ Expected Oracle(const Shape &sh, const Tensor &q, const Tensor &k, const Tensor 
     e.lse.resize(static_cast<size_t>(sh.b * sh.h * sh.s));
     cpt_oracle_shape os = {sh.b, sh.s, sh.s, sh.h, sh.hkv, sh.d};
     ctxpar_mask_desc mask = {causal ? 1 : 0, window, cu ? cu->data() : nullptr,
-                             cu ? static_cast<int64_t>(cu->size()) - 1 : 0, 0};
+                             cu ? static_cast<int64_t>(cu->size()) - 1 : 0, 0, 0};
     // The scale the library resolves: 1/sqrt(D) in float.
     double scale = static_cast<double>(1.0f / std::sqrt(static_cast<float>(sh.d)));
     cpt_oracle_fwd(&os, q.v.data(), k.v.data(), v.v.data(), nullptr, nullptr, &mask, scale,
@@ -404,6 +404,103 @@ std::vector<AuditCase> AuditCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tool, Audit, testing::ValuesIn(AuditCases()), AuditName);
+
+// Any length and any sharding: uneven built-in shards and a custom assignment (--assign) in
+// check; in audit a custom layout with documents per batch row (--cu-seqlens [B, docs + 1]),
+// the saved results against the fp64 oracle run row by row with each row's documents.
+TEST(AnySharding, CheckRunsUnevenAndCustomShards) {
+    Outcome o = Tool("check --seq 37 --ranks 4 --heads 2 --dim 16 --layout zigzag --mask causal "
+                     "--backward --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["ok"].b);
+    std::string dir = Dir("any_sharding"), a = dir + "/assign.npy";
+    std::vector<int32_t> assign(37);
+    for (size_t t = 0; t < assign.size(); t++)
+        assign[t] = static_cast<int32_t>((t * t + 3 * t) % 5 % 3); // rank 2 gets few tokens
+    int64_t n = 37;
+    ASSERT_EQ(cpt_npy_write(a.c_str(), CPT_NPY_I32, 1, &n, assign.data()), CTXPAR_OK);
+    o = Tool("check --seq 37 --ranks 3 --heads 2 --dim 16 --layout custom --assign '" + a +
+             "' --mask causal --algo allgather --backward --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["ok"].b);
+    EXPECT_EQ(j["config"]["layout"].str, "custom");
+    // Usage errors: the pair goes together, and the assignment covers --seq.
+    o = Tool("check --seq 37 --ranks 3 --layout custom");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("--layout custom and --assign"), std::string::npos) << o.err;
+    o = Tool("check --seq 36 --ranks 3 --layout custom --assign '" + a + "'");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("holds 37 ranks but --seq is 36"), std::string::npos) << o.err;
+    assign[11] = 3; // no rank 3 of 3
+    ASSERT_EQ(cpt_npy_write(a.c_str(), CPT_NPY_I32, 1, &n, assign.data()), CTXPAR_OK);
+    o = Tool("check --seq 37 --ranks 3 --layout custom --assign '" + a + "' --json");
+    EXPECT_NE(o.code, 0);
+    EXPECT_NE((o.out + o.err).find("params.assignment[11] (3)"), std::string::npos)
+        << o.err << o.out;
+}
+
+TEST(AnySharding, AuditCustomLayoutWithDocumentsPerRow) {
+    AuditFiles f = MakeAuditFiles("audit_any_sharding", CTXPAR_DTYPE_F32, false);
+    const Shape &s = f.sh; // batch 2, seq 64
+    const std::vector<int32_t> cu = {0, 10, 10, 40, 64, 0, 33, 50, 64, 64}; // [2, 5]
+    const int64_t cu_shape[2] = {2, 5};
+    ASSERT_EQ(cpt_npy_write((f.dir + "/cu2.npy").c_str(), CPT_NPY_I32, 2, cu_shape, cu.data()),
+              CTXPAR_OK);
+    std::vector<int64_t> assign(static_cast<size_t>(s.s)); // int64 on purpose
+    for (int64_t t = 0; t < s.s; t++) // per-document head-tail of row 0's documents, 3 ranks
+        assign[t] = t < 10 ? t * 6 / 10 : t < 40 ? (t - 10) * 6 / 30 : (t - 40) * 6 / 24;
+    for (auto &r : assign)
+        r = r < 3 ? r : 5 - r;
+    const int64_t an = s.s;
+    ASSERT_EQ(cpt_npy_write((f.dir + "/assign.npy").c_str(), CPT_NPY_I64, 1, &an, assign.data()),
+              CTXPAR_OK);
+    Outcome o = Tool("audit " + f.args + " --cu-seqlens '" + f.dir + "/cu2.npy' --ranks 3 " +
+                     "--layout custom --assign '" + f.dir + "/assign.npy' --mask causal --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["ok"].b);
+    // The oracle of each batch row with its own documents, against the saved rows.
+    const std::string d = f.dir + "/saved/";
+    const size_t qrow = static_cast<size_t>(s.s * s.h * s.d), krow = static_cast<size_t>(
+                                                                      s.s * s.hkv * s.d);
+    Expected all;
+    for (int64_t b = 0; b < s.b; b++) {
+        auto row = [&](const Tensor &t, size_t n) {
+            Tensor r{std::vector<double>(t.v.begin() + b * n, t.v.begin() + (b + 1) * n),
+                     {1, t.shape[1], t.shape[2], t.shape[3]}};
+            return r;
+        };
+        Tensor q = row(f.q, qrow), k = row(f.k, krow), v = row(f.v, krow), dout = row(f.dout, qrow);
+        std::vector<int32_t> cu_b(cu.begin() + b * 5, cu.begin() + (b + 1) * 5);
+        Expected e = Oracle({1, s.s, s.h, s.hkv, s.d}, q, k, v, &dout, true, 0, &cu_b);
+        for (auto p : {std::make_pair(&all.out, &e.out), std::make_pair(&all.lse, &e.lse),
+                       std::make_pair(&all.dq, &e.dq), std::make_pair(&all.dk, &e.dk),
+                       std::make_pair(&all.dv, &e.dv)})
+            p.first->insert(p.first->end(), p.second->begin(), p.second->end());
+    }
+    EXPECT_LE(SavedError(d + "out.npy", CPT_NPY_F32, {s.b, s.s, s.h, s.d}, all.out),
+              cpt_tolerance(CTXPAR_DTYPE_F32, "out"));
+    EXPECT_LE(SavedError(d + "lse.npy", CPT_NPY_F32, {s.b, s.h, s.s}, all.lse),
+              cpt_tolerance(CTXPAR_DTYPE_F32, "lse"));
+    EXPECT_LE(SavedError(d + "dq.npy", CPT_NPY_F32, {s.b, s.s, s.h, s.d}, all.dq),
+              cpt_tolerance(CTXPAR_DTYPE_F32, "dq"));
+    EXPECT_LE(SavedError(d + "dk.npy", CPT_NPY_F32, {s.b, s.s, s.hkv, s.d}, all.dk),
+              cpt_tolerance(CTXPAR_DTYPE_F32, "dk"));
+    EXPECT_LE(SavedError(d + "dv.npy", CPT_NPY_F32, {s.b, s.s, s.hkv, s.d}, all.dv),
+              cpt_tolerance(CTXPAR_DTYPE_F32, "dv"));
+    // A row count that is not the batch is refused, naming the file.
+    const int64_t bad_shape[2] = {1, 5};
+    ASSERT_EQ(cpt_npy_write((f.dir + "/cu1.npy").c_str(), CPT_NPY_I32, 2, bad_shape, cu.data()),
+              CTXPAR_OK);
+    o = Tool("audit " + f.args + " --cu-seqlens '" + f.dir + "/cu1.npy' --ranks 2");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("cu1.npy: cu_seqlens has 1 rows, but the batch"), std::string::npos)
+        << o.err;
+}
 
 TEST(AuditTable, PrintsTheTableAndSaysWhatWasSaved) {
     AuditFiles f = MakeAuditFiles("audit_table", CTXPAR_DTYPE_F32, false);
@@ -608,15 +705,19 @@ TEST_F(BadInputs, CuSeqlensFloat) {
     ExpectRejected("--cu-seqlens '" + p + "'", "cu_float.npy: cu_seqlens has dtype float32");
 }
 
-TEST_F(BadInputs, SeqDoesNotSplitOverTheRanks) {
-    // 64 tokens do not divide by 3 ranks: the harness says so before the library is called.
-    ExpectRejected("--ranks 3", "does not divide by ranks (3)");
+TEST_F(BadInputs, SeqThatDoesNotSplitEvenlyRuns) {
+    // 64 tokens over 3 ranks (and 128 ranks: some hold none): uneven shards, nothing padded.
+    for (const char *ranks : {"3", "128"}) {
+        Outcome o = Tool("audit --ranks " + std::string(ranks) + " --layout zigzag --q '" + q +
+                         "' --k '" + k + "' --v '" + v + "' --json");
+        EXPECT_EQ(o.code, 0) << ranks << " ranks: " << o.err << o.out;
+    }
 }
 
 TEST_F(BadInputs, LibraryRejection) {
-    // 64 tokens over 64 ranks is 1 token each: zigzag needs 2 chunks per rank. The library's
-    // own message is printed and the exit code is 2.
-    ExpectRejected("--ranks 64 --layout zigzag", "zigzag");
+    // All-to-all splits the 4 query heads over the ranks: not over 3. The library's own message
+    // is printed and the exit code is 2.
+    ExpectRejected("--ranks 3 --algo alltoall", "divide by the ranks (3)");
 }
 
 TEST_F(BadInputs, MissingQ) {

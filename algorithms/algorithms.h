@@ -143,6 +143,10 @@ void ctxpar_run_trace(const ctxpar_run *run, ctxpar_event_kind kind, const char 
 int ctxpar_block_account(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_spans q_pos,
                          ctxpar_spans k_pos);
 
+/* Whether any query of the q spans may see any key of the k spans (an exact SKIP claim when 0;
+ * with many spans, the lists are classified as a whole). */
+int ctxpar_spans_interact(const ctxpar_mask_desc *mask, ctxpar_spans q, ctxpar_spans k);
+
 /* Copies rank j's local rows (`local`: [B, S/P, H, D] in its shard order) to their global
  * positions in `global` ([B, S, H, D]), or back (to_global = 0). Any dtypes (cast). */
 ctxpar_status ctxpar_move_shard_rows(const ctxpar_run *run, const ctxpar_problem *pb, int j,

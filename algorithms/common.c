@@ -1,4 +1,6 @@
 // Services the algorithms share: tracing and work accounting.
+#include <stdlib.h>
+
 #include "algorithms.h"
 #include "ctxpar_count.h"
 
@@ -14,27 +16,36 @@ static int64_t floor_div(int64_t a, int64_t b) {
     return a / b - (a % b != 0 && (a < 0) != (b < 0));
 }
 
-// Exactly how many (q, k) pairs of two spans the mask lets through: for each query, the visible
-// keys form one interval of positions (causal, window and document bounds), and an interval holds
-// a closed-form number of a span's positions. O(len of the query span); a statistic only.
+// The keys a query at pos sees form one interval of positions [lo, hi] (causal, window and
+// document bounds; empty when lo > hi).
+static void visible_interval(const ctxpar_mask_desc *m, int64_t pos, int64_t seq_global,
+                             int64_t *lo_out, int64_t *hi_out) {
+    int64_t lo = 0, hi = seq_global - 1;
+    if (m->causal && pos < hi)
+        hi = pos;
+    if (m->window_left > 0 && pos - m->window_left + 1 > lo)
+        lo = pos - m->window_left + 1;
+    if (m->window_right > 0 && pos + m->window_right < hi)
+        hi = pos + m->window_right;
+    if (m->cu_seqlens) {
+        int64_t d = ctxpar_mask_doc_of(m, pos);
+        if (m->cu_seqlens[d] > lo)
+            lo = m->cu_seqlens[d];
+        if (m->cu_seqlens[d + 1] - 1 < hi)
+            hi = m->cu_seqlens[d + 1] - 1;
+    }
+    *lo_out = lo;
+    *hi_out = hi;
+}
+
+// Exactly how many (q, k) pairs of two spans the mask lets through: an interval holds a
+// closed-form number of a span's positions. O(len of the query span); a statistic only.
 static double visible_pairs(const ctxpar_mask_desc *m, const ctxpar_span *q, const ctxpar_span *k,
                             int64_t seq_global) {
     double n = 0;
     for (int64_t i = 0; i < q->len; i++) {
-        int64_t pos = q->start + i * q->stride, lo = 0, hi = seq_global - 1;
-        if (m->causal && pos < hi)
-            hi = pos;
-        if (m->window_left > 0 && pos - m->window_left + 1 > lo)
-            lo = pos - m->window_left + 1;
-        if (m->window_right > 0 && pos + m->window_right < hi)
-            hi = pos + m->window_right;
-        if (m->cu_seqlens) {
-            int64_t d = ctxpar_mask_doc_of(m, pos);
-            if (m->cu_seqlens[d] > lo)
-                lo = m->cu_seqlens[d];
-            if (m->cu_seqlens[d + 1] - 1 < hi)
-                hi = m->cu_seqlens[d + 1] - 1;
-        }
+        int64_t lo, hi;
+        visible_interval(m, q->start + i * q->stride, seq_global, &lo, &hi);
         // Positions k->start + t*k->stride in [lo, hi], for t in [0, k->len).
         int64_t t_lo = -floor_div(k->start - lo, k->stride),
                 t_hi = floor_div(hi - k->start, k->stride);
@@ -48,9 +59,105 @@ static double visible_pairs(const ctxpar_mask_desc *m, const ctxpar_span *q, con
     return n;
 }
 
+// Above this many (q span, k span) pairs (a custom layout's runs), classifying each pair would
+// cost as much as the attention: the lists are then classified as a whole (a SKIP is still an
+// exact claim; anything else runs the kernel, which masks element by element) and the visible
+// pairs are counted per query against the key runs' prefix sums.
+#define SPAN_PAIRS_MAX 256
+
+// Key runs in increasing order, stride 1, not overlapping: what the per-query count needs.
+static int sorted_runs(ctxpar_spans k) {
+    for (int j = 0; j < k.count; j++)
+        if ((k.span[j].stride != 1 && k.span[j].len > 1) ||
+            (j > 0 && k.span[j].start < k.span[j - 1].start + k.span[j - 1].len))
+            return 0;
+    return 1;
+}
+
+// Key positions <= x, from the runs' prefix sums (prefix[j]: positions in runs before j).
+static int64_t keys_upto(ctxpar_spans k, const int64_t *prefix, int64_t x) {
+    int lo = 0, hi = k.count - 1, at = -1; // the last run starting at or before x
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (k.span[mid].start <= x) {
+            at = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    if (at < 0)
+        return 0;
+    int64_t in = x - k.span[at].start + 1;
+    return prefix[at] + (in < k.span[at].len ? in : k.span[at].len);
+}
+
+static double visible_pairs_runs(const ctxpar_mask_desc *m, ctxpar_spans q, ctxpar_spans k,
+                                 const int64_t *prefix, int64_t seq_global) {
+    double n = 0;
+    for (int i = 0; i < q.count; i++)
+        for (int64_t t = 0; t < q.span[i].len; t++) {
+            int64_t lo, hi;
+            visible_interval(m, q.span[i].start + t * q.span[i].stride, seq_global, &lo, &hi);
+            if (hi >= lo)
+                n += (double)(keys_upto(k, prefix, hi) - keys_upto(k, prefix, lo - 1));
+        }
+    return n;
+}
+
+int ctxpar_spans_interact(const ctxpar_mask_desc *mask, ctxpar_spans q, ctxpar_spans k) {
+    if (q.count == 0 || k.count == 0)
+        return 0;
+    int64_t qmin, qmax, kmin, kmax;
+    if ((int64_t)q.count * k.count > SPAN_PAIRS_MAX) {
+        ctxpar_spans_range(q, &qmin, &qmax);
+        ctxpar_spans_range(k, &kmin, &kmax);
+        return ctxpar_mask_classify(mask, qmin, qmax, kmin, kmax) != CTXPAR_BLOCK_SKIP;
+    }
+    for (int i = 0; i < q.count; i++)
+        for (int j = 0; j < k.count; j++) {
+            ctxpar_spans_range((ctxpar_spans){&q.span[i], 1}, &qmin, &qmax);
+            ctxpar_spans_range((ctxpar_spans){&k.span[j], 1}, &kmin, &kmax);
+            if (ctxpar_mask_classify(mask, qmin, qmax, kmin, kmax) != CTXPAR_BLOCK_SKIP)
+                return 1;
+        }
+    return 0;
+}
+
+// Many runs: one block for the whole lists, its pairs counted per query (see SPAN_PAIRS_MAX).
+static int account_runs(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_spans q_pos,
+                        ctxpar_spans k_pos, int *live) {
+    int64_t *prefix = malloc(sizeof *prefix * (size_t)k_pos.count);
+    if (!prefix)
+        return 0; // the pair by pair count instead
+    for (int j = 0; j < k_pos.count; j++)
+        prefix[j] = j == 0 ? 0 : prefix[j - 1] + k_pos.span[j - 1].len;
+    *live = ctxpar_spans_interact(&pb->mask, q_pos, k_pos);
+    if (run->work) {
+        if (!*live) {
+            run->work->blocks_skipped++;
+        } else {
+            run->work->blocks_computed++;
+            double pairs = 0;
+            for (int64_t b = 0; b < (pb->mask.doc_rows > 0 ? pb->mask.doc_rows : 1); b++) {
+                ctxpar_mask_desc m = ctxpar_mask_row(&pb->mask, b);
+                pairs += visible_pairs_runs(&m, q_pos, k_pos, prefix, pb->seq_global);
+            }
+            if (pb->mask.doc_rows == 0)
+                pairs *= (double)pb->batch;
+            run->work->flops += 4.0 * (double)pb->head_dim * (double)pb->heads_q * pairs;
+        }
+    }
+    free(prefix);
+    return 1;
+}
+
 int ctxpar_block_account(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_spans q_pos,
                          ctxpar_spans k_pos) {
     int live = 0;
+    if ((int64_t)q_pos.count * k_pos.count > SPAN_PAIRS_MAX && sorted_runs(k_pos) &&
+        account_runs(run, pb, q_pos, k_pos, &live))
+        return live;
     for (int i = 0; i < q_pos.count; i++) {
         for (int j = 0; j < k_pos.count; j++) {
             ctxpar_spans qs = {&q_pos.span[i], 1}, ks = {&k_pos.span[j], 1};

@@ -4,16 +4,8 @@
 #include "ring_plan.h"
 
 int ctxpar_shards_interact(const ctxpar_problem *pb, int q_rank, int k_rank) {
-    ctxpar_spans qs = ctxpar_problem_spans(pb, q_rank), ks = ctxpar_problem_spans(pb, k_rank);
-    for (int i = 0; i < qs.count; i++)
-        for (int j = 0; j < ks.count; j++) {
-            int64_t qmin, qmax, kmin, kmax;
-            ctxpar_spans_range((ctxpar_spans){&qs.span[i], 1}, &qmin, &qmax);
-            ctxpar_spans_range((ctxpar_spans){&ks.span[j], 1}, &kmin, &kmax);
-            if (ctxpar_mask_classify(&pb->mask, qmin, qmax, kmin, kmax) != CTXPAR_BLOCK_SKIP)
-                return 1;
-        }
-    return 0;
+    return ctxpar_spans_interact(&pb->mask, ctxpar_problem_spans(pb, q_rank),
+                                 ctxpar_problem_spans(pb, k_rank));
 }
 
 ctxpar_status ctxpar_ring_plan_make(const ctxpar_problem *pb, ctxpar_ring_plan *plan) {

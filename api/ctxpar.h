@@ -208,6 +208,8 @@ CTXPAR_API void ctxpar_context_destroy(ctxpar_context *ctx);
 /*
  * Forward attention on this rank's shard. Collective over the context's comm.
  *
+ *   (S/P below is this rank's count of tokens, ctxpar_shard_count: it may differ between ranks
+ *   by a token, or be 0 with a non-NULL data pointer, when S does not divide)
  *   q    [B, S/P, Hq,  D]   local queries, in the layout's order (see ctxpar_shard)
  *   k, v [B, S/P, Hkv, D]   local keys and values; Hq is a multiple of Hkv
  *   out  [B, S/P, Hq,  D]   written: the local rows of full-sequence attention

@@ -35,16 +35,23 @@ static ctxpar_status gather_tensor(const cpt_run_config *cfg, int rank, int P, i
         return CTXPAR_OK;
     }
     cpt_rank_outputs one = {{0}, {0}};
-    one.t[i] = malloc(bytes ? bytes : 1);
-    if (!one.t[i])
-        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes", bytes);
     ctxpar_status st = CTXPAR_OK;
     for (int r = 0; st == CTXPAR_OK && r < P; r++) {
+        // Shards may be uneven: each rank's size comes with its message.
+        int n = (int)bytes;
+        if (r > 0) {
+            MPI_Status probe;
+            MPI_Probe(r, 100 + i, MPI_COMM_WORLD, &probe);
+            MPI_Get_count(&probe, MPI_BYTE, &n);
+        }
+        free(one.t[i]);
+        one.t[i] = malloc(n > 0 ? (size_t)n : 1);
+        if (!one.t[i])
+            return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %d bytes", n);
         if (r == 0)
             memcpy(one.t[i], mine->out.t[i], bytes);
         else
-            MPI_Recv(one.t[i], (int)bytes, MPI_BYTE, r, 100 + i, MPI_COMM_WORLD,
-                     MPI_STATUS_IGNORE);
+            MPI_Recv(one.t[i], n, MPI_BYTE, r, 100 + i, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         st = cpt_run_outputs_place(cfg, r, P, &one, global);
     }
     free(one.t[i]);

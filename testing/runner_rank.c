@@ -176,9 +176,11 @@ void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *co
     double *fwd_times = malloc((size_t)reps * sizeof *fwd_times);
     rank_trace rt = {cfg, rank, 0, 0, 0, 0};
     ctxpar_status st;
-    if (t.seq < 0) {
+    if (t.seq < 0) { // the layout helpers' own message (a bad assignment) says why
+        char why[400];
+        snprintf(why, sizeof why, "%s", ctxpar_last_error());
         fail(r, CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "seq %lld cannot be sharded: %s",
-                             (long long)cfg->seq, ctxpar_last_error()), rank);
+                             (long long)cfg->seq, why), rank);
         goto done;
     }
     if (!pos || !times || !fwd_times) {

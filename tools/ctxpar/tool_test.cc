@@ -812,6 +812,22 @@ TEST(Check, GeneratedDocuments) {
     EXPECT_NE(o.err.find("docs (17) must be in [1, seq (16)]"), std::string::npos) << o.err;
 }
 
+// --algo hybrid --ulysses U: groups of U ranks, a ring across them; the oracle judges it. A
+// group size that does not divide the ranks is the library's INVALID_ARG, named.
+TEST(Check, HybridWithUlysses) {
+    Outcome o = Tool("check --seq 192 --ranks 6 --heads 6 --kv-heads 3 --dim 16 --mask causal "
+                     "--algo hybrid --ulysses 3 --backward --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["ok"].b);
+    EXPECT_EQ(j["config"]["algo_resolved"].str, "hybrid");
+    EXPECT_EQ(j["config"]["ulysses"].num, 3);
+    o = Tool("check --seq 192 --ranks 6 --heads 6 --dim 16 --algo hybrid --ulysses 4");
+    EXPECT_EQ(o.code, 2) << o.err << o.out;
+    EXPECT_NE((o.err + o.out).find("ulysses"), std::string::npos) << o.err << o.out;
+}
+
 // The per-row error (max over rows of |err| / max |ref row|) is reported beside the per-tensor
 // one in the JSON and the table; it is never below it (the row holding the largest error has
 // at most the tensor's largest reference value), and a causal dk's small late-key rows keep it

@@ -14,37 +14,42 @@ static int64_t floor_div(int64_t a, int64_t b) {
     return a / b - (a % b != 0 && (a < 0) != (b < 0));
 }
 
-// Exactly how many (q, k) pairs of two spans the mask lets through: for each query, the visible
-// keys form one interval of positions (causal, window and document bounds), and an interval holds
-// a closed-form number of a span's positions. O(len of the query span); a statistic only.
-static double visible_pairs(const ctxpar_mask_desc *m, const ctxpar_span *q, const ctxpar_span *k,
+int64_t ctxpar_visible_keys(const ctxpar_mask_desc *m, int64_t pos, const ctxpar_span *k,
                             int64_t seq_global) {
-    double n = 0;
-    for (int64_t i = 0; i < q->len; i++) {
-        int64_t pos = q->start + i * q->stride, lo = 0, hi = seq_global - 1;
-        if (m->causal && pos < hi)
-            hi = pos;
-        if (m->window_left > 0 && pos - m->window_left + 1 > lo)
-            lo = pos - m->window_left + 1;
-        if (m->window_right > 0 && pos + m->window_right < hi)
-            hi = pos + m->window_right;
-        if (m->cu_seqlens) {
-            int64_t d = ctxpar_mask_doc_of(m, pos);
-            if (m->cu_seqlens[d] > lo)
-                lo = m->cu_seqlens[d];
-            if (m->cu_seqlens[d + 1] - 1 < hi)
-                hi = m->cu_seqlens[d + 1] - 1;
-        }
-        // Positions k->start + t*k->stride in [lo, hi], for t in [0, k->len).
-        int64_t t_lo = -floor_div(k->start - lo, k->stride),
-                t_hi = floor_div(hi - k->start, k->stride);
-        if (t_lo < 0)
-            t_lo = 0;
-        if (t_hi > k->len - 1)
-            t_hi = k->len - 1;
-        if (t_hi >= t_lo)
-            n += (double)(t_hi - t_lo + 1);
+    // The visible keys form one interval of positions (causal, window and document bounds), and
+    // an interval holds a closed-form number of a span's positions.
+    int64_t lo = 0, hi = seq_global - 1;
+    if (m->causal && pos < hi)
+        hi = pos;
+    if (m->window_left > 0 && pos - m->window_left + 1 > lo)
+        lo = pos - m->window_left + 1;
+    if (m->window_right > 0 && pos + m->window_right < hi)
+        hi = pos + m->window_right;
+    if (m->cu_seqlens) {
+        int64_t d = ctxpar_mask_doc_of(m, pos);
+        if (m->cu_seqlens[d] > lo)
+            lo = m->cu_seqlens[d];
+        if (m->cu_seqlens[d + 1] - 1 < hi)
+            hi = m->cu_seqlens[d + 1] - 1;
     }
+    // Positions k->start + t*k->stride in [lo, hi], for t in [0, k->len).
+    int64_t t_lo = -floor_div(k->start - lo, k->stride), t_hi = floor_div(hi - k->start, k->stride);
+    if (t_lo < 0)
+        t_lo = 0;
+    if (t_hi > k->len - 1)
+        t_hi = k->len - 1;
+    return t_hi >= t_lo ? t_hi - t_lo + 1 : 0;
+}
+
+// Exactly how many (q, k) pairs of two spans the mask lets through: O(len of the query span),
+// O(1) for a block the mask sees whole; a statistic only.
+static double visible_pairs(const ctxpar_mask_desc *m, ctxpar_block_class c, const ctxpar_span *q,
+                            const ctxpar_span *k, int64_t seq_global) {
+    if (c == CTXPAR_BLOCK_FULL)
+        return (double)q->len * (double)k->len;
+    double n = 0;
+    for (int64_t i = 0; i < q->len; i++)
+        n += (double)ctxpar_visible_keys(m, q->start + i * q->stride, k, seq_global);
     return n;
 }
 
@@ -65,7 +70,7 @@ int ctxpar_block_account(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar
                     run->work->blocks_computed++;
                     run->work->flops +=
                         4.0 * (double)pb->head_dim * (double)pb->batch * (double)pb->heads_q *
-                        visible_pairs(&pb->mask, &q_pos.span[i], &k_pos.span[j], pb->seq_global);
+                        visible_pairs(&pb->mask, c, &q_pos.span[i], &k_pos.span[j], pb->seq_global);
                 }
             }
             live |= c != CTXPAR_BLOCK_SKIP;

@@ -45,15 +45,31 @@ ctxpar_status cpt_run_docs(uint64_t seed, int64_t seq, int64_t docs, int32_t *cu
     if (docs < 1 || docs > seq || seq > INT32_MAX)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "docs (%lld) must be in [1, seq (%lld)]",
                             (long long)docs, (long long)seq);
-    // Weights in [0.25, 1.75): boundaries at their running sums, scaled to seq, then kept
-    // strictly increasing with room for the documents still to come.
+    double *w = malloc((size_t)docs * sizeof *w);
+    if (!w)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "no memory for %lld documents",
+                            (long long)docs);
+    // Weights in [0.25, 1.75).
+    for (int64_t i = 0; i < docs; i++)
+        w[i] = 1.0 + 0.75 * cpt_test_value(seed, 99, (uint64_t)i);
+    ctxpar_status st = cpt_run_docs_weighted(w, seq, docs, cu_out);
+    free(w);
+    return st;
+}
+
+ctxpar_status cpt_run_docs_weighted(const double *w, int64_t seq, int64_t docs, int32_t *cu_out) {
+    if (docs < 1 || docs > seq || seq > INT32_MAX)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "docs (%lld) must be in [1, seq (%lld)]",
+                            (long long)docs, (long long)seq);
+    // Boundaries at the weights' running sums, scaled to seq, then kept strictly increasing
+    // with room for the documents still to come.
     double total = 0;
     for (int64_t i = 0; i < docs; i++)
-        total += 1.0 + 0.75 * cpt_test_value(seed, 99, (uint64_t)i);
+        total += w[i];
     double acc = 0;
     cu_out[0] = 0;
     for (int64_t i = 1; i <= docs; i++) {
-        acc += 1.0 + 0.75 * cpt_test_value(seed, 99, (uint64_t)(i - 1));
+        acc += w[i - 1];
         int64_t b = (int64_t)(acc / total * (double)seq + 0.5);
         int64_t lo = cu_out[i - 1] + 1, hi = seq - (docs - i);
         cu_out[i] = (int32_t)(b < lo ? lo : b > hi ? hi : b);

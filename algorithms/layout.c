@@ -13,25 +13,26 @@ ctxpar_status ctxpar_layout_check(ctxpar_layout layout, int64_t seq_global, int 
 
 void ctxpar_layout_spans(ctxpar_layout layout, int64_t seq_global, int rank, int nranks,
                          ctxpar_shard_spans *spans_out) {
-    ctxpar_shard_spans s = {{{0, 0, 1}, {0, 0, 1}}, 1};
+    // Only the entries used are written: the struct holds room for a hybrid group's spans.
+    ctxpar_shard_spans *s = spans_out;
+    s->count = 1;
     int64_t local = seq_global / nranks;
     switch (layout) {
     case CTXPAR_LAYOUT_CONTIGUOUS:
-        s.span[0] = (ctxpar_span){rank * local, local, 1};
+        s->span[0] = (ctxpar_span){rank * local, local, 1};
         break;
     case CTXPAR_LAYOUT_ZIGZAG: {
         // 2P chunks; rank r holds chunk r and chunk 2P-1-r, so causal work is equal.
         int64_t chunk = seq_global / (2 * (int64_t)nranks);
-        s.span[0] = (ctxpar_span){rank * chunk, chunk, 1};
-        s.span[1] = (ctxpar_span){(2 * (int64_t)nranks - 1 - rank) * chunk, chunk, 1};
-        s.count = 2;
+        s->span[0] = (ctxpar_span){rank * chunk, chunk, 1};
+        s->span[1] = (ctxpar_span){(2 * (int64_t)nranks - 1 - rank) * chunk, chunk, 1};
+        s->count = 2;
         break;
     }
     case CTXPAR_LAYOUT_STRIPED:
-        s.span[0] = (ctxpar_span){rank, local, nranks};
+        s->span[0] = (ctxpar_span){rank, local, nranks};
         break;
     }
-    *spans_out = s;
 }
 
 void ctxpar_problem_spans(const ctxpar_problem *pb, int rank, ctxpar_shard_spans *spans_out) {
@@ -54,7 +55,9 @@ void ctxpar_problem_spans(const ctxpar_problem *pb, int rank, ctxpar_shard_spans
                 out.span[out.count++] = *sp;
         }
     }
-    *spans_out = out;
+    spans_out->count = out.count;
+    for (int i = 0; i < out.count; i++)
+        spans_out->span[i] = out.span[i];
 }
 
 ctxpar_tensor ctxpar_tensor_rows(const ctxpar_tensor *t, int64_t first, int64_t len) {

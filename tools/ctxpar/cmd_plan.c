@@ -306,11 +306,12 @@ static void print_table(const plan_args *a, const cpt_plan_result *r, const cpt_
         gmax = get_group(&r->rank[i], m) > gmax ? get_group(&r->rank[i], m) : gmax;
         xmax = get_across(&r->rank[i], m) > xmax ? get_across(&r->rank[i], m) : xmax;
     }
-    printf("plan: %s%s on %d ranks, seq %lld, %s%s (dry run %.2f s)\n", ctxpar_algo_name(r->algo),
-           r->ulysses ? " (groups of ulysses ranks)" : "", r->nranks, (long long)a->cfg.seq,
-           a->cfg.backward ? "forward + backward" : "forward", "", r->seconds);
+    printf("plan: %s on %d ranks, seq %lld, %s (dry run %.2f s)\n", ctxpar_algo_name(r->algo),
+           r->nranks, (long long)a->cfg.seq, a->cfg.backward ? "forward + backward" : "forward",
+           r->seconds);
     if (r->ulysses)
-        printf("  ulysses            %d\n", r->ulysses);
+        printf("  ulysses            %d ranks per all-to-all group, %d groups in the ring\n",
+               r->ulysses, r->nranks / r->ulysses);
     printf("  coverage           %s\n", !r->coverage_checked ? "not checked"
                                         : r->coverage_ok     ? "ok: every visible pair once"
                                                              : "FAILED");

@@ -165,35 +165,35 @@ static int parse(int argc, char **argv, plan_args *a) {
 }
 
 static void json_array(FILE *f, const char *key, const cpt_plan_result *r,
-                       double (*get)(const cpt_plan_rank *, const cpt_plan_model *),
+                       double (*get)(const cpt_plan_rank *, const cpt_plan_model *, int),
                        const cpt_plan_model *m) {
     fprintf(f, ",\"%s\":[", key);
     for (int i = 0; i < r->nranks; i++) {
         if (i)
             fputc(',', f);
-        cpt_json_num(f, get(&r->rank[i], m));
+        cpt_json_num(f, get(&r->rank[i], m, r->nranks));
     }
     fputc(']', f);
 }
 
-static double get_flops(const cpt_plan_rank *r, const cpt_plan_model *m) {
-    (void)m;
+static double get_flops(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    (void)m, (void)ranks;
     return r->flops_fwd + r->flops_bwd;
 }
-static double get_bytes(const cpt_plan_rank *r, const cpt_plan_model *m) {
-    (void)m;
+static double get_bytes(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    (void)m, (void)ranks;
     return (double)r->bytes_sent;
 }
-static double get_group(const cpt_plan_rank *r, const cpt_plan_model *m) {
-    (void)m;
+static double get_group(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    (void)m, (void)ranks;
     return (double)(r->traffic.p2p_bytes[CPT_LINK_GROUP] + r->traffic.coll_bytes[CPT_LINK_GROUP]);
 }
-static double get_across(const cpt_plan_rank *r, const cpt_plan_model *m) {
-    (void)m;
+static double get_across(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    (void)m, (void)ranks;
     return (double)(r->traffic.p2p_bytes[CPT_LINK_ACROSS] + r->traffic.coll_bytes[CPT_LINK_ACROSS]);
 }
-static double get_time(const cpt_plan_rank *r, const cpt_plan_model *m) {
-    return cpt_plan_rank_time(m, r);
+static double get_time(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    return cpt_plan_rank_time(m, r, ranks);
 }
 
 // AUTO's reasons: each algorithm's check (with the device's limits left out) and its cost.
@@ -256,7 +256,7 @@ static void print_json(const plan_args *a, const cpt_plan_result *r, const cpt_p
     FILE *f = stdout;
     double fmax = 0, fsum = 0, bmax = 0, bsum = 0;
     for (int i = 0; i < r->nranks; i++) {
-        const double fl = get_flops(&r->rank[i], m), b = (double)r->rank[i].bytes_sent;
+        const double fl = get_flops(&r->rank[i], m, r->nranks), b = (double)r->rank[i].bytes_sent;
         fsum += fl;
         bsum += b;
         fmax = fl > fmax ? fl : fmax;
@@ -299,12 +299,14 @@ static void print_json(const plan_args *a, const cpt_plan_result *r, const cpt_p
 static void print_table(const plan_args *a, const cpt_plan_result *r, const cpt_plan_model *m) {
     double fmax = 0, fsum = 0, bmax = 0, gmax = 0, xmax = 0;
     for (int i = 0; i < r->nranks; i++) {
-        const double fl = get_flops(&r->rank[i], m);
+        const double fl = get_flops(&r->rank[i], m, r->nranks);
         fsum += fl;
         fmax = fl > fmax ? fl : fmax;
         bmax = (double)r->rank[i].bytes_sent > bmax ? (double)r->rank[i].bytes_sent : bmax;
-        gmax = get_group(&r->rank[i], m) > gmax ? get_group(&r->rank[i], m) : gmax;
-        xmax = get_across(&r->rank[i], m) > xmax ? get_across(&r->rank[i], m) : xmax;
+        gmax = get_group(&r->rank[i], m, r->nranks) > gmax ? get_group(&r->rank[i], m, r->nranks)
+                                                           : gmax;
+        xmax = get_across(&r->rank[i], m, r->nranks) > xmax ? get_across(&r->rank[i], m, r->nranks)
+                                                            : xmax;
     }
     printf("plan: %s on %d ranks, seq %lld, %s (dry run %.2f s)\n", ctxpar_algo_name(r->algo),
            r->nranks, (long long)a->cfg.seq, a->cfg.backward ? "forward + backward" : "forward",

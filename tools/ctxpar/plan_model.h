@@ -8,8 +8,9 @@
  *              "across": {"bandwidth_Bps": 4.5e10, "latency_s": 8e-6}}}
  *
  * flops_per_s is in the unit the library counts (4·D per visible pair and head, forward); a
- * backward call counts the same and takes bwd_factor times as long. Missing fields keep the
- * built-in default's values.
+ * backward call counts the same and takes bwd_factor times as long. machine_flops_per_s (> 0)
+ * instead shares one machine's rate among all ranks (ranks as threads of one machine: the "cpu"
+ * model). Missing fields keep the built-in default's values.
  */
 #ifndef CPT_PLAN_MODEL_H
 #define CPT_PLAN_MODEL_H
@@ -22,7 +23,7 @@ extern "C" {
 
 typedef struct cpt_plan_model {
     char name[64];
-    double flops_per_s, bwd_factor;
+    double flops_per_s, bwd_factor, machine_flops_per_s;
     int group_size;
     double bandwidth[CPT_LINKS], latency[CPT_LINKS];
 } cpt_plan_model;
@@ -34,9 +35,9 @@ int cpt_plan_model_builtin(const char *name, cpt_plan_model *m);
 /* Reads a model file over the "h200" defaults; INVALID_ARG naming the file and field. */
 ctxpar_status cpt_plan_model_load(const char *path, cpt_plan_model *m);
 
-/* Seconds rank r's part takes: max(compute, point-to-point transfers, which overlap compute)
- * plus the collectives, which do not. */
-double cpt_plan_rank_time(const cpt_plan_model *m, const cpt_plan_rank *r);
+/* Seconds rank r's part takes, one of `ranks`: max(compute, point-to-point transfers, which
+ * overlap compute) plus the collectives, which do not. */
+double cpt_plan_rank_time(const cpt_plan_model *m, const cpt_plan_rank *r, int ranks);
 
 /* The slowest rank's time. */
 double cpt_plan_time(const cpt_plan_model *m, const cpt_plan_result *res);

@@ -1,4 +1,5 @@
-// The planner against real runs: for every algorithm, rank count up to 8, layout and mask kind,
+// The planner against real runs: for every algorithm, rank count up to 8 and layout, the mask
+// kinds (none, causal, window, documents) in turn,
 // the per-rank FLOPs and bytes `ctxpar plan` predicts equal what the library's work statistics
 // and comm counted in a real run (in-process ranks, CPU device) - exactly, both being counts;
 // the coverage proof holds, and a problem the library refuses is refused by the plan too.
@@ -108,14 +109,15 @@ std::vector<PlanCase> Cases() {
                           CTXPAR_ALGO_HYBRID, CTXPAR_ALGO_AUTO})
         for (int p : {1, 2, 3, 4, 6, 8})
             for (ctxpar_layout l :
-                 {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED})
-                for (int m = 0; m < 4; m++) {
-                    const int64_t kv[] = {12, 3, 1, 2};
-                    // The hybrid: groups of 2 where they fit, else the library's choice.
-                    const int64_t u = a == CTXPAR_ALGO_HYBRID && p % 2 == 0 ? 2 : 0;
-                    v.push_back({a, p, l, m, kv[n % 4], u});
-                    n++;
-                }
+                 {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED}) {
+                // Every mask kind and GQA ratio in turn (periods 4 and 5, coprime with the 3
+                // layouts), so that each algorithm meets each of them.
+                const int64_t kv[] = {12, 3, 1, 2, 6};
+                // The hybrid: groups of 2 where they fit, else the library's choice.
+                const int64_t u = a == CTXPAR_ALGO_HYBRID && p % 2 == 0 ? 2 : 0;
+                v.push_back({a, p, l, n % 4, kv[n % 5], u});
+                n++;
+            }
     return v;
 }
 

@@ -27,8 +27,7 @@ typedef struct ctxpar_seg {
 } ctxpar_seg;
 
 size_t ctxpar_a2a_seg_bytes(const ctxpar_problem *pb, const ctxpar_seg *s, int64_t seq);
-size_t ctxpar_a2a_block_bytes(const ctxpar_problem *pb, const ctxpar_seg *segs, int n,
-                              int64_t seq);
+size_t ctxpar_a2a_block_bytes(const ctxpar_problem *pb, const ctxpar_seg *segs, int n, int64_t seq);
 /* Part idx of a block of `seq` rows. */
 ctxpar_tensor ctxpar_a2a_seg_view(void *block, const ctxpar_problem *pb, const ctxpar_seg *segs,
                                   int idx, int64_t seq);
@@ -38,8 +37,8 @@ ctxpar_tensor ctxpar_a2a_heads(const ctxpar_tensor *t, int64_t h0, int64_t n);
 ctxpar_tensor ctxpar_a2a_lse_view(const float *lse, const ctxpar_problem *pb, int64_t seq,
                                   int64_t h);
 /* The all-to-all of `block` bytes per rank on run->comm (a copy on one rank), traced. */
-ctxpar_status ctxpar_a2a_exchange(const ctxpar_run *run, const ctxpar_problem *pb,
-                                  const void *send, void *recv, size_t block, const char *name);
+ctxpar_status ctxpar_a2a_exchange(const ctxpar_run *run, const ctxpar_problem *pb, const void *send,
+                                  void *recv, size_t block, const char *name);
 /* Casts rank j's heads of the local tensors into j's block: kinds[i] 0 gives src[i]'s query
  * heads, 1 the K/V heads j needs. */
 ctxpar_status ctxpar_a2a_pack_heads(const ctxpar_run *run, const ctxpar_problem *pb,
@@ -50,8 +49,7 @@ ctxpar_status ctxpar_a2a_pack_heads(const ctxpar_run *run, const ctxpar_problem 
  * K/V heads the partials are summed in rank order in acc (2 x Hkv one-head partials, F32). */
 ctxpar_status ctxpar_a2a_store_dkv(const ctxpar_run *run, const ctxpar_problem *pb,
                                    const ctxpar_heads_plan *h, const ctxpar_seg *back, void *recv,
-                                   size_t back_b, float *acc, ctxpar_tensor *dk,
-                                   ctxpar_tensor *dv);
+                                   size_t back_b, float *acc, ctxpar_tensor *dk, ctxpar_tensor *dv);
 
 #ifdef __cplusplus
 }

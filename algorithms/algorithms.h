@@ -123,6 +123,9 @@ typedef struct ctxpar_run {
     ctxpar_work_stats *work;
     ctxpar_workspace *ws; /* the context's */
     struct ctxpar_grid *grid; /* the context's sub-comms for the hybrid (hybrid.c) */
+    /* The ring's plan made once for all ranks of a dry run (the planner); NULL: the ring makes
+     * its own (ring_plan.h). */
+    const struct ctxpar_ring_plan *ring_plan;
 } ctxpar_run;
 
 /* The hybrid's 2-D grid of the run's comm, kept by the context between calls: `group` joins the
@@ -137,6 +140,10 @@ void ctxpar_grid_release(ctxpar_grid *grid);
 /* Reports one trace event if tracing is on. */
 void ctxpar_run_trace(const ctxpar_run *run, ctxpar_event_kind kind, const char *name, int step,
                       int peer, double t_begin, double t_end, uint64_t bytes);
+
+/* How many keys of span k query position q sees under the mask (closed form). */
+int64_t ctxpar_visible_keys(const ctxpar_mask_desc *m, int64_t q, const ctxpar_span *k,
+                            int64_t seq_global);
 
 /* Counts the (q span, k span) pairs of one block for the work statistics; returns whether any
  * pair has visible entries (0: the whole block is masked out and can be skipped). */

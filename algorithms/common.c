@@ -38,24 +38,29 @@ static void visible_interval(const ctxpar_mask_desc *m, int64_t pos, int64_t seq
     *hi_out = hi;
 }
 
-// Exactly how many (q, k) pairs of two spans the mask lets through: an interval holds a
-// closed-form number of a span's positions. O(len of the query span); a statistic only.
-static double visible_pairs(const ctxpar_mask_desc *m, const ctxpar_span *q, const ctxpar_span *k,
+int64_t ctxpar_visible_keys(const ctxpar_mask_desc *m, int64_t pos, const ctxpar_span *k,
                             int64_t seq_global) {
+    // An interval holds a closed-form number of a span's positions.
+    int64_t lo, hi;
+    visible_interval(m, pos, seq_global, &lo, &hi);
+    // Positions k->start + t*k->stride in [lo, hi], for t in [0, k->len).
+    int64_t t_lo = -floor_div(k->start - lo, k->stride), t_hi = floor_div(hi - k->start, k->stride);
+    if (t_lo < 0)
+        t_lo = 0;
+    if (t_hi > k->len - 1)
+        t_hi = k->len - 1;
+    return t_hi >= t_lo ? t_hi - t_lo + 1 : 0;
+}
+
+// Exactly how many (q, k) pairs of two spans the mask lets through: O(len of the query span),
+// O(1) for a block the mask sees whole; a statistic only.
+static double visible_pairs(const ctxpar_mask_desc *m, ctxpar_block_class c, const ctxpar_span *q,
+                            const ctxpar_span *k, int64_t seq_global) {
+    if (c == CTXPAR_BLOCK_FULL)
+        return (double)q->len * (double)k->len;
     double n = 0;
-    for (int64_t i = 0; i < q->len; i++) {
-        int64_t lo, hi;
-        visible_interval(m, q->start + i * q->stride, seq_global, &lo, &hi);
-        // Positions k->start + t*k->stride in [lo, hi], for t in [0, k->len).
-        int64_t t_lo = -floor_div(k->start - lo, k->stride),
-                t_hi = floor_div(hi - k->start, k->stride);
-        if (t_lo < 0)
-            t_lo = 0;
-        if (t_hi > k->len - 1)
-            t_hi = k->len - 1;
-        if (t_hi >= t_lo)
-            n += (double)(t_hi - t_lo + 1);
-    }
+    for (int64_t i = 0; i < q->len; i++)
+        n += (double)ctxpar_visible_keys(m, q->start + i * q->stride, k, seq_global);
     return n;
 }
 
@@ -175,11 +180,11 @@ int ctxpar_block_account(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar
                     if (pb->mask.doc_rows > 0)
                         for (int64_t b = 0; b < pb->mask.doc_rows; b++) {
                             ctxpar_mask_desc m = ctxpar_mask_row(&pb->mask, b);
-                            pairs += visible_pairs(&m, &q_pos.span[i], &k_pos.span[j],
+                            pairs += visible_pairs(&m, c, &q_pos.span[i], &k_pos.span[j],
                                                    pb->seq_global);
                         }
                     else
-                        pairs = (double)pb->batch * visible_pairs(&pb->mask, &q_pos.span[i],
+                        pairs = (double)pb->batch * visible_pairs(&pb->mask, c, &q_pos.span[i],
                                                                   &k_pos.span[j], pb->seq_global);
                     run->work->flops +=
                         4.0 * (double)pb->head_dim * (double)pb->heads_q * pairs;

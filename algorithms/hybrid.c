@@ -194,9 +194,9 @@ static size_t hyb_layout(const ctxpar_problem *pb, int u, int backward, char *ba
     w->lse = ctxpar_carve_take(&c, ctxpar_count(pb->batch, rows, h.hq, 1) * sizeof(float));
     w->dkv_sum = NULL;
     if (backward && h.replicate)
-        w->dkv_sum = ctxpar_carve_take(&c, 2 * ctxpar_count(pb->batch, pb->seq_local, pb->head_dim,
-                                                            1) *
-                                               (size_t)pb->heads_kv * sizeof(float));
+        w->dkv_sum =
+            ctxpar_carve_take(&c, 2 * ctxpar_count(pb->batch, pb->seq_local, pb->head_dim, 1) *
+                                      (size_t)pb->heads_kv * sizeof(float));
     return c.used;
 }
 
@@ -301,8 +301,8 @@ static ctxpar_status gather_rows(hyb_call *c, const ctxpar_problem *pb, const ct
     return ctxpar_a2a_exchange(&c->run_g, &c->g, c->w.send, c->w.recv, back_b, name);
 }
 
-static ctxpar_status hybrid_fwd_body(const ctxpar_run *run, const ctxpar_problem *pb,
-                                     hyb_call *c, const ctxpar_tensor *q, const ctxpar_tensor *k,
+static ctxpar_status hybrid_fwd_body(const ctxpar_run *run, const ctxpar_problem *pb, hyb_call *c,
+                                     const ctxpar_tensor *q, const ctxpar_tensor *k,
                                      const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
     ctxpar_seg in[6], back[3];
     int n_in, n_back;
@@ -346,11 +346,11 @@ static ctxpar_status hybrid_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
     return end(run, &c, st);
 }
 
-static ctxpar_status hybrid_bwd_body(const ctxpar_run *run, const ctxpar_problem *pb,
-                                     hyb_call *c, const ctxpar_tensor *q, const ctxpar_tensor *k,
+static ctxpar_status hybrid_bwd_body(const ctxpar_run *run, const ctxpar_problem *pb, hyb_call *c,
+                                     const ctxpar_tensor *q, const ctxpar_tensor *k,
                                      const ctxpar_tensor *v, const ctxpar_tensor *out,
-                                     const float *lse, const ctxpar_tensor *dout,
-                                     ctxpar_tensor *dq, ctxpar_tensor *dk, ctxpar_tensor *dv) {
+                                     const float *lse, const ctxpar_tensor *dout, ctxpar_tensor *dq,
+                                     ctxpar_tensor *dk, ctxpar_tensor *dv) {
     ctxpar_seg in[6], back[3];
     int n_in, n_back;
     parts(pb, &c->h, 1, in, &n_in, back, &n_back);
@@ -378,8 +378,8 @@ static ctxpar_status hybrid_bwd_body(const ctxpar_run *run, const ctxpar_problem
         ctxpar_tensor to = ctxpar_a2a_heads(dq, i * c->h.hq, c->h.hq);
         CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &part, &to, run->stream));
     }
-    return ctxpar_a2a_store_dkv(&c->run_g, &c->g, &c->h, back, c->w.recv, back_b, c->w.dkv_sum,
-                                dk, dv);
+    return ctxpar_a2a_store_dkv(&c->run_g, &c->g, &c->h, back, c->w.recv, back_b, c->w.dkv_sum, dk,
+                                dv);
 }
 
 static ctxpar_status hybrid_bwd(const ctxpar_run *run, const ctxpar_problem *pb,

@@ -85,13 +85,13 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
     const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_max);
     const size_t out_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
     const size_t lse_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
-    ctxpar_ring_plan plan = {0, NULL, NULL};
+    ctxpar_ring_plan plan = {0, NULL, NULL, 0};
     ctxpar_xfer x = {0};
     ring_fwd_ws w;
     void *base = NULL;
     ctxpar_status st;
 
-    CTXPAR_CHECK_GOTO(ctxpar_ring_plan_make(pb, &plan), st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_ring_plan_for(run, pb, &plan), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_run_workspace(run, ring_fwd_layout(pb, NULL, &w), &base), st, done);
     (void)ring_fwd_layout(pb, base, &w);
     CTXPAR_CHECK_GOTO(ctxpar_pack_kv(run, pb, k, v, w.kv[0]), st, done);
@@ -258,7 +258,7 @@ static ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem
     void *base = NULL;
     ctxpar_status st;
 
-    CTXPAR_CHECK_GOTO(ctxpar_ring_plan_make(pb, &w.plan), st, done);
+    CTXPAR_CHECK_GOTO(ctxpar_ring_plan_for(run, pb, &w.plan), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_run_workspace(run, ring_bwd_layout(pb, NULL, &w), &base), st, done);
     (void)ring_bwd_layout(pb, base, &w);
     CTXPAR_CHECK_GOTO(ctxpar_pack_kv(run, pb, k, v, w.kv[0]), st, done);

@@ -11,6 +11,7 @@ int ctxpar_shards_interact(const ctxpar_problem *pb, int q_rank, int k_rank) {
 ctxpar_status ctxpar_ring_plan_make(const ctxpar_problem *pb, ctxpar_ring_plan *plan) {
     const int P = pb->nranks;
     plan->nranks = P;
+    plan->borrowed = 0;
     plan->last = malloc((size_t)P * sizeof *plan->last);
     plan->sum_last = malloc((size_t)P * sizeof *plan->sum_last);
     if (!plan->last || !plan->sum_last) {
@@ -50,7 +51,21 @@ ctxpar_status ctxpar_ring_plan_make(const ctxpar_problem *pb, ctxpar_ring_plan *
     return CTXPAR_OK;
 }
 
+ctxpar_status ctxpar_ring_plan_for(const ctxpar_run *run, const ctxpar_problem *pb,
+                                   ctxpar_ring_plan *plan) {
+    if (run->ring_plan && run->ring_plan->nranks == pb->nranks) {
+        *plan = *run->ring_plan;
+        plan->borrowed = 1;
+        return CTXPAR_OK;
+    }
+    return ctxpar_ring_plan_make(pb, plan);
+}
+
 void ctxpar_ring_plan_free(ctxpar_ring_plan *plan) {
+    if (plan->borrowed) {
+        plan->last = plan->sum_last = NULL;
+        return;
+    }
     free(plan->last);
     free(plan->sum_last);
     plan->last = NULL;

@@ -26,7 +26,13 @@ typedef struct ctxpar_ring_plan {
      * the sum goes around the ring; j itself when no other rank needs the block (the owner
      * then computes its own block after the ring, with no transfer). */
     int *sum_last;
+    int borrowed; /* the arrays belong to run->ring_plan: free leaves them */
 } ctxpar_ring_plan;
+
+/* The run's plan (run->ring_plan, made once by a dry run for every rank) when it is for this
+ * many ranks, else a new one (ctxpar_ring_plan_make). */
+ctxpar_status ctxpar_ring_plan_for(const ctxpar_run *run, const ctxpar_problem *pb,
+                                   ctxpar_ring_plan *plan_out);
 
 /* Builds the plan (host memory; O(P^2) mask classifications). */
 ctxpar_status ctxpar_ring_plan_make(const ctxpar_problem *pb, ctxpar_ring_plan *plan_out);

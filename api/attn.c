@@ -7,7 +7,7 @@
 
 static ctxpar_run make_run(ctxpar_context *ctx, ctxpar_stream *stream) {
     ctxpar_run run = {ctx->dev,   ctx->comm,       stream,     ctx->options.verify_transfers,
-                      ctx->trace, ctx->trace_user, &ctx->work, &ctx->ws, &ctx->grid};
+                      ctx->trace, ctx->trace_user, &ctx->work, &ctx->ws, &ctx->grid, NULL};
     return run;
 }
 

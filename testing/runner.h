@@ -175,6 +175,11 @@ void cpt_run_result_free(cpt_run_result *result);
  * about a quarter and twice the mean, at least 1): cu_out[0] = 0 < ... < cu_out[docs] = seq
  * (docs + 1 entries). INVALID_ARG when docs is not in [1, seq] or seq exceeds INT32_MAX. */
 ctxpar_status cpt_run_docs(uint64_t seed, int64_t seq, int64_t docs, int32_t *cu_out);
+/* The same for documents of lengths proportional to weight(seed, i, user) (> 0) for i < docs,
+ * each at least 1 token. */
+ctxpar_status cpt_run_docs_with(uint64_t seed, int64_t seq, int64_t docs,
+                                double (*weight)(uint64_t seed, int64_t i, void *user),
+                                void *user, int32_t *cu_out);
 
 /* OpenMP threads each of `ranks` ranks gets: cfg->threads, or when 0 the online cores divided
  * by ranks (at least 1). */

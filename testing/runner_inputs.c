@@ -13,7 +13,7 @@ static ctxpar_tensor input_view(const cpt_run_config *cfg, int id) {
     const void *p = id == CPT_RUN_ID_Q   ? in->q
                     : id == CPT_RUN_ID_K ? in->k
                     : id == CPT_RUN_ID_V ? in->v
-                                            : in->dout;
+                                         : in->dout;
     int64_t heads = id == CPT_RUN_ID_K || id == CPT_RUN_ID_V ? cfg->kv_heads : cfg->heads;
     // The view is only read (ctxpar_shard, cpt_test_to_f64 take it const).
     return ctxpar_tensor_bshd((void *)p, cfg->dtype, cfg->batch, cfg->seq, heads, cfg->head_dim);
@@ -28,7 +28,7 @@ int64_t cpt_run_local_seq(const cpt_run_config *cfg, int rank, int nranks) {
 }
 
 ctxpar_status cpt_run_fill_local(const cpt_run_config *cfg, int id, int rank, int nranks,
-                                    const int64_t *pos, ctxpar_tensor *local) {
+                                 const int64_t *pos, ctxpar_tensor *local) {
     if (!cfg->inputs) {
         cpt_test_fill(local, cfg->seed, (uint64_t)id, cfg->seq, pos);
         return CTXPAR_OK;
@@ -40,39 +40,57 @@ ctxpar_status cpt_run_fill_local(const cpt_run_config *cfg, int id, int rank, in
 
 void cpt_run_fill_global_f64(const cpt_run_config *cfg, int id, double *dst) {
     if (!cfg->inputs) {
-        int64_t heads =
-            id == CPT_RUN_ID_K || id == CPT_RUN_ID_V ? cfg->kv_heads : cfg->heads;
-        cpt_test_fill_global_f64(dst, cfg->dtype, cfg->seed, (uint64_t)id, cfg->batch,
-                                    cfg->seq, heads, cfg->head_dim);
+        int64_t heads = id == CPT_RUN_ID_K || id == CPT_RUN_ID_V ? cfg->kv_heads : cfg->heads;
+        cpt_test_fill_global_f64(dst, cfg->dtype, cfg->seed, (uint64_t)id, cfg->batch, cfg->seq,
+                                 heads, cfg->head_dim);
         return;
     }
     ctxpar_tensor g = input_view(cfg, id);
     cpt_test_to_f64(&g, dst);
 }
 
+// Weights in [0.25, 1.75).
+static double uniform_weight(uint64_t seed, int64_t i, void *user) {
+    (void)user;
+    return 1.0 + 0.75 * cpt_test_value(seed, 99, (uint64_t)i);
+}
+
 ctxpar_status cpt_run_docs(uint64_t seed, int64_t seq, int64_t docs, int32_t *cu_out) {
+    return cpt_run_docs_with(seed, seq, docs, uniform_weight, NULL, cu_out);
+}
+
+ctxpar_status cpt_run_docs_with(uint64_t seed, int64_t seq, int64_t docs,
+                                double (*weight)(uint64_t seed, int64_t i, void *user), void *user,
+                                int32_t *cu_out) {
     if (docs < 1 || docs > seq || seq > INT32_MAX)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "docs (%lld) must be in [1, seq (%lld)]",
                             (long long)docs, (long long)seq);
-    // Weights in [0.25, 1.75): boundaries at their running sums, scaled to seq, then kept
-    // strictly increasing with room for the documents still to come.
+    double *w = malloc((size_t)docs * sizeof *w);
+    if (!w)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "no memory for %lld documents",
+                            (long long)docs);
+    for (int64_t i = 0; i < docs; i++)
+        w[i] = weight(seed, i, user);
+    // Boundaries at the weights' running sums, scaled to seq, then kept strictly increasing
+    // with room for the documents still to come.
     double total = 0;
     for (int64_t i = 0; i < docs; i++)
-        total += 1.0 + 0.75 * cpt_test_value(seed, 99, (uint64_t)i);
+        total += w[i];
     double acc = 0;
     cu_out[0] = 0;
     for (int64_t i = 1; i <= docs; i++) {
-        acc += 1.0 + 0.75 * cpt_test_value(seed, 99, (uint64_t)(i - 1));
+        acc += w[i - 1];
         int64_t b = (int64_t)(acc / total * (double)seq + 0.5);
         int64_t lo = cu_out[i - 1] + 1, hi = seq - (docs - i);
         cu_out[i] = (int32_t)(b < lo ? lo : b > hi ? hi : b);
     }
     cu_out[docs] = (int32_t)seq;
+    free(w);
     return CTXPAR_OK;
 }
 
 ctxpar_status cpt_run_resolve_docs(const cpt_run_config *cfg, cpt_run_config *copy_out,
-                                      int32_t **cu_out) {
+                                   int32_t **cu_out) {
     *copy_out = *cfg;
     *cu_out = NULL;
     // Shards may be uneven: every rank is told the total (params.seq_len_global).

@@ -19,8 +19,7 @@ ctxpar_status ctxpar_local_split(ctxpar_comm *comm, int color, int key, ctxpar_c
     // zero except at each rank's own slot is an allgather of one value per rank.
     int64_t *all = calloc(3 * (size_t)p, sizeof *all);
     if (!all)
-        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "split: cannot allocate %d ranks' colors",
-                            p);
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "split: cannot allocate %d ranks' colors", p);
     int64_t my_color = color < 0 ? -1 : color;
     all[me] = my_color;
     all[p + me] = key;

@@ -14,8 +14,8 @@ static ctxpar_status settle_new(struct ctxpar_comm *parent, ncclComm_t sub, nccl
         if (ctxpar_now() > deadline) {
             (void)ncclCommAbort(sub);
             return CTXPAR_ERROR(CTXPAR_ERR_TIMEOUT,
-                                "rank %d: ncclCommSplit did not complete within %g s",
-                                parent->rank, parent->timeout_s);
+                                "rank %d: ncclCommSplit did not complete within %g s", parent->rank,
+                                parent->timeout_s);
         }
         struct timespec ts = {0, 50 * 1000};
         nanosleep(&ts, NULL);

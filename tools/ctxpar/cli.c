@@ -12,7 +12,7 @@
 #include "testing/tensor_format.h"
 
 typedef enum opt_id {
-    O_RANKS, O_BATCH, O_SEQ, O_HEADS, O_KV_HEADS, O_DIM, O_DTYPE, O_MASK, O_WINDOW, O_WINDOW_RIGHT,
+    O_RANKS, O_BATCH, O_SEQ, O_HEADS, O_KV_HEADS, O_DIM, O_DTYPE, O_MASK, O_WINDOW, O_WINDOW_RIGHT, O_ULYSSES,
     O_SCALE, O_ALGO,
     O_LAYOUT, O_DOCS, O_BACKWARD, O_SEED, O_Q, O_K, O_V, O_DOUT, O_CU_SEQLENS, O_SAVE, O_THREADS,
     O_WARMUP, O_REPEAT, O_CHECK, O_NO_CHECK, O_SWEEP, O_PEAK, O_VERIFY, O_COMM, O_BACKEND, O_JSON,
@@ -62,7 +62,9 @@ static const opt options[] = {
     {"--window-right", O_WINDOW_RIGHT, C | A | B, 0, "R",
      "two-sided window (with --mask none): query i sees keys k, k-i <= R"},
     {"--scale", O_SCALE, C | A | B, 0, "X", "softmax scale of q.k (finite, non-zero)"},
-    {"--algo", O_ALGO, C | A | B, 0, "ring|allgather|alltoall|auto", "algorithm"},
+    {"--algo", O_ALGO, C | A | B, 0, "ring|allgather|alltoall|hybrid|auto", "algorithm"},
+    {"--ulysses", O_ULYSSES, C | A | B, 0, "U",
+     "with --algo hybrid (or auto): ranks per all-to-all group, consecutive; rings across groups"},
     {"--layout", O_LAYOUT, C | A | B, 0, "contiguous|zigzag|striped|custom",
      "how tokens are sharded (any --seq: uneven shards differ by at most one token)"},
     {"--assign", O_ASSIGN, C | A | B, 0, "ASSIGN.npy",
@@ -162,6 +164,7 @@ static void default_text(const opt *o, const cpt_cli *d, char *buf, size_t n) {
     case O_MASK: snprintf(buf, n, "%s", mask_names[c->params.mask]); break;
     case O_WINDOW: snprintf(buf, n, "0 = none"); break;
     case O_WINDOW_RIGHT: snprintf(buf, n, "0 = none"); break;
+    case O_ULYSSES: snprintf(buf, n, "0 = chosen"); break;
     case O_SCALE: snprintf(buf, n, "1/sqrt(dim)"); break;
     case O_DOCS: snprintf(buf, n, "0 = one"); break;
     case O_ALGO: snprintf(buf, n, "%s", ctxpar_algo_name(c->params.algo)); break;
@@ -405,6 +408,7 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
     case O_DIM: c->head_dim = v; break;
     case O_WINDOW: c->params.window_left = v; break;
     case O_WINDOW_RIGHT: c->params.window_right = v; break;
+    case O_ULYSSES: c->params.ulysses = v; break;
     case O_DOCS: c->docs = v; break;
     case O_THREADS: c->threads = (int)v; break;
     case O_WARMUP: c->warmup = (int)v; break;

@@ -68,13 +68,13 @@ void cpt_report_json_members(FILE *f, const cpt_run_config *c, const cpt_run_res
     fprintf(f,
             "\"config\":{\"ranks\":%d,\"batch\":%lld,\"seq\":%lld,\"heads\":%lld,"
             "\"kv_heads\":%lld,\"dim\":%lld,\"dtype\":\"%s\",\"mask\":\"%s\",\"window\":%lld,"
-            "\"window_right\":%lld,"
+            "\"window_right\":%lld,\"ulysses\":%lld,"
             "\"docs\":%lld,\"algo\":\"%s\",\"algo_resolved\":\"%s\",\"layout\":\"%s\","
             "\"backward\":%s,\"backend\":\"%s\",\"seed\":%llu},",
             c->ranks, (long long)c->batch, (long long)c->seq, (long long)c->heads,
             (long long)c->kv_heads, (long long)c->head_dim, ctxpar_dtype_name(c->dtype),
             ctxpar_mask_name(c->params.mask), (long long)c->params.window_left,
-            (long long)c->params.window_right,
+            (long long)c->params.window_right, (long long)c->params.ulysses,
             (long long)(c->params.num_docs > 0 ? c->params.num_docs : c->docs),
             ctxpar_algo_name(c->params.algo),
             ctxpar_algo_name(r->algo), ctxpar_layout_name(c->params.layout),

@@ -21,6 +21,7 @@ extern "C" {
 int cpt_cmd_check(int argc, char **argv);
 int cpt_cmd_audit(int argc, char **argv);
 int cpt_cmd_bench(int argc, char **argv);
+int cpt_cmd_plan(int argc, char **argv);
 
 /* ---------------------------------------------------------------- JSON */
 

@@ -18,6 +18,8 @@ static const command commands[] = {
      "the same on your own global Q, K, V (and dO) .npy files; --save the results"},
     {"bench", cpt_cmd_bench,
      "throughput, memory, compute vs transfer, next to one rank; --sweep for a table"},
+    {"plan", cpt_cmd_plan,
+     "what a run does on every rank (work, bytes, balance, coverage, time), without running it"},
 };
 
 static void usage(FILE *f) {

@@ -914,6 +914,22 @@ TEST(Check, GeneratedDocuments) {
     EXPECT_NE(o.err.find("docs (17) must be in [1, seq (16)]"), std::string::npos) << o.err;
 }
 
+// --algo hybrid --ulysses U: groups of U ranks, a ring across them; the oracle judges it. A
+// group size that does not divide the ranks is the library's INVALID_ARG, named.
+TEST(Check, HybridWithUlysses) {
+    Outcome o = Tool("check --seq 192 --ranks 6 --heads 6 --kv-heads 3 --dim 16 --mask causal "
+                     "--algo hybrid --ulysses 3 --backward --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["ok"].b);
+    EXPECT_EQ(j["config"]["algo_resolved"].str, "hybrid");
+    EXPECT_EQ(j["config"]["ulysses"].num, 3);
+    o = Tool("check --seq 192 --ranks 6 --heads 6 --dim 16 --algo hybrid --ulysses 4");
+    EXPECT_EQ(o.code, 2) << o.err << o.out;
+    EXPECT_NE((o.err + o.out).find("ulysses"), std::string::npos) << o.err << o.out;
+}
+
 // The per-row error (max over rows of |err| / max |ref row|) is reported beside the per-tensor
 // one in the JSON and the table; it is never below it (the row holding the largest error has
 // at most the tensor's largest reference value), and a causal dk's small late-key rows keep it
@@ -1095,6 +1111,97 @@ TEST(Trace, BenchAndAuditWriteTraces) {
     o = Tool("audit " + f.args + " --ranks 4 --trace '" + path + "'");
     ASSERT_EQ(o.code, 0) << o.err;
     ExpectOneSlicePerLiveStep(ReadTrace(path, "fwd"), "zigzag", 64, 4);
+}
+
+// ---------------------------------------------------------------- plan
+
+// `ctxpar plan --json`: the fields the issue names, per-rank arrays of P entries whose FLOPs add
+// up to the mask's visible pairs x 4·D x heads (counted independently here: causal, no
+// documents: S(S+1)/2 pairs), a coverage proof that holds, and AUTO's reasons with --explain.
+TEST(Plan, JsonFieldsAndCounts) {
+    Outcome o = Tool("plan --ranks 6 --seq 1536 --heads 6 --kv-heads 3 --dim 32 --mask causal "
+                     "--layout zigzag --algo hybrid --ulysses 3 --model cpu --explain --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_EQ(j["algo"].str, "hybrid");
+    EXPECT_EQ(j["ulysses"].num, 3);
+    EXPECT_TRUE(j["coverage_ok"].b);
+    for (const char *k : {"flops_per_rank", "bytes_per_rank", "bytes_group_per_rank",
+                          "bytes_across_per_rank", "time_per_rank_s"})
+        EXPECT_EQ(j[k].items.size(), 6u) << k;
+    double flops = 0, bytes = 0;
+    for (size_t r = 0; r < 6; r++) {
+        flops += j["flops_per_rank"].items[r].num;
+        bytes += j["bytes_per_rank"].items[r].num;
+        EXPECT_EQ(j["bytes_per_rank"].items[r].num, j["bytes_group_per_rank"].items[r].num +
+                                                        j["bytes_across_per_rank"].items[r].num);
+    }
+    EXPECT_EQ(flops, 4.0 * 32 * 6 * (1536.0 * 1537.0 / 2));
+    EXPECT_GT(bytes, 0);
+    EXPECT_GT(j["bytes_across_per_rank"].items[0].num, 0) << "the ring crosses groups";
+    EXPECT_GE(j["imbalance"].num, 0);
+    EXPECT_GT(j["predicted_time_s"].num, 0);
+    EXPECT_EQ(j["model"].str, "cpu");
+    ASSERT_TRUE(j.Has("explain"));
+    EXPECT_EQ(j["explain"]["candidates"].items.size(), 4u);
+}
+
+// A model file overrides the built-in model; a bad one is a usage error naming the field; a
+// problem the library refuses is refused with its message.
+TEST(Plan, ModelFileAndRefusals) {
+    const std::string path = TempDir() + "/model.json";
+    {
+        std::ofstream f(path);
+        f << "{\"name\": \"slow\", \"flops_per_s\": 1e6, \"links\": {\"across\": "
+             "{\"bandwidth_Bps\": 1e3, \"latency_s\": 0.001}}}";
+    }
+    Outcome o = Tool("plan --ranks 4 --seq 1024 --heads 4 --dim 16 --json --model '" + path + "'");
+    ASSERT_EQ(o.code, 0) << o.err;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_EQ(j["model"].str, "slow");
+    Outcome fast = Tool("plan --ranks 4 --seq 1024 --heads 4 --dim 16 --json --model h200");
+    Json jf;
+    ASSERT_TRUE(ParseJson(fast.out, &jf)) << fast.out;
+    EXPECT_GT(j["predicted_time_s"].num, 1000 * jf["predicted_time_s"].num);
+    {
+        std::ofstream f(path);
+        f << "{\"flops_per_s\": -3}";
+    }
+    o = Tool("plan --ranks 4 --seq 1024 --model '" + path + "'");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("flops_per_s"), std::string::npos) << o.err;
+    o = Tool("plan --ranks 4 --seq 1024 --heads 6 --algo alltoall");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("heads"), std::string::npos) << o.err;
+    o = Tool("plan --ranks 4 --seq 1002"); // not a multiple of the ranks
+    EXPECT_EQ(o.code, 2) << o.err;
+}
+
+// --docs with a distribution, and --cu-seqlens from a file: the coverage proof holds and the
+// FLOPs add up to the documents' causal pairs.
+TEST(Plan, Documents) {
+    const std::string path = TempDir() + "/cu.txt";
+    {
+        std::ofstream f(path);
+        f << "0 100 100 612\n1024\n";
+    }
+    Outcome o = Tool("plan --ranks 8 --seq 1024 --heads 2 --dim 16 --layout striped --json "
+                     "--cu-seqlens '" + path + "'");
+    ASSERT_EQ(o.code, 0) << o.err;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["coverage_ok"].b);
+    double flops = 0;
+    for (const Json &f : j["flops_per_rank"].items)
+        flops += f.num;
+    const double pairs = 100.0 * 101 / 2 + 512.0 * 513 / 2 + 412.0 * 413 / 2;
+    EXPECT_EQ(flops, 4.0 * 16 * 2 * pairs);
+    o = Tool("plan --ranks 8 --seq 4096 --docs 20 --doc-dist lognormal --doc-sigma 1.5 --json");
+    ASSERT_EQ(o.code, 0) << o.err;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["coverage_ok"].b);
 }
 
 // ---------------------------------------------------------------- help and version

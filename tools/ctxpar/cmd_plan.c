@@ -1,0 +1,371 @@
+// `ctxpar plan`: what a run would do on every rank, without computing attention (plan_run.h),
+// with the predicted time of a hardware model (plan_model.h) and AUTO's reasons (--explain).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "hybrid.h"
+#include "plan_docs.h"
+#include "plan_model.h"
+#include "plan_run.h"
+#include "registry.h"
+#include "validate.h"
+
+typedef struct plan_args {
+    cpt_plan_config cfg;
+    int64_t docs;
+    const char *dist, *cu_path, *model;
+    double sigma;
+    uint64_t seed;
+    int json, explain, group_size_set;
+} plan_args;
+
+static const char *const usage_text =
+    "usage: ctxpar plan [options]\n"
+    "What one attention call does on every rank, without computing it: the library's own\n"
+    "algorithms run rank by rank on a device and comm that hold no data. Per rank: visible\n"
+    "(query, key) pairs and FLOPs, bytes sent inside the all-to-all group / node and across,\n"
+    "the workspace; the imbalance (max/mean - 1 of per-rank FLOPs); a coverage proof (every\n"
+    "visible pair computed exactly once, counted per query position against the mask); the\n"
+    "predicted time of a hardware model.\n"
+    "  --ranks P  --seq S  --batch B  --heads H  --kv-heads K  --dim D  --dtype f32|f16|bf16\n"
+    "  --mask none|causal  --window W  --window-right R  --layout contiguous|zigzag|striped\n"
+    "  --algo auto|ring|allgather|alltoall|hybrid  --ulysses U  --backward\n"
+    "  --docs N [--doc-dist uniform|lognormal] [--doc-sigma X] [--seed N]\n"
+    "  --cu-seqlens FILE   document boundaries, whitespace-separated, 0 ... seq\n"
+    "  --model h200|cpu|FILE  hardware model (docs/performance.md); default h200\n"
+    "  --group-size N      ranks per node for the link classes (default: the model's)\n"
+    "  --no-coverage       skip the coverage proof (it keeps two int64 per token)\n"
+    "  --explain           every algorithm's check and cost, and AUTO's choice\n"
+    "  --json              one JSON object\n";
+
+static int bad(const char *what, const char *val) {
+    fprintf(stderr, "ctxpar plan: bad value for %s: '%s' (ctxpar plan --help)\n", what, val);
+    return CPT_EXIT_USAGE;
+}
+
+static int pick_name(const char *val, const char *(*name)(int), int n, int *out) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(val, name(i))) {
+            *out = i;
+            return 1;
+        }
+    return 0;
+}
+static const char *algo_n(int i) {
+    return ctxpar_algo_name((ctxpar_algo)i);
+}
+static const char *layout_n(int i) {
+    return ctxpar_layout_name((ctxpar_layout)i);
+}
+static const char *mask_n(int i) {
+    return ctxpar_mask_name((ctxpar_mask)i);
+}
+static const char *dtype_n(int i) {
+    return ctxpar_dtype_name((ctxpar_dtype)i);
+}
+
+static int parse(int argc, char **argv, plan_args *a) {
+    memset(a, 0, sizeof *a);
+    cpt_plan_config *c = &a->cfg;
+    c->ranks = 4;
+    c->batch = 1;
+    c->seq = 4096;
+    c->heads = 4;
+    c->head_dim = 64;
+    c->dtype = CTXPAR_DTYPE_BF16;
+    c->coverage = 1;
+    ctxpar_attn_params init = CTXPAR_ATTN_PARAMS_INIT;
+    c->params = init;
+    c->params.mask = CTXPAR_MASK_CAUSAL;
+    c->params.layout = CTXPAR_LAYOUT_ZIGZAG;
+    a->dist = "uniform";
+    a->sigma = 1.0;
+    a->seed = 42;
+    a->model = "h200";
+    for (int i = 0; i < argc; i++) {
+        const char *o = argv[i];
+        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
+            fputs(usage_text, stdout);
+            return -1;
+        }
+        if (!strcmp(o, "--backward")) {
+            c->backward = 1;
+            continue;
+        }
+        if (!strcmp(o, "--json")) {
+            a->json = 1;
+            continue;
+        }
+        if (!strcmp(o, "--explain")) {
+            a->explain = 1;
+            continue;
+        }
+        if (!strcmp(o, "--no-coverage")) {
+            c->coverage = 0;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "ctxpar plan: unknown option or missing value: %s\n", o);
+            return CPT_EXIT_USAGE;
+        }
+        const char *v = argv[++i];
+        char *end = NULL;
+        long long n = strtoll(v, &end, 10);
+        const int num = end != v && *end == '\0' && n >= 0;
+        int e;
+        if (!strcmp(o, "--ranks") && num && n >= 1 && n <= 65536)
+            c->ranks = (int)n;
+        else if (!strcmp(o, "--seq") && num && n >= 1 && n <= INT32_MAX)
+            c->seq = n;
+        else if (!strcmp(o, "--batch") && num && n >= 1)
+            c->batch = n;
+        else if (!strcmp(o, "--heads") && num && n >= 1)
+            c->heads = n;
+        else if (!strcmp(o, "--kv-heads") && num && n >= 1)
+            c->kv_heads = n;
+        else if (!strcmp(o, "--dim") && num && n >= 1)
+            c->head_dim = n;
+        else if (!strcmp(o, "--window") && num)
+            c->params.window_left = n;
+        else if (!strcmp(o, "--window-right") && num)
+            c->params.window_right = n;
+        else if (!strcmp(o, "--ulysses") && num)
+            c->params.ulysses = n;
+        else if (!strcmp(o, "--docs") && num && n >= 1)
+            a->docs = n;
+        else if (!strcmp(o, "--seed") && num)
+            a->seed = (uint64_t)n;
+        else if (!strcmp(o, "--group-size") && num && n >= 1) {
+            c->group_size = (int)n;
+            a->group_size_set = 1;
+        } else if (!strcmp(o, "--doc-sigma") && (a->sigma = strtod(v, &end)) > 0 && *end == '\0') {
+        } else if (!strcmp(o, "--doc-dist"))
+            a->dist = v;
+        else if (!strcmp(o, "--cu-seqlens"))
+            a->cu_path = v;
+        else if (!strcmp(o, "--model"))
+            a->model = v;
+        else if (!strcmp(o, "--algo") && pick_name(v, algo_n, 16, &e))
+            c->params.algo = (ctxpar_algo)e;
+        else if (!strcmp(o, "--layout") && pick_name(v, layout_n, 3, &e))
+            c->params.layout = (ctxpar_layout)e;
+        else if (!strcmp(o, "--mask") && pick_name(v, mask_n, 2, &e))
+            c->params.mask = (ctxpar_mask)e;
+        else if (!strcmp(o, "--dtype") && pick_name(v, dtype_n, 3, &e))
+            c->dtype = (ctxpar_dtype)e;
+        else
+            return bad(o, v);
+    }
+    if (c->kv_heads == 0)
+        c->kv_heads = c->heads;
+    return 0;
+}
+
+static void json_array(FILE *f, const char *key, const cpt_plan_result *r,
+                       double (*get)(const cpt_plan_rank *, const cpt_plan_model *, int),
+                       const cpt_plan_model *m) {
+    fprintf(f, ",\"%s\":[", key);
+    for (int i = 0; i < r->nranks; i++) {
+        if (i)
+            fputc(',', f);
+        cpt_json_num(f, get(&r->rank[i], m, r->nranks));
+    }
+    fputc(']', f);
+}
+
+static double get_flops(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    (void)m, (void)ranks;
+    return r->flops_fwd + r->flops_bwd;
+}
+static double get_bytes(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    (void)m, (void)ranks;
+    return (double)r->bytes_sent;
+}
+static double get_group(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    (void)m, (void)ranks;
+    return (double)(r->traffic.p2p_bytes[CPT_LINK_GROUP] + r->traffic.coll_bytes[CPT_LINK_GROUP]);
+}
+static double get_across(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    (void)m, (void)ranks;
+    return (double)(r->traffic.p2p_bytes[CPT_LINK_ACROSS] + r->traffic.coll_bytes[CPT_LINK_ACROSS]);
+}
+static double get_time(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    return cpt_plan_rank_time(m, r, ranks);
+}
+
+// AUTO's reasons: each algorithm's check (with the device's limits left out) and its cost.
+static void explain(FILE *f, const plan_args *a, int json) {
+    ctxpar_attn_params p;
+    ctxpar_problem pb;
+    const cpt_plan_config *c = &a->cfg;
+    ctxpar_tensor q = ctxpar_tensor_bshd((void *)(uintptr_t)4096, c->dtype, c->batch,
+                                         c->seq / c->ranks, c->heads, c->head_dim);
+    ctxpar_tensor k = ctxpar_tensor_bshd((void *)(uintptr_t)4096, c->dtype, c->batch,
+                                         c->seq / c->ranks, c->kv_heads, c->head_dim);
+    ctxpar_comm *comm = NULL;
+    cpt_plan_traffic t;
+    if (cpt_plan_comm_create(0, c->ranks, 1, 0, &t, &comm) != CTXPAR_OK)
+        return;
+    ctxpar_status st = ctxpar_params_normalize(&c->params, &p);
+    if (st == CTXPAR_OK)
+        st = ctxpar_validate_problem(&p, comm, &q, &k, &k, &pb);
+    ctxpar_comm_destroy(comm);
+    if (st != CTXPAR_OK)
+        return;
+    pb.comm_splits = 1;
+    int n = 0;
+    const ctxpar_algorithm *const *table = ctxpar_algorithms(&n);
+    const ctxpar_algorithm *choice =
+        ctxpar_algorithm_choose(CTXPAR_ALGO_AUTO, &pb, NULL, c->backward);
+    fprintf(f, json ? ",\"explain\":{\"auto\":\"%s\",\"candidates\":[" : "AUTO chooses %s:\n",
+            choice->name);
+    for (int i = 0; i < n; i++) {
+        ctxpar_clear_error();
+        ctxpar_status ok = table[i]->check(&pb);
+        const char *why = ok == CTXPAR_OK ? "" : ctxpar_last_error();
+        const double cost = ok == CTXPAR_OK ? table[i]->cost(&pb) : 0.0;
+        if (json) {
+            fprintf(f, "%s{\"algo\":\"%s\",\"accepted\":%s,\"cost\":", i ? "," : "", table[i]->name,
+                    ok == CTXPAR_OK ? "true" : "false");
+            cpt_json_num(f, ok == CTXPAR_OK ? cost : NAN);
+            fprintf(f, ",\"reason\":");
+            cpt_json_string(f, why);
+            if (table[i]->id == CTXPAR_ALGO_HYBRID && ok == CTXPAR_OK)
+                fprintf(f, ",\"ulysses\":%d", ctxpar_hybrid_ulysses(&pb));
+            fputc('}', f);
+        } else if (ok == CTXPAR_OK) {
+            fprintf(f, "  %-9s cost %10.2f%s\n", table[i]->name, cost,
+                    table[i] == choice ? "   <- lowest" : "");
+        } else {
+            fprintf(f, "  %-9s refused: %s\n", table[i]->name, why);
+        }
+    }
+    ctxpar_clear_error();
+    if (json)
+        fputs("]}", f);
+    else
+        fputs("  (cost: values moved per rank, in units of D*(S/P)*(P-1)/P, weighted for what\n"
+              "   cannot overlap compute; docs/algorithms.md, AUTO)\n",
+              f);
+}
+
+static void print_json(const plan_args *a, const cpt_plan_result *r, const cpt_plan_model *m) {
+    FILE *f = stdout;
+    double fmax = 0, fsum = 0, bmax = 0, bsum = 0;
+    for (int i = 0; i < r->nranks; i++) {
+        const double fl = get_flops(&r->rank[i], m, r->nranks), b = (double)r->rank[i].bytes_sent;
+        fsum += fl;
+        bsum += b;
+        fmax = fl > fmax ? fl : fmax;
+        bmax = b > bmax ? b : bmax;
+    }
+    fprintf(f, "{\"algo\":\"%s\",\"ulysses\":%d,\"ranks\":%d,\"seq\":%lld,\"backward\":%s,",
+            ctxpar_algo_name(r->algo), r->ulysses, r->nranks, (long long)a->cfg.seq,
+            a->cfg.backward ? "true" : "false");
+    fprintf(f, "\"coverage_ok\":%s,\"coverage_checked\":%s,\"pairs_visible\":",
+            r->coverage_ok ? "true" : "false", r->coverage_checked ? "true" : "false");
+    cpt_json_num(f, r->pairs_visible);
+    fprintf(f, ",\"pairs_computed\":");
+    cpt_json_num(f, r->pairs_computed);
+    fprintf(f, ",\"imbalance\":");
+    cpt_json_num(f, r->imbalance);
+    fprintf(f, ",\"flops_max\":");
+    cpt_json_num(f, fmax);
+    fprintf(f, ",\"flops_mean\":");
+    cpt_json_num(f, fsum / r->nranks);
+    fprintf(f, ",\"bytes_max\":");
+    cpt_json_num(f, bmax);
+    fprintf(f, ",\"bytes_mean\":");
+    cpt_json_num(f, bsum / r->nranks);
+    fprintf(f, ",\"workspace_bytes\":%zu,\"predicted_time_s\":", r->workspace_bytes);
+    cpt_json_num(f, cpt_plan_time(m, r));
+    fprintf(f, ",\"model\":");
+    cpt_json_string(f, m->name);
+    fprintf(f, ",\"plan_seconds\":");
+    cpt_json_num(f, r->seconds);
+    json_array(f, "flops_per_rank", r, get_flops, m);
+    json_array(f, "bytes_per_rank", r, get_bytes, m);
+    json_array(f, "bytes_group_per_rank", r, get_group, m);
+    json_array(f, "bytes_across_per_rank", r, get_across, m);
+    json_array(f, "time_per_rank_s", r, get_time, m);
+    if (a->explain)
+        explain(f, a, 1);
+    fputs("}\n", f);
+}
+
+static void print_table(const plan_args *a, const cpt_plan_result *r, const cpt_plan_model *m) {
+    double fmax = 0, fsum = 0, bmax = 0, gmax = 0, xmax = 0;
+    for (int i = 0; i < r->nranks; i++) {
+        const double fl = get_flops(&r->rank[i], m, r->nranks);
+        fsum += fl;
+        fmax = fl > fmax ? fl : fmax;
+        bmax = (double)r->rank[i].bytes_sent > bmax ? (double)r->rank[i].bytes_sent : bmax;
+        gmax = get_group(&r->rank[i], m, r->nranks) > gmax ? get_group(&r->rank[i], m, r->nranks)
+                                                           : gmax;
+        xmax = get_across(&r->rank[i], m, r->nranks) > xmax ? get_across(&r->rank[i], m, r->nranks)
+                                                            : xmax;
+    }
+    printf("plan: %s on %d ranks, seq %lld, %s (dry run %.2f s)\n", ctxpar_algo_name(r->algo),
+           r->nranks, (long long)a->cfg.seq, a->cfg.backward ? "forward + backward" : "forward",
+           r->seconds);
+    if (r->ulysses)
+        printf("  ulysses            %d ranks per all-to-all group, %d groups in the ring\n",
+               r->ulysses, r->nranks / r->ulysses);
+    printf("  coverage           %s\n", !r->coverage_checked ? "not checked"
+                                        : r->coverage_ok     ? "ok: every visible pair once"
+                                                             : "FAILED");
+    if (r->coverage_checked && !r->coverage_ok)
+        printf("  first bad position %lld\n", (long long)r->coverage_bad_position);
+    printf("  FLOPs per rank     max %.4g, mean %.4g (imbalance %.2f%%)\n", fmax, fsum / r->nranks,
+           100.0 * r->imbalance);
+    printf("  bytes per rank     max %.4g (group %.4g, across %.4g)\n", bmax, gmax, xmax);
+    printf("  workspace per rank %zu bytes\n", r->workspace_bytes);
+    printf("  predicted time     %.4g s (model %s)\n", cpt_plan_time(m, r), m->name);
+    if (a->explain)
+        explain(stdout, a, 0);
+}
+
+int cpt_cmd_plan(int argc, char **argv) {
+    plan_args a;
+    int rc = parse(argc, argv, &a);
+    if (rc != 0)
+        return rc < 0 ? CPT_EXIT_OK : rc;
+    cpt_plan_model m;
+    if (!cpt_plan_model_builtin(a.model, &m) && cpt_plan_model_load(a.model, &m) != CTXPAR_OK) {
+        fprintf(stderr, "ctxpar plan: %s\n", ctxpar_last_error());
+        return CPT_EXIT_USAGE;
+    }
+    if (!a.group_size_set)
+        a.cfg.group_size = m.group_size;
+    int32_t *cu = NULL;
+    ctxpar_status st = CTXPAR_OK;
+    if (a.cu_path) {
+        st = cpt_plan_read_cu_seqlens(a.cu_path, &cu, &a.cfg.params.num_docs);
+    } else if (a.docs > 0) {
+        cu = malloc((size_t)(a.docs + 1) * sizeof *cu);
+        st = cu ? cpt_plan_docs(a.dist, a.sigma, a.seed, a.cfg.seq, a.docs, cu)
+                : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "no memory for the documents");
+        a.cfg.params.num_docs = a.docs;
+    }
+    a.cfg.params.cu_seqlens = cu;
+    cpt_plan_result r;
+    if (st == CTXPAR_OK)
+        st = cpt_plan_run(&a.cfg, &r);
+    if (st != CTXPAR_OK) {
+        fprintf(stderr, "ctxpar plan: %s: %s\n", ctxpar_status_string(st), ctxpar_last_error());
+        free(cu);
+        return st == CTXPAR_ERR_INVALID_ARG || st == CTXPAR_ERR_NOT_SUPPORTED ? CPT_EXIT_USAGE
+                                                                              : CPT_EXIT_FAIL;
+    }
+    if (a.json)
+        print_json(&a, &r, &m);
+    else
+        print_table(&a, &r, &m);
+    rc = r.coverage_checked && !r.coverage_ok ? CPT_EXIT_FAIL : CPT_EXIT_OK;
+    cpt_plan_result_free(&r);
+    free(cu);
+    return rc;
+}

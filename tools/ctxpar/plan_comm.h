@@ -1,0 +1,36 @@
+/*
+ * plan_comm.h - the planner's comm: every op completes at once and moves nothing (the planner's
+ * device holds no data), but the dispatch counts its bytes as for a real comm, and it sorts what
+ * this rank sends by link class: inside the all-to-all group (a node's fast links) or across
+ * groups. Point-to-point traffic (the ring's, which overlaps compute) and collectives (which do
+ * not) are kept apart.
+ */
+#ifndef CPT_PLAN_COMM_H
+#define CPT_PLAN_COMM_H
+
+#include <stdint.h>
+
+#include "ctxpar_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { CPT_LINK_GROUP = 0, CPT_LINK_ACROSS = 1, CPT_LINKS = 2 };
+
+typedef struct cpt_plan_traffic {
+    uint64_t p2p_bytes[CPT_LINKS], p2p_msgs[CPT_LINKS];
+    uint64_t coll_bytes[CPT_LINKS], coll_msgs[CPT_LINKS];
+} cpt_plan_traffic;
+
+/* Rank `rank` of `size`. A peer is in this rank's group when peer / group_size equals
+ * rank / group_size; link >= 0 instead puts every peer in that class (the hybrid's sub-comms).
+ * Counts into *traffic (borrowed). */
+ctxpar_status cpt_plan_comm_create(int rank, int size, int group_size, int link,
+                                   cpt_plan_traffic *traffic, ctxpar_comm **comm_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CPT_PLAN_COMM_H */

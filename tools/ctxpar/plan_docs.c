@@ -1,0 +1,70 @@
+// The documents of a plan (see plan_docs.h).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctxpar_backend.h"
+#include "plan_docs.h"
+#include "testing/data.h"
+#include "testing/runner.h"
+
+// exp(sigma·z), z standard normal by Box-Muller from two uniform values in (0, 1].
+static double lognormal_weight(uint64_t seed, int64_t i, void *user) {
+    const double sigma = *(const double *)user;
+    const double u1 = 0.5 - 0.5 * cpt_test_value(seed, 101, (uint64_t)i);
+    const double u2 = 0.5 + 0.5 * cpt_test_value(seed, 102, (uint64_t)i);
+    return exp(sigma * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+ctxpar_status cpt_plan_docs(const char *dist, double sigma, uint64_t seed, int64_t seq,
+                            int64_t docs, int32_t *cu_out) {
+    if (!strcmp(dist, "uniform"))
+        return cpt_run_docs(seed, seq, docs, cu_out);
+    if (strcmp(dist, "lognormal") != 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "--doc-dist %s: uniform or lognormal", dist);
+    return cpt_run_docs_with(seed, seq, docs, lognormal_weight, &sigma, cu_out);
+}
+
+ctxpar_status cpt_plan_read_cu_seqlens(const char *path, int32_t **cu_out, int64_t *docs_out) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "--cu-seqlens %s: cannot open it", path);
+    size_t n = 0, cap = 1024;
+    int32_t *cu = malloc(cap * sizeof *cu);
+    long long v;
+    ctxpar_status st = CTXPAR_OK;
+    while (cu && fscanf(f, "%lld", &v) == 1) {
+        if (v < 0 || v > INT32_MAX) {
+            st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "--cu-seqlens %s: %lld is not a position",
+                              path, v);
+            break;
+        }
+        if (n == cap) {
+            int32_t *more = realloc(cu, 2 * cap * sizeof *cu);
+            if (!more) {
+                free(cu);
+                cu = NULL;
+                break;
+            }
+            cu = more;
+            cap *= 2;
+        }
+        cu[n++] = (int32_t)v;
+    }
+    if (st == CTXPAR_OK && cu && !feof(f))
+        st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "--cu-seqlens %s: not a list of integers", path);
+    fclose(f);
+    if (!cu)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "--cu-seqlens %s: no memory", path);
+    if (st == CTXPAR_OK && n < 2)
+        st =
+            CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "--cu-seqlens %s: needs at least 0 and seq", path);
+    if (st != CTXPAR_OK) {
+        free(cu);
+        return st;
+    }
+    *cu_out = cu;
+    *docs_out = (int64_t)n - 1;
+    return CTXPAR_OK;
+}

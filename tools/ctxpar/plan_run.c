@@ -1,0 +1,186 @@
+// The planner's dry run (see plan_run.h).
+#include <stdlib.h>
+#include <string.h>
+
+#include "hybrid.h"
+#include "plan_device.h"
+#include "plan_run.h"
+#include "registry.h"
+#include "ring_plan.h"
+#include "validate.h"
+
+// Never dereferenced: the planner's device only passes addresses around.
+#define FAKE_DATA ((void *)(uintptr_t)4096)
+
+typedef struct plan_ctx {
+    const cpt_plan_config *cfg;
+    ctxpar_device *dev;
+    ctxpar_workspace ws;
+    ctxpar_ring_plan ring_plan; // made once
+    int have_plan;
+    ctxpar_tensor q, k, v;
+} plan_ctx;
+
+// The problem rank r solves, as the front door resolves it (validation included).
+static ctxpar_status problem_of(plan_ctx *c, int r, ctxpar_problem *pb) {
+    cpt_plan_traffic none;
+    ctxpar_comm *comm = NULL;
+    CTXPAR_CHECK(cpt_plan_comm_create(r, c->cfg->ranks, 1, 0, &none, &comm));
+    ctxpar_attn_params p;
+    ctxpar_status st = ctxpar_params_normalize(&c->cfg->params, &p);
+    if (st == CTXPAR_OK)
+        st = ctxpar_validate_problem(&p, comm, &c->q, &c->k, &c->v, pb);
+    ctxpar_comm_destroy(comm);
+    pb->comm_splits = 1; // every comm a real run uses (local, MPI, NCCL) splits
+    return st;
+}
+
+// One rank's calls: forward (with the coverage recorded when asked), then backward.
+static ctxpar_status run_rank(plan_ctx *c, const ctxpar_algorithm *algo, ctxpar_problem *pb, int u,
+                              cpt_plan_cover *cover, cpt_plan_rank *out) {
+    const cpt_plan_config *cfg = c->cfg;
+    memset(out, 0, sizeof *out);
+    ctxpar_comm *comm = NULL;
+    ctxpar_grid grid = {0, NULL, NULL};
+    CTXPAR_CHECK(cpt_plan_comm_create(
+        pb->rank, pb->nranks, cfg->group_size > 0 ? cfg->group_size : 1, -1, &out->traffic, &comm));
+    ctxpar_status st = CTXPAR_OK;
+    if (u > 0) { // the hybrid's sub-comms, as its split would make them
+        st = cpt_plan_comm_create(pb->rank % u, u, 1, CPT_LINK_GROUP, &out->traffic, &grid.group);
+        if (st == CTXPAR_OK)
+            st = cpt_plan_comm_create(pb->rank / u, pb->nranks / u, 1, CPT_LINK_ACROSS,
+                                      &out->traffic, &grid.ring);
+        grid.u = u;
+    }
+    ctxpar_work_stats work = {0, 0, 0.0};
+    ctxpar_run run = {c->dev, comm,  NULL,   0,     NULL,
+                      NULL,   &work, &c->ws, &grid, c->have_plan ? &c->ring_plan : NULL};
+    // The tensors are never read: any non-NULL buffers of the right shapes.
+    ctxpar_tensor out_t = c->q, dq = c->q, dk = c->k, dv = c->v;
+    if (st == CTXPAR_OK) {
+        cpt_plan_device_record(c->dev, cover);
+        st = algo->forward(&run, pb, &c->q, &c->k, &c->v, &out_t, NULL);
+        cpt_plan_device_record(c->dev, NULL);
+        out->flops_fwd = work.flops;
+    }
+    if (st == CTXPAR_OK && cfg->backward) {
+        st = algo->backward(&run, pb, &c->q, &c->k, &c->v, &out_t, FAKE_DATA, &c->q, &dq, &dk, &dv);
+        out->flops_bwd = work.flops - out->flops_fwd;
+    }
+    if (st == CTXPAR_OK)
+        st = ctxpar_workspace_finish(&c->ws, NULL);
+    out->bytes_sent = comm->bytes_sent;
+    ctxpar_grid_release(&grid);
+    ctxpar_comm_destroy(comm);
+    return st;
+}
+
+// Every position's computed triples against the mask's, counted independently of the blocks.
+static void check_coverage(const ctxpar_problem *pb, cpt_plan_cover *cover, cpt_plan_result *res) {
+    cpt_plan_cover_settle(cover);
+    const ctxpar_span all = {0, pb->seq_global, 1};
+    const int64_t mult = pb->batch * pb->heads_q;
+    res->coverage_checked = 1;
+    res->coverage_ok = 1;
+    res->coverage_bad_position = -1;
+    for (int64_t pos = 0; pos < pb->seq_global; pos++) {
+        const int64_t want = mult * ctxpar_visible_keys(&pb->mask, pos, &all, pb->seq_global);
+        res->pairs_visible += (double)want;
+        res->pairs_computed += (double)cover->count[pos];
+        if (cover->count[pos] != want && res->coverage_ok) {
+            res->coverage_ok = 0;
+            res->coverage_bad_position = pos;
+        }
+    }
+}
+
+static void imbalance(cpt_plan_result *res) {
+    double max = 0, sum = 0;
+    for (int r = 0; r < res->nranks; r++) {
+        const double f = res->rank[r].flops_fwd + res->rank[r].flops_bwd;
+        sum += f;
+        if (f > max)
+            max = f;
+    }
+    res->imbalance = sum > 0 ? max / (sum / res->nranks) - 1.0 : 0.0;
+}
+
+ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
+    memset(res, 0, sizeof *res);
+    res->coverage_bad_position = -1;
+    const double t0 = ctxpar_now();
+    if (cfg->ranks < 1 || cfg->seq < 1 || cfg->seq % cfg->ranks != 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "plan: seq (%lld) must be a positive multiple of the ranks (%d)",
+                            (long long)cfg->seq, cfg->ranks);
+    plan_ctx c;
+    memset(&c, 0, sizeof c);
+    c.cfg = cfg;
+    const int64_t sl = cfg->seq / cfg->ranks;
+    c.q = ctxpar_tensor_bshd(FAKE_DATA, cfg->dtype, cfg->batch, sl, cfg->heads, cfg->head_dim);
+    c.k = ctxpar_tensor_bshd(FAKE_DATA, cfg->dtype, cfg->batch, sl, cfg->kv_heads, cfg->head_dim);
+    c.v = c.k;
+    ctxpar_problem pb;
+    CTXPAR_CHECK(problem_of(&c, 0, &pb));
+    // Every rank's positions, as the front door makes them for a call (and the hybrid's ring's).
+    ctxpar_layout_map map = {0}, group_map = {0};
+    CTXPAR_CHECK(ctxpar_layout_map_make(pb.layout, pb.assignment, pb.seq_global, pb.nranks, &map));
+    pb.map = &map;
+    const ctxpar_algorithm *algo =
+        ctxpar_algorithm_choose(cfg->params.algo, &pb, NULL, cfg->backward);
+    ctxpar_status st = ctxpar_algorithm_check(algo, &pb, NULL, cfg->backward);
+    if (st != CTXPAR_OK) {
+        ctxpar_layout_map_free(&map);
+        return st;
+    }
+    res->algo = algo->id;
+    res->nranks = cfg->ranks;
+    const int u = algo->id == CTXPAR_ALGO_HYBRID ? ctxpar_hybrid_ulysses(&pb) : 0;
+    res->ulysses = u;
+    res->workspace_bytes = algo->workspace_bytes(&pb);
+    res->rank = calloc((size_t)cfg->ranks, sizeof *res->rank);
+    st = res->rank ? cpt_plan_device_create(&c.dev)
+                   : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "plan: no memory for %d ranks",
+                                  cfg->ranks);
+    c.ws.dev = c.dev;
+    cpt_plan_cover cover = {0, NULL, NULL};
+    if (st == CTXPAR_OK && cfg->coverage)
+        st = cpt_plan_cover_init(&cover, cfg->seq);
+    // The ring's plan once (the hybrid's ring is over its groups).
+    if (st == CTXPAR_OK && (algo->id == CTXPAR_ALGO_RING || u > 0)) {
+        ctxpar_problem rp = pb;
+        if (u > 0) {
+            rp = ctxpar_hybrid_ring_problem(&pb, u);
+            st = ctxpar_layout_map_group(&map, u, &group_map);
+            rp.map = &group_map;
+        }
+        if (st == CTXPAR_OK)
+            st = ctxpar_ring_plan_make(&rp, &c.ring_plan);
+        c.have_plan = st == CTXPAR_OK;
+    }
+    for (int r = 0; r < cfg->ranks && st == CTXPAR_OK; r++) {
+        ctxpar_problem rpb = pb;
+        rpb.rank = r;
+        st = run_rank(&c, algo, &rpb, u, cfg->coverage ? &cover : NULL, &res->rank[r]);
+    }
+    if (st == CTXPAR_OK && cfg->coverage)
+        check_coverage(&pb, &cover, res);
+    if (st == CTXPAR_OK)
+        imbalance(res);
+    cpt_plan_cover_free(&cover);
+    if (c.have_plan)
+        ctxpar_ring_plan_free(&c.ring_plan);
+    if (c.dev) {
+        (void)ctxpar_workspace_release(&c.ws);
+        ctxpar_device_destroy(c.dev);
+    }
+    ctxpar_layout_map_free(&group_map);
+    ctxpar_layout_map_free(&map);
+    res->seconds = ctxpar_now() - t0;
+    return st;
+}
+
+void cpt_plan_result_free(cpt_plan_result *res) {
+    free(res->rank);
+    res->rank = NULL;
+}

@@ -1,0 +1,62 @@
+/*
+ * plan_run.h - a dry run of one attention call on every rank: the library's own algorithm code
+ * runs rank by rank on the planner's device and comm (plan_device.h, plan_comm.h), so the work
+ * it counts (ctxpar_block_account), the bytes it sends (the comm dispatch) and the workspace it
+ * takes (the registry's workspace_bytes) are what a real run counts, without data. The ring's
+ * transfer plan is made once for all ranks.
+ */
+#ifndef CPT_PLAN_RUN_H
+#define CPT_PLAN_RUN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctxpar.h"
+#include "plan_comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cpt_plan_config {
+    int ranks;
+    int64_t batch, seq, heads, kv_heads, head_dim; /* seq: global */
+    ctxpar_dtype dtype;
+    ctxpar_attn_params params; /* algo (or AUTO), layout, mask, window, documents, ulysses */
+    int backward;              /* also the backward call */
+    int group_size;            /* ranks sharing the fast links (a node), for the link classes of the
+                                  algorithms other than the hybrid (whose groups are its own) */
+    int coverage;              /* run the coverage proof (O(S) memory) */
+} cpt_plan_config;
+
+typedef struct cpt_plan_rank {
+    double flops_fwd, flops_bwd; /* as ctxpar_work_stats counts them (4·D per visible pair) */
+    uint64_t bytes_sent;         /* as ctxpar_context_bytes_sent counts them */
+    cpt_plan_traffic traffic;    /* by link class, point-to-point and collective */
+} cpt_plan_rank;
+
+typedef struct cpt_plan_result {
+    ctxpar_algo algo; /* what AUTO resolved to */
+    int ulysses;      /* the hybrid's group size (0 for the others) */
+    size_t workspace_bytes;
+    int nranks;
+    cpt_plan_rank *rank; /* [ranks] */
+    /* Coverage: every query position's computed (key, head, batch) triples against the mask's
+     * visible keys x heads x batch. */
+    int coverage_checked, coverage_ok;
+    int64_t coverage_bad_position;        /* the first position that differs, or -1 */
+    double pairs_computed, pairs_visible; /* x heads x batch, over all positions */
+    double imbalance; /* max / mean - 1 of per-rank FLOPs (forward + backward) */
+    double seconds;   /* how long the dry run took */
+} cpt_plan_result;
+
+/* Runs the dry run; INVALID_ARG / NOT_SUPPORTED (with the library's message) for a problem the
+ * library would refuse. result->rank is allocated: cpt_plan_result_free. */
+ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *result);
+void cpt_plan_result_free(cpt_plan_result *result);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CPT_PLAN_RUN_H */

@@ -48,7 +48,8 @@ static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb,
                            qp,
                            kp,
                            pb->mask,
-                           pb->scale};
+                           pb->scale,
+                           pb->softcap};
     *blk = b;
     return 1;
 }
@@ -58,6 +59,7 @@ static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb,
 typedef struct ring_fwd_ws {
     void *kv[2];
     float *out_acc, *lse_acc;
+    void *fold; // the sinks' fold (NULL without sinks)
 } ring_fwd_ws;
 
 static size_t ring_fwd_layout(const ctxpar_problem *pb, char *base, ring_fwd_ws *w) {
@@ -66,9 +68,12 @@ static size_t ring_fwd_layout(const ctxpar_problem *pb, char *base, ring_fwd_ws 
     w->kv[0] = ctxpar_carve_take(&c, kv_bytes + CTXPAR_XFER_TRAILER);
     w->kv[1] = pb->nranks > 1 ? ctxpar_carve_take(&c, kv_bytes + CTXPAR_XFER_TRAILER) : NULL;
     w->out_acc = ctxpar_carve_take(
-        &c, ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim) * sizeof(float));
+        &c, ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim_v) * sizeof(float));
     w->lse_acc = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) *
                                            sizeof(float));
+    w->fold = pb->sinks ? ctxpar_carve_take(
+                              &c, ctxpar_sinks_fold_bytes(pb, pb->seq_local, pb->heads_q))
+                        : NULL;
     return c.used;
 }
 
@@ -77,7 +82,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
                                      const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
     const int P = pb->nranks;
     const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_local);
-    const size_t out_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
+    const size_t out_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim_v);
     const size_t lse_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
     ctxpar_ring_plan plan = {0, NULL, NULL};
     ctxpar_xfer x = {0};
@@ -117,7 +122,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
         CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.lse_acc, -INFINITY, lse_n, run->stream), st,
                           done);
     }
-    st = ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, out, lse);
+    st = ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, w.fold, out, lse);
 done:
     ctxpar_xfer_cancel(run, &x);
     ctxpar_ring_plan_free(&plan);
@@ -138,6 +143,7 @@ typedef struct ring_bwd {
     float *d[2];
     float *dq_acc, *delta;
     size_t dkv_n, dkv_bytes;
+    size_t dk_n; // dK's floats in a dK/dV buffer: dV follows
 } ring_bwd;
 
 // Where the partial sum of the block held at step s goes next: along its path (sum_last), then
@@ -198,7 +204,7 @@ static ctxpar_status bwd_step(const ctxpar_run *run, const ctxpar_problem *pb, r
         if (holds && block_for_step(run, pb, qs, &ks, s, q, cur, &blk)) {
             double t0 = ctxpar_now();
             CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc,
-                                                   acc, acc + w->dkv_n / 2, run->stream));
+                                                   acc, acc + w->dk_n, run->stream));
             ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", s, block_at(pb, s), t0, ctxpar_now(),
                              0);
         }
@@ -233,11 +239,11 @@ static ctxpar_status own_block_bwd(const ctxpar_run *run, const ctxpar_problem *
     ctxpar_spans qp = {qs->span, qs->count}, kp = {ks.span, ks.count};
     if (!ctxpar_block_account(run, pb, qp, kp))
         return CTXPAR_OK;
-    ctxpar_attn_block blk = {*q, *k, *v, qp, kp, pb->mask, pb->scale};
+    ctxpar_attn_block blk = {*q, *k, *v, qp, kp, pb->mask, pb->scale, pb->softcap};
     float *acc = w->d[0];
     double t0 = ctxpar_now();
     CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc, acc,
-                                           acc + w->dkv_n / 2, run->stream));
+                                           acc + w->dk_n, run->stream));
     ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", 0, pb->rank, t0, ctxpar_now(), 0);
     return CTXPAR_OK;
 }
@@ -253,6 +259,7 @@ static ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem
     ring_bwd w = {0};
     w.dkv_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_local);
     w.dkv_n = w.dkv_bytes / sizeof(float);
+    w.dk_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_kv, pb->head_dim);
     void *base = NULL;
     ctxpar_status st;
 

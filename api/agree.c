@@ -22,6 +22,10 @@ enum {
     F_HEAD_DIM,
     F_DTYPE,
     F_VERIFY,
+    F_HEAD_DIM_V,
+    F_SOFTCAP,
+    F_SINKS_HASH,
+    F_DSINKS,
     F_COUNT
 };
 
@@ -31,7 +35,8 @@ static const char *const field_name[F_COUNT] = {
     "window_right",          "num_docs",                     "cu_seqlens contents",
     "softmax_scale",         "global sequence length",       "batch",
     "q heads",               "k/v heads",                    "head_dim",
-    "dtype",                 "verify_transfers option"};
+    "dtype",                 "verify_transfers option",     "v head_dim",
+    "softcap",               "sinks contents",              "dsinks wanted"};
 
 // Order-sensitive hash of the document boundaries, kept to 62 bits so that it can be negated.
 static int64_t docs_hash(const ctxpar_attn_params *p) {
@@ -65,6 +70,12 @@ ctxpar_status ctxpar_check_agreement(ctxpar_context *ctx, ctxpar_call_kind kind,
         f[F_HEAD_DIM] = pb->head_dim;
         f[F_DTYPE] = pb->dtype;
         f[F_VERIFY] = ctx->options.verify_transfers != 0;
+        uint32_t cap_bits;
+        memcpy(&cap_bits, &pb->softcap, sizeof cap_bits);
+        f[F_HEAD_DIM_V] = pb->head_dim_v;
+        f[F_SOFTCAP] = cap_bits;
+        f[F_SINKS_HASH] = pb->sinks ? pb->sinks_hash | 1 : 0; // never 0 with sinks
+        f[F_DSINKS] = pb->dsinks != NULL;
     }
     if (ctx->comm->size == 1)
         return CTXPAR_OK;

@@ -51,12 +51,14 @@ static ctxpar_status abort_on_failure(ctxpar_context *ctx, ctxpar_status st) {
 // *norm), the algorithm and whether the device can run it. A failure here leaves the comm usable.
 static ctxpar_status validate_fwd(const ctxpar_context *ctx, const ctxpar_attn_params *params,
                                   const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                  const ctxpar_tensor *v, const ctxpar_tensor *out, int backward,
-                                  ctxpar_attn_params *norm, ctxpar_problem *pb,
+                                  const ctxpar_tensor *v, const ctxpar_tensor *out, int has_out,
+                                  int backward, ctxpar_attn_params *norm, ctxpar_problem *pb,
                                   const ctxpar_algorithm **algo) {
     CTXPAR_CHECK(ctxpar_params_normalize(params, norm));
     CTXPAR_CHECK(ctxpar_validate_problem(norm, ctx->comm, q, k, v, pb));
-    CTXPAR_CHECK(ctxpar_validate_same("out", out, "q", q));
+    if (has_out) // not for a query without the call's out (attn_supported, reserve)
+        CTXPAR_CHECK(ctxpar_validate_like("out", out, "q", q, "v.shape[3]", v->shape[3]));
+    CTXPAR_CHECK(ctxpar_validate_sinks(ctx->dev, norm, pb->heads_q, &pb->sinks_hash));
     *algo = ctxpar_algorithm_choose(norm->algo, pb, ctx->dev, backward);
     return ctxpar_algorithm_check(*algo, pb, ctx->dev, backward);
 }
@@ -76,7 +78,7 @@ ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     ctxpar_attn_params p;
     ctxpar_problem pb;
     const ctxpar_algorithm *algo = NULL;
-    ctxpar_status st = validate_fwd(ctx, params, q, k, v, out, 0, &p, &pb, &algo);
+    ctxpar_status st = validate_fwd(ctx, params, q, k, v, out, 1, 0, &p, &pb, &algo);
     CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_FWD, &p, &pb, algo_id(algo), st));
     ctxpar_run run = make_run(ctx, stream);
     st = algo->forward(&run, &pb, q, k, v, out, lse);
@@ -90,9 +92,9 @@ static ctxpar_status validate_bwd(const ctxpar_context *ctx, const ctxpar_attn_p
                                   const ctxpar_tensor *dq, const ctxpar_tensor *dk,
                                   const ctxpar_tensor *dv, ctxpar_attn_params *norm,
                                   ctxpar_problem *pb, const ctxpar_algorithm **algo) {
-    CTXPAR_CHECK(validate_fwd(ctx, params, q, k, v, out, 1, norm, pb, algo));
+    CTXPAR_CHECK(validate_fwd(ctx, params, q, k, v, out, 1, 1, norm, pb, algo));
     CTXPAR_CHECK(check_lse("lse", lse));
-    CTXPAR_CHECK(ctxpar_validate_same("dout", dout, "q", q));
+    CTXPAR_CHECK(ctxpar_validate_like("dout", dout, "q", q, "v.shape[3]", v->shape[3]));
     CTXPAR_CHECK(ctxpar_validate_same("dq", dq, "q", q));
     CTXPAR_CHECK(ctxpar_validate_same("dk", dk, "k", k));
     return ctxpar_validate_same("dv", dv, "v", v);
@@ -114,6 +116,8 @@ ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     CTXPAR_CHECK(agree(ctx, CTXPAR_CALL_BWD, &p, &pb, algo_id(algo), st));
     ctxpar_run run = make_run(ctx, stream);
     st = algo->backward(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
+    if (st == CTXPAR_OK && pb.dsinks) // after every gradient: written only on success
+        st = ctxpar_sinks_backward(&run, &pb, out, dout, lse);
     return abort_on_failure(ctx, finish(ctx, stream, st));
 }
 
@@ -134,7 +138,7 @@ ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx, const ctxpar_at
 }
 
 // A forward and backward call's local checks without running it (the backward's blocks include
-// the forward's; out would have q's shape and dtype, so q stands in for it).
+// the forward's; out is the caller's to make, so it is not looked at).
 static ctxpar_status check_call(const ctxpar_context *ctx, const ctxpar_attn_params *params,
                                 const ctxpar_tensor *q, const ctxpar_tensor *k,
                                 const ctxpar_tensor *v, ctxpar_problem *pb,
@@ -143,7 +147,7 @@ static ctxpar_status check_call(const ctxpar_context *ctx, const ctxpar_attn_par
     if (!ctx)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
     ctxpar_attn_params p;
-    return validate_fwd(ctx, params, q, k, v, q, 1, &p, pb, algo);
+    return validate_fwd(ctx, params, q, k, v, NULL, 0, 1, &p, pb, algo);
 }
 
 ctxpar_status ctxpar_attn_supported(const ctxpar_context *ctx, const ctxpar_attn_params *params,
@@ -162,6 +166,7 @@ ctxpar_status ctxpar_context_reserve(ctxpar_context *ctx, const ctxpar_attn_para
     // Sized for the backward, whose workspace holds the forward's.
     CTXPAR_CHECK(check_call(ctx, params, q, k, v, &pb, &algo));
     void *base = NULL;
-    CTXPAR_CHECK(ctxpar_workspace_acquire(&ctx->ws, algo->workspace_bytes(&pb), NULL, &base));
+    size_t bytes = algo->workspace_bytes(&pb), sinks = ctxpar_sinks_backward_bytes(&pb);
+    CTXPAR_CHECK(ctxpar_workspace_acquire(&ctx->ws, bytes > sinks ? bytes : sinks, NULL, &base));
     return ctxpar_workspace_finish(&ctx->ws, NULL);
 }

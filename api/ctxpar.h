@@ -322,7 +322,7 @@ CTXPAR_API ctxpar_status ctxpar_context_set_trace(ctxpar_context *ctx, ctxpar_tr
 typedef struct ctxpar_work_stats {
     uint64_t blocks_computed; /* (Q block, K/V block) pairs a kernel ran on */
     uint64_t blocks_skipped;  /* pairs skipped as fully masked */
-    double flops;             /* useful FLOPs: 4*D per visible (query, key) pair forward */
+    double flops; /* useful FLOPs: 2*(D + Dv) per visible (query, key) pair forward (4*D without MLA) */
 } ctxpar_work_stats;
 
 CTXPAR_API ctxpar_status ctxpar_context_work_stats(const ctxpar_context *ctx,

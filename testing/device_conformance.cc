@@ -280,7 +280,8 @@ TEST_P(HeadDim, ForwardAndBackwardMatchOracle) {
     const uint64_t allocs = dev()->alloc_count;
     const size_t held = dev()->mem_current;
     for (int backward : {0, 1}) {
-        ctxpar_attn_query query = {p.dtype, p.B, p.Sq(), p.Sk(), p.Hq, p.Hkv, p.D, {}, backward};
+        ctxpar_attn_query query = {p.dtype, p.B, p.Sq(), p.Sk(), p.Hq,
+                                   p.Hkv,   p.D, {},     backward, p.D, 0.0f, 0};
         query.mask.causal = p.causal;
         ctxpar_clear_error();
         const ctxpar_status st = ctxpar_dev_attn_supported(dev(), &query);

@@ -51,12 +51,21 @@ int cpt_run_threads_per_rank(const cpt_run_config *cfg, int ranks) {
     return t > 0 ? t : 1;
 }
 
+// head_dim of a global tensor: out and dv have v's (MLA).
+static int64_t tensor_dim(const cpt_run_config *cfg, int i) {
+    return i == CPT_T_OUT || i == CPT_T_DV ? cpt_run_dim_v(cfg) : cfg->head_dim;
+}
+
 // Element counts of the five global tensors.
 static size_t global_count(const cpt_run_config *cfg, int i) {
     int64_t heads = (i == CPT_T_DK || i == CPT_T_DV) ? cfg->kv_heads : cfg->heads;
     if (i == CPT_T_LSE)
         return (size_t)(cfg->batch * cfg->heads * cfg->seq);
-    return (size_t)(cfg->batch * cfg->seq * heads * cfg->head_dim);
+    return (size_t)(cfg->batch * cfg->seq * heads * tensor_dim(cfg, i));
+}
+
+static int has_dsinks(const cpt_run_config *cfg) {
+    return cfg->params.sinks && cfg->backward;
 }
 
 static int has_tensor(const cpt_run_config *cfg, int i) {
@@ -76,6 +85,10 @@ ctxpar_status cpt_run_outputs_alloc(const cpt_run_config *cfg, cpt_run_outputs *
                                 cpt_run_tensor_name((cpt_run_tensor)i));
         }
     }
+    if (has_dsinks(cfg) && !(out->dsinks = calloc((size_t)cfg->heads, sizeof(float)))) {
+        cpt_run_outputs_free(out);
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate dsinks");
+    }
     return CTXPAR_OK;
 }
 
@@ -84,17 +97,27 @@ void cpt_run_outputs_free(cpt_run_outputs *out) {
         free(out->t[i]);
         out->t[i] = NULL;
     }
+    free(out->dsinks);
+    out->dsinks = NULL;
 }
 
 static ctxpar_tensor global_view(const cpt_run_config *cfg, void *data, int i) {
     int64_t heads = (i == CPT_T_DK || i == CPT_T_DV) ? cfg->kv_heads : cfg->heads;
-    return ctxpar_tensor_bshd(data, cfg->dtype, cfg->batch, cfg->seq, heads, cfg->head_dim);
+    return ctxpar_tensor_bshd(data, cfg->dtype, cfg->batch, cfg->seq, heads, tensor_dim(cfg, i));
 }
 
 ctxpar_status cpt_run_outputs_place(const cpt_run_config *cfg, int rank, int nranks,
                                        const cpt_rank_outputs *local,
                                        cpt_run_outputs *global) {
     int64_t seq = cfg->seq / nranks;
+    if (local->dsinks && global->dsinks) { // rank 0's; any other rank's bits must match it
+        const size_t bytes = (size_t)cfg->heads * sizeof(float);
+        if (rank == 0)
+            memcpy(global->dsinks, local->dsinks, bytes);
+        else if (memcmp(global->dsinks, local->dsinks, bytes) != 0)
+            for (int64_t h = 0; h < cfg->heads; h++)
+                global->dsinks[h] = NAN;
+    }
     for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         if (!has_tensor(cfg, i) || !local->t[i])
             continue;
@@ -114,7 +137,7 @@ ctxpar_status cpt_run_outputs_place(const cpt_run_config *cfg, int rank, int nra
         }
         ctxpar_tensor g = global_view(cfg, global->t[i], i);
         ctxpar_tensor l = ctxpar_tensor_bshd(local->t[i], cfg->dtype, cfg->batch, seq, g.shape[2],
-                               cfg->head_dim);
+                                             g.shape[3]);
         CTXPAR_CHECK(ctxpar_unshard(cfg->params.layout, rank, nranks, &l, &g));
     }
     return CTXPAR_OK;
@@ -185,6 +208,7 @@ typedef struct oracle_result {
     double *t[CPT_RUN_TENSORS];
     double *mag[CPT_RUN_TENSORS];   // the per-element bound's magnitudes
     double *mag16[CPT_RUN_TENSORS]; // its 16-bit ones (16-bit runs and kept oracles), or NULL
+    double *dsinks, *mag_dsinks, *mag16_dsinks; // [heads] each (dsinks runs)
 } oracle_result;
 
 static void oracle_free(oracle_result *o) {
@@ -193,13 +217,23 @@ static void oracle_free(oracle_result *o) {
         free(o->mag[i]);
         free(o->mag16[i]);
     }
+    free(o->dsinks);
+    free(o->mag_dsinks);
+    free(o->mag16_dsinks);
 }
 
 static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
     memset(o, 0, sizeof *o);
-    size_t nq = global_count(cfg, CPT_T_OUT), nk = global_count(cfg, CPT_T_DK);
-    double *q = malloc(nq * sizeof *q), *k = malloc(nk * sizeof *k), *v = malloc(nk * sizeof *v);
-    double *dout = cfg->backward ? malloc(nq * sizeof *dout) : NULL;
+    size_t nq = global_count(cfg, CPT_T_DQ), nk = global_count(cfg, CPT_T_DK);
+    size_t no = global_count(cfg, CPT_T_OUT), nv = global_count(cfg, CPT_T_DV);
+    double *q = malloc(nq * sizeof *q), *k = malloc(nk * sizeof *k), *v = malloc(nv * sizeof *v);
+    double *dout = cfg->backward ? malloc(no * sizeof *dout) : NULL;
+    double *sinks = cfg->params.sinks ? malloc((size_t)cfg->heads * sizeof *sinks) : NULL;
+    if (has_dsinks(cfg)) {
+        o->dsinks = malloc((size_t)cfg->heads * sizeof(double));
+        o->mag_dsinks = malloc((size_t)cfg->heads * sizeof(double));
+        o->mag16_dsinks = malloc((size_t)cfg->heads * sizeof(double));
+    }
     int64_t *pos = malloc((size_t)cfg->seq * sizeof *pos);
     ctxpar_status st = CTXPAR_OK;
     // Results judged at a 16-bit dtype need the 16-bit magnitudes (audit may judge any dtype).
@@ -211,7 +245,8 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
             if (want16)
                 o->mag16[i] = malloc(global_count(cfg, i) * sizeof(double));
         }
-    int ok = q && k && v && pos && (!cfg->backward || dout);
+    int ok = q && k && v && pos && (!cfg->backward || dout) && (!cfg->params.sinks || sinks) &&
+             (!has_dsinks(cfg) || (o->dsinks && o->mag_dsinks && o->mag16_dsinks));
     for (int i = 0; i < CPT_RUN_TENSORS; i++)
         ok = ok && (!has_tensor(cfg, i) || (o->t[i] && o->mag[i] && (!want16 || o->mag16[i])));
     if (!ok) {
@@ -232,17 +267,24 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
     // The library resolves the default scale in float; use the same value.
     if (cfg->params.softmax_scale == 0.0f)
         scale = (double)(1.0f / sqrtf((float)cfg->head_dim));
-    cpt_oracle_fwd(&shape, q, k, v, pos, pos, &mask, scale, o->t[CPT_T_OUT],
+    // MLA, soft-capping and sinks as the library was asked for them (the sinks' F32 values).
+    for (int64_t h = 0; sinks && h < cfg->heads; h++)
+        sinks[h] = (double)cfg->params.sinks[h];
+    const cpt_oracle_features feat = {cpt_run_dim_v(cfg), (double)cfg->params.softcap, sinks,
+                                      NULL, 0};
+    cpt_oracle_fwd_ex(&shape, q, k, v, pos, pos, &mask, &feat, scale, o->t[CPT_T_OUT],
                       o->t[CPT_T_LSE]);
     if (cfg->backward) {
         cpt_run_fill_global_f64(cfg, CPT_RUN_ID_DOUT, dout);
-        cpt_oracle_bwd(&shape, q, k, v, pos, pos, &mask, scale, dout, o->t[CPT_T_DQ],
-                          o->t[CPT_T_DK], o->t[CPT_T_DV]);
+        cpt_oracle_bwd_ex(&shape, q, k, v, pos, pos, &mask, &feat, scale, dout, o->t[CPT_T_DQ],
+                          o->t[CPT_T_DK], o->t[CPT_T_DV], o->dsinks);
     }
     cpt_magnitudes mag = {{o->mag[0], o->mag[1], o->mag[2], o->mag[3], o->mag[4]},
                           {o->mag16[0], o->mag16[1], o->mag16[2], o->mag16[3], o->mag16[4]}};
-    st = cpt_bound_magnitudes_masked(&shape, q, k, v, dout, pos, pos, &mask, scale, &mag);
+    st = cpt_bound_magnitudes_ex(&shape, q, k, v, dout, pos, pos, &mask, &feat, scale, &mag,
+                                 o->mag_dsinks, o->mag16_dsinks);
 done:
+    free(sinks);
     free(q);
     free(k);
     free(v);
@@ -274,7 +316,8 @@ static double tensor_row_error(const cpt_run_config *cfg, const cpt_run_outputs 
         cpt_test_to_f64(&t, got64);
         for (size_t j = 0; j < n; j++)
             got[j] = (float)got64[j]; // exact: the stored values are F32 or 16-bit
-        e = cpt_rel_error_rows(got, ref, n / (size_t)cfg->head_dim, (size_t)cfg->head_dim, NULL);
+        const size_t dim = (size_t)tensor_dim(cfg, i);
+        e = cpt_rel_error_rows(got, ref, n / dim, dim, NULL);
     }
     free(got64);
     free(got);
@@ -298,7 +341,7 @@ static ctxpar_status bound_verdict(const cpt_run_config *cfg, const cpt_run_outp
     w->rank = -1;
     if (bs.worst < 0)
         return CTXPAR_OK;
-    const int64_t x = bs.worst, S = cfg->seq, D = cfg->head_dim;
+    const int64_t x = bs.worst, S = cfg->seq, D = tensor_dim(cfg, i);
     const int64_t H = (i == CPT_T_DK || i == CPT_T_DV) ? cfg->kv_heads : cfg->heads;
     if (i == CPT_T_LSE) {
         *w = (cpt_run_where){x / (H * S), x % S, x / S % H, 0, -1,
@@ -331,9 +374,34 @@ static int bitwise_equal(const cpt_run_config *cfg, const cpt_run_outputs *a,
     return cpt_bitwise_diff(a->t[i], b->t[i], global_count(cfg, i), es, NULL) == 0;
 }
 
+// dsinks ([heads] F32) against the oracle: its per-element bound (computed from the run's dtype,
+// which its inputs had), and the P-rank error next to the P = 1 error.
+static ctxpar_status evaluate_dsinks(const cpt_run_config *cfg, const cpt_run_outputs *single,
+                                     const oracle_result *o, cpt_run_result *res) {
+    res->has_dsinks = 1;
+    res->dsinks_bound_ratio = res->dsinks_error = res->dsinks_error_1 = NAN;
+    res->dsinks_ratio_ok = 1;
+    if (!cfg->compare_oracle)
+        return CTXPAR_OK;
+    const size_t n = (size_t)cfg->heads;
+    const int f32 = cfg->dtype == CTXPAR_DTYPE_F32;
+    res->dsinks_bound_ratio =
+        cpt_bound_check(res->outputs.dsinks, o->dsinks, o->mag_dsinks,
+                        f32 ? NULL : o->mag16_dsinks, n, cfg->dtype, 0)
+            .max_ratio;
+    res->dsinks_error = cpt_compare_f32(res->outputs.dsinks, o->dsinks, n).rel;
+    if (single && single->dsinks && cfg->ranks > 1) {
+        res->dsinks_error_1 = cpt_compare_f32(single->dsinks, o->dsinks, n).rel;
+        res->dsinks_ratio_ok = cpt_error_ratio_ok(res->dsinks_error, res->dsinks_error_1);
+    }
+    res->ok = res->ok && res->dsinks_bound_ratio <= 1.0 && res->dsinks_ratio_ok;
+    return CTXPAR_OK;
+}
+
 ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs *single,
                                   cpt_run_result *res) {
     oracle_result o;
+    ctxpar_status st_dsinks;
     memset(&o, 0, sizeof o);
     if (cfg->compare_oracle)
         CTXPAR_CHECK(run_oracle(cfg, &o));
@@ -370,6 +438,10 @@ ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs 
         }
         res->ok = res->ok && res->within_tol[i] && res->ratio_ok[i];
     }
+    if (has_dsinks(cfg) && (st_dsinks = evaluate_dsinks(cfg, single, &o, res)) != CTXPAR_OK) {
+        oracle_free(&o);
+        return st_dsinks;
+    }
     if (cfg->keep_oracle) // handed over to the result
         for (int i = 0; i < CPT_RUN_TENSORS; i++) {
             res->oracle[i] = o.t[i];
@@ -385,9 +457,9 @@ ctxpar_status cpt_run_check_config(const cpt_run_config *cfg) {
     if (cfg->ranks < 1 || cfg->ranks > 1024)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ranks (%d) must be in [1, 1024]", cfg->ranks);
     if (cfg->batch < 1 || cfg->seq < 1 || cfg->heads < 1 || cfg->kv_heads < 1 ||
-        cfg->head_dim < 1)
+        cfg->head_dim < 1 || cfg->head_dim_v < 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "batch, seq, heads, kv-heads and dim must "
-                                                    "be >= 1");
+                                                    "be >= 1 (v-dim >= 0)");
     if (cfg->seq % cfg->ranks != 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "seq (%lld) does not divide by ranks (%d)",
                             (long long)cfg->seq, cfg->ranks);
@@ -443,7 +515,7 @@ ctxpar_status cpt_run_collect(const cpt_run_config *cfg, int ranks, cpt_run_outp
 }
 
 ctxpar_status cpt_run_finish(const cpt_run_config *cfg, cpt_run_result *res) {
-    cpt_run_outputs single = {{0}};
+    cpt_run_outputs single = {{0}, NULL};
     ctxpar_status st = CTXPAR_OK;
     if (res->status == CTXPAR_OK && cfg->compare_single) {
         cpt_run_result r1;

@@ -75,6 +75,11 @@ typedef struct ctxpar_problem {
     int64_t seq_max;
     const int32_t *assignment;     /* CTXPAR_LAYOUT_CUSTOM's (params.assignment) */
     const ctxpar_layout_map *map;  /* set by the front door for the attention calls */
+    int64_t head_dim_v;   /* of v, out, dout, dv (MLA: may differ from head_dim) */
+    float softcap;        /* > 0: soft-capped scores (ctxpar_attn_block) */
+    const float *sinks;   /* [Hq] device memory, or NULL (sinks.c) */
+    float *dsinks;        /* [Hq] device memory, or NULL */
+    int64_t sinks_hash;   /* of the sink values' bits, for the agreement check */
 } ctxpar_problem;
 
 /* Rank j's token count and positions in a problem. */
@@ -160,8 +165,8 @@ ctxpar_status ctxpar_move_shard_rows(const ctxpar_run *run, const ctxpar_problem
                                      const ctxpar_tensor *local, const ctxpar_tensor *global,
                                      int to_global);
 
-/* K and V of `seq` rows packed back to back in one buffer: [2][B, seq, Hkv, D] of `dtype`;
- * which = 0 for K, 1 for V. */
+/* K and V of `seq` rows packed back to back in one buffer: K [B, seq, Hkv, D] then V
+ * [B, seq, Hkv, Dv] of `dtype`; which = 0 for K, 1 for V. */
 ctxpar_tensor ctxpar_packed_kv(void *buf, ctxpar_dtype dtype, const ctxpar_problem *pb, int64_t seq,
                                int which);
 size_t ctxpar_packed_kv_bytes(ctxpar_dtype dtype, const ctxpar_problem *pb, int64_t seq);
@@ -170,9 +175,10 @@ size_t ctxpar_packed_kv_bytes(ctxpar_dtype dtype, const ctxpar_problem *pb, int6
 ctxpar_status ctxpar_pack_kv(const ctxpar_run *run, const ctxpar_problem *pb,
                              const ctxpar_tensor *k, const ctxpar_tensor *v, void *buf);
 
-/* Casts the F32 accumulators to the caller's out and copies lse (may be NULL). */
-ctxpar_status ctxpar_store_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                               const float *out_acc, const float *lse_acc, ctxpar_tensor *out,
+/* Folds the sinks in (pb->sinks: fold_scratch holds ctxpar_sinks_fold_bytes for the local rows),
+ * then casts the F32 accumulators to the caller's out and copies lse (may be NULL). */
+ctxpar_status ctxpar_store_fwd(const ctxpar_run *run, const ctxpar_problem *pb, float *out_acc,
+                               float *lse_acc, void *fold_scratch, ctxpar_tensor *out,
                                float *lse);
 
 /* Carves aligned buffers out of one block. With base NULL it only measures, so that one function
@@ -186,6 +192,27 @@ void *ctxpar_carve_take(ctxpar_carve *c, size_t bytes);
 
 /* The run's workspace, at least `bytes` (ctxpar_workspace_acquire on the run's stream). */
 ctxpar_status ctxpar_run_workspace(const ctxpar_run *run, size_t bytes, void **base_out);
+
+/* Attention sinks (sinks.c, docs/numerics.md). The forward folds each head's sink logit into its
+ * finished rows once, after every merge: lse' = logaddexp(lse, sink), out' = out e^(lse - lse')
+ * (an attn_merge with a zero partial), over `seq` rows of `heads` heads starting at head0, with
+ * out_acc [B, seq, heads, Dv] and lse_acc [B, heads, seq]; `scratch` holds
+ * ctxpar_sinks_fold_bytes. */
+size_t ctxpar_sinks_fold_bytes(const ctxpar_problem *pb, int64_t seq, int64_t heads);
+ctxpar_status ctxpar_sinks_fold(const ctxpar_run *run, const ctxpar_problem *pb, float *out_acc,
+                                float *lse_acc, int64_t seq, int64_t heads, int64_t head0,
+                                void *scratch);
+/* dsinks[h] = -sum over batch and every rank's rows of e^(sink_h - lse) * rowsum(dout * out),
+ * summed across ranks in rank order (every rank gets the same bits) and written to pb->dsinks.
+ * Collective; run after the backward, from the caller's out, dout and lse (local rows). */
+ctxpar_status ctxpar_sinks_backward(const ctxpar_run *run, const ctxpar_problem *pb,
+                                    const ctxpar_tensor *out, const ctxpar_tensor *dout,
+                                    const float *lse);
+/* The workspace ctxpar_sinks_backward takes. */
+size_t ctxpar_sinks_backward_bytes(const ctxpar_problem *pb);
+/* Copies n sink values starting at head h0 to the host (synchronised). */
+ctxpar_status ctxpar_sinks_read(ctxpar_device *dev, const float *sinks, int64_t h0, int64_t n,
+                                float *host);
 
 /* Each algorithm (ring.c, allgather.c, alltoall.c) is an entry of the table in registry.h. */
 

@@ -48,7 +48,8 @@ static ctxpar_attn_block whole_block(const ctxpar_problem *pb, ctxpar_spans qs,
                              qs,
                              {all, 1},
                              pb->mask,
-                             pb->scale};
+                             pb->scale,
+                             pb->softcap};
     return blk;
 }
 
@@ -58,6 +59,7 @@ static ctxpar_attn_block whole_block(const ctxpar_problem *pb, ctxpar_spans qs,
 typedef struct allgather_ws {
     void *local, *gathered, *kv_global;
     float *out_acc, *lse_acc;
+    void *fold; // the sinks' fold (NULL without sinks)
     float *dq_acc, *delta;
     void *dkv_global, *dkv_blocks, *dkv_mine;
 } allgather_ws;
@@ -75,8 +77,13 @@ static size_t allgather_layout(const ctxpar_problem *pb, int backward, char *bas
     w->gathered = P > 1 ? ctxpar_carve_take(&c, block * (size_t)P) : NULL;
     w->kv_global = ctxpar_carve_take(&c, ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_global));
     if (!backward) {
-        w->out_acc = ctxpar_carve_take(&c, q_n * sizeof(float));
+        w->out_acc = ctxpar_carve_take(
+            &c, ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim_v) *
+                    sizeof(float));
         w->lse_acc = ctxpar_carve_take(&c, row_n * sizeof(float));
+        if (pb->sinks)
+            w->fold = ctxpar_carve_take(&c, ctxpar_sinks_fold_bytes(pb, pb->seq_local,
+                                                                    pb->heads_q));
         return c.used;
     }
     w->dq_acc = ctxpar_carve_take(&c, q_n * sizeof(float));
@@ -130,7 +137,7 @@ static ctxpar_status ctxpar_allgather_fwd(const ctxpar_run *run, const ctxpar_pr
             ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc, 0, run->stream));
         ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", -1, -1, t0, ctxpar_now(), 0);
     }
-    return ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, out, lse);
+    return ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, w.fold, out, lse);
 }
 
 // Rearranges the global dK/dV ([2][B, S, Hkv, D] F32) into P packed per-rank blocks in the
@@ -176,7 +183,7 @@ static ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_pr
         whole_block(pb, ctxpar_problem_spans(pb, pb->rank), &all, q, kv_global);
     if (ctxpar_block_account(run, pb, blk.q_pos, blk.k_pos)) {
         float *dk_g = dkv_global;
-        float *dv_g = dk_g + dkv_global_bytes / sizeof(float) / 2;
+        float *dv_g = dk_g + ctxpar_count(pb->batch, pb->seq_global, pb->heads_kv, pb->head_dim);
         double t0 = ctxpar_now();
         CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, delta, dq_acc, dk_g,
                                                     dv_g, run->stream),

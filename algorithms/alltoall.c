@@ -144,7 +144,8 @@ static ctxpar_status pack_tokens(const ctxpar_run *run, const ctxpar_problem *pb
 
 static ctxpar_attn_block whole(const ctxpar_problem *pb, const ctxpar_span *all,
                                const ctxpar_tensor *g) {
-    ctxpar_attn_block blk = {g[0], g[1], g[2], {all, 1}, {all, 1}, pb->mask, pb->scale};
+    ctxpar_attn_block blk = {g[0],     g[1],      g[2],       {all, 1},
+                             {all, 1}, pb->mask, pb->scale, pb->softcap};
     return blk;
 }
 
@@ -155,18 +156,19 @@ typedef struct a2a_ws {
     void *send, *recv, *glob;
     void *acc;
     float *lse, *delta, *dkv_sum;
+    void *fold; // the sinks' fold (forward with sinks)
 } a2a_ws;
 
 static size_t a2a_layout(const ctxpar_problem *pb, int backward, char *base, a2a_ws *w) {
-    const int64_t S = pb->seq_global, D = pb->head_dim;
+    const int64_t S = pb->seq_global, D = pb->head_dim, Dv = pb->head_dim_v;
     const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(pb);
     const ctxpar_dtype dt = pb->dtype, f32 = CTXPAR_DTYPE_F32;
     // What travels each way: forward q, k, v in and out, lse back; backward q, k, v, out, dout,
     // lse in and dq, dk, dv back (as in the functions below).
-    const ctxpar_seg in[6] = {{dt, h.hq, D}, {dt, h.hk, D}, {dt, h.hk, D},
-                              {dt, h.hq, D}, {dt, h.hq, D}, {f32, h.hq, 1}};
-    const ctxpar_seg fwd_back[2] = {{dt, h.hq, D}, {f32, h.hq, 1}};
-    const ctxpar_seg bwd_back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, D}};
+    const ctxpar_seg in[6] = {{dt, h.hq, D},  {dt, h.hk, D},  {dt, h.hk, Dv},
+                       {dt, h.hq, Dv}, {dt, h.hq, Dv}, {f32, h.hq, 1}};
+    const ctxpar_seg fwd_back[2] = {{dt, h.hq, Dv}, {f32, h.hq, 1}};
+    const ctxpar_seg bwd_back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, Dv}};
     const int n_in = backward ? 6 : 3;
     // Every block is sized for the largest shard; each holds its owner's count of rows.
     const size_t in_b = ctxpar_a2a_block_bytes(pb, in, n_in, pb->seq_max);
@@ -180,12 +182,14 @@ static size_t a2a_layout(const ctxpar_problem *pb, int backward, char *base, a2a
     w->recv = ctxpar_carve_take(&c, big);
     w->glob = ctxpar_carve_take(&c, ctxpar_a2a_block_bytes(pb, in, backward ? 5 : 3, S));
     w->acc = ctxpar_carve_take(&c, backward ? ctxpar_a2a_block_bytes(pb, bwd_back, 3, S)
-                                            : ctxpar_count(pb->batch, S, h.hq, D) * sizeof(float));
+                                            : ctxpar_count(pb->batch, S, h.hq, Dv) * sizeof(float));
     w->lse = ctxpar_carve_take(&c, rows);
+    if (!backward && pb->sinks)
+        w->fold = ctxpar_carve_take(&c, ctxpar_sinks_fold_bytes(pb, S, h.hq));
     if (backward) {
         w->delta = ctxpar_carve_take(&c, rows);
         if (h.replicate)
-            w->dkv_sum = ctxpar_carve_take(&c, 2 * ctxpar_count(pb->batch, pb->seq_local, D, 1) *
+            w->dkv_sum = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->seq_local, D + Dv, 1) *
                                                    (size_t)pb->heads_kv * sizeof(float));
     }
     return c.used;
@@ -209,10 +213,10 @@ static ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_pro
                                          const ctxpar_tensor *q, const ctxpar_tensor *k,
                                          const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
     const int P = pb->nranks;
-    const int64_t S = pb->seq_global, D = pb->head_dim;
+    const int64_t S = pb->seq_global, D = pb->head_dim, Dv = pb->head_dim_v;
     const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(pb);
-    const ctxpar_seg in[3] = {{pb->dtype, h.hq, D}, {pb->dtype, h.hk, D}, {pb->dtype, h.hk, D}};
-    const ctxpar_seg back[2] = {{pb->dtype, h.hq, D}, {CTXPAR_DTYPE_F32, h.hq, 1}};
+    const ctxpar_seg in[3] = {{pb->dtype, h.hq, D}, {pb->dtype, h.hk, D}, {pb->dtype, h.hk, Dv}};
+    const ctxpar_seg back[2] = {{pb->dtype, h.hq, Dv}, {CTXPAR_DTYPE_F32, h.hq, 1}};
     const size_t in_b = ctxpar_a2a_block_bytes(pb, in, 3, pb->seq_max);
     const size_t back_b = ctxpar_a2a_block_bytes(pb, back, 2, pb->seq_max);
     ctxpar_status st;
@@ -242,9 +246,14 @@ static ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_pro
     CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_fwd(run->dev, &blk, out_acc, lse_acc, 0, run->stream),
                       st, done);
     ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", -1, -1, t0, ctxpar_now(), 0);
+    if (pb->sinks) // this rank's heads, every row: once, on the finished rows
+        CTXPAR_CHECK_GOTO(ctxpar_sinks_fold(run, pb, out_acc, lse_acc, S, h.hq,
+                                            (int64_t)pb->rank * h.hq, w.fold),
+                          st, done);
 
-    ctxpar_tensor res[2] = {ctxpar_tensor_bshd(out_acc, CTXPAR_DTYPE_F32, pb->batch, S, h.hq, D),
-                            ctxpar_a2a_lse_view(lse_acc, pb, S, h.hq)};
+    ctxpar_tensor res[2] = {
+        ctxpar_tensor_bshd(out_acc, CTXPAR_DTYPE_F32, pb->batch, S, h.hq, Dv),
+        ctxpar_a2a_lse_view(lse_acc, pb, S, h.hq)};
     CTXPAR_CHECK_GOTO(pack_tokens(run, pb, back, 2, res, send, back_b), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_a2a_exchange(run, pb, send, recv, back_b, "alltoall_out"), st, done);
     for (int i = 0; i < P; i++) {
@@ -281,21 +290,25 @@ ctxpar_status ctxpar_a2a_store_dkv(const ctxpar_run *run, const ctxpar_problem *
             }
         return CTXPAR_OK;
     }
-    const size_t n = ctxpar_count(pb->batch, pb->seq_local, pb->head_dim, 1); // one head's partial
-    CTXPAR_CHECK(ctxpar_dev_fill(run->dev, acc, 0.0f, 2 * n * (size_t)pb->heads_kv, run->stream));
+    // One head's partial of dK, then of dV (its own head_dim); all dK heads, then all dV heads.
+    const int64_t dims[2] = {pb->head_dim, pb->head_dim_v};
+    const size_t n[2] = {ctxpar_count(pb->batch, pb->seq_local, dims[0], 1),
+                         ctxpar_count(pb->batch, pb->seq_local, dims[1], 1)};
+    float *part_of[2] = {acc, acc + n[0] * (size_t)pb->heads_kv};
+    CTXPAR_CHECK(ctxpar_dev_fill(run->dev, acc, 0.0f, (n[0] + n[1]) * (size_t)pb->heads_kv,
+                                 run->stream));
     for (int i = 0; i < pb->nranks; i++)
         for (int w = 0; w < 2; w++) {
-            ctxpar_tensor part = ctxpar_a2a_seg_view((char *)recv + (size_t)i * back_b, pb, back,
-                                                     1 + w, pb->seq_local);
-            float *into =
-                acc + ((size_t)w * (size_t)pb->heads_kv + (size_t)ctxpar_a2a_kv_head(h, i, 0)) * n;
-            CTXPAR_CHECK(ctxpar_dev_add(run->dev, into, part.data, n, run->stream));
+            ctxpar_tensor part =
+                ctxpar_a2a_seg_view((char *)recv + (size_t)i * back_b, pb, back, 1 + w, pb->seq_local);
+            float *into = part_of[w] + (size_t)ctxpar_a2a_kv_head(h, i, 0) * n[w];
+            CTXPAR_CHECK(ctxpar_dev_add(run->dev, into, part.data, n[w], run->stream));
         }
     for (int w = 0; w < 2; w++)
         for (int64_t kh = 0; kh < pb->heads_kv; kh++) {
             ctxpar_tensor from =
-                ctxpar_tensor_bshd(acc + ((size_t)w * (size_t)pb->heads_kv + (size_t)kh) * n,
-                                   CTXPAR_DTYPE_F32, pb->batch, pb->seq_local, 1, pb->head_dim);
+                ctxpar_tensor_bshd(part_of[w] + (size_t)kh * n[w], CTXPAR_DTYPE_F32, pb->batch,
+                                   pb->seq_local, 1, dims[w]);
             ctxpar_tensor to = ctxpar_a2a_heads(dst[w], kh, 1);
             CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &from, &to, run->stream));
         }
@@ -308,12 +321,12 @@ static ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_pro
                                          const float *lse, const ctxpar_tensor *dout,
                                          ctxpar_tensor *dq, ctxpar_tensor *dk, ctxpar_tensor *dv) {
     const int P = pb->nranks;
-    const int64_t S = pb->seq_global, D = pb->head_dim;
+    const int64_t S = pb->seq_global, D = pb->head_dim, Dv = pb->head_dim_v;
     const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(pb);
     const ctxpar_dtype dt = pb->dtype, f32 = CTXPAR_DTYPE_F32;
-    const ctxpar_seg in[6] = {{dt, h.hq, D}, {dt, h.hk, D}, {dt, h.hk, D},
-                              {dt, h.hq, D}, {dt, h.hq, D}, {f32, h.hq, 1}};
-    const ctxpar_seg back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, D}};
+    const ctxpar_seg in[6] = {{dt, h.hq, D},  {dt, h.hk, D},  {dt, h.hk, Dv},
+                       {dt, h.hq, Dv}, {dt, h.hq, Dv}, {f32, h.hq, 1}};
+    const ctxpar_seg back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, Dv}};
     const size_t in_b = ctxpar_a2a_block_bytes(pb, in, 6, pb->seq_max);
     const size_t back_b = ctxpar_a2a_block_bytes(pb, back, 3, pb->seq_max);
     ctxpar_status st;

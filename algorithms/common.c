@@ -150,7 +150,7 @@ static int account_runs(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_
             }
             if (pb->mask.doc_rows == 0)
                 pairs *= (double)pb->batch;
-            run->work->flops += 4.0 * (double)pb->head_dim * (double)pb->heads_q * pairs;
+            run->work->flops += 2.0 * (double)(pb->head_dim + pb->head_dim_v) * (double)pb->heads_q * pairs;
         }
     }
     free(prefix);
@@ -187,7 +187,7 @@ int ctxpar_block_account(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar
                         pairs = (double)pb->batch * visible_pairs(&pb->mask, c, &q_pos.span[i],
                                                                   &k_pos.span[j], pb->seq_global);
                     run->work->flops +=
-                        4.0 * (double)pb->head_dim * (double)pb->heads_q * pairs;
+                        2.0 * (double)(pb->head_dim + pb->head_dim_v) * (double)pb->heads_q * pairs;
                 }
             }
             live |= c != CTXPAR_BLOCK_SKIP;
@@ -197,14 +197,16 @@ int ctxpar_block_account(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar
 }
 
 size_t ctxpar_packed_kv_bytes(ctxpar_dtype dtype, const ctxpar_problem *pb, int64_t seq) {
-    return 2 * ctxpar_count(pb->batch, seq, pb->heads_kv, pb->head_dim) * ctxpar_dtype_size(dtype);
+    return ctxpar_count(pb->batch, seq, pb->heads_kv, pb->head_dim + pb->head_dim_v) *
+           ctxpar_dtype_size(dtype);
 }
 
 ctxpar_tensor ctxpar_packed_kv(void *buf, ctxpar_dtype dtype, const ctxpar_problem *pb, int64_t seq,
                                int which) {
-    size_t half = ctxpar_packed_kv_bytes(dtype, pb, seq) / 2;
-    return ctxpar_tensor_bshd((char *)buf + (size_t)which * half, dtype, pb->batch, seq,
-                              pb->heads_kv, pb->head_dim);
+    size_t k_bytes = ctxpar_count(pb->batch, seq, pb->heads_kv, pb->head_dim) *
+                     ctxpar_dtype_size(dtype);
+    return ctxpar_tensor_bshd((char *)buf + (which ? k_bytes : 0), dtype, pb->batch, seq,
+                              pb->heads_kv, which ? pb->head_dim_v : pb->head_dim);
 }
 
 ctxpar_status ctxpar_pack_kv(const ctxpar_run *run, const ctxpar_problem *pb,
@@ -217,11 +219,14 @@ ctxpar_status ctxpar_pack_kv(const ctxpar_run *run, const ctxpar_problem *pb,
     return ctxpar_dev_cast(run->dev, v, &vp, run->stream);
 }
 
-ctxpar_status ctxpar_store_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                               const float *out_acc, const float *lse_acc, ctxpar_tensor *out,
+ctxpar_status ctxpar_store_fwd(const ctxpar_run *run, const ctxpar_problem *pb, float *out_acc,
+                               float *lse_acc, void *fold_scratch, ctxpar_tensor *out,
                                float *lse) {
-    ctxpar_tensor acc = ctxpar_tensor_bshd((void *)out_acc, CTXPAR_DTYPE_F32, pb->batch,
-                                           pb->seq_local, pb->heads_q, pb->head_dim);
+    if (pb->sinks) // once, on the finished rows
+        CTXPAR_CHECK(ctxpar_sinks_fold(run, pb, out_acc, lse_acc, pb->seq_local, pb->heads_q, 0,
+                                       fold_scratch));
+    ctxpar_tensor acc = ctxpar_tensor_bshd(out_acc, CTXPAR_DTYPE_F32, pb->batch, pb->seq_local,
+                                           pb->heads_q, pb->head_dim_v);
     CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &acc, out, run->stream));
     if (!lse)
         return CTXPAR_OK;

@@ -91,6 +91,10 @@ static ctxpar_status hybrid_check(const ctxpar_problem *pb) {
                             "%lld (%s layout, %d ranks); use ring or all-gather for others",
                             (long long)pb->seq_global, (long long)unit,
                             ctxpar_layout_name(pb->layout), pb->nranks);
+    if (pb->head_dim_v != pb->head_dim || pb->sinks)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "hybrid: %s not supported yet; use ring, all-gather or all-to-all",
+                            pb->sinks ? "attention sinks are" : "a v head_dim of its own (MLA) is");
     if (ctxpar_hybrid_ulysses(pb) == 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "hybrid needs params.ulysses (%lld; 0 = any) to divide the ranks (%d) "

@@ -30,7 +30,8 @@ ctxpar_status ctxpar_algorithm_check(const ctxpar_algorithm *algo, const ctxpar_
     if (!dev)
         return CTXPAR_OK;
     ctxpar_attn_query q = {pb->dtype,    pb->batch,    pb->seq_local, pb->seq_local, pb->heads_q,
-                           pb->heads_kv, pb->head_dim, pb->mask,      backward};
+                           pb->heads_kv, pb->head_dim, pb->mask,      backward,
+                           pb->head_dim_v, pb->softcap, pb->sinks != NULL};
     algo->blocks(pb, &q);
     return ctxpar_dev_attn_supported(dev, &q);
 }

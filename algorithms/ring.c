@@ -54,7 +54,8 @@ static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb, ctxpa
                            qp,
                            kp,
                            pb->mask,
-                           pb->scale};
+                           pb->scale,
+                           pb->softcap};
     *blk = b;
     return 1;
 }
@@ -64,6 +65,7 @@ static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb, ctxpa
 typedef struct ring_fwd_ws {
     void *kv[2];
     float *out_acc, *lse_acc;
+    void *fold; // the sinks' fold (NULL without sinks)
 } ring_fwd_ws;
 
 static size_t ring_fwd_layout(const ctxpar_problem *pb, char *base, ring_fwd_ws *w) {
@@ -72,9 +74,12 @@ static size_t ring_fwd_layout(const ctxpar_problem *pb, char *base, ring_fwd_ws 
     w->kv[0] = ctxpar_carve_take(&c, kv_bytes + CTXPAR_XFER_TRAILER);
     w->kv[1] = pb->nranks > 1 ? ctxpar_carve_take(&c, kv_bytes + CTXPAR_XFER_TRAILER) : NULL;
     w->out_acc = ctxpar_carve_take(
-        &c, ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim) * sizeof(float));
+        &c, ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim_v) * sizeof(float));
     w->lse_acc = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) *
                                            sizeof(float));
+    w->fold = pb->sinks ? ctxpar_carve_take(
+                              &c, ctxpar_sinks_fold_bytes(pb, pb->seq_local, pb->heads_q))
+                        : NULL;
     return c.used;
 }
 
@@ -83,7 +88,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
                                      const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
     const int P = pb->nranks;
     const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_max);
-    const size_t out_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
+    const size_t out_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim_v);
     const size_t lse_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
     ctxpar_ring_plan plan = {0, NULL, NULL, 0};
     ctxpar_xfer x = {0};
@@ -122,7 +127,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
         CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.lse_acc, -INFINITY, lse_n, run->stream), st,
                           done);
     }
-    st = ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, out, lse);
+    st = ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, w.fold, out, lse);
 done:
     ctxpar_xfer_cancel(run, &x);
     ctxpar_ring_plan_free(&plan);
@@ -235,7 +240,7 @@ static ctxpar_status own_block_bwd(const ctxpar_run *run, const ctxpar_problem *
     CTXPAR_CHECK(ctxpar_dev_fill(run->dev, w->d[0], 0.0f, w->dkv_n, run->stream));
     if (!ctxpar_block_account(run, pb, qs, qs))
         return CTXPAR_OK;
-    ctxpar_attn_block blk = {*q, *k, *v, qs, qs, pb->mask, pb->scale};
+    ctxpar_attn_block blk = {*q, *k, *v, qs, qs, pb->mask, pb->scale, pb->softcap};
     float *acc = w->d[0];
     double t0 = ctxpar_now();
     CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc, acc,

@@ -25,6 +25,10 @@ enum {
     F_DTYPE,
     F_VERIFY,
     F_ULYSSES,
+    F_HEAD_DIM_V,
+    F_SOFTCAP,
+    F_SINKS_HASH,
+    F_DSINKS,
     F_COUNT
 };
 
@@ -35,7 +39,9 @@ static const char *const field_name[F_COUNT] = {
     "cu_seqlens_rows",       "assignment contents",
     "softmax_scale",         "global sequence length",       "batch",
     "q heads",               "k/v heads",                    "head_dim",
-    "dtype",                 "verify_transfers option",      "ulysses"};
+    "dtype",                 "verify_transfers option",      "ulysses",
+    "v head_dim",            "softcap",                      "sinks contents",
+    "dsinks wanted"};
 
 // Order-sensitive hash of n int32 values, kept to 62 bits so that it can be negated.
 static int64_t hash_i32(const int32_t *a, int64_t n) {
@@ -78,6 +84,12 @@ ctxpar_status ctxpar_check_agreement(ctxpar_context *ctx, ctxpar_call_kind kind,
         f[F_DTYPE] = pb->dtype;
         f[F_VERIFY] = ctx->options.verify_transfers != 0;
         f[F_ULYSSES] = pb->ulysses;
+        uint32_t cap_bits;
+        memcpy(&cap_bits, &pb->softcap, sizeof cap_bits);
+        f[F_HEAD_DIM_V] = pb->head_dim_v;
+        f[F_SOFTCAP] = cap_bits;
+        f[F_SINKS_HASH] = pb->sinks ? pb->sinks_hash | 1 : 0; // never 0 with sinks
+        f[F_DSINKS] = pb->dsinks != NULL;
     }
     if (ctx->comm->size == 1)
         return CTXPAR_OK;

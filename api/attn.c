@@ -51,12 +51,14 @@ static ctxpar_status abort_on_failure(ctxpar_context *ctx, ctxpar_status st) {
 // *norm), the algorithm and whether the device can run it. A failure here leaves the comm usable.
 static ctxpar_status validate_fwd(const ctxpar_context *ctx, const ctxpar_attn_params *params,
                                   const ctxpar_tensor *q, const ctxpar_tensor *k,
-                                  const ctxpar_tensor *v, const ctxpar_tensor *out, int backward,
-                                  ctxpar_attn_params *norm, ctxpar_problem *pb,
+                                  const ctxpar_tensor *v, const ctxpar_tensor *out, int has_out,
+                                  int backward, ctxpar_attn_params *norm, ctxpar_problem *pb,
                                   const ctxpar_algorithm **algo) {
     CTXPAR_CHECK(ctxpar_params_normalize(params, norm));
     CTXPAR_CHECK(ctxpar_validate_problem(norm, ctx->comm, q, k, v, pb));
-    CTXPAR_CHECK(ctxpar_validate_same("out", out, "q", q));
+    if (has_out) // not for a query without the call's out (attn_supported, reserve)
+        CTXPAR_CHECK(ctxpar_validate_like("out", out, "q", q, "v.shape[3]", v->shape[3]));
+    CTXPAR_CHECK(ctxpar_validate_sinks(ctx->dev, norm, pb->heads_q, &pb->sinks_hash));
     *algo = ctxpar_algorithm_choose(norm->algo, pb, ctx->dev, backward);
     return ctxpar_algorithm_check(*algo, pb, ctx->dev, backward);
 }
@@ -87,7 +89,7 @@ ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     ctxpar_problem pb;
     const ctxpar_algorithm *algo = NULL;
     ctxpar_layout_map map = {0};
-    ctxpar_status st = validate_fwd(ctx, params, q, k, v, out, 0, &p, &pb, &algo);
+    ctxpar_status st = validate_fwd(ctx, params, q, k, v, out, 1, 0, &p, &pb, &algo);
     st = make_map(&p, &pb, &map, st);
     st = agree(ctx, CTXPAR_CALL_FWD, &p, &pb, algo_id(algo), st);
     if (st == CTXPAR_OK) {
@@ -105,9 +107,9 @@ static ctxpar_status validate_bwd(const ctxpar_context *ctx, const ctxpar_attn_p
                                   const ctxpar_tensor *dq, const ctxpar_tensor *dk,
                                   const ctxpar_tensor *dv, ctxpar_attn_params *norm,
                                   ctxpar_problem *pb, const ctxpar_algorithm **algo) {
-    CTXPAR_CHECK(validate_fwd(ctx, params, q, k, v, out, 1, norm, pb, algo));
+    CTXPAR_CHECK(validate_fwd(ctx, params, q, k, v, out, 1, 1, norm, pb, algo));
     CTXPAR_CHECK(check_lse("lse", lse));
-    CTXPAR_CHECK(ctxpar_validate_same("dout", dout, "q", q));
+    CTXPAR_CHECK(ctxpar_validate_like("dout", dout, "q", q, "v.shape[3]", v->shape[3]));
     CTXPAR_CHECK(ctxpar_validate_same("dq", dq, "q", q));
     CTXPAR_CHECK(ctxpar_validate_same("dk", dk, "k", k));
     return ctxpar_validate_same("dv", dv, "v", v);
@@ -131,9 +133,10 @@ ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     st = agree(ctx, CTXPAR_CALL_BWD, &p, &pb, algo_id(algo), st);
     if (st == CTXPAR_OK) {
         ctxpar_run run = make_run(ctx, stream);
-        st = abort_on_failure(
-            ctx, finish(ctx, stream,
-                        algo->backward(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv)));
+        st = algo->backward(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
+        if (st == CTXPAR_OK && pb.dsinks) // after every gradient: written only on success
+            st = ctxpar_sinks_backward(&run, &pb, out, dout, lse);
+        st = abort_on_failure(ctx, finish(ctx, stream, st));
     }
     ctxpar_layout_map_free(&map);
     return st;
@@ -156,7 +159,7 @@ ctxpar_status ctxpar_attn_choose_algo(const ctxpar_context *ctx, const ctxpar_at
 }
 
 // A forward and backward call's local checks without running it (the backward's blocks include
-// the forward's; out would have q's shape and dtype, so q stands in for it).
+// the forward's; out is the caller's to make, so it is not looked at).
 static ctxpar_status check_call(const ctxpar_context *ctx, const ctxpar_attn_params *params,
                                 const ctxpar_tensor *q, const ctxpar_tensor *k,
                                 const ctxpar_tensor *v, ctxpar_problem *pb,
@@ -165,7 +168,7 @@ static ctxpar_status check_call(const ctxpar_context *ctx, const ctxpar_attn_par
     if (!ctx)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
     ctxpar_attn_params p;
-    return validate_fwd(ctx, params, q, k, v, q, 1, &p, pb, algo);
+    return validate_fwd(ctx, params, q, k, v, NULL, 0, 1, &p, pb, algo);
 }
 
 ctxpar_status ctxpar_attn_supported(const ctxpar_context *ctx, const ctxpar_attn_params *params,
@@ -184,6 +187,7 @@ ctxpar_status ctxpar_context_reserve(ctxpar_context *ctx, const ctxpar_attn_para
     // Sized for the backward, whose workspace holds the forward's.
     CTXPAR_CHECK(check_call(ctx, params, q, k, v, &pb, &algo));
     void *base = NULL;
-    CTXPAR_CHECK(ctxpar_workspace_acquire(&ctx->ws, algo->workspace_bytes(&pb), NULL, &base));
+    size_t bytes = algo->workspace_bytes(&pb), sinks = ctxpar_sinks_backward_bytes(&pb);
+    CTXPAR_CHECK(ctxpar_workspace_acquire(&ctx->ws, bytes > sinks ? bytes : sinks, NULL, &base));
     return ctxpar_workspace_finish(&ctx->ws, NULL);
 }

@@ -211,11 +211,14 @@ CTXPAR_API void ctxpar_context_destroy(ctxpar_context *ctx);
  *   (S/P below is this rank's count of tokens, ctxpar_shard_count: it may differ between ranks
  *   by a token, or be 0 with a non-NULL data pointer, when S does not divide)
  *   q    [B, S/P, Hq,  D]   local queries, in the layout's order (see ctxpar_shard)
- *   k, v [B, S/P, Hkv, D]   local keys and values; Hq is a multiple of Hkv
- *   out  [B, S/P, Hq,  D]   written: the local rows of full-sequence attention
+ *   k, v [B, S/P, Hkv, D]   local keys and values; Hq is a multiple of Hkv; v may have its own
+ *                           head_dim Dv (MLA), which out, dout and dv then have too
+ *   out  [B, S/P, Hq,  Dv]  written: the local rows of full-sequence attention (with
+ *                           params.sinks: the sink folded in once, and lse includes it)
  *   lse  [B, Hq, S/P] F32   written, densely packed: natural-log sum of exp of the scaled,
  *                           masked scores of each row; -inf for a fully masked row (whose out
- *                           row is 0). May be NULL when not needed (then bwd cannot use it).
+ *                           row is 0; with sinks: the row's sink). May be NULL when not needed
+ *                           (then bwd cannot use it).
  *
  * q, k, v, out share one dtype. stream may be NULL (the device's default order); the call
  * returns when the work is enqueued on stream (the CPU backend: when it is complete).
@@ -232,11 +235,12 @@ CTXPAR_API ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_
 
 /*
  * Backward of ctxpar_attn_fwd with the same params, inputs, out and lse.
- *   dout [B, S/P, Hq, D]     gradient of out
+ *   dout [B, S/P, Hq, Dv]    gradient of out
  *   dq   [B, S/P, Hq, D]     written
- *   dk, dv [B, S/P, Hkv, D]  written: gradients of the local K and V (summed over all ranks'
+ *   dk, dv [B, S/P, Hkv, D|Dv] written: gradients of the local K and V (summed over all ranks'
  *                            queries)
- * Gradients are accumulated in F32 and stored in the dtype of q.
+ * Gradients are accumulated in F32 and stored in the dtype of q. With params.sinks and
+ * params.dsinks, dsinks (F32 [Hq], the same on every rank) is written last, only on success.
  */
 CTXPAR_API ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *params,
                                          const ctxpar_tensor *q, const ctxpar_tensor *k,
@@ -355,7 +359,7 @@ CTXPAR_API ctxpar_status ctxpar_context_set_trace(ctxpar_context *ctx, ctxpar_tr
 typedef struct ctxpar_work_stats {
     uint64_t blocks_computed; /* (Q block, K/V block) pairs a kernel ran on */
     uint64_t blocks_skipped;  /* pairs skipped as fully masked */
-    double flops;             /* useful FLOPs: 4*D per visible (query, key) pair forward */
+    double flops; /* useful FLOPs: 2*(D + Dv) per visible (query, key) pair forward (4*D without MLA) */
 } ctxpar_work_stats;
 
 CTXPAR_API ctxpar_status ctxpar_context_work_stats(const ctxpar_context *ctx,

@@ -221,8 +221,9 @@ typedef struct ctxpar_event ctxpar_event; /* defined by each backend */
 
 /* One (Q block, K/V block) pair for the block kernels.
  *   q    [B, Sq, Hq,  D]  any strides, innermost stride 1
- *   k, v [B, Sk, Hkv, D]  any strides, innermost stride 1; Hq % Hkv == 0 (GQA: query head h
+ *   k    [B, Sk, Hkv, D]  any strides, innermost stride 1; Hq % Hkv == 0 (GQA: query head h
  *                         uses K/V head h / (Hq / Hkv)); q, k, v share one dtype
+ *   v    [B, Sk, Hkv, Dv] Dv may differ from D (MLA); out, dout and dV have Dv
  *   q_pos, k_pos          global positions of the Sq query rows and the Sk key rows
  */
 typedef struct ctxpar_attn_block {
@@ -230,6 +231,8 @@ typedef struct ctxpar_attn_block {
     ctxpar_spans q_pos, k_pos;
     ctxpar_mask_desc mask;
     float scale; /* multiplies QK^T (already resolved: never 0) */
+    /* > 0: soft-capping, the score is softcap * tanh(scale * q.k / softcap); 0: none. */
+    float softcap;
 } ctxpar_attn_block;
 
 /* A problem as a device is asked about it (attn_supported): the blocks the algorithm will pass
@@ -241,6 +244,9 @@ typedef struct ctxpar_attn_query {
     int64_t batch, seq_q, seq_k, heads_q, heads_kv, head_dim;
     ctxpar_mask_desc mask;
     int backward;
+    int64_t head_dim_v; /* of V and out (MLA when != head_dim) */
+    float softcap;      /* > 0: the blocks soft-cap their scores (ctxpar_attn_block) */
+    int sinks;          /* the algorithm folds attention sinks into the rows (merge ops) */
 } ctxpar_attn_query;
 
 struct ctxpar_device;
@@ -249,8 +255,8 @@ struct ctxpar_device;
  * The device vtable. Every op receives the device (its `impl` is the backend's state) and, where
  * it says so, a stream: the op is ordered on that stream (NULL = the device's default order). A
  * synchronous backend (the CPU) completes every op before returning.
- * F32 accumulators are densely packed:  out_acc/dq_acc [B, Sq, Hq, D];  lse/delta [B, Hq, Sq];
- * dk_acc/dv_acc [B, Sk, Hkv, D].
+ * F32 accumulators are densely packed:  out_acc [B, Sq, Hq, Dv]; dq_acc [B, Sq, Hq, D];
+ * lse/delta [B, Hq, Sq]; dk_acc [B, Sk, Hkv, D]; dv_acc [B, Sk, Hkv, Dv] (Dv: v's head_dim).
  */
 struct ctxpar_device_ops {
     uint32_t version;   /* CTXPAR_DEVICE_OPS_VERSION */

@@ -288,7 +288,12 @@ static ctxpar_status check_block(const char *op, const ctxpar_attn_block *blk) {
     if (k->dtype != q->dtype || v->dtype != q->dtype)
         return BAD("%s: dtypes differ: q %s, k %s, v %s", op, ctxpar_dtype_name(q->dtype),
                    ctxpar_dtype_name(k->dtype), ctxpar_dtype_name(v->dtype));
-    CTXPAR_CHECK(check_same_shape(op, "v", v, "k", k));
+    for (int i = 0; i < 3; i++) // v's head_dim is its own (MLA)
+        if (v->shape[i] != k->shape[i])
+            return BAD("%s: v.shape[%d] (%lld) != k.shape[%d] (%lld)", op, i,
+                       (long long)v->shape[i], i, (long long)k->shape[i]);
+    if (v->shape[3] < 1)
+        return BAD("%s: v's head_dim (%lld) must be >= 1", op, (long long)v->shape[3]);
     if (k->shape[0] != q->shape[0] || k->shape[3] != q->shape[3])
         return BAD("%s: k is [%lld, _, _, %lld] but q is [%lld, _, _, %lld] (batch, head_dim)",
                    op, (long long)k->shape[0], (long long)k->shape[3], (long long)q->shape[0],
@@ -423,7 +428,13 @@ ctxpar_status ctxpar_dev_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
     if (dout->dtype != blk->q.dtype)
         return BAD("attn_block_bwd: dout.dtype (%s) != q.dtype (%s)",
                    ctxpar_dtype_name(dout->dtype), ctxpar_dtype_name(blk->q.dtype));
-    CTXPAR_CHECK(check_same_shape("attn_block_bwd", "dout", dout, "q", &blk->q));
+    for (int i = 0; i < 4; i++) { // dout is [B, Sq, Hq, Dv]
+        const int64_t want = i < 3 ? blk->q.shape[i] : blk->v.shape[3];
+        if (dout->shape[i] != want)
+            return BAD("attn_block_bwd: dout.shape[%d] (%lld) != %lld (q's batch, seq, heads and "
+                       "v's head_dim)",
+                       i, (long long)dout->shape[i], (long long)want);
+    }
     if (block_rows(blk) > 0 && (!lse || !delta))
         return BAD("attn_block_bwd: lse (%p) or delta (%p) is NULL", (const void *)lse,
                    (const void *)delta);

@@ -109,17 +109,28 @@ ctxpar_status ctxpar_params_normalize(const ctxpar_attn_params *p, ctxpar_attn_p
     return CTXPAR_OK;
 }
 
-ctxpar_status ctxpar_validate_same(const char *name, const ctxpar_tensor *t, const char *like_name,
-                                   const ctxpar_tensor *like) {
+ctxpar_status ctxpar_validate_like(const char *name, const ctxpar_tensor *t, const char *like_name,
+                                   const ctxpar_tensor *like, const char *dim_name,
+                                   int64_t head_dim) {
     CTXPAR_CHECK(ctxpar_validate_shard_tensor(name, t));
     if (t->dtype != like->dtype)
         return BAD("%s.dtype (%s) != %s.dtype (%s)", name, ctxpar_dtype_name(t->dtype), like_name,
                    ctxpar_dtype_name(like->dtype));
-    for (int d = 0; d < 4; d++)
+    for (int d = 0; d < 3; d++)
         if (t->shape[d] != like->shape[d])
             return BAD("%s.shape[%d] (%lld) != %s.shape[%d] (%lld)", name, d,
                        (long long)t->shape[d], like_name, d, (long long)like->shape[d]);
+    if (t->shape[3] != head_dim)
+        return BAD("%s.shape[3] (%lld) != %s (%lld)", name, (long long)t->shape[3], dim_name,
+                   (long long)head_dim);
     return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_validate_same(const char *name, const ctxpar_tensor *t, const char *like_name,
+                                   const ctxpar_tensor *like) {
+    char dim_name[64];
+    snprintf(dim_name, sizeof dim_name, "%s.shape[3]", like_name);
+    return ctxpar_validate_like(name, t, like_name, like, dim_name, like->shape[3]);
 }
 
 // rows > 0: cu_seqlens is [rows, num_docs + 1], each row checked (messages name [row][i]).
@@ -186,13 +197,14 @@ ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_gl
                    (double)p->softmax_scale);
     if (p->seq_len_global < 0)
         return BAD("params.seq_len_global (%lld) must be >= 0", (long long)p->seq_len_global);
+    // 0 = none; a cap must be a positive finite number (NaN fails the comparison too).
+    if (!(p->softcap >= 0.0f) || !isfinite(p->softcap))
+        return BAD("params.softcap (%g) must be > 0 and finite (0 = no soft-capping)",
+                   (double)p->softcap);
+    if (p->dsinks && !p->sinks)
+        return BAD("params.dsinks is set but params.sinks is NULL: dsinks is the gradient of "
+                   "the sinks");
     // Reserved fields whose features are not implemented yet: refused, never ignored.
-    if (p->sinks || p->dsinks)
-        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "params.sinks: attention sinks are not "
-                                                      "implemented yet");
-    if (p->softcap != 0.0f)
-        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
-                            "params.softcap: soft-capping is not implemented yet");
     if (p->ulysses < 0)
         return BAD("params.ulysses (%lld) must be >= 0 (0 = chosen by the library)",
                    (long long)p->ulysses);
@@ -218,8 +230,16 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
         if (d != 2 && k->shape[d] != q->shape[d])
             return BAD("k.shape[%d] (%lld) != q.shape[%d] (%lld): %s must match", d,
                        (long long)k->shape[d], d, (long long)q->shape[d], dim_name[d]);
-    // v after k is checked against q, so that a message names the tensor that is off.
-    CTXPAR_CHECK(ctxpar_validate_same("v", v, "k", k));
+    // v after k is checked against q, so that a message names the tensor that is off. v has
+    // its own head_dim (MLA): out, dout and dv follow it.
+    CTXPAR_CHECK(ctxpar_validate_shard_tensor("v", v));
+    if (v->dtype != k->dtype)
+        return BAD("v.dtype (%s) != k.dtype (%s)", ctxpar_dtype_name(v->dtype),
+                   ctxpar_dtype_name(k->dtype));
+    for (int d = 0; d < 3; d++)
+        if (v->shape[d] != k->shape[d])
+            return BAD("v.shape[%d] (%lld) != k.shape[%d] (%lld): %s must match", d,
+                       (long long)v->shape[d], d, (long long)k->shape[d], dim_name[d]);
     if (q->shape[2] % k->shape[2] != 0)
         return BAD("q heads (%lld) must be a multiple of k heads (%lld)", (long long)q->shape[2],
                    (long long)k->shape[2]);
@@ -231,10 +251,10 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     // Every buffer an algorithm makes is at most a few F32 copies of the whole sequence's Q, K, V
     // or out: 32 bytes per element of [B, S, Hq, D] bounds them all (Hkv <= Hq).
     size_t elems;
+    const int64_t dmax = q->shape[3] > v->shape[3] ? q->shape[3] : v->shape[3];
     int too_large = !ctxpar_count_checked(&elems, q->shape[0], q->shape[1] > 0 ? q->shape[1] : 1,
                                           P, q->shape[2]) ||
-                    ctxpar_count_mul(ctxpar_count_mul(elems, (size_t)q->shape[3]), 32) >
-                        PTRDIFF_MAX;
+                    ctxpar_count_mul(ctxpar_count_mul(elems, (size_t)dmax), 32) > PTRDIFF_MAX;
     // 0 = equal shards (local seq x P); otherwise each rank's local seq is checked against its
     // share, and the agreement step compares the total across ranks.
     int64_t seq_global = p->seq_len_global;
@@ -246,13 +266,13 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     }
     too_large = too_large ||
                 !ctxpar_count_checked(&elems, q->shape[0], seq_global > 0 ? seq_global : 1,
-                                      q->shape[2], q->shape[3]) ||
+                                      q->shape[2], dmax) ||
                 ctxpar_count_mul(elems, 32) > PTRDIFF_MAX;
     if (too_large)
         return BAD("problem too large: batch %lld x seq %lld (local %lld, %d ranks) x q heads "
                    "%lld x head_dim %lld x 32 bytes does not fit in 2^63",
                    (long long)q->shape[0], (long long)seq_global, (long long)q->shape[1], P,
-                   (long long)q->shape[2], (long long)q->shape[3]);
+                   (long long)q->shape[2], (long long)dmax);
     if (seq_global < 1)
         return BAD("params.seq_len_global (%lld) must be >= 1", (long long)seq_global);
     CTXPAR_CHECK(ctxpar_validate_params(p, seq_global, q->shape[0]));
@@ -290,6 +310,33 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     pb.head_dim = q->shape[3];
     pb.ulysses = p->ulysses;
     pb.comm_splits = ctxpar_comm_can_split(comm);
+    pb.head_dim_v = v->shape[3];
+    pb.softcap = p->softcap;
+    pb.sinks = p->sinks;
+    pb.dsinks = p->dsinks;
     *pb_out = pb;
     return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_validate_sinks(ctxpar_device *dev, const ctxpar_attn_params *p,
+                                    int64_t heads_q, int64_t *hash_out) {
+    *hash_out = 0;
+    if (!p->sinks)
+        return CTXPAR_OK;
+    float *host = malloc((size_t)heads_q * sizeof *host);
+    if (!host)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "params.sinks: cannot allocate %lld floats",
+                            (long long)heads_q);
+    ctxpar_status st = ctxpar_sinks_read(dev, p->sinks, 0, heads_q, host);
+    uint64_t h = 1469598103934665603ull; // FNV-1a over the values' bits, in head order
+    for (int64_t i = 0; st == CTXPAR_OK && i < heads_q; i++) {
+        if (!isfinite(host[i]))
+            st = BAD("params.sinks[%lld] (%g) must be finite", (long long)i, (double)host[i]);
+        uint32_t bits;
+        memcpy(&bits, &host[i], sizeof bits);
+        h = (h ^ bits) * 1099511628211ull;
+    }
+    free(host);
+    *hash_out = (int64_t)(h >> 2); // 62 bits: the agreement negates it
+    return st;
 }

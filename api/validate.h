@@ -36,4 +36,14 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
 ctxpar_status ctxpar_validate_same(const char *name, const ctxpar_tensor *t, const char *like_name,
                                    const ctxpar_tensor *like);
 
+// `t` (named) has like's dtype, batch, seq and heads, and head_dim (named dim_name): out and dout
+// follow v's head_dim (MLA), not q's.
+ctxpar_status ctxpar_validate_like(const char *name, const ctxpar_tensor *t, const char *like_name,
+                                   const ctxpar_tensor *like, const char *dim_name,
+                                   int64_t head_dim);
+
+// params.sinks (device memory) holds heads_q finite values; their hash for the agreement.
+ctxpar_status ctxpar_validate_sinks(ctxpar_device *dev, const ctxpar_attn_params *p,
+                                    int64_t heads_q, int64_t *hash_out);
+
 #endif // CTXPAR_VALIDATE_H

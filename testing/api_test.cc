@@ -40,6 +40,7 @@ struct Fixture {
     float *plse = nullptr;
     int32_t cu[4] = {0, 4, 10, 16};
     int32_t assign[16] = {0}; // every token on rank 0
+    float sinks[2] = {0.5f, -1.0f}, dsinks[2] = {kSentinel, kSentinel}; // [H]
 
     Fixture() {
         EXPECT_EQ(ctxpar_device_create_cpu(nullptr, &dev), CTXPAR_OK);
@@ -90,7 +91,7 @@ struct Fixture {
             for (float x : *vec)
                 if (x != kSentinel)
                     return false;
-        return true;
+        return dsinks[0] == kSentinel && dsinks[1] == kSentinel;
     }
 };
 
@@ -245,6 +246,38 @@ const BadCase kBadCases[] = {
      CTXPAR_ERR_INVALID_ARG, "cu_seqlens[3]"},
     {"num_docs_without_cu_seqlens", [](Fixture &f) { f.params.num_docs = 2; },
      CTXPAR_ERR_INVALID_ARG, "num_docs"},
+    {"negative_softcap", [](Fixture &f) { f.params.softcap = -1.0f; }, CTXPAR_ERR_INVALID_ARG,
+     "params.softcap"},
+    {"nan_softcap", [](Fixture &f) { f.params.softcap = NAN; }, CTXPAR_ERR_INVALID_ARG,
+     "params.softcap"},
+    {"infinite_softcap", [](Fixture &f) { f.params.softcap = INFINITY; },
+     CTXPAR_ERR_INVALID_ARG, "params.softcap"},
+    {"nan_sink",
+     [](Fixture &f) {
+         f.sinks[1] = NAN;
+         f.params.sinks = f.sinks;
+     },
+     CTXPAR_ERR_INVALID_ARG, "params.sinks[1]"},
+    {"infinite_sink",
+     [](Fixture &f) {
+         f.sinks[0] = -INFINITY;
+         f.params.sinks = f.sinks;
+         f.params.dsinks = f.dsinks;
+     },
+     CTXPAR_ERR_INVALID_ARG, "params.sinks[0]"},
+    {"dsinks_without_sinks", [](Fixture &f) { f.params.dsinks = f.dsinks; },
+     CTXPAR_ERR_INVALID_ARG, "params.dsinks"},
+    // MLA: v may have its own head_dim, but out follows it.
+    {"out_head_dim_not_v",
+     [](Fixture &f) {
+         f.tv.shape[3] = 4;
+         f.tv.stride[2] = 4;
+         f.tv.stride[1] = 4 * f.H;
+         f.tv.stride[0] = 4 * f.H * f.S;
+     },
+     CTXPAR_ERR_INVALID_ARG, "out.shape[3]"},
+    {"v_heads_not_k", [](Fixture &f) { f.tv.shape[2] = 1; }, CTXPAR_ERR_INVALID_ARG,
+     "v.shape[2]"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Api, BadArgument, testing::ValuesIn(kBadCases), BadName);
@@ -302,6 +335,8 @@ TEST(Agreement, RanksThatDisagreeAllReturnInvalidUsage) {
         {"window_left", [](Fixture &f) { f.params.window_left = 3; }},
         {"softmax_scale", [](Fixture &f) { f.params.softmax_scale = 0.5f; }},
         {"algorithm", [](Fixture &f) { f.params.algo = CTXPAR_ALGO_ALLGATHER; }},
+        {"softcap", [](Fixture &f) { f.params.softcap = 2.0f; }},
+        {"sinks contents", [](Fixture &f) { f.params.sinks = f.sinks; }},
     };
     for (const Spoil &sp : spoils) {
         ctxpar_local_group *group = nullptr;

@@ -55,7 +55,8 @@ std::string Key(const Problem &p) {
                     "," + std::to_string(p.D) + "," + std::to_string((int)p.dtype) + "," +
                     std::to_string(p.causal) + "," + std::to_string(p.window) + "," +
                     std::to_string(p.Scale()) + "," + std::to_string(p.seed) + "," +
-                    std::to_string(p.seq_global) + "|";
+                    std::to_string(p.seq_global) + "," + std::to_string(p.DV()) + "," +
+                    std::to_string(p.softcap) + "|";
     for (const auto *spans : {&p.qs, &p.ks}) {
         for (const ctxpar_span &x : *spans)
             k += std::to_string(x.start) + ":" + std::to_string(x.len) + ":" +
@@ -280,7 +281,8 @@ TEST_P(HeadDim, ForwardAndBackwardMatchOracle) {
     const uint64_t allocs = dev()->alloc_count;
     const size_t held = dev()->mem_current;
     for (int backward : {0, 1}) {
-        ctxpar_attn_query query = {p.dtype, p.B, p.Sq(), p.Sk(), p.Hq, p.Hkv, p.D, {}, backward};
+        ctxpar_attn_query query = {p.dtype, p.B, p.Sq(), p.Sk(), p.Hq,
+                                   p.Hkv,   p.D, {},     backward, p.D, 0.0f, 0};
         query.mask.causal = p.causal;
         ctxpar_clear_error();
         const ctxpar_status st = ctxpar_dev_attn_supported(dev(), &query);
@@ -312,6 +314,67 @@ INSTANTIATE_TEST_SUITE_P(Devices, HeadDim,
                          ::testing::Combine(::testing::ValuesIn(DimCases()),
                                             ::testing::ValuesIn(DeviceFactories())),
                          DimName);
+
+// MLA (v's head_dim 128 beside q/k's 192) and soft-capping, each kernel path: forward and
+// backward against the oracle's own implementation of them. A device that reports the feature
+// NOT_SUPPORTED through attn_supported (CUDA) skips, saying so.
+struct FeatureCase {
+    const char *name;
+    int64_t d, dv;
+    float softcap, scale;
+    int causal;
+    int64_t window;
+};
+
+void PrintTo(const FeatureCase &c, std::ostream *os) {
+    *os << c.name;
+}
+
+std::vector<FeatureCase> FeatureCases() {
+    return {{"mla", 192, 128, 0.0f, 0.0f, 1, 0},
+            {"mla_small_v", 40, 16, 0.0f, 0.0f, 0, 48},
+            {"softcap", 64, 0, 1.5f, 0.5f, 1, 0},
+            {"softcap_window_mla", 96, 64, 2.0f, 0.4f, 0, 48}};
+}
+
+std::string FeatureName(const ::testing::TestParamInfo<std::tuple<FeatureCase, DeviceFactory>> &i) {
+    return std::get<1>(i.param).name + "_" + std::get<0>(i.param).name;
+}
+
+using Features = DeviceCaseTest<FeatureCase>;
+
+TEST_P(Features, ForwardAndBackwardMatchOracle) {
+    const FeatureCase &c = Case();
+    Problem p;
+    p.D = c.d;
+    p.Dv = c.dv;
+    p.softcap = c.softcap;
+    p.scale = c.scale;
+    p.causal = c.causal;
+    p.window = c.window;
+    p.qs = {{50, 140, 1}};
+    p.ks = {{100, 150, 1}};
+    p.Make();
+    ctxpar_attn_query query = {p.dtype, p.B,    p.Sq(), p.Sk(),    p.Hq,    p.Hkv,
+                               p.D,     p.Mask(), 1,    p.DV(),    p.softcap, 0};
+    if (ctxpar_dev_attn_supported(dev(), &query) == CTXPAR_ERR_NOT_SUPPORTED)
+        GTEST_SKIP() << "skipped: the device does not support it: " << ctxpar_last_error();
+    std::vector<double> out, lse, dq, dk, dv;
+    p.OracleFwd(&out, &lse);
+    FwdResult r = RunFwd(dev(), p);
+    ExpectClose(r.out, out, kTolF32, "out vs oracle");
+    ExpectClose(r.lse, lse, kTolF32, "lse vs oracle");
+    p.OracleBwd(&dq, &dk, &dv);
+    BwdResult b = RunBwd(dev(), p, out, lse);
+    ExpectClose(b.dq, dq, kTolF32, "dq vs oracle");
+    ExpectClose(b.dk, dk, kTolF32, "dk vs oracle");
+    ExpectClose(b.dv, dv, kTolF32, "dv vs oracle");
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, Features,
+                         ::testing::Combine(::testing::ValuesIn(FeatureCases()),
+                                            ::testing::ValuesIn(DeviceFactories())),
+                         FeatureName);
 
 // ---------------------------------------------------------------- forward: scale, empty rows
 

@@ -193,6 +193,8 @@ struct Problem {
     int64_t window = 0;
     std::vector<int32_t> cu; // empty: one document
     float scale = 0.0f;      // 0: 1/sqrt(D)
+    int64_t Dv = 0;          // head_dim of v, out, dout, dv (MLA); 0: D
+    float softcap = 0.0f;    // > 0: soft-capped scores
     uint64_t seed = 7;
     std::unique_ptr<HostTensor> q, k, v, dout;
     std::vector<int64_t> qpos, kpos;
@@ -200,17 +202,22 @@ struct Problem {
     int64_t Sq() const { return (int64_t)Positions(qs).size(); }
     int64_t Sk() const { return (int64_t)Positions(ks).size(); }
     float Scale() const { return scale != 0.0f ? scale : 1.0f / std::sqrt((float)D); }
-    size_t OutSize() const { return (size_t)(B * Sq() * Hq * D); }
+    int64_t DV() const { return Dv > 0 ? Dv : D; }
+    size_t OutSize() const { return (size_t)(B * Sq() * Hq * DV()); } // out, dout
+    size_t QSize() const { return (size_t)(B * Sq() * Hq * D); }      // q, dq
     size_t LseSize() const { return (size_t)(B * Hq * Sq()); }
-    size_t KvSize() const { return (size_t)(B * Sk() * Hkv * D); }
+    size_t KvSize() const { return (size_t)(B * Sk() * Hkv * D); }    // k, dk
+    size_t VSize() const { return (size_t)(B * Sk() * Hkv * DV()); }  // v, dv
+    // What the oracle computes beyond the mask (none unless Dv or softcap is set).
+    cpt_oracle_features Features() const { return {DV(), (double)softcap, nullptr, nullptr, 0}; }
 
     void Make() {
         qpos = Positions(qs);
         kpos = Positions(ks);
         q.reset(new HostTensor(dtype, B, Sq(), Hq, D, pad));
         k.reset(new HostTensor(dtype, B, Sk(), Hkv, D, pad));
-        v.reset(new HostTensor(dtype, B, Sk(), Hkv, D, pad));
-        dout.reset(new HostTensor(dtype, B, Sq(), Hq, D, pad));
+        v.reset(new HostTensor(dtype, B, Sk(), Hkv, DV(), pad));
+        dout.reset(new HostTensor(dtype, B, Sq(), Hq, DV(), pad));
         cpt_test_fill(&q->t, seed, 1, seq_global, qpos.data());
         cpt_test_fill(&k->t, seed, 2, seq_global, kpos.data());
         cpt_test_fill(&v->t, seed, 3, seq_global, kpos.data());
@@ -228,7 +235,7 @@ struct Problem {
 
     // The block with q, k, v in host memory (a host-memory device reads them in place).
     ctxpar_attn_block Block() const {
-        ctxpar_attn_block blk;
+        ctxpar_attn_block blk = {}; // features a test does not set are off
         blk.q = q->t;
         blk.k = k->t;
         blk.v = v->t;
@@ -236,6 +243,7 @@ struct Problem {
         blk.k_pos = {ks.data(), (int)ks.size()};
         blk.mask = Mask();
         blk.scale = Scale();
+        blk.softcap = softcap;
         return blk;
     }
 
@@ -256,20 +264,23 @@ struct Problem {
         cpt_oracle_shape sh = Shape();
         ctxpar_mask_desc m = Mask();
         std::vector<double> qd = q->f64(), kd = k->f64(), vd = v->f64();
-        cpt_oracle_fwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
+        const cpt_oracle_features f = Features();
+        cpt_oracle_fwd_ex(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m, &f,
                           (double)Scale(), out->data(), lse->data());
     }
 
     void OracleBwd(std::vector<double> *dq, std::vector<double> *dk,
                    std::vector<double> *dv) const {
-        dq->assign(OutSize(), 0.0);
+        dq->assign(QSize(), 0.0);
         dk->assign(KvSize(), 0.0);
-        dv->assign(KvSize(), 0.0);
+        dv->assign(VSize(), 0.0);
         cpt_oracle_shape sh = Shape();
         ctxpar_mask_desc m = Mask();
         std::vector<double> qd = q->f64(), kd = k->f64(), vd = v->f64(), dod = dout->f64();
-        cpt_oracle_bwd(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m,
-                          (double)Scale(), dod.data(), dq->data(), dk->data(), dv->data());
+        const cpt_oracle_features f = Features();
+        cpt_oracle_bwd_ex(&sh, qd.data(), kd.data(), vd.data(), qpos.data(), kpos.data(), &m, &f,
+                          (double)Scale(), dod.data(), dq->data(), dk->data(), dv->data(),
+                          nullptr);
     }
 };
 
@@ -312,13 +323,14 @@ inline BwdResult RunBwd(ctxpar_device *dev, const Problem &p, const std::vector<
     BwdResult r;
     Space sp(dev);
     std::vector<float> out_h(ref_out.begin(), ref_out.end()), lse_h(ref_lse.begin(), ref_lse.end());
-    ctxpar_tensor out = ctxpar_tensor_bshd(sp.Put(out_h), CTXPAR_DTYPE_F32, p.B, p.Sq(), p.Hq, p.D);
+    ctxpar_tensor out =
+        ctxpar_tensor_bshd(sp.Put(out_h), CTXPAR_DTYPE_F32, p.B, p.Sq(), p.Hq, p.DV());
     ctxpar_tensor dout = p.dout->On(&sp);
     float *lse = sp.Put(lse_h);
     float *delta = sp.Put(std::vector<float>(p.LseSize(), NAN));
-    float *dq = sp.Put(std::vector<float>(p.OutSize(), acc0));
+    float *dq = sp.Put(std::vector<float>(p.QSize(), acc0));
     float *dk = sp.Put(std::vector<float>(p.KvSize(), acc0));
-    float *dv = sp.Put(std::vector<float>(p.KvSize(), acc0));
+    float *dv = sp.Put(std::vector<float>(p.VSize(), acc0));
     EXPECT_EQ(ctxpar_dev_attn_bwd_prep(dev, &out, &dout, delta, nullptr), CTXPAR_OK)
         << ctxpar_last_error();
     ctxpar_attn_block blk = p.Block(&sp);
@@ -327,9 +339,9 @@ inline BwdResult RunBwd(ctxpar_device *dev, const Problem &p, const std::vector<
               CTXPAR_OK)
         << ctxpar_last_error();
     r.delta = sp.Get(delta, p.LseSize());
-    r.dq = sp.Get(dq, p.OutSize());
+    r.dq = sp.Get(dq, p.QSize());
     r.dk = sp.Get(dk, p.KvSize());
-    r.dv = sp.Get(dv, p.KvSize());
+    r.dv = sp.Get(dv, p.VSize());
     return r;
 }
 
@@ -366,8 +378,8 @@ inline void ExpectEmptyRows(const Problem &p, const FwdResult &r,
                 if (ref_lse[li] != -INFINITY)
                     continue;
                 ASSERT_EQ(r.lse[li], -INFINITY) << "row b" << b << " h" << h << " s" << s;
-                for (int64_t d = 0; d < p.D; d++)
-                    ASSERT_EQ(r.out[(size_t)(((b * p.Sq() + s) * p.Hq + h) * p.D + d)], 0.0f);
+                for (int64_t d = 0; d < p.DV(); d++)
+                    ASSERT_EQ(r.out[(size_t)(((b * p.Sq() + s) * p.Hq + h) * p.DV() + d)], 0.0f);
             }
     for (float x : r.out)
         ASSERT_FALSE(std::isnan(x));

@@ -251,6 +251,42 @@ std::vector<float> CleanRingOut() {
 // Faults injected into the MPI comm: a delay changes nothing; a dropped message or a corrupted
 // one (with transfer checksums) fails every rank within the timeout instead of hanging or
 // returning a wrong answer.
+// MLA, sinks (dsinks gathered from every process and compared bit for bit) and soft-capping
+// together, each algorithm, against the oracle and P = 1.
+TEST(MpiFeatures, MlaSinksSoftcapMatchOracle) {
+    static const float kSinkLogits[12] = {-2.0f, 0.5f, 3.0f, 6.5f, -0.25f, 1.75f,
+                                          4.0f,  9.0f, 0.0f, 2.5f, -1.0f,  5.0f};
+    for (ctxpar_algo algo : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL}) {
+        SCOPED_TRACE(ctxpar_algo_name(algo));
+        cpt_run_config cfg;
+        cpt_run_config_default(&cfg);
+        cfg.ranks = Size();
+        cfg.seq = 48 * 7;
+        cfg.heads = 12;
+        cfg.kv_heads = 1; // MQA: all-to-all takes it for any P
+        cfg.head_dim = 48;
+        cfg.head_dim_v = 32;
+        cfg.params.algo = algo;
+        cfg.params.layout = CTXPAR_LAYOUT_ZIGZAG;
+        cfg.params.sinks = kSinkLogits;
+        cfg.params.softcap = 2.0f;
+        cfg.params.softmax_scale = 0.4f;
+        cfg.backward = 1;
+        cfg.threads = 1;
+        cpt_run_result r;
+        ASSERT_EQ(cpt_run_mpi(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+        ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+        EXPECT_TRUE(r.ok); // rank 0's verdict (every tensor and dsinks), broadcast
+        if (Rank() == 0) {
+            EXPECT_TRUE(r.has_dsinks);
+            EXPECT_LE(r.dsinks_bound_ratio, 1.0);
+            for (int i = 0; i < CPT_RUN_TENSORS; i++)
+                EXPECT_LE(r.bound_ratio[i], 1.0) << cpt_run_tensor_name((cpt_run_tensor)i);
+        }
+        cpt_run_result_free(&r);
+    }
+}
+
 TEST(MpiFault, DelayChangesNothing) {
     if (Size() < 2)
         GTEST_SKIP() << "needs 2 ranks";

@@ -51,12 +51,21 @@ int cpt_run_threads_per_rank(const cpt_run_config *cfg, int ranks) {
     return t > 0 ? t : 1;
 }
 
+// head_dim of a global tensor: out and dv have v's (MLA).
+static int64_t tensor_dim(const cpt_run_config *cfg, int i) {
+    return i == CPT_T_OUT || i == CPT_T_DV ? cpt_run_dim_v(cfg) : cfg->head_dim;
+}
+
 // Element counts of the five global tensors.
 static size_t global_count(const cpt_run_config *cfg, int i) {
     int64_t heads = (i == CPT_T_DK || i == CPT_T_DV) ? cfg->kv_heads : cfg->heads;
     if (i == CPT_T_LSE)
         return (size_t)(cfg->batch * cfg->heads * cfg->seq);
-    return (size_t)(cfg->batch * cfg->seq * heads * cfg->head_dim);
+    return (size_t)(cfg->batch * cfg->seq * heads * tensor_dim(cfg, i));
+}
+
+static int has_dsinks(const cpt_run_config *cfg) {
+    return cfg->params.sinks && cfg->backward;
 }
 
 static int has_tensor(const cpt_run_config *cfg, int i) {
@@ -76,6 +85,10 @@ ctxpar_status cpt_run_outputs_alloc(const cpt_run_config *cfg, cpt_run_outputs *
                                 cpt_run_tensor_name((cpt_run_tensor)i));
         }
     }
+    if (has_dsinks(cfg) && !(out->dsinks = calloc((size_t)cfg->heads, sizeof(float)))) {
+        cpt_run_outputs_free(out);
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate dsinks");
+    }
     return CTXPAR_OK;
 }
 
@@ -84,11 +97,13 @@ void cpt_run_outputs_free(cpt_run_outputs *out) {
         free(out->t[i]);
         out->t[i] = NULL;
     }
+    free(out->dsinks);
+    out->dsinks = NULL;
 }
 
 static ctxpar_tensor global_view(const cpt_run_config *cfg, void *data, int i) {
     int64_t heads = (i == CPT_T_DK || i == CPT_T_DV) ? cfg->kv_heads : cfg->heads;
-    return ctxpar_tensor_bshd(data, cfg->dtype, cfg->batch, cfg->seq, heads, cfg->head_dim);
+    return ctxpar_tensor_bshd(data, cfg->dtype, cfg->batch, cfg->seq, heads, tensor_dim(cfg, i));
 }
 
 ctxpar_status cpt_run_outputs_place(const cpt_run_config *cfg, int rank, int nranks,
@@ -97,6 +112,14 @@ ctxpar_status cpt_run_outputs_place(const cpt_run_config *cfg, int rank, int nra
     int64_t seq = cpt_run_local_seq(cfg, rank, nranks);
     if (seq < 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "seq %lld cannot be sharded", (long long)cfg->seq);
+    if (local->dsinks && global->dsinks) { // rank 0's; any other rank's bits must match it
+        const size_t bytes = (size_t)cfg->heads * sizeof(float);
+        if (rank == 0)
+            memcpy(global->dsinks, local->dsinks, bytes);
+        else if (memcmp(global->dsinks, local->dsinks, bytes) != 0)
+            for (int64_t h = 0; h < cfg->heads; h++)
+                global->dsinks[h] = NAN;
+    }
     for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         if (!has_tensor(cfg, i) || !local->t[i])
             continue;
@@ -117,7 +140,7 @@ ctxpar_status cpt_run_outputs_place(const cpt_run_config *cfg, int rank, int nra
         }
         ctxpar_tensor g = global_view(cfg, global->t[i], i);
         ctxpar_tensor l = ctxpar_tensor_bshd(local->t[i], cfg->dtype, cfg->batch, seq, g.shape[2],
-                               cfg->head_dim);
+                                             g.shape[3]);
         CTXPAR_CHECK(ctxpar_unshard_assigned(cfg->params.layout, cfg->params.assignment, rank,
                                              nranks, &l, &g));
     }
@@ -189,6 +212,7 @@ typedef struct oracle_result {
     double *t[CPT_RUN_TENSORS];
     double *mag[CPT_RUN_TENSORS];   // the per-element bound's magnitudes
     double *mag16[CPT_RUN_TENSORS]; // its 16-bit ones (16-bit runs and kept oracles), or NULL
+    double *dsinks, *mag_dsinks, *mag16_dsinks; // [heads] each (dsinks runs)
 } oracle_result;
 
 static void oracle_free(oracle_result *o) {
@@ -197,14 +221,25 @@ static void oracle_free(oracle_result *o) {
         free(o->mag[i]);
         free(o->mag16[i]);
     }
+    free(o->dsinks);
+    free(o->mag_dsinks);
+    free(o->mag16_dsinks);
 }
 
 static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
     memset(o, 0, sizeof *o);
-    size_t nq = global_count(cfg, CPT_T_OUT), nk = global_count(cfg, CPT_T_DK);
-    double *q = malloc(nq * sizeof *q), *k = malloc(nk * sizeof *k), *v = malloc(nk * sizeof *v);
-    double *dout = cfg->backward ? malloc(nq * sizeof *dout) : NULL;
+    size_t nq = global_count(cfg, CPT_T_DQ), nk = global_count(cfg, CPT_T_DK);
+    size_t no = global_count(cfg, CPT_T_OUT), nv = global_count(cfg, CPT_T_DV);
+    double *q = malloc(nq * sizeof *q), *k = malloc(nk * sizeof *k), *v = malloc(nv * sizeof *v);
+    double *dout = cfg->backward ? malloc(no * sizeof *dout) : NULL;
+    double *sinks = cfg->params.sinks ? malloc((size_t)cfg->heads * sizeof *sinks) : NULL;
+    if (has_dsinks(cfg)) {
+        o->dsinks = malloc((size_t)cfg->heads * sizeof(double));
+        o->mag_dsinks = malloc((size_t)cfg->heads * sizeof(double));
+        o->mag16_dsinks = malloc((size_t)cfg->heads * sizeof(double));
+    }
     int64_t *pos = malloc((size_t)cfg->seq * sizeof *pos);
+    double *row_ds = NULL; // documents per row with sinks: one row's dsinks and magnitudes
     ctxpar_status st = CTXPAR_OK;
     // Results judged at a 16-bit dtype need the 16-bit magnitudes (audit may judge any dtype).
     const int want16 = cfg->dtype != CTXPAR_DTYPE_F32 || cfg->keep_oracle;
@@ -215,7 +250,8 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
             if (want16)
                 o->mag16[i] = malloc(global_count(cfg, i) * sizeof(double));
         }
-    int ok = q && k && v && pos && (!cfg->backward || dout);
+    int ok = q && k && v && pos && (!cfg->backward || dout) && (!cfg->params.sinks || sinks) &&
+             (!has_dsinks(cfg) || (o->dsinks && o->mag_dsinks && o->mag16_dsinks));
     for (int i = 0; i < CPT_RUN_TENSORS; i++)
         ok = ok && (!has_tensor(cfg, i) || (o->t[i] && o->mag[i] && (!want16 || o->mag16[i])));
     if (!ok) {
@@ -235,38 +271,60 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
         scale = (double)(1.0f / sqrtf((float)cfg->head_dim));
     if (cfg->backward)
         cpt_run_fill_global_f64(cfg, CPT_RUN_ID_DOUT, dout);
-    // Documents per batch row: the oracle runs row by row, each with its row's documents.
+    // MLA, soft-capping and sinks as the library was asked for them (the sinks' F32 values).
+    for (int64_t h = 0; sinks && h < cfg->heads; h++)
+        sinks[h] = (double)cfg->params.sinks[h];
+    const int64_t D = cfg->head_dim, Dv = cpt_run_dim_v(cfg), H = cfg->heads, Hkv = cfg->kv_heads;
+    const cpt_oracle_features feat = {Dv, (double)cfg->params.softcap, sinks, NULL, 0};
+    // Documents per batch row: the oracle runs row by row, each with its row's documents; dsinks
+    // (summed over the batch) and its magnitudes add up the rows'.
     const int per_row = cfg->params.cu_seqlens && cfg->params.cu_seqlens_rows > 0;
     const int64_t rows = per_row ? cfg->batch : 1, S = cfg->seq;
+    const int sum_rows = per_row && o->dsinks;
+    row_ds = sum_rows ? malloc(3 * (size_t)H * sizeof *row_ds) : NULL;
+    if (sum_rows && !row_ds) {
+        st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the oracle's dsinks");
+        goto done;
+    }
+    for (int64_t h = 0; sum_rows && h < H; h++)
+        o->dsinks[h] = o->mag_dsinks[h] = o->mag16_dsinks[h] = 0.0;
     for (int64_t b = 0; st == CTXPAR_OK && b < rows; b++) {
-        cpt_oracle_shape shape = {per_row ? 1 : cfg->batch, S, S, cfg->heads, cfg->kv_heads,
-                                  cfg->head_dim};
+        cpt_oracle_shape shape = {per_row ? 1 : cfg->batch, S, S, H, Hkv, D};
         ctxpar_mask_desc mask = cpt_oracle_mask(&cfg->params);
         if (per_row)
             mask.cu_seqlens += b * (cfg->params.num_docs + 1);
-        // Offsets of row b in each global tensor: [B, S, H, D] and lse [B, H, S].
-        const size_t qo = (size_t)(b * S * cfg->heads * cfg->head_dim),
-                     ko = (size_t)(b * S * cfg->kv_heads * cfg->head_dim),
-                     lo = (size_t)(b * S * cfg->heads);
-        const size_t off[CPT_RUN_TENSORS] = {qo, lo, qo, ko, ko};
+        // Offsets of row b in each global tensor: [B, S, H, D or Dv] and lse [B, H, S].
+        const size_t qo = (size_t)(b * S * H * D), ko = (size_t)(b * S * Hkv * D),
+                     oo = (size_t)(b * S * H * Dv), vo = (size_t)(b * S * Hkv * Dv),
+                     lo = (size_t)(b * S * H);
+        const size_t off[CPT_RUN_TENSORS] = {oo, lo, qo, ko, vo};
         double *t[CPT_RUN_TENSORS], *m[CPT_RUN_TENSORS], *m16[CPT_RUN_TENSORS];
         for (int i = 0; i < CPT_RUN_TENSORS; i++) {
             t[i] = o->t[i] ? o->t[i] + off[i] : NULL;
             m[i] = o->mag[i] ? o->mag[i] + off[i] : NULL;
             m16[i] = o->mag16[i] ? o->mag16[i] + off[i] : NULL;
         }
-        const double *dq = dout ? dout + qo : NULL;
-        cpt_oracle_fwd(&shape, q + qo, k + ko, v + ko, pos, pos, &mask, scale, t[CPT_T_OUT],
-                       t[CPT_T_LSE]);
+        double *ds = sum_rows ? row_ds : o->dsinks, *mds = sum_rows ? row_ds + H : o->mag_dsinks,
+               *mds16 = sum_rows ? row_ds + 2 * H : o->mag16_dsinks;
+        const double *dr = dout ? dout + oo : NULL;
+        cpt_oracle_fwd_ex(&shape, q + qo, k + ko, v + vo, pos, pos, &mask, &feat, scale,
+                          t[CPT_T_OUT], t[CPT_T_LSE]);
         if (cfg->backward)
-            cpt_oracle_bwd(&shape, q + qo, k + ko, v + ko, pos, pos, &mask, scale, dq,
-                           t[CPT_T_DQ], t[CPT_T_DK], t[CPT_T_DV]);
+            cpt_oracle_bwd_ex(&shape, q + qo, k + ko, v + vo, pos, pos, &mask, &feat, scale, dr,
+                              t[CPT_T_DQ], t[CPT_T_DK], t[CPT_T_DV], ds);
         cpt_magnitudes mag = {{m[0], m[1], m[2], m[3], m[4]},
                               {m16[0], m16[1], m16[2], m16[3], m16[4]}};
-        st = cpt_bound_magnitudes_masked(&shape, q + qo, k + ko, v + ko, dq, pos, pos, &mask,
-                                         scale, &mag);
+        st = cpt_bound_magnitudes_ex(&shape, q + qo, k + ko, v + vo, dr, pos, pos, &mask, &feat,
+                                     scale, &mag, mds, mds16);
+        for (int64_t h = 0; sum_rows && h < H; h++) {
+            o->dsinks[h] += ds[h];
+            o->mag_dsinks[h] += mds[h];
+            o->mag16_dsinks[h] += mds16[h];
+        }
     }
 done:
+    free(row_ds);
+    free(sinks);
     free(q);
     free(k);
     free(v);
@@ -298,7 +356,8 @@ static double tensor_row_error(const cpt_run_config *cfg, const cpt_run_outputs 
         cpt_test_to_f64(&t, got64);
         for (size_t j = 0; j < n; j++)
             got[j] = (float)got64[j]; // exact: the stored values are F32 or 16-bit
-        e = cpt_rel_error_rows(got, ref, n / (size_t)cfg->head_dim, (size_t)cfg->head_dim, NULL);
+        const size_t dim = (size_t)tensor_dim(cfg, i);
+        e = cpt_rel_error_rows(got, ref, n / dim, dim, NULL);
     }
     free(got64);
     free(got);
@@ -322,7 +381,7 @@ static ctxpar_status bound_verdict(const cpt_run_config *cfg, const cpt_run_outp
     w->rank = -1;
     if (bs.worst < 0)
         return CTXPAR_OK;
-    const int64_t x = bs.worst, S = cfg->seq, D = cfg->head_dim;
+    const int64_t x = bs.worst, S = cfg->seq, D = tensor_dim(cfg, i);
     const int64_t H = (i == CPT_T_DK || i == CPT_T_DV) ? cfg->kv_heads : cfg->heads;
     if (i == CPT_T_LSE) {
         *w = (cpt_run_where){x / (H * S), x % S, x / S % H, 0, -1,
@@ -357,9 +416,34 @@ static int bitwise_equal(const cpt_run_config *cfg, const cpt_run_outputs *a,
     return cpt_bitwise_diff(a->t[i], b->t[i], global_count(cfg, i), es, NULL) == 0;
 }
 
+// dsinks ([heads] F32) against the oracle: its per-element bound (computed from the run's dtype,
+// which its inputs had), and the P-rank error next to the P = 1 error.
+static ctxpar_status evaluate_dsinks(const cpt_run_config *cfg, const cpt_run_outputs *single,
+                                     const oracle_result *o, cpt_run_result *res) {
+    res->has_dsinks = 1;
+    res->dsinks_bound_ratio = res->dsinks_error = res->dsinks_error_1 = NAN;
+    res->dsinks_ratio_ok = 1;
+    if (!cfg->compare_oracle)
+        return CTXPAR_OK;
+    const size_t n = (size_t)cfg->heads;
+    const int f32 = cfg->dtype == CTXPAR_DTYPE_F32;
+    res->dsinks_bound_ratio =
+        cpt_bound_check(res->outputs.dsinks, o->dsinks, o->mag_dsinks,
+                        f32 ? NULL : o->mag16_dsinks, n, cfg->dtype, 0)
+            .max_ratio;
+    res->dsinks_error = cpt_compare_f32(res->outputs.dsinks, o->dsinks, n).rel;
+    if (single && single->dsinks && cfg->ranks > 1) {
+        res->dsinks_error_1 = cpt_compare_f32(single->dsinks, o->dsinks, n).rel;
+        res->dsinks_ratio_ok = cpt_error_ratio_ok(res->dsinks_error, res->dsinks_error_1);
+    }
+    res->ok = res->ok && res->dsinks_bound_ratio <= 1.0 && res->dsinks_ratio_ok;
+    return CTXPAR_OK;
+}
+
 ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs *single,
                                   cpt_run_result *res) {
     oracle_result o;
+    ctxpar_status st_dsinks;
     memset(&o, 0, sizeof o);
     if (cfg->compare_oracle)
         CTXPAR_CHECK(run_oracle(cfg, &o));
@@ -396,6 +480,10 @@ ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs 
         }
         res->ok = res->ok && res->within_tol[i] && res->ratio_ok[i];
     }
+    if (has_dsinks(cfg) && (st_dsinks = evaluate_dsinks(cfg, single, &o, res)) != CTXPAR_OK) {
+        oracle_free(&o);
+        return st_dsinks;
+    }
     if (cfg->keep_oracle) // handed over to the result
         for (int i = 0; i < CPT_RUN_TENSORS; i++) {
             res->oracle[i] = o.t[i];
@@ -411,9 +499,9 @@ ctxpar_status cpt_run_check_config(const cpt_run_config *cfg) {
     if (cfg->ranks < 1 || cfg->ranks > 1024)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ranks (%d) must be in [1, 1024]", cfg->ranks);
     if (cfg->batch < 1 || cfg->seq < 1 || cfg->heads < 1 || cfg->kv_heads < 1 ||
-        cfg->head_dim < 1)
+        cfg->head_dim < 1 || cfg->head_dim_v < 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "batch, seq, heads, kv-heads and dim must "
-                                                    "be >= 1");
+                                                    "be >= 1 (v-dim >= 0)");
     if (cfg->heads % cfg->kv_heads != 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "heads (%lld) is not a multiple of kv-heads "
                                                     "(%lld)",
@@ -466,7 +554,7 @@ ctxpar_status cpt_run_collect(const cpt_run_config *cfg, int ranks, cpt_run_outp
 }
 
 ctxpar_status cpt_run_finish(const cpt_run_config *cfg, cpt_run_result *res) {
-    cpt_run_outputs single = {{0}};
+    cpt_run_outputs single = {{0}, NULL};
     ctxpar_status st = CTXPAR_OK;
     if (res->status == CTXPAR_OK && cfg->compare_single) {
         cpt_run_result r1;

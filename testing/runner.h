@@ -73,7 +73,11 @@ typedef struct cpt_run_config {
     int ranks;
     int64_t batch, seq, heads, kv_heads, head_dim; /* seq: global */
     ctxpar_dtype dtype;
-    ctxpar_attn_params params; /* algo, layout, mask, window, docs, scale */
+    /* algo, layout, mask, window, docs, scale, softcap; params.sinks: HOST memory [heads] here
+     * (each rank stages it in its device's memory; with backward every rank gets dsinks);
+     * params.dsinks is not read. */
+    ctxpar_attn_params params;
+    int64_t head_dim_v; /* of v, out, dout, dv (MLA); 0 = head_dim */
     int backward;
     uint64_t seed;
     int threads;            /* OpenMP threads per rank's device; 0 = cores / ranks (at least 1) */
@@ -105,6 +109,8 @@ void cpt_run_config_default(cpt_run_config *cfg);
 /* Global results of one run (host, BSHD / [B, H, S] for lse), in the run's dtype. */
 typedef struct cpt_run_outputs {
     void *t[CPT_RUN_TENSORS]; /* NULL where not computed; lse is float */
+    float *dsinks;            /* [heads] with sinks and backward: rank 0's, all NaN when another
+                                 rank's differs from it in any bit; else NULL */
 } cpt_run_outputs;
 
 typedef struct cpt_run_rank_stats {
@@ -161,6 +167,12 @@ typedef struct cpt_run_result {
     /* With keep_oracle: the bound's magnitudes M of every element (tolerance.h), same layout. */
     double *oracle_mag[CPT_RUN_TENSORS];
     double *oracle_mag16[CPT_RUN_TENSORS]; /* its 16-bit magnitudes M16 */
+    /* dsinks (outputs.dsinks): judged by its per-element bound like the tensors (and counted
+     * in ok); the bits of P = 1 are not asked of it (each rank's part is rounded before the
+     * ranks' sum), the P = 1 error ratio is. */
+    int has_dsinks;
+    double dsinks_bound_ratio, dsinks_error, dsinks_error_1;
+    int dsinks_ratio_ok;
 } cpt_run_result;
 
 /* Runs cfg with cfg->ranks in-process ranks (threads, the local comm, cfg->backend's device).
@@ -180,6 +192,9 @@ ctxpar_status cpt_run_docs(uint64_t seed, int64_t seq, int64_t docs, int32_t *cu
 ctxpar_status cpt_run_docs_with(uint64_t seed, int64_t seq, int64_t docs,
                                 double (*weight)(uint64_t seed, int64_t i, void *user),
                                 void *user, int32_t *cu_out);
+
+/* The head_dim of v, out, dout and dv (cfg->head_dim_v, or head_dim when 0). */
+int64_t cpt_run_dim_v(const cpt_run_config *cfg);
 
 /* OpenMP threads each of `ranks` ranks gets: cfg->threads, or when 0 the online cores divided
  * by ranks (at least 1). */

@@ -7,6 +7,14 @@
 #include "data.h"
 #include "runner_internal.h"
 
+int64_t cpt_run_dim_v(const cpt_run_config *cfg) {
+    return cfg->head_dim_v > 0 ? cfg->head_dim_v : cfg->head_dim;
+}
+
+int64_t cpt_run_input_dim(const cpt_run_config *cfg, int id) {
+    return id == CPT_RUN_ID_V || id == CPT_RUN_ID_DOUT ? cpt_run_dim_v(cfg) : cfg->head_dim;
+}
+
 // The caller's global array of input `id` as a tensor view, or data NULL when absent.
 static ctxpar_tensor input_view(const cpt_run_config *cfg, int id) {
     const cpt_run_inputs *in = cfg->inputs;
@@ -16,7 +24,8 @@ static ctxpar_tensor input_view(const cpt_run_config *cfg, int id) {
                                          : in->dout;
     int64_t heads = id == CPT_RUN_ID_K || id == CPT_RUN_ID_V ? cfg->kv_heads : cfg->heads;
     // The view is only read (ctxpar_shard, cpt_test_to_f64 take it const).
-    return ctxpar_tensor_bshd((void *)p, cfg->dtype, cfg->batch, cfg->seq, heads, cfg->head_dim);
+    return ctxpar_tensor_bshd((void *)p, cfg->dtype, cfg->batch, cfg->seq, heads,
+                              cpt_run_input_dim(cfg, id));
 }
 
 int64_t cpt_run_local_seq(const cpt_run_config *cfg, int rank, int nranks) {
@@ -40,9 +49,10 @@ ctxpar_status cpt_run_fill_local(const cpt_run_config *cfg, int id, int rank, in
 
 void cpt_run_fill_global_f64(const cpt_run_config *cfg, int id, double *dst) {
     if (!cfg->inputs) {
-        int64_t heads = id == CPT_RUN_ID_K || id == CPT_RUN_ID_V ? cfg->kv_heads : cfg->heads;
-        cpt_test_fill_global_f64(dst, cfg->dtype, cfg->seed, (uint64_t)id, cfg->batch, cfg->seq,
-                                 heads, cfg->head_dim);
+        int64_t heads =
+            id == CPT_RUN_ID_K || id == CPT_RUN_ID_V ? cfg->kv_heads : cfg->heads;
+        cpt_test_fill_global_f64(dst, cfg->dtype, cfg->seed, (uint64_t)id, cfg->batch,
+                                    cfg->seq, heads, cpt_run_input_dim(cfg, id));
         return;
     }
     ctxpar_tensor g = input_view(cfg, id);

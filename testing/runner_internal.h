@@ -11,6 +11,9 @@ extern "C" {
 /* Tensor ids of the data generator: the same on every rank and in the oracle. */
 enum { CPT_RUN_ID_Q = 1, CPT_RUN_ID_K = 2, CPT_RUN_ID_V = 3, CPT_RUN_ID_DOUT = 4 };
 
+/* head_dim of input `id`: v and dout have cpt_run_dim_v (MLA), q and k head_dim. */
+int64_t cpt_run_input_dim(const cpt_run_config *cfg, int id);
+
 /* Fills `local` ([B, S/P, H, D], host, the run's dtype) with the rows of global input `id`
  * (CPT_RUN_ID_*) that `rank` of `nranks` holds: from cfg->inputs when given (sharded by the
  * layout), else from the generator at the global positions pos. */
@@ -37,6 +40,7 @@ ctxpar_status cpt_run_device_create(const cpt_run_config *cfg, int threads,
 typedef struct cpt_rank_outputs {
     void *t[CPT_RUN_TENSORS];
     size_t bytes[CPT_RUN_TENSORS];
+    float *dsinks; /* [heads] with sinks and backward */
 } cpt_rank_outputs;
 
 /* One rank's status, outputs and statistics. */

@@ -34,7 +34,7 @@ static ctxpar_status gather_tensor(const cpt_run_config *cfg, int rank, int P, i
         MPI_Send(mine->out.t[i], (int)bytes, MPI_BYTE, 0, 100 + i, MPI_COMM_WORLD);
         return CTXPAR_OK;
     }
-    cpt_rank_outputs one = {{0}, {0}};
+    cpt_rank_outputs one = {{0}, {0}, NULL};
     ctxpar_status st = CTXPAR_OK;
     for (int r = 0; st == CTXPAR_OK && r < P; r++) {
         // Shards may be uneven: each rank's size comes with its message.
@@ -55,6 +55,31 @@ static ctxpar_status gather_tensor(const cpt_run_config *cfg, int rank, int P, i
         st = cpt_run_outputs_place(cfg, r, P, &one, global);
     }
     free(one.t[i]);
+    return st;
+}
+
+// Rank 0 receives every rank's dsinks and places it (compared with its own).
+static ctxpar_status gather_dsinks(const cpt_run_config *cfg, int rank, int P,
+                                   const cpt_rank_report *mine, cpt_run_outputs *global) {
+    if (!mine->out.dsinks)
+        return CTXPAR_OK;
+    const int n = (int)cfg->heads;
+    if (rank != 0) {
+        MPI_Send(mine->out.dsinks, n, MPI_FLOAT, 0, 120, MPI_COMM_WORLD);
+        return CTXPAR_OK;
+    }
+    cpt_rank_outputs one = {{0}, {0}, malloc((size_t)n * sizeof(float))};
+    if (!one.dsinks)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate dsinks");
+    ctxpar_status st = CTXPAR_OK;
+    for (int r = 0; st == CTXPAR_OK && r < P; r++) {
+        if (r == 0)
+            memcpy(one.dsinks, mine->out.dsinks, (size_t)n * sizeof(float));
+        else
+            MPI_Recv(one.dsinks, n, MPI_FLOAT, r, 120, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        st = cpt_run_outputs_place(cfg, r, P, &one, global);
+    }
+    free(one.dsinks);
     return st;
 }
 
@@ -212,6 +237,8 @@ static ctxpar_status run_mpi(const cpt_run_config *cfg, cpt_run_result *res) {
     }
     for (int i = 0; i < CPT_RUN_TENSORS && st == CTXPAR_OK; i++)
         st = gather_tensor(cfg, rank, P, i, rep, &res->outputs);
+    if (st == CTXPAR_OK)
+        st = gather_dsinks(cfg, rank, P, rep, &res->outputs);
     if (rank == 0 && st == CTXPAR_OK)
         st = cpt_run_finish(cfg, res);
 done:

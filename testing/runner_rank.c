@@ -51,6 +51,8 @@ typedef struct local_set {
     void *host[L_COUNT];
     void *devp[L_COUNT];
     size_t bytes[L_COUNT];
+    ctxpar_attn_params params; // cfg's, with the sinks and dsinks in the device's memory
+    float *sinks, *dsinks;     // device memory, [heads], or NULL
 } local_set;
 
 static int slot_used(const cpt_run_config *cfg, int i) {
@@ -61,10 +63,35 @@ static int64_t slot_heads(const cpt_run_config *cfg, int i) {
     return i == L_K || i == L_V || i == L_DK || i == L_DV ? cfg->kv_heads : cfg->heads;
 }
 
+// v, dout, out and dv have v's head_dim (MLA).
+static int64_t slot_dim(const cpt_run_config *cfg, int i) {
+    return i == L_V || i == L_DOUT || i == L_OUT || i == L_DV ? cpt_run_dim_v(cfg)
+                                                             : cfg->head_dim;
+}
+
 static ctxpar_tensor slot_tensor(const local_set *t, int i, int on_device) {
     const cpt_run_config *c = t->cfg;
     return ctxpar_tensor_bshd(on_device ? t->devp[i] : t->host[i], c->dtype, c->batch, t->seq,
-                              slot_heads(c, i), c->head_dim);
+                              slot_heads(c, i), slot_dim(c, i));
+}
+
+// Stages the sinks (cfg: host memory) in the device's memory, with room for dsinks.
+static ctxpar_status stage_sinks(local_set *t) {
+    const cpt_run_config *c = t->cfg;
+    t->params = c->params;
+    t->params.dsinks = NULL;
+    if (!c->params.sinks)
+        return CTXPAR_OK;
+    const size_t bytes = (size_t)c->heads * sizeof(float);
+    CTXPAR_CHECK(ctxpar_dev_alloc(t->dev, bytes, CTXPAR_MEM_DEVICE, (void **)&t->sinks));
+    CTXPAR_CHECK(ctxpar_dev_copy(t->dev, t->sinks, c->params.sinks, bytes, CTXPAR_COPY_H2D, NULL));
+    CTXPAR_CHECK(ctxpar_dev_stream_sync(t->dev, NULL));
+    t->params.sinks = t->sinks;
+    if (c->backward) {
+        CTXPAR_CHECK(ctxpar_dev_alloc(t->dev, bytes, CTXPAR_MEM_DEVICE, (void **)&t->dsinks));
+        t->params.dsinks = t->dsinks;
+    }
+    return CTXPAR_OK;
 }
 
 static ctxpar_status alloc_local(local_set *t) {
@@ -73,7 +100,7 @@ static ctxpar_status alloc_local(local_set *t) {
         if (!slot_used(c, i))
             continue;
         t->bytes[i] = i == L_LSE ? (size_t)(c->batch * c->heads * t->seq) * sizeof(float)
-                                 : (size_t)(c->batch * t->seq * slot_heads(c, i) * c->head_dim) *
+                                 : (size_t)(c->batch * t->seq * slot_heads(c, i) * slot_dim(c, i)) *
                                        ctxpar_dtype_size(c->dtype);
         if (t->bytes[i] == 0) // a rank with no tokens still passes real (unread) pointers
             t->bytes[i] = 1;
@@ -93,6 +120,12 @@ static void free_local(local_set *t) {
             ctxpar_dev_free(t->dev, t->devp[i], t->bytes[i], CTXPAR_MEM_DEVICE);
         t->host[i] = t->devp[i] = NULL;
     }
+    const size_t sink_bytes = (size_t)t->cfg->heads * sizeof(float);
+    if (t->sinks)
+        ctxpar_dev_free(t->dev, t->sinks, sink_bytes, CTXPAR_MEM_DEVICE);
+    if (t->dsinks)
+        ctxpar_dev_free(t->dev, t->dsinks, sink_bytes, CTXPAR_MEM_DEVICE);
+    t->sinks = t->dsinks = NULL;
 }
 
 // Copies slots [first, last] that are used between host and device, and waits for the copies.
@@ -108,13 +141,21 @@ static ctxpar_status copy_slots(local_set *t, int first, int last, ctxpar_copy_k
 }
 
 // Moves the host copies of the results into the report (the report owns them afterwards).
-static void keep_outputs(local_set *t, cpt_rank_report *r) {
+static ctxpar_status keep_outputs(local_set *t, cpt_rank_report *r) {
     static const int slot_of[CPT_RUN_TENSORS] = {L_OUT, L_LSE, L_DQ, L_DK, L_DV};
     for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         r->out.t[i] = t->host[slot_of[i]];
         r->out.bytes[i] = t->bytes[slot_of[i]];
         t->host[slot_of[i]] = NULL;
     }
+    if (!t->dsinks)
+        return CTXPAR_OK;
+    const size_t bytes = (size_t)t->cfg->heads * sizeof(float);
+    r->out.dsinks = malloc(bytes);
+    if (!r->out.dsinks)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate dsinks");
+    CTXPAR_CHECK(ctxpar_dev_copy(t->dev, r->out.dsinks, t->dsinks, bytes, CTXPAR_COPY_D2H, NULL));
+    return ctxpar_dev_stream_sync(t->dev, NULL);
 }
 
 static ctxpar_status fail(cpt_rank_report *r, ctxpar_status st, int rank) {
@@ -135,13 +176,13 @@ static ctxpar_status call(ctxpar_context *ctx, ctxpar_comm *comm, local_set *t, 
     // Start together, so that the time is the call's and not a late peer's.
     CTXPAR_CHECK(ctxpar_comm_barrier(comm));
     double t0 = ctxpar_now();
-    CTXPAR_CHECK(ctxpar_attn_fwd(ctx, &cfg->params, &q, &k, &v, &out, lse, NULL));
+    CTXPAR_CHECK(ctxpar_attn_fwd(ctx, &t->params, &q, &k, &v, &out, lse, NULL));
     CTXPAR_CHECK(ctxpar_dev_stream_sync(t->dev, NULL));
     double t1 = ctxpar_now();
     if (cfg->backward) {
         ctxpar_tensor dout = slot_tensor(t, L_DOUT, 1), dq = slot_tensor(t, L_DQ, 1),
                       dk = slot_tensor(t, L_DK, 1), dv = slot_tensor(t, L_DV, 1);
-        CTXPAR_CHECK(ctxpar_attn_bwd(ctx, &cfg->params, &q, &k, &v, &out, lse, &dout, &dq, &dk,
+        CTXPAR_CHECK(ctxpar_attn_bwd(ctx, &t->params, &q, &k, &v, &out, lse, &dout, &dq, &dk,
                                      &dv, NULL));
         CTXPAR_CHECK(ctxpar_dev_stream_sync(t->dev, NULL));
     }
@@ -188,6 +229,7 @@ void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *co
         goto done;
     }
     CTXPAR_CHECK_GOTO(alloc_local(&t), st, failed);
+    CTXPAR_CHECK_GOTO(stage_sinks(&t), st, failed);
     ctxpar_context_options opts = CTXPAR_CONTEXT_OPTIONS_INIT;
     opts.verify_transfers = cfg->verify_transfers;
     CTXPAR_CHECK_GOTO(ctxpar_context_create(dev, comm, &opts, &ctx), st, failed);
@@ -238,7 +280,7 @@ void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *co
     r->stats.work.blocks_skipped /= (uint64_t)reps;
     r->stats.work.flops /= reps;
     CTXPAR_CHECK_GOTO(copy_slots(&t, L_OUT, L_DV, CTXPAR_COPY_D2H), st, failed);
-    keep_outputs(&t, r);
+    CTXPAR_CHECK_GOTO(keep_outputs(&t, r), st, failed);
     r->status = CTXPAR_OK;
     goto done;
 failed:
@@ -256,4 +298,6 @@ void cpt_rank_outputs_free(cpt_rank_outputs *out) {
         free(out->t[i]);
         out->t[i] = NULL;
     }
+    free(out->dsinks);
+    out->dsinks = NULL;
 }

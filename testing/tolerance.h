@@ -88,6 +88,20 @@ ctxpar_status cpt_bound_magnitudes_masked(const cpt_oracle_shape *sh, const doub
                                              const int64_t *k_pos, const ctxpar_mask_desc *mask,
                                              double scale, cpt_magnitudes *m);
 
+/* The same with the oracle's features (oracle.h: head_dim_v, softcap, sinks; NULL: none; the
+ * per-row documents are not supported here): v, out, dout and dv have head_dim_v. With softcap
+ * C the score's error gains the cap's rounding (|s'| u in w) and dS its derivative 1 - t^2 (t =
+ * tanh(scale q.k / C)) with that derivative's own error (2 |t| w / C, in mu); with sinks p_ij is
+ * normalised with the sink in the denominator, and with dout and mdsinks (mdsinks16 for M16,
+ * may be NULL) each head's dsinks_h = -sum_i p_sink,i delta_i gets
+ * M = sum_i p_sink,i (|delta_i| (1 + |lse_i|) + M(delta_i)), M(delta) = sum_d |dO| (|out| + M(out)). */
+ctxpar_status cpt_bound_magnitudes_ex(const cpt_oracle_shape *sh, const double *q,
+                                      const double *k, const double *v, const double *dout,
+                                      const int64_t *q_pos, const int64_t *k_pos,
+                                      const ctxpar_mask_desc *mask,
+                                      const cpt_oracle_features *features, double scale,
+                                      cpt_magnitudes *m, double *mdsinks, double *mdsinks16);
+
 /* The bound of one element of dtype (is_lse: an lse element, always F32) from its magnitudes
  * (magnitude16 is used for 16-bit dtypes only). */
 double cpt_bound_elem(ctxpar_dtype dtype, int is_lse, double magnitude, double magnitude16,

@@ -39,6 +39,10 @@ static int64_t fused_chunks(const ctxpar_cpu_plan *p, ctxpar_cpu_bwd_schedule fo
 }
 
 // This thread's part of the workspaces.
+static int64_t ws_dim(const ctxpar_cpu_plan *p) {
+    return p->dim > p->dim_v ? p->dim : p->dim_v;
+}
+
 static ctxpar_bwd_ws thread_ws(float *ws, size_t per_thread, int64_t dim) {
     size_t unused;
     return ctxpar_bwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, dim, &unused);
@@ -74,7 +78,7 @@ static void run_fused(const ctxpar_bwd_args *a, float *ws, size_t per_thread, in
     const int64_t q_items = a->dq ? p->batch * p->heads_q * p->q_tiles : 0;
 #pragma omp parallel num_threads(nt)
     {
-        ctxpar_bwd_ws w = thread_ws(ws, per_thread, p->dim);
+        ctxpar_bwd_ws w = thread_ws(ws, per_thread, ws_dim(p));
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             const int64_t bh = it % (p->batch * p->heads_kv), c = it / (p->batch * p->heads_kv);
@@ -97,7 +101,7 @@ static void run_two_pass(const ctxpar_bwd_args *a, float *ws, size_t per_thread,
     const int64_t dkv_items = a->dk || a->dv ? p->batch * p->heads_kv * k_groups : 0;
 #pragma omp parallel num_threads(nt)
     {
-        ctxpar_bwd_ws w = thread_ws(ws, per_thread, p->dim);
+        ctxpar_bwd_ws w = thread_ws(ws, per_thread, ws_dim(p));
 #pragma omp for schedule(static, 1)
         for (int64_t it = 0; it < dq_items; it++) {
             int64_t grp = it % q_groups, h = (it / q_groups) % p->heads_q;
@@ -151,7 +155,7 @@ ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
     }
     const int nt = ctxpar_cpu_threads(cpu);
     size_t per_thread;
-    (void)ctxpar_bwd_ws_at(NULL, p.dim, &per_thread); // only measures
+    (void)ctxpar_bwd_ws_at(NULL, ws_dim(&p), &per_thread); // only measures
     ws = ctxpar_cpu_aligned_alloc((size_t)nt * per_thread * sizeof(float));
     if (!ws) {
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY,

@@ -1,10 +1,13 @@
 /*
  * cpu_attn_bwd.h - what the CPU backward's work items share (cpu_attn_bwd.c drives them).
  *
- *   q, dout [B, Sq, Hq, D], k, v [B, Sk, Hkv, D]   one dtype (F32, F16, BF16), any row strides
+ *   q [B, Sq, Hq, D], dout [B, Sq, Hq, Dv], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv]   one dtype
+ *                                                   (F32, F16, BF16), any row strides
  *   lse, delta [B, Hq, Sq]                          F32, dense: final forward LSE, rowsum(dO*O)
- *   dq_acc [B, Sq, Hq, D], dk_acc, dv_acc [B, Sk, Hkv, D]   F32, dense, accumulated (each may
- *                                                   be NULL)
+ *   dq_acc [B, Sq, Hq, D], dk_acc [B, Sk, Hkv, D], dv_acc [B, Sk, Hkv, Dv]   F32, dense,
+ *                                                   accumulated (each may be NULL)
+ * With soft-capping (blk->softcap > 0) the scores are capped before the softmax, and dS takes
+ * the cap's derivative 1 - tanh^2 before it meets K or Q (ctxpar_cpu_softcap).
  * With P = exp(scale*QK^T + mask - lse), dP = dO V^T, dS = P * (dP - delta):
  *   dq += scale dS K,   dk += scale dS^T Q,   dv += P^T dO
  *
@@ -45,12 +48,14 @@ typedef struct ctxpar_bwd_ws {
     float *vec[CTXPAR_CPU_GROUP][3]; /* [64] lse in base 2 (high part), delta, its low part */
     float *krow[CTXPAR_CPU_GROUP];   /* [64, D] the key tile's rows, unscaled (fused) */
     float *s, *dp, *dst;             /* [64, 64]; dst: dS transposed (fused) */
+    float *dcap;                     /* [64, 64] the soft-cap's derivative (softcap > 0) */
     uint32_t *vis, *vist;            /* [64, 64] visibility of a PARTIAL tile, and transposed */
     float *buf0, *buf1;              /* [64, D] */
     float *row;                      /* [D] */
 } ctxpar_bwd_ws;
 
-/* Lays the workspace out from base; with base NULL it only measures (*floats_out). */
+/* Lays the workspace out from base; with base NULL it only measures (*floats_out). dim: the
+ * larger of the q/k and v head_dims. */
 ctxpar_bwd_ws ctxpar_bwd_ws_at(float *base, int64_t dim, size_t *floats_out);
 
 /* Rows in tile t of a side of `seq` rows; the lanes a kernel runs for `rows` rows. */

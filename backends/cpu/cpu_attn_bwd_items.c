@@ -31,6 +31,7 @@ ctxpar_bwd_ws ctxpar_bwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
     TAKE(w.s, 64 * 64);
     TAKE(w.dp, 64 * 64);
     TAKE(w.dst, 64 * 64);
+    TAKE(w.dcap, 64 * 64);
     TAKE(w.vis, 64 * 64); // 32-bit words, counted as floats
     TAKE(w.vist, 64 * 64);
     TAKE(w.dqt, 64 * d);
@@ -40,6 +41,12 @@ ctxpar_bwd_ws ctxpar_bwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
 #undef TAKE
     *floats_out = off;
     return w;
+}
+
+// dS times the soft-cap's derivative, element by element (softcap > 0 only).
+static void scale_by(float *ds, const float *dcap, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        ds[i] *= dcap[i];
 }
 
 int64_t ctxpar_bwd_tile_rows(int64_t seq, int64_t t, int64_t tile) {
@@ -85,7 +92,8 @@ void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_
     const int64_t dim = p->dim, hk = h / p->group;
     const float *krows[TK], *vrows[TK];
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
-    const double c = ctxpar_cpu_exp2_scale(blk->scale);
+    const double c = ctxpar_cpu_softmax_c(blk);
+    const int capped = blk->softcap > 0.0f;
     for (int g = 0; g < ng; g++) { // t[g] = Q^T, dO^T, dQ^T; vec[g] = lse2, delta
         const int64_t i0 = (qt0 + g) * TQ, nq = ctxpar_bwd_tile_rows(p->seq_q, qt0 + g, TQ);
         const int64_t lanes = ctxpar_bwd_lanes(kern, nq);
@@ -123,9 +131,13 @@ void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_
                 ctxpar_cpu_plan_mask(p, w->s, w->vis, lanes, i0, j0, nk, nq, 1);
                 vis = w->vis;
             }
+            if (capped)
+                ctxpar_cpu_softcap(blk, w->s, w->dcap, vis, lanes, nk);
             kern->exp2_sub(w->s, lanes, nk, lanes, c, w->vec[g][0], w->vec[g][2], NULL, NULL);
-            kern->scores(w->dp, lanes, w->t[g][1], lanes, vrows, nk, lanes, dim);
+            kern->scores(w->dp, lanes, w->t[g][1], lanes, vrows, nk, lanes, p->dim_v);
             kern->dsoftmax(w->dp, w->s, vis, lanes, nk, lanes, w->vec[g][1], NULL);
+            if (capped)
+                scale_by(w->dp, w->dcap, lanes * nk);
             kern->accum(w->t[g][2], lanes, NULL, w->dp, vis, lanes, krows, nk, lanes, dim);
             kern->fold(w->acc[g][0], lanes, w->t[g][2], lanes, NULL, dim, lanes);
         }
@@ -168,7 +180,9 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim;
     const float *qrows[TQ], *orows[TQ], *krows[CTXPAR_CPU_GROUP][TK];
-    const double c = ctxpar_cpu_exp2_scale(blk->scale);
+    const double c = ctxpar_cpu_softmax_c(blk);
+    const int64_t dim_v = p->dim_v;
+    const int capped = blk->softcap > 0.0f;
     float *lse2 = w->vec[0][0], *dl = w->vec[0][1], *lse2_lo = w->vec[0][2];
     const int need_ds = a->dk || dq_chunk;
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
@@ -181,9 +195,9 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
             ctxpar_cpu_load_rows(kern, &blk->k, b, j0, nk, hk, w->krow[g], krows[g]);
         ctxpar_bwd_pack_t(kern, &blk->v, b, j0, nk, hk, lanes, 1.0f, w->row, w->t[g][1]);
         memset(w->t[g][2], 0, (size_t)(dim * lanes) * sizeof(float));
-        memset(w->t[g][3], 0, (size_t)(dim * lanes) * sizeof(float));
+        memset(w->t[g][3], 0, (size_t)(dim_v * lanes) * sizeof(float));
         memset(w->acc[g][0], 0, (size_t)(dim * lanes) * sizeof(double));
-        memset(w->acc[g][1], 0, (size_t)(dim * lanes) * sizeof(double));
+        memset(w->acc[g][1], 0, (size_t)(dim_v * lanes) * sizeof(double));
     }
     if (dq_chunk) // kept zero between tile pairs by the fold
         memset(w->dqt, 0, (size_t)(dim * 64) * sizeof(float));
@@ -215,14 +229,19 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
                     ctxpar_cpu_plan_mask(p, w->s, w->vis, lanes, i0, j0, nq, nk, 0);
                     vis = w->vis;
                 }
+                if (capped)
+                    ctxpar_cpu_softcap(blk, w->s, w->dcap, vis, lanes, nq);
                 kern->exp2_sub(w->s, lanes, nq, lanes, c, NULL, NULL, lse2, lse2_lo);
                 if (a->dv) {
-                    kern->accum(w->t[g][3], lanes, NULL, w->s, vis, lanes, orows, nq, lanes, dim);
-                    kern->fold(w->acc[g][1], lanes, w->t[g][3], lanes, NULL, dim, lanes);
+                    kern->accum(w->t[g][3], lanes, NULL, w->s, vis, lanes, orows, nq, lanes,
+                                dim_v);
+                    kern->fold(w->acc[g][1], lanes, w->t[g][3], lanes, NULL, dim_v, lanes);
                 }
                 if (need_ds) {
-                    kern->scores(w->dp, lanes, w->t[g][1], lanes, orows, nq, lanes, dim);
+                    kern->scores(w->dp, lanes, w->t[g][1], lanes, orows, nq, lanes, dim_v);
                     kern->dsoftmax(w->dp, w->s, vis, lanes, nq, lanes, NULL, dl);
+                    if (capped)
+                        scale_by(w->dp, w->dcap, lanes * nq);
                 }
                 if (a->dk) {
                     kern->accum(w->t[g][2], lanes, NULL, w->dp, vis, lanes, qrows, nq, lanes, dim);
@@ -238,13 +257,11 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
         const int64_t j0 = (kt0 + g) * TK, nk = ctxpar_bwd_tile_rows(p->seq_k, kt0 + g, TK);
         const int64_t lanes = ctxpar_bwd_lanes(kern, nk);
         for (int64_t r = 0; r < nk; r++) {
-            int64_t off = ((b * p->seq_k + j0 + r) * p->heads_kv + hk) * dim;
-            for (int64_t d = 0; d < dim; d++) {
-                if (a->dk) // the F64 sums rounded once, then accumulated
-                    a->dk[off + d] += (float)(blk->scale * w->acc[g][0][d * lanes + r]);
-                if (a->dv)
-                    a->dv[off + d] += (float)w->acc[g][1][d * lanes + r];
-            }
+            const int64_t row = (b * p->seq_k + j0 + r) * p->heads_kv + hk;
+            for (int64_t d = 0; a->dk && d < dim; d++) // the F64 sums rounded once, then added
+                a->dk[row * dim + d] += (float)(blk->scale * w->acc[g][0][d * lanes + r]);
+            for (int64_t d = 0; a->dv && d < dim_v; d++)
+                a->dv[row * dim_v + d] += (float)w->acc[g][1][d * lanes + r];
         }
     }
 }

@@ -56,15 +56,15 @@ static size_t round16(size_t n) {
 }
 
 // Lays the workspace out from base; with base NULL it only measures (*floats_out).
-static fwd_ws fwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
-    const size_t d = (size_t)dim;
+static fwd_ws fwd_ws_at(float *base, int64_t dim, int64_t dim_v, size_t *floats_out) {
+    const size_t d = (size_t)dim, dv = (size_t)dim_v;
     size_t off = 0;
     fwd_ws w;
 #define TAKE(ptr, n) ((ptr) = base ? (void *)(base + off) : NULL, off += round16(n))
     for (int g = 0; g < CTXPAR_CPU_GROUP; g++) {
         TAKE(w.qt[g], d * TQ);
-        TAKE(w.ot[g], d * TQ);
-        TAKE(w.od[g], 2 * d * TQ); // doubles, counted as 2 floats
+        TAKE(w.ot[g], dv * TQ);
+        TAKE(w.od[g], 2 * dv * TQ); // doubles, counted as 2 floats
         TAKE(w.m[g], TQ);
         TAKE(w.l[g], TQ);
         TAKE(w.a[g], TQ);
@@ -74,7 +74,7 @@ static fwd_ws fwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
     TAKE(w.s, (size_t)TK * TQ);
     TAKE(w.vis, (size_t)TK * TQ); // 32-bit words, counted as floats
     TAKE(w.kbuf, (size_t)TK * d);
-    TAKE(w.vbuf, (size_t)TK * d);
+    TAKE(w.vbuf, (size_t)TK * dv);
     TAKE(w.row, d);
 #undef TAKE
     *floats_out = off;
@@ -106,8 +106,8 @@ static void fwd_begin(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, 
         w->a[g][r] = 1.0f;
         w->ld[g][r] = 0.0;
     }
-    memset(w->ot[g], 0, (size_t)(dim * lanes) * sizeof(float));
-    memset(w->od[g], 0, (size_t)(dim * lanes) * sizeof(double));
+    memset(w->ot[g], 0, (size_t)(p->dim_v * lanes) * sizeof(float));
+    memset(w->od[g], 0, (size_t)(p->dim_v * lanes) * sizeof(double));
 }
 
 // Key tiles are summed in F32 by pairs (0-1, 2-3, ...), each pair's part then folded into the F64
@@ -127,7 +127,7 @@ static void fwd_fold(const ctxpar_cpu_kernels *kern, const fwd_ws *w, int g, int
 static void fwd_end(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, const fwd_ws *w,
                     int g, int64_t b, int64_t h, int64_t qt, float *out_acc, float *lse_acc,
                     int merge) {
-    const int64_t dim = p->dim, i0 = qt * TQ, nq = tile_rows(p->seq_q, qt, TQ);
+    const int64_t dim = p->dim_v, i0 = qt * TQ, nq = tile_rows(p->seq_q, qt, TQ);
     const int64_t lanes = lanes_for(kern, nq);
     for (int64_t r = 0; r < nq; r++) {
         int64_t i = i0 + r;
@@ -155,7 +155,7 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim, hk = h / p->group;
     const float *krows[TK], *vrows[TK];
-    const double c = ctxpar_cpu_exp2_scale(blk->scale); // into base 2 inside the softmax
+    const double c = ctxpar_cpu_softmax_c(blk); // into base 2 inside the softmax
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
     int64_t pending[CTXPAR_CPU_GROUP]; // the tile pair ot[g] and l[g] hold, or -1
     for (int g = 0; g < ng; g++) {
@@ -180,22 +180,24 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
             const int64_t lanes = lanes_for(kern, nq);
             const uint32_t *vis = NULL; // FULL: nothing masked, no select
             if (pending[g] >= 0 && pending[g] != kt / FOLD_TILES)
-                fwd_fold(kern, w, g, dim, lanes);
+                fwd_fold(kern, w, g, p->dim_v, lanes);
             pending[g] = kt / FOLD_TILES;
             kern->scores(w->s, lanes, w->qt[g], lanes, krows, nk, lanes, dim);
             if (cls[g] == CTXPAR_BLOCK_PARTIAL) {
                 ctxpar_cpu_plan_mask(p, w->s, w->vis, lanes, i0, j0, nk, nq, 1);
                 vis = w->vis;
             }
+            if (blk->softcap > 0.0f)
+                ctxpar_cpu_softcap(blk, w->s, NULL, vis, lanes, nk);
             kern->softmax_step(w->s, lanes, nk, lanes, c, w->m[g], w->l[g], w->alpha);
-            kern->accum(w->ot[g], lanes, w->alpha, w->s, vis, lanes, vrows, nk, lanes, dim);
+            kern->accum(w->ot[g], lanes, w->alpha, w->s, vis, lanes, vrows, nk, lanes, p->dim_v);
             for (int64_t r = 0; r < lanes; r++) // the F64 sums get the pair's rescale at the fold
                 w->a[g][r] *= w->alpha[r];
         }
     }
     for (int g = 0; g < ng; g++) {
         if (pending[g] >= 0)
-            fwd_fold(kern, w, g, p->dim, lanes_for(kern, tile_rows(p->seq_q, qt0 + g, TQ)));
+            fwd_fold(kern, w, g, p->dim_v, lanes_for(kern, tile_rows(p->seq_q, qt0 + g, TQ)));
         fwd_end(p, kern, w, g, b, h, qt0 + g, out_acc, lse_acc, merge);
     }
 }
@@ -205,7 +207,7 @@ static void fwd_empty(const ctxpar_cpu_plan *p, float *out_acc, float *lse_acc, 
     if (merge)
         return;
     size_t rows = (size_t)(p->batch * p->seq_q * p->heads_q);
-    memset(out_acc, 0, rows * (size_t)p->dim * sizeof *out_acc);
+    memset(out_acc, 0, rows * (size_t)p->dim_v * sizeof *out_acc);
     for (size_t i = 0; i < rows; i++)
         lse_acc[i] = -INFINITY;
 }
@@ -228,7 +230,7 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
     }
     const int nt = ctxpar_cpu_threads(cpu);
     size_t per_thread;
-    (void)fwd_ws_at(NULL, p.dim, &per_thread); // only measures
+    (void)fwd_ws_at(NULL, p.dim, p.dim_v, &per_thread); // only measures
     float *ws = ctxpar_cpu_aligned_alloc((size_t)nt * per_thread * sizeof(float));
     if (!ws) {
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY,
@@ -240,7 +242,8 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
 #pragma omp parallel num_threads(nt)
     {
         size_t unused;
-        fwd_ws w = fwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, p.dim, &unused);
+        fwd_ws w = fwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, p.dim, p.dim_v,
+                             &unused);
         // Round-robin items: causal items differ in cost, neighbours in the order cost alike.
 #pragma omp for schedule(static, 1)
         for (int64_t it = 0; it < items; it++) {

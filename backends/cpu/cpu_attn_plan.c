@@ -38,6 +38,7 @@ ctxpar_status ctxpar_cpu_plan_init(const ctxpar_attn_block *blk, const char *op,
     p.heads_q = blk->q.shape[2];
     p.heads_kv = blk->k.shape[2];
     p.dim = blk->q.shape[3];
+    p.dim_v = blk->v.shape[3];
     p.group = p.heads_q / p.heads_kv;
     p.q_tiles = (p.seq_q + CTXPAR_CPU_TILE_Q - 1) / CTXPAR_CPU_TILE_Q;
     p.k_tiles = (p.seq_k + CTXPAR_CPU_TILE_K - 1) / CTXPAR_CPU_TILE_K;
@@ -115,4 +116,21 @@ void ctxpar_cpu_load_rows(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t
 void *ctxpar_cpu_aligned_alloc(size_t bytes) {
     size_t rounded = (bytes + 63) / 64 * 64;
     return aligned_alloc(64, rounded ? rounded : 64);
+}
+
+void ctxpar_cpu_softcap(const ctxpar_attn_block *blk, float *s, float *dcap, const uint32_t *vis,
+                        int64_t lds, int64_t rows) {
+    const double cap = blk->softcap;
+    const double mul = fabs((double)blk->scale) / cap; // the sign is in the packed operand
+    for (int64_t i = 0; i < rows * lds; i++) {
+        if (vis && !vis[i]) {
+            if (dcap)
+                dcap[i] = 0.0f;
+            continue;
+        }
+        const double t = tanh((double)s[i] * mul);
+        s[i] = (float)(cap * t);
+        if (dcap)
+            dcap[i] = (float)(1.0 - t * t);
+    }
 }

@@ -39,6 +39,7 @@ int ctxpar_cpu_threads(const ctxpar_cpu_device *cpu);
 typedef struct ctxpar_cpu_plan {
     const ctxpar_attn_block *blk;
     int64_t batch, seq_q, seq_k, heads_q, heads_kv, dim, group; /* group = heads_q / heads_kv */
+    int64_t dim_v;                                              /* of v and out (MLA) */
     int64_t *q_pos, *k_pos;                                     /* [seq_q], [seq_k] */
     int64_t *q_doc, *k_doc;     /* document of each row (0 without documents) */
     int64_t *q_range, *k_range; /* (min, max) position of each tile: [2 * tiles] */
@@ -76,6 +77,20 @@ static inline float ctxpar_cpu_score_sign(float scale) {
 static inline double ctxpar_cpu_exp2_scale(float scale) {
     return (double)(scale < 0.0f ? -scale : scale) * CTXPAR_CPU_LOG2E;
 }
+
+/* The c of the base-2 softmax for a block: with soft-capping the scale is already inside the
+ * capped score (ctxpar_cpu_softcap), so c is log2(e) alone. */
+static inline double ctxpar_cpu_softmax_c(const ctxpar_attn_block *blk) {
+    return ctxpar_cpu_exp2_scale(blk->softcap > 0.0f ? 1.0f : blk->scale);
+}
+
+/* Soft-capping (blk->softcap = C > 0) of a tile of raw scores s [rows, lds] whose packed operand
+ * carries the scale's sign: s = C tanh(|scale| s / C), in F64 and rounded once. Pairs the mask
+ * hid (vis 0; s is -inf there) are left alone. With dcap it also writes the derivative the
+ * backward's dS takes, 1 - tanh^2 (0 for hidden pairs). Called only when C > 0, after the mask:
+ * the plain path does not change. */
+void ctxpar_cpu_softcap(const ctxpar_attn_block *blk, float *s, float *dcap, const uint32_t *vis,
+                        int64_t lds, int64_t rows);
 
 /* Loads n rows t[b, s0 + i, h, :] as F32 into the dense tile `dst` ([n, D]) and points rows[i]
  * at them: a dense tile in L1/L2 instead of rows scattered by the tensor's strides. */

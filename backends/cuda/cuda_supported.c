@@ -14,6 +14,20 @@ ctxpar_status ctxpar_cuda_attn_supported(const struct ctxpar_device *dev,
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
                             "the cuda device computes f32, f16 and bf16, not dtype %d",
                             (int)q->dtype);
+    // Features the CUDA kernels do not implement yet (README.md): refused, never ignored.
+    if (q->head_dim_v != 0 && q->head_dim_v != q->head_dim)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "the cuda device needs v's head_dim (%lld) to equal q's (%lld): MLA "
+                            "is not implemented in its kernels",
+                            (long long)q->head_dim_v, (long long)q->head_dim);
+    if (q->softcap != 0.0f)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "the cuda device does not implement soft-capping (softcap %g)",
+                            (double)q->softcap);
+    if (q->sinks)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "the cuda device does not run attention sinks (not yet verified on a "
+                            "GPU)");
     if (q->head_dim > CTXPAR_CUDA_MAX_HEAD_DIM)
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
                             "head_dim %lld is above the CUDA backend's limit of %d",

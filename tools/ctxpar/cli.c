@@ -17,7 +17,7 @@ typedef enum opt_id {
     O_LAYOUT, O_DOCS, O_BACKWARD, O_SEED, O_Q, O_K, O_V, O_DOUT, O_CU_SEQLENS, O_SAVE, O_THREADS,
     O_WARMUP, O_REPEAT, O_CHECK, O_NO_CHECK, O_SWEEP, O_PEAK, O_VERIFY, O_COMM, O_BACKEND, O_JSON,
     O_TRACE, O_INPUTS, O_AGAINST, O_SHARDS, O_FORMAT, O_LSE_BASE, O_LSE_LAYOUT, O_MAX_RATIO,
-    O_ASSIGN,
+    O_ASSIGN, O_V_DIM, O_SOFTCAP, O_SINKS,
 } opt_id;
 
 enum { C = CPT_CMD_CHECK, A = CPT_CMD_AUDIT, B = CPT_CMD_BENCH };
@@ -38,6 +38,8 @@ static const opt options[] = {
     {"--heads", O_HEADS, C | B, 0, "N", "query heads"},
     {"--kv-heads", O_KV_HEADS, C | B, 0, "N", "key/value heads (divides --heads)"},
     {"--dim", O_DIM, C | B, 0, "D", "head dimension"},
+    {"--v-dim", O_V_DIM, C | B, 0, "DV",
+     "head dimension of v, out, dout, dv (MLA: e.g. 128 with --dim 192)"},
     {"--q", O_Q, A, 0, "Q.npy", "queries in --format order (or q in --inputs, --shards)"},
     {"--k", O_K, A, 0, "K.npy", "keys, kv_heads heads (or k in --inputs, --shards)"},
     {"--v", O_V, A, 0, "V.npy", "values, the shape of k (or v in --inputs, --shards)"},
@@ -62,6 +64,10 @@ static const opt options[] = {
     {"--window-right", O_WINDOW_RIGHT, C | A | B, 0, "R",
      "two-sided window (with --mask none): query i sees keys k, k-i <= R"},
     {"--scale", O_SCALE, C | A | B, 0, "X", "softmax scale of q.k (finite, non-zero)"},
+    {"--softcap", O_SOFTCAP, C | A | B, 0, "C",
+     "logit soft-capping: the score is C tanh(scale q.k / C) (C > 0)"},
+    {"--sinks", O_SINKS, C | B, 0, "SINKS.npy",
+     "attention sinks: float32 [heads] logits, once in every row's denominator"},
     {"--algo", O_ALGO, C | A | B, 0, "ring|allgather|alltoall|hybrid|auto", "algorithm"},
     {"--ulysses", O_ULYSSES, C | A | B, 0, "U",
      "with --algo hybrid (or auto): ranks per all-to-all group, consecutive; rings across groups"},
@@ -165,6 +171,8 @@ static void default_text(const opt *o, const cpt_cli *d, char *buf, size_t n) {
     case O_WINDOW: snprintf(buf, n, "0 = none"); break;
     case O_WINDOW_RIGHT: snprintf(buf, n, "0 = none"); break;
     case O_ULYSSES: snprintf(buf, n, "0 = chosen"); break;
+    case O_V_DIM: snprintf(buf, n, "= dim"); break;
+    case O_SOFTCAP: snprintf(buf, n, "none"); break;
     case O_SCALE: snprintf(buf, n, "1/sqrt(dim)"); break;
     case O_DOCS: snprintf(buf, n, "0 = one"); break;
     case O_ALGO: snprintf(buf, n, "%s", ctxpar_algo_name(c->params.algo)); break;
@@ -397,6 +405,16 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
         return 1;
     }
     case O_TRACE: cli->trace_path = val; return 1;
+    case O_SINKS: cli->sinks_path = val; return 1; // read once --heads is known
+    case O_SOFTCAP: {
+        char *end;
+        errno = 0;
+        double x = strtod(val, &end);
+        if (errno || end == val || *end || !(x > 0.0) || !isfinite((float)x))
+            return 0;
+        c->params.softcap = (float)x;
+        return 1;
+    }
     default: break;
     }
     if (!parse_i64(val, 0, INT32_MAX, &v))
@@ -406,6 +424,7 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
     case O_HEADS: c->heads = v; break;
     case O_KV_HEADS: c->kv_heads = v; break;
     case O_DIM: c->head_dim = v; break;
+    case O_V_DIM: c->head_dim_v = v; break;
     case O_WINDOW: c->params.window_left = v; break;
     case O_WINDOW_RIGHT: c->params.window_right = v; break;
     case O_ULYSSES: c->params.ulysses = v; break;
@@ -440,6 +459,28 @@ static const opt *find_option(const char *a, size_t len) {
         if (strlen(options[j].name) == len && !strncmp(a, options[j].name, len))
             return &options[j];
     return NULL;
+}
+
+// --sinks: a float32 file of one logit per query head.
+static int read_sinks(const char *cmd, cpt_cli *cli, FILE *err) {
+    cpt_npy_array a;
+    if (cpt_npy_read(cli->sinks_path, &a) != CTXPAR_OK) {
+        fprintf(err, "ctxpar %s: --sinks: %s\n", cmd, cpt_cli_message(ctxpar_last_error()));
+        return CPT_EXIT_USAGE;
+    }
+    int rc = -1;
+    if (a.dtype != CPT_NPY_F32 || a.ndim != 1 || (int64_t)a.count != cli->cfg.heads ||
+        a.count > CPT_CLI_MAX_SINKS) {
+        fprintf(err, "ctxpar %s: --sinks %s: want float32 [%lld] (one logit per query head)\n",
+                cmd, cli->sinks_path, (long long)cli->cfg.heads);
+        rc = CPT_EXIT_USAGE;
+    } else {
+        memcpy(cli->sinks, a.data, a.count * sizeof(float));
+        cli->n_sinks = (int64_t)a.count;
+        cli->cfg.params.sinks = cli->sinks;
+    }
+    cpt_npy_free(&a);
+    return rc;
 }
 
 // What no single flag can check: lists only with --sweep, required files, and so on.
@@ -578,5 +619,10 @@ int cpt_cli_parse(const char *cmd, int argc, char **argv, cpt_cli *cli, FILE *ou
     }
     if (!kv_heads_set)
         cli->cfg.kv_heads = cli->cfg.heads;
+    if (cli->sinks_path) {
+        int rc = read_sinks(cmd, cli, err);
+        if (rc >= 0)
+            return rc;
+    }
     return check_combination(cmd, cli, err);
 }

@@ -18,6 +18,8 @@ enum { CPT_CMD_CHECK = 1, CPT_CMD_AUDIT = 2, CPT_CMD_BENCH = 4 };
 
 /* Most values one list option (--seq, --ranks with bench --sweep) may hold. */
 #define CPT_CLI_MAX_LIST 16
+/* Most sink logits --sinks takes (one per query head). */
+#define CPT_CLI_MAX_SINKS 1024
 
 typedef struct cpt_cli {
     int cmd;                /* CPT_CMD_* */
@@ -43,6 +45,10 @@ typedef struct cpt_cli {
     int n_seqs, n_ranks;    /* values given to --seq and --ranks (at least 1 each) */
     int64_t seqs[CPT_CLI_MAX_LIST];
     int ranks[CPT_CLI_MAX_LIST];
+    /* --sinks FILE.npy: float32 [heads], read at parse time; cfg.params.sinks points here */
+    const char *sinks_path;
+    int64_t n_sinks;
+    float sinks[CPT_CLI_MAX_SINKS];
 } cpt_cli;
 
 /* Exit codes of the tool. */

@@ -55,6 +55,15 @@ void cpt_report_json_errors(FILE *f, const cpt_run_result *r) {
     json_map(f, "bound_worst", r, 5);
     fputc(',', f);
     json_map(f, "bitwise_equal_single_rank", r, 3);
+    if (r->has_dsinks) {
+        fputs(",\"dsinks\":{\"error\":", f);
+        cpt_json_num(f, r->dsinks_error);
+        fputs(",\"error_1\":", f);
+        cpt_json_num(f, r->dsinks_error_1);
+        fputs(",\"bound_ratio\":", f);
+        cpt_json_num(f, r->dsinks_bound_ratio);
+        fprintf(f, ",\"ratio_ok\":%s}", r->dsinks_ratio_ok ? "true" : "false");
+    }
 }
 
 void cpt_report_json_members(FILE *f, const cpt_run_config *c, const cpt_run_result *r) {
@@ -67,12 +76,15 @@ void cpt_report_json_members(FILE *f, const cpt_run_config *c, const cpt_run_res
     }
     fprintf(f,
             "\"config\":{\"ranks\":%d,\"batch\":%lld,\"seq\":%lld,\"heads\":%lld,"
-            "\"kv_heads\":%lld,\"dim\":%lld,\"dtype\":\"%s\",\"mask\":\"%s\",\"window\":%lld,"
+            "\"kv_heads\":%lld,\"dim\":%lld,\"v_dim\":%lld,\"softcap\":%g,\"sinks\":%s,"
+            "\"dtype\":\"%s\",\"mask\":\"%s\",\"window\":%lld,"
             "\"window_right\":%lld,\"ulysses\":%lld,"
             "\"docs\":%lld,\"algo\":\"%s\",\"algo_resolved\":\"%s\",\"layout\":\"%s\","
             "\"backward\":%s,\"backend\":\"%s\",\"seed\":%llu},",
             c->ranks, (long long)c->batch, (long long)c->seq, (long long)c->heads,
-            (long long)c->kv_heads, (long long)c->head_dim, ctxpar_dtype_name(c->dtype),
+            (long long)c->kv_heads, (long long)c->head_dim, (long long)cpt_run_dim_v(c),
+            (double)c->params.softcap, c->params.sinks ? "true" : "false",
+            ctxpar_dtype_name(c->dtype),
             ctxpar_mask_name(c->params.mask), (long long)c->params.window_left,
             (long long)c->params.window_right, (long long)c->params.ulysses,
             (long long)(c->params.num_docs > 0 ? c->params.num_docs : c->docs),
@@ -126,20 +138,30 @@ void cpt_report_rows(FILE *f, const cpt_run_result *r) {
                 where, e1, ratio, r->bitwise_single[i] ? "yes" : "no",
                 r->within_tol[i] && r->ratio_ok[i] ? "" : "   <-- out of tolerance");
     }
+    if (r->has_dsinks) { // [heads], the same on every rank (NaN here when not)
+        char e1[32] = "-";
+        if (!isnan(r->dsinks_error_1))
+            snprintf(e1, sizeof e1, "%.3e", r->dsinks_error_1);
+        fprintf(f, "  %-6s %-13.3e %-11s %-11.3g %-26s %-13s %-8s %s%s\n", "dsinks",
+                r->dsinks_error, "-", r->dsinks_bound_ratio, "-", e1, "-", "-",
+                r->dsinks_bound_ratio <= 1.0 && r->dsinks_ratio_ok ? "" : "   <-- out of tolerance");
+    }
 }
 
 void cpt_report_table(FILE *f, const char *cmd, const cpt_run_config *c,
                          const cpt_run_result *r) {
     fprintf(f,
             "ctxpar %s: %s (%s), %s layout, %s mask%s, %s, %d ranks x %lld tokens\n"
-            "%*s batch %lld, heads %lld/%lld, dim %lld, %s, %s backend\n\n",
+            "%*s batch %lld, heads %lld/%lld, dim %lld (v %lld)%s%s, %s, %s backend\n\n",
             cmd, ctxpar_algo_name(r->algo), ctxpar_algo_name(c->params.algo),
             ctxpar_layout_name(c->params.layout), ctxpar_mask_name(c->params.mask),
             c->params.num_docs > 0 || c->docs > 0 ? " + documents" : "",
             ctxpar_dtype_name(c->dtype), c->ranks,
             (long long)((c->seq + c->ranks - 1) / c->ranks), (int)strlen(cmd) + 8, "",
             (long long)c->batch, (long long)c->heads, (long long)c->kv_heads,
-            (long long)c->head_dim, c->backward ? "forward + backward" : "forward",
+            (long long)c->head_dim, (long long)cpt_run_dim_v(c),
+            c->params.softcap > 0.0f ? ", soft-capped" : "", c->params.sinks ? ", sinks" : "",
+            c->backward ? "forward + backward" : "forward",
             cpt_run_backend_name(c->backend));
     cpt_report_rows(f, r);
     fprintf(f, "\n  time %.3f s (P=1: %.3f s)   peak memory per rank %.2f MiB (P=1: %.2f MiB)\n",

@@ -930,6 +930,38 @@ TEST(Check, HybridWithUlysses) {
     EXPECT_NE((o.err + o.out).find("ulysses"), std::string::npos) << o.err << o.out;
 }
 
+// MLA, sinks and soft-capping from the command line: judged like every tensor, dsinks included
+// (the same bits on every rank, within its bound); bad values are named.
+TEST(Check, MlaSinksAndSoftcap) {
+    const std::string sinks = TempDir() + "/sinks.npy";
+    const float logits[4] = {0.5f, -1.0f, 3.0f, 7.0f};
+    const int64_t n = 4;
+    ASSERT_EQ(cpt_npy_write(sinks.c_str(), CPT_NPY_F32, 1, &n, logits), CTXPAR_OK);
+    Outcome o = Tool("check --seq 128 --ranks 4 --heads 4 --kv-heads 2 --dim 48 --v-dim 32 "
+                     "--softcap 2.5 --scale 0.3 --sinks " +
+                     sinks + " --layout zigzag --backward --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["ok"].b);
+    EXPECT_EQ(j["config"]["v_dim"].num, 32);
+    EXPECT_EQ(j["config"]["softcap"].num, 2.5);
+    ASSERT_TRUE(j.Has("dsinks")) << o.out;
+    EXPECT_LE(j["dsinks"]["bound_ratio"].num, 1.0);
+    EXPECT_GT(j["dsinks"]["error"].num, 0.0);
+    o = Tool("check --seq 64 --ranks 2 --heads 4 --v-dim 8 --sinks " + sinks + " --backward");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    EXPECT_NE(o.out.find("dsinks"), std::string::npos) << o.out;
+    for (const char *bad : {"--softcap 0", "--softcap -2", "--softcap nan"}) {
+        o = Tool(std::string("check --seq 64 --ranks 2 ") + bad);
+        EXPECT_EQ(o.code, 2) << bad;
+        EXPECT_NE(o.err.find("--softcap"), std::string::npos) << o.err;
+    }
+    o = Tool("check --seq 64 --ranks 2 --heads 3 --sinks " + sinks);
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("want float32 [3]"), std::string::npos) << o.err;
+}
+
 // The per-row error (max over rows of |err| / max |ref row|) is reported beside the per-tensor
 // one in the JSON and the table; it is never below it (the row holding the largest error has
 // at most the tensor's largest reference value), and a causal dk's small late-key rows keep it

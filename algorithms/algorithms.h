@@ -45,6 +45,7 @@ typedef struct ctxpar_problem {
     float scale;
     ctxpar_dtype dtype;
     int64_t batch, seq_local, seq_global, heads_q, heads_kv, head_dim;
+    float *lse_lo; /* params.lse_lo: the caller's LSE low part [B, Hq, S/P], or NULL */
 } ctxpar_problem;
 
 /*
@@ -111,10 +112,11 @@ size_t ctxpar_packed_kv_bytes(ctxpar_dtype dtype, const ctxpar_problem *pb, int6
 ctxpar_status ctxpar_pack_kv(const ctxpar_run *run, const ctxpar_problem *pb,
                              const ctxpar_tensor *k, const ctxpar_tensor *v, void *buf);
 
-/* Casts the F32 accumulators to the caller's out and copies lse (may be NULL). */
+/* Casts the F32 accumulators to the caller's out and copies lse (may be NULL) and the LSE's
+ * low part lse_lo_acc into pb->lse_lo (when both are set). */
 ctxpar_status ctxpar_store_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                               const float *out_acc, const float *lse_acc, ctxpar_tensor *out,
-                               float *lse);
+                               const float *out_acc, const float *lse_acc,
+                               const float *lse_lo_acc, ctxpar_tensor *out, float *lse);
 
 /* Carves aligned buffers out of one block. With base NULL it only measures, so that one function
  * both sizes an algorithm's workspace and lays it out. */

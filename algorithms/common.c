@@ -94,14 +94,17 @@ ctxpar_status ctxpar_pack_kv(const ctxpar_run *run, const ctxpar_problem *pb,
 }
 
 ctxpar_status ctxpar_store_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
-                               const float *out_acc, const float *lse_acc, ctxpar_tensor *out,
-                               float *lse) {
+                               const float *out_acc, const float *lse_acc,
+                               const float *lse_lo_acc, ctxpar_tensor *out, float *lse) {
     ctxpar_tensor acc = ctxpar_tensor_bshd((void *)out_acc, CTXPAR_DTYPE_F32, pb->batch,
                                            pb->seq_local, pb->heads_q, pb->head_dim);
     CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &acc, out, run->stream));
+    size_t bytes = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) * sizeof(float);
+    if (pb->lse_lo && lse_lo_acc)
+        CTXPAR_CHECK(ctxpar_dev_copy(run->dev, pb->lse_lo, lse_lo_acc, bytes, CTXPAR_COPY_D2D,
+                                     run->stream));
     if (!lse)
         return CTXPAR_OK;
-    size_t bytes = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) * sizeof(float);
     return ctxpar_dev_copy(run->dev, lse, lse_acc, bytes, CTXPAR_COPY_D2D, run->stream);
 }
 

@@ -48,16 +48,18 @@ static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb,
                            qp,
                            kp,
                            pb->mask,
-                           pb->scale};
+                           pb->scale,
+                           NULL};
     *blk = b;
     return 1;
 }
 
 // The forward's buffers: the K/V double buffer (each with room for a transfer's checksum) and
-// the F32 accumulators.
+// the F32 accumulators. The running LSE is lse_acc + lse_lo: each step's merge then does not
+// round it to F32 (which would add up to |lse| 2^-25 per step, docs/numerics.md).
 typedef struct ring_fwd_ws {
     void *kv[2];
-    float *out_acc, *lse_acc;
+    float *out_acc, *lse_acc, *lse_lo;
 } ring_fwd_ws;
 
 static size_t ring_fwd_layout(const ctxpar_problem *pb, char *base, ring_fwd_ws *w) {
@@ -69,6 +71,8 @@ static size_t ring_fwd_layout(const ctxpar_problem *pb, char *base, ring_fwd_ws 
         &c, ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim) * sizeof(float));
     w->lse_acc = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) *
                                            sizeof(float));
+    w->lse_lo = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) *
+                                          sizeof(float));
     return c.used;
 }
 
@@ -89,6 +93,8 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
     CTXPAR_CHECK_GOTO(ctxpar_run_workspace(run, ring_fwd_layout(pb, NULL, &w), &base), st, done);
     (void)ring_fwd_layout(pb, base, &w);
     CTXPAR_CHECK_GOTO(ctxpar_pack_kv(run, pb, k, v, w.kv[0]), st, done);
+    // 0 stands for a device that does not keep the low part (ctxpar_attn_block.lse_lo).
+    CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.lse_lo, 0.0f, lse_n, run->stream), st, done);
 
     ctxpar_shard_spans qs, ks;
     ctxpar_layout_spans(pb->layout, pb->seq_global, pb->rank, P, &qs);
@@ -101,6 +107,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
         ctxpar_attn_block blk;
         if (ctxpar_ring_holds(&plan, pb->rank, s) &&
             block_for_step(run, pb, &qs, &ks, s, q, cur, &blk)) {
+            blk.lse_lo = w.lse_lo;
             double t0 = ctxpar_now();
             CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc, have,
                                                         run->stream),
@@ -117,7 +124,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
         CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.lse_acc, -INFINITY, lse_n, run->stream), st,
                           done);
     }
-    st = ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, out, lse);
+    st = ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, w.lse_lo, out, lse);
 done:
     ctxpar_xfer_cancel(run, &x);
     ctxpar_ring_plan_free(&plan);
@@ -196,6 +203,7 @@ static ctxpar_status bwd_step(const ctxpar_run *run, const ctxpar_problem *pb, r
         ctxpar_shard_spans ks;
         ctxpar_attn_block blk;
         if (holds && block_for_step(run, pb, qs, &ks, s, q, cur, &blk)) {
+            blk.lse_lo = pb->lse_lo;
             double t0 = ctxpar_now();
             CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc,
                                                    acc, acc + w->dkv_n / 2, run->stream));
@@ -233,7 +241,7 @@ static ctxpar_status own_block_bwd(const ctxpar_run *run, const ctxpar_problem *
     ctxpar_spans qp = {qs->span, qs->count}, kp = {ks.span, ks.count};
     if (!ctxpar_block_account(run, pb, qp, kp))
         return CTXPAR_OK;
-    ctxpar_attn_block blk = {*q, *k, *v, qp, kp, pb->mask, pb->scale};
+    ctxpar_attn_block blk = {*q, *k, *v, qp, kp, pb->mask, pb->scale, pb->lse_lo};
     float *acc = w->d[0];
     double t0 = ctxpar_now();
     CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc, acc,

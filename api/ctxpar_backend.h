@@ -207,6 +207,12 @@ typedef struct ctxpar_attn_block {
     ctxpar_spans q_pos, k_pos;
     ctxpar_mask_desc mask;
     float scale; /* multiplies QK^T (already resolved: never 0) */
+    /* (optional) The LSE's low part, F32 [B, Hq, Sq] dense beside lse_acc / lse: the LSE is
+     * lse + lse_lo, about 48 bits, where an F32 LSE alone is off by up to |lse| 2^-24 (a
+     * relative error of every recomputed P of its row; docs/numerics.md). attn_block_fwd writes
+     * it with lse_acc (and reads it when merging); attn_block_bwd reads it. NULL: none. A device
+     * that does not keep it leaves it as it is: the algorithms fill it with 0 first. */
+    float *lse_lo;
 } ctxpar_attn_block;
 
 /* A problem as a device is asked about it (attn_supported): the blocks the algorithm will pass

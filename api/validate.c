@@ -207,6 +207,7 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     pb.heads_q = q->shape[2];
     pb.heads_kv = k->shape[2];
     pb.head_dim = q->shape[3];
+    pb.lse_lo = p->lse_lo;
     *pb_out = pb;
     return CTXPAR_OK;
 }

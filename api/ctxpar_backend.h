@@ -201,6 +201,8 @@ typedef struct ctxpar_event ctxpar_event; /* defined by each backend */
  *   k, v [B, Sk, Hkv, D]  any strides, innermost stride 1; Hq % Hkv == 0 (GQA: query head h
  *                         uses K/V head h / (Hq / Hkv)); q, k, v share one dtype
  *   q_pos, k_pos          global positions of the Sq query rows and the Sk key rows
+ * Zero-initialise it ({0}) before setting fields: optional fields are added at the end, NULL or
+ * 0 meaning "none".
  */
 typedef struct ctxpar_attn_block {
     ctxpar_tensor q, k, v;

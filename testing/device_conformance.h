@@ -228,7 +228,7 @@ struct Problem {
 
     // The block with q, k, v in host memory (a host-memory device reads them in place).
     ctxpar_attn_block Block() const {
-        ctxpar_attn_block blk;
+        ctxpar_attn_block blk{}; // zeroed: fields added later (lse_lo) are NULL
         blk.q = q->t;
         blk.k = k->t;
         blk.v = v->t;

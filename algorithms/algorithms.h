@@ -80,6 +80,7 @@ typedef struct ctxpar_problem {
     const float *sinks;   /* [Hq] device memory, or NULL (sinks.c) */
     float *dsinks;        /* [Hq] device memory, or NULL */
     int64_t sinks_hash;   /* of the sink values' bits, for the agreement check */
+    float *lse_lo; /* params.lse_lo: the caller's LSE low part [B, Hq, S/P], or NULL */
 } ctxpar_problem;
 
 /* Rank j's token count and positions in a problem. */
@@ -176,10 +177,11 @@ ctxpar_status ctxpar_pack_kv(const ctxpar_run *run, const ctxpar_problem *pb,
                              const ctxpar_tensor *k, const ctxpar_tensor *v, void *buf);
 
 /* Folds the sinks in (pb->sinks: fold_scratch holds ctxpar_sinks_fold_bytes for the local rows),
- * then casts the F32 accumulators to the caller's out and copies lse (may be NULL). */
+ * then casts the F32 accumulators to the caller's out and copies lse (may be NULL) and the LSE's
+ * low part lse_lo_acc into pb->lse_lo (when both are set). */
 ctxpar_status ctxpar_store_fwd(const ctxpar_run *run, const ctxpar_problem *pb, float *out_acc,
-                               float *lse_acc, void *fold_scratch, ctxpar_tensor *out,
-                               float *lse);
+                               float *lse_acc, float *lse_lo_acc, void *fold_scratch,
+                               ctxpar_tensor *out, float *lse);
 
 /* Carves aligned buffers out of one block. With base NULL it only measures, so that one function
  * both sizes an algorithm's workspace and lays it out. */

@@ -49,7 +49,8 @@ static ctxpar_attn_block whole_block(const ctxpar_problem *pb, ctxpar_spans qs,
                              {all, 1},
                              pb->mask,
                              pb->scale,
-                             pb->softcap};
+                             pb->softcap,
+                             NULL};
     return blk;
 }
 
@@ -58,7 +59,7 @@ static ctxpar_attn_block whole_block(const ctxpar_problem *pb, ctxpar_spans qs,
 // this rank's reduced block. NULL where a direction does not use one.
 typedef struct allgather_ws {
     void *local, *gathered, *kv_global;
-    float *out_acc, *lse_acc;
+    float *out_acc, *lse_acc, *lse_lo;
     void *fold; // the sinks' fold (NULL without sinks)
     float *dq_acc, *delta;
     void *dkv_global, *dkv_blocks, *dkv_mine;
@@ -84,6 +85,7 @@ static size_t allgather_layout(const ctxpar_problem *pb, int backward, char *bas
         if (pb->sinks)
             w->fold = ctxpar_carve_take(&c, ctxpar_sinks_fold_bytes(pb, pb->seq_local,
                                                                     pb->heads_q));
+        w->lse_lo = ctxpar_carve_take(&c, row_n * sizeof(float));
         return c.used;
     }
     w->dq_acc = ctxpar_carve_take(&c, q_n * sizeof(float));
@@ -129,6 +131,10 @@ static ctxpar_status ctxpar_allgather_fwd(const ctxpar_run *run, const ctxpar_pr
     ctxpar_attn_block blk = whole_block(pb, ctxpar_problem_spans(pb, pb->rank), &all, q,
                                         w.kv_global);
     (void)ctxpar_block_account(run, pb, blk.q_pos, blk.k_pos);
+    blk.lse_lo = w.lse_lo; // 0 stands for a device that does not keep it
+    CTXPAR_CHECK(ctxpar_dev_fill(run->dev, w.lse_lo, 0.0f,
+                                 ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1),
+                                 run->stream));
     // The kernel handles rows that see nothing (out 0, lse -inf), so it runs unless this rank
     // holds no rows at all.
     if (pb->seq_local > 0) {
@@ -137,7 +143,7 @@ static ctxpar_status ctxpar_allgather_fwd(const ctxpar_run *run, const ctxpar_pr
             ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc, 0, run->stream));
         ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", -1, -1, t0, ctxpar_now(), 0);
     }
-    return ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, w.fold, out, lse);
+    return ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, w.lse_lo, w.fold, out, lse);
 }
 
 // Rearranges the global dK/dV ([2][B, S, Hkv, D] F32) into P packed per-rank blocks in the
@@ -181,6 +187,7 @@ static ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_pr
     ctxpar_span all = {0, pb->seq_global, 1};
     ctxpar_attn_block blk =
         whole_block(pb, ctxpar_problem_spans(pb, pb->rank), &all, q, kv_global);
+    blk.lse_lo = pb->lse_lo;
     if (ctxpar_block_account(run, pb, blk.q_pos, blk.k_pos)) {
         float *dk_g = dkv_global;
         float *dv_g = dk_g + ctxpar_count(pb->batch, pb->seq_global, pb->heads_kv, pb->head_dim);

@@ -144,18 +144,20 @@ static ctxpar_status pack_tokens(const ctxpar_run *run, const ctxpar_problem *pb
 
 static ctxpar_attn_block whole(const ctxpar_problem *pb, const ctxpar_span *all,
                                const ctxpar_tensor *g) {
-    ctxpar_attn_block blk = {g[0],     g[1],      g[2],       {all, 1},
-                             {all, 1}, pb->mask, pb->scale, pb->softcap};
+    ctxpar_attn_block blk = {g[0],     g[1],      g[2],        {all, 1},   {all, 1},
+                             pb->mask, pb->scale, pb->softcap, NULL};
     return blk;
 }
 
 // The buffers of both directions: the all-to-all send and receive blocks, the global (all tokens,
 // this rank's heads) inputs, the F32 results (forward: out; backward: dQ, dK, dV), the global
-// LSE, and for the backward delta and the sums of replicated K/V heads' dK/dV.
+// LSE and its low part (ctxpar_attn_block.lse_lo: it travels whether or not a rank's caller
+// keeps it, so that every rank's blocks have one size), and for the backward delta and the sums
+// of replicated K/V heads' dK/dV.
 typedef struct a2a_ws {
     void *send, *recv, *glob;
     void *acc;
-    float *lse, *delta, *dkv_sum;
+    float *lse, *lse_lo, *delta, *dkv_sum;
     void *fold; // the sinks' fold (forward with sinks)
 } a2a_ws;
 
@@ -163,17 +165,17 @@ static size_t a2a_layout(const ctxpar_problem *pb, int backward, char *base, a2a
     const int64_t S = pb->seq_global, D = pb->head_dim, Dv = pb->head_dim_v;
     const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(pb);
     const ctxpar_dtype dt = pb->dtype, f32 = CTXPAR_DTYPE_F32;
-    // What travels each way: forward q, k, v in and out, lse back; backward q, k, v, out, dout,
-    // lse in and dq, dk, dv back (as in the functions below).
-    const ctxpar_seg in[6] = {{dt, h.hq, D},  {dt, h.hk, D},  {dt, h.hk, Dv},
-                       {dt, h.hq, Dv}, {dt, h.hq, Dv}, {f32, h.hq, 1}};
-    const ctxpar_seg fwd_back[2] = {{dt, h.hq, Dv}, {f32, h.hq, 1}};
+    // What travels each way: forward q, k, v in and out, lse, lse_lo back; backward q, k, v, out,
+    // dout, lse, lse_lo in and dq, dk, dv back (as in the functions below).
+    const ctxpar_seg in[7] = {{dt, h.hq, D},  {dt, h.hk, D},   {dt, h.hk, Dv}, {dt, h.hq, Dv},
+                              {dt, h.hq, Dv}, {f32, h.hq, 1}, {f32, h.hq, 1}};
+    const ctxpar_seg fwd_back[3] = {{dt, h.hq, Dv}, {f32, h.hq, 1}, {f32, h.hq, 1}};
     const ctxpar_seg bwd_back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, Dv}};
-    const int n_in = backward ? 6 : 3;
+    const int n_in = backward ? 7 : 3;
     // Every block is sized for the largest shard; each holds its owner's count of rows.
     const size_t in_b = ctxpar_a2a_block_bytes(pb, in, n_in, pb->seq_max);
     const size_t back_b = backward ? ctxpar_a2a_block_bytes(pb, bwd_back, 3, pb->seq_max)
-                                   : ctxpar_a2a_block_bytes(pb, fwd_back, 2, pb->seq_max);
+                                   : ctxpar_a2a_block_bytes(pb, fwd_back, 3, pb->seq_max);
     const size_t big = (in_b > back_b ? in_b : back_b) * (size_t)pb->nranks;
     const size_t rows = ctxpar_count(pb->batch, S, h.hq, 1) * sizeof(float);
     ctxpar_carve c = {base, 0};
@@ -184,6 +186,7 @@ static size_t a2a_layout(const ctxpar_problem *pb, int backward, char *base, a2a
     w->acc = ctxpar_carve_take(&c, backward ? ctxpar_a2a_block_bytes(pb, bwd_back, 3, S)
                                             : ctxpar_count(pb->batch, S, h.hq, Dv) * sizeof(float));
     w->lse = ctxpar_carve_take(&c, rows);
+    w->lse_lo = ctxpar_carve_take(&c, rows);
     if (!backward && pb->sinks)
         w->fold = ctxpar_carve_take(&c, ctxpar_sinks_fold_bytes(pb, S, h.hq));
     if (backward) {
@@ -216,9 +219,10 @@ static ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_pro
     const int64_t S = pb->seq_global, D = pb->head_dim, Dv = pb->head_dim_v;
     const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(pb);
     const ctxpar_seg in[3] = {{pb->dtype, h.hq, D}, {pb->dtype, h.hk, D}, {pb->dtype, h.hk, Dv}};
-    const ctxpar_seg back[2] = {{pb->dtype, h.hq, Dv}, {CTXPAR_DTYPE_F32, h.hq, 1}};
+    const ctxpar_seg back[3] = {{pb->dtype, h.hq, Dv}, {CTXPAR_DTYPE_F32, h.hq, 1},
+                                {CTXPAR_DTYPE_F32, h.hq, 1}};
     const size_t in_b = ctxpar_a2a_block_bytes(pb, in, 3, pb->seq_max);
-    const size_t back_b = ctxpar_a2a_block_bytes(pb, back, 2, pb->seq_max);
+    const size_t back_b = ctxpar_a2a_block_bytes(pb, back, 3, pb->seq_max);
     ctxpar_status st;
     a2a_ws w;
     CTXPAR_CHECK(take_workspace(run, pb, 0, &w));
@@ -239,6 +243,10 @@ static ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_pro
 
     ctxpar_span all = {0, S, 1};
     ctxpar_attn_block blk = whole(pb, &all, g);
+    blk.lse_lo = w.lse_lo; // 0 stands for a device that does not keep it
+    CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.lse_lo, 0.0f,
+                                      ctxpar_count(pb->batch, S, h.hq, 1), run->stream),
+                      st, done);
     ctxpar_problem heads_pb = *pb; // this rank's share of the work, for the statistics
     heads_pb.heads_q = h.hq;
     (void)ctxpar_block_account(run, &heads_pb, blk.q_pos, blk.k_pos);
@@ -246,24 +254,32 @@ static ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_pro
     CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_fwd(run->dev, &blk, out_acc, lse_acc, 0, run->stream),
                       st, done);
     ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", -1, -1, t0, ctxpar_now(), 0);
-    if (pb->sinks) // this rank's heads, every row: once, on the finished rows
+    if (pb->sinks) { // this rank's heads, every row: once, on the finished rows
         CTXPAR_CHECK_GOTO(ctxpar_sinks_fold(run, pb, out_acc, lse_acc, S, h.hq,
                                             (int64_t)pb->rank * h.hq, w.fold),
                           st, done);
+        // The fold rounds the new LSE to F32: the old low part no longer belongs to it.
+        CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.lse_lo, 0.0f,
+                                          ctxpar_count(pb->batch, S, h.hq, 1), run->stream),
+                          st, done);
+    }
 
-    ctxpar_tensor res[2] = {
+    ctxpar_tensor res[3] = {
         ctxpar_tensor_bshd(out_acc, CTXPAR_DTYPE_F32, pb->batch, S, h.hq, Dv),
-        ctxpar_a2a_lse_view(lse_acc, pb, S, h.hq)};
-    CTXPAR_CHECK_GOTO(pack_tokens(run, pb, back, 2, res, send, back_b), st, done);
+        ctxpar_a2a_lse_view(lse_acc, pb, S, h.hq), ctxpar_a2a_lse_view(w.lse_lo, pb, S, h.hq)};
+    CTXPAR_CHECK_GOTO(pack_tokens(run, pb, back, 3, res, send, back_b), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_a2a_exchange(run, pb, send, recv, back_b, "alltoall_out"), st, done);
     for (int i = 0; i < P; i++) {
         char *blk_i = (char *)recv + (size_t)i * back_b;
         ctxpar_tensor o = ctxpar_a2a_seg_view(blk_i, pb, back, 0, pb->seq_local);
         ctxpar_tensor dst = ctxpar_a2a_heads(out, i * h.hq, h.hq);
         CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &o, &dst, run->stream), st, done);
-        if (lse) {
-            ctxpar_tensor l = ctxpar_a2a_seg_view(blk_i, pb, back, 1, pb->seq_local);
-            ctxpar_tensor user = ctxpar_a2a_lse_view(lse, pb, pb->seq_local, pb->heads_q);
+        float *user_lse[2] = {lse, pb->lse_lo};
+        for (int u = 0; u < 2; u++) {
+            if (!user_lse[u])
+                continue;
+            ctxpar_tensor l = ctxpar_a2a_seg_view(blk_i, pb, back, 1 + u, pb->seq_local);
+            ctxpar_tensor user = ctxpar_a2a_lse_view(user_lse[u], pb, pb->seq_local, pb->heads_q);
             ctxpar_tensor ldst = ctxpar_a2a_heads(&user, i * h.hq, h.hq);
             CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &l, &ldst, run->stream), st, done);
         }
@@ -324,10 +340,10 @@ static ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_pro
     const int64_t S = pb->seq_global, D = pb->head_dim, Dv = pb->head_dim_v;
     const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(pb);
     const ctxpar_dtype dt = pb->dtype, f32 = CTXPAR_DTYPE_F32;
-    const ctxpar_seg in[6] = {{dt, h.hq, D},  {dt, h.hk, D},  {dt, h.hk, Dv},
-                       {dt, h.hq, Dv}, {dt, h.hq, Dv}, {f32, h.hq, 1}};
+    const ctxpar_seg in[7] = {{dt, h.hq, D},  {dt, h.hk, D},   {dt, h.hk, Dv}, {dt, h.hq, Dv},
+                              {dt, h.hq, Dv}, {f32, h.hq, 1}, {f32, h.hq, 1}};
     const ctxpar_seg back[3] = {{f32, h.hq, D}, {f32, h.hk, D}, {f32, h.hk, Dv}};
-    const size_t in_b = ctxpar_a2a_block_bytes(pb, in, 6, pb->seq_max);
+    const size_t in_b = ctxpar_a2a_block_bytes(pb, in, 7, pb->seq_max);
     const size_t back_b = ctxpar_a2a_block_bytes(pb, back, 3, pb->seq_max);
     ctxpar_status st;
     a2a_ws w;
@@ -336,18 +352,26 @@ static ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_pro
     float *lse_g = w.lse, *delta = w.delta;
 
     ctxpar_tensor lse_t = ctxpar_a2a_lse_view(lse, pb, pb->seq_local, pb->heads_q);
-    const ctxpar_tensor *src[6] = {q, k, v, out, dout, &lse_t};
-    const int kinds[6] = {0, 1, 1, 0, 0, 0};
-    for (int j = 0; j < P; j++)
-        CTXPAR_CHECK_GOTO(ctxpar_a2a_pack_heads(run, pb, &h, src, kinds, in, 6,
-                                                (char *)send + (size_t)j * in_b, j),
+    // Without the caller's low part, zeros travel (delta's buffer, filled only later).
+    float *lo = pb->lse_lo ? pb->lse_lo : delta;
+    if (!pb->lse_lo)
+        CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, delta, 0.0f,
+                                          ctxpar_count(pb->batch, S, h.hq, 1), run->stream),
                           st, done);
+    ctxpar_tensor lo_t = ctxpar_a2a_lse_view(lo, pb, pb->seq_local, pb->heads_q);
+    const ctxpar_tensor *src[7] = {q, k, v, out, dout, &lse_t, &lo_t};
+    const int kinds[7] = {0, 1, 1, 0, 0, 0, 0};
+    for (int j = 0; j < P; j++)
+        CTXPAR_CHECK_GOTO(
+            ctxpar_a2a_pack_heads(run, pb, &h, src, kinds, in, 7, (char *)send + (size_t)j * in_b, j), st,
+            done);
     CTXPAR_CHECK_GOTO(ctxpar_a2a_exchange(run, pb, send, recv, in_b, "alltoall_bwd_in"), st, done);
-    ctxpar_tensor g[6];
+    ctxpar_tensor g[7];
     for (int s = 0; s < 5; s++)
         g[s] = ctxpar_a2a_seg_view(glob, pb, in, s, S);
     g[5] = ctxpar_a2a_lse_view(lse_g, pb, S, h.hq);
-    CTXPAR_CHECK_GOTO(unpack_global(run, pb, in, 6, recv, in_b, g), st, done);
+    g[6] = ctxpar_a2a_lse_view(w.lse_lo, pb, S, h.hq);
+    CTXPAR_CHECK_GOTO(unpack_global(run, pb, in, 7, recv, in_b, g), st, done);
 
     ctxpar_tensor gr[3] = {ctxpar_a2a_seg_view(grads, pb, back, 0, S),
                            ctxpar_a2a_seg_view(grads, pb, back, 1, S),
@@ -359,6 +383,7 @@ static ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_pro
                       done);
     ctxpar_span all = {0, S, 1};
     ctxpar_attn_block blk = whole(pb, &all, g);
+    blk.lse_lo = w.lse_lo;
     ctxpar_problem heads_pb = *pb;
     heads_pb.heads_q = h.hq;
     if (ctxpar_block_account(run, &heads_pb, blk.q_pos, blk.k_pos)) {

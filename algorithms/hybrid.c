@@ -38,6 +38,7 @@ ctxpar_problem ctxpar_hybrid_ring_problem(const ctxpar_problem *pb, int u) {
     r.heads_kv = h.hk;
     r.seq_max = r.seq_local; // shards are even (hybrid_check)
     r.map = NULL;
+    r.lse_lo = NULL; // the ring's rows are not the caller's: the LSE's low part stays 0
     return r;
 }
 
@@ -337,6 +338,10 @@ static ctxpar_status hybrid_fwd_body(const ctxpar_run *run, const ctxpar_problem
             CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &l, &ldst, run->stream));
         }
     }
+    if (pb->lse_lo) // not kept across the hybrid's ring (its rows are the group's): none
+        CTXPAR_CHECK(ctxpar_dev_fill(run->dev, pb->lse_lo, 0.0f,
+                                     ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1),
+                                     run->stream));
     return CTXPAR_OK;
 }
 

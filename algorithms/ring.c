@@ -55,16 +55,18 @@ static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb, ctxpa
                            kp,
                            pb->mask,
                            pb->scale,
-                           pb->softcap};
+                           pb->softcap,
+                           NULL};
     *blk = b;
     return 1;
 }
 
 // The forward's buffers: the K/V double buffer (each with room for a transfer's checksum) and
-// the F32 accumulators.
+// the F32 accumulators. The running LSE is lse_acc + lse_lo: each step's merge then does not
+// round it to F32 (which would add up to |lse| 2^-25 per step, docs/numerics.md).
 typedef struct ring_fwd_ws {
     void *kv[2];
-    float *out_acc, *lse_acc;
+    float *out_acc, *lse_acc, *lse_lo;
     void *fold; // the sinks' fold (NULL without sinks)
 } ring_fwd_ws;
 
@@ -80,6 +82,8 @@ static size_t ring_fwd_layout(const ctxpar_problem *pb, char *base, ring_fwd_ws 
     w->fold = pb->sinks ? ctxpar_carve_take(
                               &c, ctxpar_sinks_fold_bytes(pb, pb->seq_local, pb->heads_q))
                         : NULL;
+    w->lse_lo = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) *
+                                          sizeof(float));
     return c.used;
 }
 
@@ -100,6 +104,8 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
     CTXPAR_CHECK_GOTO(ctxpar_run_workspace(run, ring_fwd_layout(pb, NULL, &w), &base), st, done);
     (void)ring_fwd_layout(pb, base, &w);
     CTXPAR_CHECK_GOTO(ctxpar_pack_kv(run, pb, k, v, w.kv[0]), st, done);
+    // 0 stands for a device that does not keep the low part (ctxpar_attn_block.lse_lo).
+    CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.lse_lo, 0.0f, lse_n, run->stream), st, done);
 
     const ctxpar_spans qs = ctxpar_problem_spans(pb, pb->rank);
     int have = 0; // whether out_acc/lse_acc hold a partial yet
@@ -111,6 +117,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
         ctxpar_attn_block blk;
         if (ctxpar_ring_holds(&plan, pb->rank, s) &&
             block_for_step(run, pb, qs, s, q, cur, &blk)) {
+            blk.lse_lo = w.lse_lo;
             double t0 = ctxpar_now();
             CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc, have,
                                                         run->stream),
@@ -127,7 +134,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
         CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.lse_acc, -INFINITY, lse_n, run->stream), st,
                           done);
     }
-    st = ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, w.fold, out, lse);
+    st = ctxpar_store_fwd(run, pb, w.out_acc, w.lse_acc, w.lse_lo, w.fold, out, lse);
 done:
     ctxpar_xfer_cancel(run, &x);
     ctxpar_ring_plan_free(&plan);
@@ -205,6 +212,7 @@ static ctxpar_status bwd_step(const ctxpar_run *run, const ctxpar_problem *pb, r
             CTXPAR_CHECK(ctxpar_dev_fill(run->dev, acc, 0.0f, w->dkv_n, run->stream));
         ctxpar_attn_block blk;
         if (holds && block_for_step(run, pb, qs, s, q, cur, &blk)) {
+            blk.lse_lo = pb->lse_lo;
             double t0 = ctxpar_now();
             CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc,
                                                    acc, dv_part(pb, acc, block_at(pb, s)),
@@ -240,7 +248,7 @@ static ctxpar_status own_block_bwd(const ctxpar_run *run, const ctxpar_problem *
     CTXPAR_CHECK(ctxpar_dev_fill(run->dev, w->d[0], 0.0f, w->dkv_n, run->stream));
     if (!ctxpar_block_account(run, pb, qs, qs))
         return CTXPAR_OK;
-    ctxpar_attn_block blk = {*q, *k, *v, qs, qs, pb->mask, pb->scale, pb->softcap};
+    ctxpar_attn_block blk = {*q, *k, *v, qs, qs, pb->mask, pb->scale, pb->softcap, pb->lse_lo};
     float *acc = w->d[0];
     double t0 = ctxpar_now();
     CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc, acc,

@@ -153,12 +153,18 @@ typedef struct ctxpar_attn_params {
      * row; B (the batch) = cu_seqlens is [B, num_docs + 1], row b's documents for batch row b
      * (pad rows with fewer documents with empty ones). */
     int64_t cu_seqlens_rows;
+    /* The LSE's low part, F32 [B, Hq, S/P] in the context's device memory, dense like lse:
+     * written by ctxpar_attn_fwd (lse + lse_lo is the LSE to about 48 bits), read by
+     * ctxpar_attn_bwd. An F32 lse alone is off by up to |lse| 2^-24, which the backward turns
+     * into a relative error of every P of the row (docs/numerics.md); NULL = lse alone. A
+     * backend that does not compute it writes 0. */
+    float *lse_lo;
 } ctxpar_attn_params;
 
 #define CTXPAR_ATTN_PARAMS_INIT                                                                   \
     {                                                                                             \
         sizeof(ctxpar_attn_params), CTXPAR_ALGO_AUTO, CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_MASK_NONE, \
-            0, NULL, 0, 0.0f, 0, 0, NULL, NULL, 0.0f, NULL, 0, 0                                  \
+            0, NULL, 0, 0.0f, 0, 0, NULL, NULL, 0.0f, NULL, 0, 0, NULL                            \
     }
 
 /* "auto", "ring", ...;  "contiguous", "zigzag", "striped", "custom";  "none", "causal". */

@@ -225,6 +225,8 @@ typedef struct ctxpar_event ctxpar_event; /* defined by each backend */
  *                         uses K/V head h / (Hq / Hkv)); q, k, v share one dtype
  *   v    [B, Sk, Hkv, Dv] Dv may differ from D (MLA); out, dout and dV have Dv
  *   q_pos, k_pos          global positions of the Sq query rows and the Sk key rows
+ * Zero-initialise it ({0}) before setting fields: optional fields are added at the end, NULL or
+ * 0 meaning "none".
  */
 typedef struct ctxpar_attn_block {
     ctxpar_tensor q, k, v;
@@ -233,6 +235,12 @@ typedef struct ctxpar_attn_block {
     float scale; /* multiplies QK^T (already resolved: never 0) */
     /* > 0: soft-capping, the score is softcap * tanh(scale * q.k / softcap); 0: none. */
     float softcap;
+    /* (optional) The LSE's low part, F32 [B, Hq, Sq] dense beside lse_acc / lse: the LSE is
+     * lse + lse_lo, about 48 bits, where an F32 LSE alone is off by up to |lse| 2^-24 (a
+     * relative error of every recomputed P of its row; docs/numerics.md). attn_block_fwd writes
+     * it with lse_acc (and reads it when merging); attn_block_bwd reads it. NULL: none. A device
+     * that does not keep it leaves it as it is: the algorithms fill it with 0 first. */
+    float *lse_lo;
 } ctxpar_attn_block;
 
 /* A problem as a device is asked about it (attn_supported): the blocks the algorithm will pass

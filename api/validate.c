@@ -314,6 +314,7 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     pb.softcap = p->softcap;
     pb.sinks = p->sinks;
     pb.dsinks = p->dsinks;
+    pb.lse_lo = p->lse_lo;
     *pb_out = pb;
     return CTXPAR_OK;
 }

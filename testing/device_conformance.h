@@ -235,7 +235,7 @@ struct Problem {
 
     // The block with q, k, v in host memory (a host-memory device reads them in place).
     ctxpar_attn_block Block() const {
-        ctxpar_attn_block blk = {}; // features a test does not set are off
+        ctxpar_attn_block blk = {}; // zeroed: features and fields a test does not set are off
         blk.q = q->t;
         blk.k = k->t;
         blk.v = v->t;

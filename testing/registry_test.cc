@@ -57,6 +57,8 @@ ctxpar_problem Problem(int P, int64_t hq, int64_t hkv) {
     pb.heads_q = hq;
     pb.heads_kv = hkv;
     pb.head_dim = 16;
+    pb.head_dim_v = 16;
+    pb.seq_max = 8;
     pb.scale = 0.25f;
     pb.comm_splits = 1;
     return pb;

@@ -41,8 +41,9 @@ static double median(double *v, int n) {
 }
 
 // The local tensors of one rank, each twice: on the host (filled, read back) and in the device's
-// memory (what the library is given; for the CPU backend that is host memory too).
-enum { L_Q, L_K, L_V, L_DOUT, L_OUT, L_LSE, L_DQ, L_DK, L_DV, L_COUNT };
+// memory (what the library is given; for the CPU backend that is host memory too). L_LSE_LO: the
+// LSE's low part (params.lse_lo), which the backward reads when the forward wrote it.
+enum { L_Q, L_K, L_V, L_DOUT, L_OUT, L_LSE, L_DQ, L_DK, L_DV, L_LSE_LO, L_COUNT };
 
 typedef struct local_set {
     const cpt_run_config *cfg;
@@ -99,8 +100,9 @@ static ctxpar_status alloc_local(local_set *t) {
     for (int i = 0; i < L_COUNT; i++) {
         if (!slot_used(c, i))
             continue;
-        t->bytes[i] = i == L_LSE ? (size_t)(c->batch * c->heads * t->seq) * sizeof(float)
-                                 : (size_t)(c->batch * t->seq * slot_heads(c, i) * slot_dim(c, i)) *
+        t->bytes[i] = i == L_LSE || i == L_LSE_LO
+                          ? (size_t)(c->batch * c->heads * t->seq) * sizeof(float)
+                          : (size_t)(c->batch * t->seq * slot_heads(c, i) * slot_dim(c, i)) *
                                        ctxpar_dtype_size(c->dtype);
         if (t->bytes[i] == 0) // a rank with no tokens still passes real (unread) pointers
             t->bytes[i] = 1;
@@ -173,17 +175,19 @@ static ctxpar_status call(ctxpar_context *ctx, ctxpar_comm *comm, local_set *t, 
     ctxpar_tensor q = slot_tensor(t, L_Q, 1), k = slot_tensor(t, L_K, 1),
                   v = slot_tensor(t, L_V, 1), out = slot_tensor(t, L_OUT, 1);
     float *lse = t->devp[L_LSE];
+    ctxpar_attn_params params = t->params;
+    params.lse_lo = t->devp[L_LSE_LO]; // NULL without a backward
     // Start together, so that the time is the call's and not a late peer's.
     CTXPAR_CHECK(ctxpar_comm_barrier(comm));
     double t0 = ctxpar_now();
-    CTXPAR_CHECK(ctxpar_attn_fwd(ctx, &t->params, &q, &k, &v, &out, lse, NULL));
+    CTXPAR_CHECK(ctxpar_attn_fwd(ctx, &params, &q, &k, &v, &out, lse, NULL));
     CTXPAR_CHECK(ctxpar_dev_stream_sync(t->dev, NULL));
     double t1 = ctxpar_now();
     if (cfg->backward) {
         ctxpar_tensor dout = slot_tensor(t, L_DOUT, 1), dq = slot_tensor(t, L_DQ, 1),
                       dk = slot_tensor(t, L_DK, 1), dv = slot_tensor(t, L_DV, 1);
-        CTXPAR_CHECK(ctxpar_attn_bwd(ctx, &t->params, &q, &k, &v, &out, lse, &dout, &dq, &dk,
-                                     &dv, NULL));
+        CTXPAR_CHECK(ctxpar_attn_bwd(ctx, &params, &q, &k, &v, &out, lse, &dout, &dq, &dk, &dv,
+                                     NULL));
         CTXPAR_CHECK(ctxpar_dev_stream_sync(t->dev, NULL));
     }
     *fwd_s = t1 - t0;

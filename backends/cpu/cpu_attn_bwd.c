@@ -136,7 +136,8 @@ ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
     if (st != CTXPAR_OK || p.whole == CTXPAR_BLOCK_SKIP || p.seq_q == 0 || p.seq_k == 0 ||
         p.batch * p.heads_q == 0 || (!dq_acc && !dk_acc && !dv_acc))
         goto done; // nothing visible: every gradient contribution is zero
-    ctxpar_bwd_args a = {&p, cpu->kern, dout, lse, delta, dq_acc, dk_acc, dv_acc, NULL, 0, 0};
+    ctxpar_bwd_args a = {&p,     cpu->kern, dout,   lse,  delta, blk->lse_lo,
+                         dq_acc, dk_acc,    dv_acc, NULL, 0,     0};
     // Fused only when it saves work (dk or dv wanted: dq alone is the dq pass).
     a.chunks = dk_acc || dv_acc ? fused_chunks(&p, cpu->bwd) : 0;
     if (a.chunks > 0) {

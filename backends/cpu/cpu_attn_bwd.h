@@ -29,6 +29,7 @@ typedef struct ctxpar_bwd_args {
     const ctxpar_cpu_kernels *kern;
     const ctxpar_tensor *dout;
     const float *lse, *delta;
+    const float *lse_lo; /* the LSE's low part (ctxpar_attn_block.lse_lo), or NULL */
     float *dq, *dk, *dv;
     /* The fused items' dQ partial sums (F64, like every running sum: see fold in cpu_kernels.h),
      * one set per key chunk: chunk c, (b, h), query tile qt is the transposed tile
@@ -72,10 +73,11 @@ void ctxpar_bwd_pack_t(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, i
  * (docs/numerics.md: such a row has zero gradients). */
 int ctxpar_bwd_row_masked(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_t i);
 
-/* lse in base 2 for exp2(c s - lse2) as hi + lo, so that lse * log2(e) is not rounded a second
- * time (at |lse| = 40 that rounding alone would change P by 1.5e-6); an empty row (lse = -inf)
- * gets hi = +inf, lo = 0, so that P = 0. */
-float ctxpar_bwd_lse2(float lse, float *lo);
+/* Row li's LSE (lse + lse_lo, when the caller has the low part) in base 2 for
+ * exp2(c s - lse2), as hi + lo, so that lse * log2(e) is not rounded a second time (at |lse| = 40
+ * that rounding alone would change P by 1.5e-6); an empty row (lse = -inf) gets hi = +inf,
+ * lo = 0, so that P = 0. */
+float ctxpar_bwd_lse2(const ctxpar_bwd_args *a, int64_t li, float *lo);
 
 /* The work items (cpu_attn_bwd_items.c), each sum with one owner and a fixed order:
  *  - dq for query tiles qt0 .. qt0+ng-1 of (b, h): query rows are the lanes; key tiles in

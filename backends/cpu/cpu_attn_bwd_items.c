@@ -73,12 +73,13 @@ int ctxpar_bwd_row_masked(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_
     return a->lse[(b * a->p->heads_q + h) * a->p->seq_q + i] == -INFINITY;
 }
 
-float ctxpar_bwd_lse2(float lse, float *lo) {
+float ctxpar_bwd_lse2(const ctxpar_bwd_args *a, int64_t li, float *lo) {
+    const float lse = a->lse[li];
     if (lse == -INFINITY) {
         *lo = 0.0f;
         return INFINITY;
     }
-    const double x = lse * CTXPAR_CPU_LOG2E;
+    const double x = ((double)lse + (a->lse_lo ? (double)a->lse_lo[li] : 0.0)) * CTXPAR_CPU_LOG2E;
     const float hi = (float)x;
     *lo = (float)(x - hi);
     return hi;
@@ -105,7 +106,7 @@ void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_
         for (int64_t r = 0; r < lanes; r++) {
             int64_t li = (b * p->heads_q + h) * p->seq_q + i0 + r;
             w->vec[g][2][r] = 0.0f;
-            w->vec[g][0][r] = r < nq ? ctxpar_bwd_lse2(a->lse[li], &w->vec[g][2][r]) : INFINITY;
+            w->vec[g][0][r] = r < nq ? ctxpar_bwd_lse2(a, li, &w->vec[g][2][r]) : INFINITY;
             w->vec[g][1][r] = r < nq ? a->delta[li] : 0.0f;
         }
     }
@@ -215,7 +216,7 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
             ctxpar_cpu_load_rows(kern, a->dout, b, i0, nq, h, w->buf1, orows);
             for (int64_t r = 0; r < nq; r++) {
                 int64_t li = (b * p->heads_q + h) * p->seq_q + i0 + r;
-                lse2[r] = ctxpar_bwd_lse2(a->lse[li], &lse2_lo[r]);
+                lse2[r] = ctxpar_bwd_lse2(a, li, &lse2_lo[r]);
                 dl[r] = a->delta[li];
             }
             for (int g = 0; g < ng; g++) {

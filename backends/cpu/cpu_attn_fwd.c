@@ -133,17 +133,18 @@ static void fwd_end(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, co
         int64_t i = i0 + r;
         float *out = out_acc + ((b * p->seq_q + i) * p->heads_q + h) * dim;
         float *lse = lse_acc + (b * p->heads_q + h) * p->seq_q + i;
+        float *lo = p->blk->lse_lo ? p->blk->lse_lo + (lse - lse_acc) : NULL;
         const double sum = w->ld[g][r];
         const double lse_b = sum == 0.0 ? -INFINITY : ((double)w->m[g][r] + log2(sum)) * LN2;
         if (merge) { // from the F64 values: rounded once, after the merge
-            ctxpar_cpu_merge_row(out, lse, NULL, w->od[g] + r, lanes, sum, lse_b, dim);
+            ctxpar_cpu_merge_row(out, lse, lo, NULL, w->od[g] + r, lanes, sum, lse_b, dim);
         } else if (sum == 0.0) { // no visible key
             memset(out, 0, (size_t)dim * sizeof *out);
-            *lse = -INFINITY;
+            ctxpar_cpu_store_lse(lse, lo, -INFINITY);
         } else { // in F64, rounded once
             for (int64_t d = 0; d < dim; d++)
                 out[d] = (float)(w->od[g][d * lanes + r] / sum);
-            *lse = (float)lse_b;
+            ctxpar_cpu_store_lse(lse, lo, lse_b);
         }
     }
 }
@@ -209,7 +210,7 @@ static void fwd_empty(const ctxpar_cpu_plan *p, float *out_acc, float *lse_acc, 
     size_t rows = (size_t)(p->batch * p->seq_q * p->heads_q);
     memset(out_acc, 0, rows * (size_t)p->dim_v * sizeof *out_acc);
     for (size_t i = 0; i < rows; i++)
-        lse_acc[i] = -INFINITY;
+        ctxpar_cpu_store_lse(lse_acc + i, p->blk->lse_lo ? p->blk->lse_lo + i : NULL, -INFINITY);
 }
 
 ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_block *blk,

@@ -15,7 +15,7 @@
 
 #include "backends/cpu/cpu_internal.h"
 
-void ctxpar_cpu_merge_row(float *out, float *lse, const float *out_b, const double *num,
+void ctxpar_cpu_merge_row(float *out, float *lse, float *lo, const float *out_b, const double *num,
                           int64_t stride, double den, double lse_b, int64_t dim) {
 #define B(d) (out_b ? (double)out_b[d] : num[(d) * stride] / den)
     const float lse_a = *lse;
@@ -27,17 +27,17 @@ void ctxpar_cpu_merge_row(float *out, float *lse, const float *out_b, const doub
     if (lse_a == -INFINITY) {
         for (int64_t d = 0; d < dim; d++)
             out[d] = (float)B(d);
-        *lse = (float)lse_b;
+        ctxpar_cpu_store_lse(lse, lo, lse_b);
         return;
     }
     // Comparisons, not fmax: a NaN on either side must come out as NaN.
-    double a = lse_a, b = lse_b;
-    double hi = a > b ? a : b, lo = a > b ? b : a;
-    double lse_n = hi + log1p(exp(lo - hi));
+    double a = (double)lse_a + (lo ? (double)*lo : 0.0), b = lse_b;
+    double big = a > b ? a : b, small = a > b ? b : a;
+    double lse_n = big + log1p(exp(small - big));
     double wa = exp(a - lse_n), wb = exp(b - lse_n);
     for (int64_t d = 0; d < dim; d++)
         out[d] = (float)(wa * out[d] + wb * B(d));
-    *lse = (float)lse_n;
+    ctxpar_cpu_store_lse(lse, lo, lse_n);
 #undef B
 }
 
@@ -52,8 +52,8 @@ ctxpar_status ctxpar_cpu_attn_merge(ctxpar_device *dev, float *out_acc, float *l
     for (int64_t r = 0; r < rows; r++) {
         int64_t h = r % heads, s = (r / heads) % seq, b = r / (heads * seq);
         int64_t li = (b * heads + h) * seq + s;
-        ctxpar_cpu_merge_row(out_acc + r * head_dim, lse_acc + li, out_b + r * head_dim, NULL, 0,
-                             1.0, lse_b[li], head_dim);
+        ctxpar_cpu_merge_row(out_acc + r * head_dim, lse_acc + li, NULL, out_b + r * head_dim,
+                             NULL, 0, 1.0, lse_b[li], head_dim);
     }
     return CTXPAR_OK;
 }

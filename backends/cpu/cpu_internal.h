@@ -5,6 +5,7 @@
 #ifndef CTXPAR_CPU_INTERNAL_H
 #define CTXPAR_CPU_INTERNAL_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "backends/cpu/cpu_kernels.h"
@@ -102,9 +103,17 @@ const void *ctxpar_cpu_row(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t
 
 /* Merges one row (b, lse_b) into (out, *lse), D values; see attn_merge. b[d] is out_b[d] (F32),
  * or with out_b NULL num[d * stride] / den (F64: the forward's unrounded block result, so that a
- * ring step's partial is rounded once, after the merge, not also before it). */
-void ctxpar_cpu_merge_row(float *out, float *lse, const float *out_b, const double *num,
+ * ring step's partial is rounded once, after the merge, not also before it). With lo (NULL:
+ * none) the running LSE is *lse + *lo, and both are written (ctxpar_attn_block.lse_lo). */
+void ctxpar_cpu_merge_row(float *out, float *lse, float *lo, const float *out_b, const double *num,
                           int64_t stride, double den, double lse_b, int64_t dim);
+
+/* lse = (float)x and, with lo, *lo = x - lse (0 for an infinite x): the LSE as hi + lo. */
+static inline void ctxpar_cpu_store_lse(float *lse, float *lo, double x) {
+    *lse = (float)x;
+    if (lo)
+        *lo = isinf(*lse) ? 0.0f : (float)(x - (double)*lse);
+}
 
 /* 64-byte aligned allocation of `bytes` (rounded up); free with free(). NULL on failure. */
 void *ctxpar_cpu_aligned_alloc(size_t bytes);

@@ -65,29 +65,42 @@ CPU_INLINE vf v_keep(vi m, vf a, vf b) {
     return (vf)(((vi)a & m) | ((vi)b & ~m));
 }
 
-// One MR*VL x NR tile of scores: nb (<= NR) valid rows of b.
+// One MR*VL x NR tile of scores: nb (<= NR) valid rows of b. The sum over d runs in chunks of
+// SCORE_CHUNK terms, each an FMA chain from zero, added in order into c: the partial sums a
+// rounding sees stay small, which halves the scores' rounding error at D 64-128 (docs/numerics.md:
+// with a sharp softmax the scores' error is most of every tensor's). The adds use the FP add
+// ports, not the FMA ones the loop is bound by.
+#define SCORE_CHUNK 16
 CPU_INLINE void scores_tile(float *c, int64_t ldc, const float *at, int64_t lda,
                             const float *const *b, int nb, int64_t dim) {
     vf acc[MR][NR];
     const float *bp[NR];
-    for (int j = 0; j < NR; j++) {
+    for (int j = 0; j < NR; j++)
         bp[j] = b[j < nb ? j : nb - 1]; // past the end: recompute the last row, never stored
-        for (int r = 0; r < MR; r++)
-            acc[r][j] = v_set1(0.0f);
-    }
-    for (int64_t d = 0; d < dim; d++) {
-        vf a[MR];
-        for (int r = 0; r < MR; r++)
-            a[r] = v_load(at + d * lda + r * VL);
-        for (int j = 0; j < NR; j++) {
-            vf bb = v_set1(bp[j][d]);
+    for (int64_t d0 = 0; d0 == 0 || d0 < dim; d0 += SCORE_CHUNK) { // dim 0: zeros
+        const int64_t d1 = dim - d0 < SCORE_CHUNK ? dim : d0 + SCORE_CHUNK;
+        for (int j = 0; j < NR; j++)
             for (int r = 0; r < MR; r++)
-                acc[r][j] = v_fma(a[r], bb, acc[r][j]);
+                acc[r][j] = v_set1(0.0f);
+        for (int64_t d = d0; d < d1; d++) {
+            vf a[MR];
+            for (int r = 0; r < MR; r++)
+                a[r] = v_load(at + d * lda + r * VL);
+            for (int j = 0; j < NR; j++) {
+                vf bb = v_set1(bp[j][d]);
+                for (int r = 0; r < MR; r++)
+                    acc[r][j] = v_fma(a[r], bb, acc[r][j]);
+            }
         }
+        for (int j = 0; j < nb; j++)
+            for (int r = 0; r < MR; r++) {
+                float *cp = c + j * ldc + r * VL;
+                vf sum = acc[r][j];
+                if (d0 > 0)
+                    sum = v_load(cp) + sum;
+                v_store(cp, sum);
+            }
     }
-    for (int j = 0; j < nb; j++)
-        for (int r = 0; r < MR; r++)
-            v_store(c + j * ldc + r * VL, acc[r][j]);
 }
 
 static void scores(float *c, int64_t ldc, const float *at, int64_t lda, const float *const *b,

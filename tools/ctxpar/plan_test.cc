@@ -136,7 +136,7 @@ TEST(PlanCoverage, CountsABlockComputedTwice) {
                                          16, 2, 8);
     ctxpar_tensor tk = ctxpar_tensor_bshd(reinterpret_cast<void *>(4096), CTXPAR_DTYPE_F32, 1,
                                           32, 2, 8);
-    ctxpar_attn_block blk = {t, tk, tk, {&q, 1}, {&k, 1}, mask, 1.0f, 0.0f};
+    ctxpar_attn_block blk = {t, tk, tk, {&q, 1}, {&k, 1}, mask, 1.0f, 0.0f, nullptr};
     float *acc = reinterpret_cast<float *>(8192); // never touched by the planner's device
     ASSERT_EQ(ctxpar_dev_attn_block_fwd(dev, &blk, acc, acc, 0, nullptr), CTXPAR_OK);
     cpt_plan_cover_settle(&cover);

@@ -216,7 +216,7 @@ void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *co
     snprintf(stage, sizeof stage, "%d rank%s", P, P > 1 ? "s" : "");
     ctxpar_context *ctx = NULL;
     local_set t = {.cfg = cfg, .dev = dev, .seq = cpt_run_local_seq(cfg, rank, P)};
-    int64_t *pos = malloc((size_t)t.seq * sizeof *pos + 1);
+    int64_t *pos = t.seq >= 0 ? malloc((size_t)t.seq * sizeof *pos + 1) : NULL;
     double *times = malloc((size_t)reps * sizeof *times);
     double *fwd_times = malloc((size_t)reps * sizeof *fwd_times);
     rank_trace rt = {cfg, rank, 0, 0, 0, 0};

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "e2e_expect.h"
 #include "runner.h"
 #include "tolerance.h"
 
@@ -94,19 +95,7 @@ TEST_P(Features, MatchOracleAndSingleRank) {
     cpt_run_result r;
     ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
-    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
-        const char *name = cpt_run_tensor_name(static_cast<cpt_run_tensor>(i));
-        ASSERT_TRUE(r.has[i]) << name;
-        EXPECT_LE(r.bound_ratio[i], 1.0)
-            << name << ": worst at position " << r.bound_worst[i].position << ", head "
-            << r.bound_worst[i].head << ", dim " << r.bound_worst[i].dim << ", rank "
-            << r.bound_worst[i].rank << ": got " << r.bound_worst[i].got << ", oracle "
-            << r.bound_worst[i].ref;
-        if (c.ranks > 1) {
-            EXPECT_TRUE(r.ratio_ok[i]) << name << ": error " << r.error[i] << " at P=" << c.ranks
-                                       << " vs " << r.error_1[i] << " at P=1";
-        }
-    }
+    CptExpectTensorsMatch(r, c.ranks);
     const bool sinks = cfg.params.sinks != nullptr;
     ASSERT_EQ(r.has_dsinks, sinks ? 1 : 0);
     if (sinks) {

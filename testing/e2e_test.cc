@@ -6,6 +6,7 @@
 #include <string>
 #include <tuple>
 
+#include "e2e_expect.h"
 #include "runner.h"
 #include "tolerance.h"
 
@@ -82,20 +83,7 @@ TEST_P(EndToEnd, MatchesOracleAndSingleRank) {
     cpt_run_result r;
     ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
-    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
-        const char *name = cpt_run_tensor_name(static_cast<cpt_run_tensor>(i));
-        ASSERT_TRUE(r.has[i]) << name;
-        // The per-element bound (docs/numerics.md) is the verdict.
-        EXPECT_LE(r.bound_ratio[i], 1.0)
-            << name << ": worst at position " << r.bound_worst[i].position << ", head "
-            << r.bound_worst[i].head << ", rank " << r.bound_worst[i].rank;
-        if (c.ranks > 1)
-            EXPECT_TRUE(cpt_error_ratio_ok(r.error[i], r.error_1[i]))
-                << name << ": error " << r.error[i] << " at P=" << c.ranks << " vs " << r.error_1[i]
-                << " at P=1";
-        else // no ratio at P = 1: the single-rank run is the same computation
-            EXPECT_TRUE(std::isnan(r.ratio[i])) << name << ": ratio " << r.ratio[i] << " at P=1";
-    }
+    CptExpectTensorsMatch(r, c.ranks);
     if (c.algo == CTXPAR_ALGO_ALLGATHER) { // the design's promise: same bits as one rank
         EXPECT_TRUE(r.bitwise_single[CPT_T_OUT]);
         EXPECT_TRUE(r.bitwise_single[CPT_T_LSE]);

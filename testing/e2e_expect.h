@@ -1,0 +1,34 @@
+// The verdict every end-to-end suite asserts on one run of P ranks against the fp64 oracle:
+// each tensor is present and within its per-element bound (docs/numerics.md; the worst element
+// named by batch, position, head, dim and rank), and, for P > 1, its error is no worse than the
+// single rank's by more than the error-ratio rule. At P = 1 there is no ratio: the single-rank
+// run is the same computation.
+#ifndef CPT_TESTING_E2E_EXPECT_H
+#define CPT_TESTING_E2E_EXPECT_H
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "runner.h"
+#include "tolerance.h"
+
+inline void CptExpectTensorsMatch(const cpt_run_result &r, int ranks) {
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+        const char *name = cpt_run_tensor_name(static_cast<cpt_run_tensor>(i));
+        ASSERT_TRUE(r.has[i]) << name;
+        const auto &w = r.bound_worst[i];
+        EXPECT_LE(r.bound_ratio[i], 1.0)
+            << name << ": worst at batch " << w.batch << ", position " << w.position << ", head "
+            << w.head << ", dim " << w.dim << ", rank " << w.rank << ": got " << w.got
+            << ", oracle " << w.ref;
+        if (ranks > 1)
+            EXPECT_TRUE(cpt_error_ratio_ok(r.error[i], r.error_1[i]))
+                << name << ": error " << r.error[i] << " at P=" << ranks << " vs " << r.error_1[i]
+                << " at P=1";
+        else
+            EXPECT_TRUE(std::isnan(r.ratio[i])) << name << ": ratio " << r.ratio[i] << " at P=1";
+    }
+}
+
+#endif // CPT_TESTING_E2E_EXPECT_H

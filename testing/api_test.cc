@@ -373,6 +373,58 @@ TEST(Agreement, RanksThatDisagreeAllReturnInvalidUsage) {
     }
 }
 
+// The custom layout's assignment and the documents per batch row are agreed on too: each rank
+// is valid alone (16 tokens of 32 on each), but the ranks disagree.
+TEST(Agreement, AssignmentsAndRowDocumentsMustMatch) {
+    static int32_t halves[32], alternate[32], cu_a[4] = {0, 4, 10, 32}, cu_b[4] = {0, 4, 10, 32};
+    for (int t = 0; t < 32; t++) {
+        halves[t] = t < 16 ? 0 : 1;
+        alternate[t] = t % 2;
+    }
+    const std::pair<const char *, std::function<void(Fixture &, int)>> cases[] = {
+        {"assignment contents",
+         [](Fixture &f, int r) {
+             f.params.layout = CTXPAR_LAYOUT_CUSTOM;
+             f.params.seq_len_global = 32;
+             f.params.assignment = r == 0 ? halves : alternate;
+         }},
+        {"cu_seqlens_rows",
+         [](Fixture &f, int r) {
+             f.params.cu_seqlens = r == 0 ? cu_a : cu_b;
+             f.params.num_docs = 3;
+             f.params.cu_seqlens_rows = r; // 0: shared, 1: per row (batch 1)
+         }},
+    };
+    for (const auto &c : cases) {
+        ctxpar_local_group *group = nullptr;
+        ASSERT_EQ(ctxpar_local_group_create(2, &group), CTXPAR_OK);
+        ctxpar_status st[2];
+        std::string msg[2];
+        auto rank_main = [&](int r) {
+            Fixture f;
+            ctxpar_context_destroy(f.ctx);
+            ctxpar_comm_destroy(f.comm);
+            f.ctx = nullptr;
+            f.comm = nullptr;
+            ASSERT_EQ(ctxpar_comm_create_local(group, r, nullptr, &f.comm), CTXPAR_OK);
+            ASSERT_EQ(ctxpar_comm_set_timeout(f.comm, 20.0), CTXPAR_OK);
+            ASSERT_EQ(ctxpar_context_create(f.dev, f.comm, nullptr, &f.ctx), CTXPAR_OK);
+            f.use_ctx = f.ctx;
+            c.second(f, r);
+            st[r] = f.Fwd();
+            msg[r] = ctxpar_last_error();
+        };
+        std::thread t0(rank_main, 0), t1(rank_main, 1);
+        t0.join();
+        t1.join();
+        for (int r = 0; r < 2; r++) {
+            EXPECT_EQ(st[r], CTXPAR_ERR_INVALID_USAGE) << c.first << ", rank " << r << ": " << msg[r];
+            EXPECT_NE(msg[r].find(c.first), std::string::npos) << msg[r];
+        }
+        ctxpar_local_group_destroy(group);
+    }
+}
+
 // A rank whose own arguments are bad reports them; its peers learn at once that it failed.
 TEST(Agreement, APeersBadArgumentFailsEveryRankPromptly) {
     ctxpar_local_group *group = nullptr;

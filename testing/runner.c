@@ -553,20 +553,25 @@ ctxpar_status cpt_run_collect(const cpt_run_config *cfg, int ranks, cpt_run_outp
     return st;
 }
 
+cpt_run_config cpt_run_config_one_rank(const cpt_run_config *cfg) {
+    cpt_run_config c1 = *cfg;
+    c1.ranks = 1;
+    c1.params.ulysses = 0; // one rank: a group of one (the hybrid's only choice)
+    if (c1.params.layout == CTXPAR_LAYOUT_CUSTOM) {
+        c1.params.layout = CTXPAR_LAYOUT_CONTIGUOUS;
+        c1.params.assignment = NULL;
+    }
+    return c1;
+}
+
 ctxpar_status cpt_run_finish(const cpt_run_config *cfg, cpt_run_result *res) {
     cpt_run_outputs single = {{0}, NULL};
     ctxpar_status st = CTXPAR_OK;
     if (res->status == CTXPAR_OK && cfg->compare_single) {
         cpt_run_result r1;
         memset(&r1, 0, sizeof r1);
-        cpt_run_config c1 = *cfg;
-        c1.ranks = 1;
-        c1.params.ulysses = 0; // one rank: a group of one (the hybrid's only choice)
+        cpt_run_config c1 = cpt_run_config_one_rank(cfg);
         c1.trace = NULL;
-        if (c1.params.layout == CTXPAR_LAYOUT_CUSTOM) { // one rank holds everything in order
-            c1.params.layout = CTXPAR_LAYOUT_CONTIGUOUS;
-            c1.params.assignment = NULL;
-        }
         double fwd_1;
         st = cpt_run_collect(&c1, 1, &single, &r1, &res->time_single_s, &fwd_1,
                                 &res->single_rank_peak_bytes);

@@ -175,6 +175,10 @@ typedef struct cpt_run_result {
     int dsinks_ratio_ok;
 } cpt_run_result;
 
+/* The same problem on one rank (the P = 1 comparison and baselines): a custom layout becomes
+ * contiguous there (one rank holds every token in order), the hybrid a group of one. */
+cpt_run_config cpt_run_config_one_rank(const cpt_run_config *cfg);
+
 /* Runs cfg with cfg->ranks in-process ranks (threads, the local comm, cfg->backend's device).
  * Returns the status of the harness itself (bad config: INVALID_ARG); the library's status is in
  * result. Every element is held to its per-element bound (cpt_bound_elem with the magnitudes of

@@ -330,9 +330,7 @@ static int run_baseline(cpt_session *s, const cpt_run_config *cfg, baseline *b,
                         const cpt_peak_info *peak) {
     if (b->have)
         return CPT_EXIT_OK;
-    cpt_run_config c1 = *cfg;
-    c1.ranks = 1;
-    c1.params.ulysses = 0; // one rank: a group of one (the hybrid's only choice)
+    cpt_run_config c1 = cpt_run_config_one_rank(cfg);
     c1.threads = cfg->threads > 0 ? cfg->threads * cfg->ranks : 0;
     c1.compare_oracle = c1.compare_single = 0;
     if (cpt_session_run_single(s, &c1, &b->r) != CTXPAR_OK)

@@ -71,6 +71,18 @@ struct Fixture {
         ctxpar_local_group_destroy(group);
         ctxpar_device_destroy(dev);
     }
+    // Rank r of a shared local group instead of the fixture's own one-rank comm (20 s timeout,
+    // so that a test that goes wrong fails instead of hanging).
+    void JoinGroup(ctxpar_local_group *shared, int r) {
+        ctxpar_context_destroy(ctx);
+        ctxpar_comm_destroy(comm);
+        ctx = nullptr;
+        comm = nullptr;
+        ASSERT_EQ(ctxpar_comm_create_local(shared, r, nullptr, &comm), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_comm_set_timeout(comm, 20.0), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_context_create(dev, comm, nullptr, &ctx), CTXPAR_OK);
+        use_ctx = ctx;
+    }
     ctxpar_tensor Make(std::vector<float> &buf) {
         return ctxpar_tensor_bshd(buf.data(), CTXPAR_DTYPE_F32, B, S, H, D);
     }
@@ -346,14 +358,9 @@ TEST(Agreement, RanksThatDisagreeAllReturnInvalidUsage) {
         bool untouched[2];
         auto rank_main = [&](int r) {
             Fixture f;
-            ctxpar_context_destroy(f.ctx);
-            ctxpar_comm_destroy(f.comm);
-            f.ctx = nullptr;
-            f.comm = nullptr;
-            ASSERT_EQ(ctxpar_comm_create_local(group, r, nullptr, &f.comm), CTXPAR_OK);
-            ASSERT_EQ(ctxpar_comm_set_timeout(f.comm, 20.0), CTXPAR_OK);
-            ASSERT_EQ(ctxpar_context_create(f.dev, f.comm, nullptr, &f.ctx), CTXPAR_OK);
-            f.use_ctx = f.ctx;
+            f.JoinGroup(group, r);
+            if (::testing::Test::HasFatalFailure())
+                return;
             if (r == 1)
                 sp.f(f);
             st[r] = f.Fwd();
@@ -402,14 +409,9 @@ TEST(Agreement, AssignmentsAndRowDocumentsMustMatch) {
         std::string msg[2];
         auto rank_main = [&](int r) {
             Fixture f;
-            ctxpar_context_destroy(f.ctx);
-            ctxpar_comm_destroy(f.comm);
-            f.ctx = nullptr;
-            f.comm = nullptr;
-            ASSERT_EQ(ctxpar_comm_create_local(group, r, nullptr, &f.comm), CTXPAR_OK);
-            ASSERT_EQ(ctxpar_comm_set_timeout(f.comm, 20.0), CTXPAR_OK);
-            ASSERT_EQ(ctxpar_context_create(f.dev, f.comm, nullptr, &f.ctx), CTXPAR_OK);
-            f.use_ctx = f.ctx;
+            f.JoinGroup(group, r);
+            if (::testing::Test::HasFatalFailure())
+                return;
             c.second(f, r);
             st[r] = f.Fwd();
             msg[r] = ctxpar_last_error();
@@ -433,13 +435,9 @@ TEST(Agreement, APeersBadArgumentFailsEveryRankPromptly) {
     std::string msg[2];
     auto rank_main = [&](int r) {
         Fixture f;
-        ctxpar_context_destroy(f.ctx);
-        ctxpar_comm_destroy(f.comm);
-        f.ctx = nullptr;
-        f.comm = nullptr;
-        ASSERT_EQ(ctxpar_comm_create_local(group, r, nullptr, &f.comm), CTXPAR_OK);
-        ASSERT_EQ(ctxpar_context_create(f.dev, f.comm, nullptr, &f.ctx), CTXPAR_OK);
-        f.use_ctx = f.ctx;
+        f.JoinGroup(group, r);
+        if (::testing::Test::HasFatalFailure())
+            return;
         if (r == 1)
             f.tq.data = nullptr;
         st[r] = f.Fwd();

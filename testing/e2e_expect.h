@@ -22,12 +22,26 @@ inline void CptExpectTensorsMatch(const cpt_run_result &r, int ranks) {
             << name << ": worst at batch " << w.batch << ", position " << w.position << ", head "
             << w.head << ", dim " << w.dim << ", rank " << w.rank << ": got " << w.got
             << ", oracle " << w.ref;
-        if (ranks > 1)
+        if (ranks > 1) {
             EXPECT_TRUE(cpt_error_ratio_ok(r.error[i], r.error_1[i]))
                 << name << ": error " << r.error[i] << " at P=" << ranks << " vs " << r.error_1[i]
                 << " at P=1";
-        else
+        } else {
             EXPECT_TRUE(std::isnan(r.ratio[i])) << name << ": ratio " << r.ratio[i] << " at P=1";
+        }
+    }
+}
+
+// The bitwise promises: all-gather gives one rank's out and lse bits (the design's promise), and
+// a run at P = 1, compared with itself, is reproducible bit for bit in every tensor.
+inline void CptExpectBitwisePromises(const cpt_run_result &r, int ranks, ctxpar_algo algo) {
+    if (algo == CTXPAR_ALGO_ALLGATHER) {
+        EXPECT_TRUE(r.bitwise_single[CPT_T_OUT]);
+        EXPECT_TRUE(r.bitwise_single[CPT_T_LSE]);
+    }
+    if (ranks == 1) {
+        for (int i = 0; i < CPT_RUN_TENSORS; i++)
+            EXPECT_TRUE(r.bitwise_single[i]) << cpt_run_tensor_name((cpt_run_tensor)i);
     }
 }
 

@@ -110,14 +110,7 @@ TEST_P(Features, MatchOracleAndSingleRank) {
         for (int h = 0; h < cfg.heads; h++)
             EXPECT_NE(r.outputs.dsinks[h], 0.0f) << "head " << h;
     }
-    if (c.algo == CTXPAR_ALGO_ALLGATHER) { // same bits as one rank, sinks folded or not
-        EXPECT_TRUE(r.bitwise_single[CPT_T_OUT]);
-        EXPECT_TRUE(r.bitwise_single[CPT_T_LSE]);
-    }
-    if (c.ranks == 1) {
-        for (int i = 0; i < CPT_RUN_TENSORS; i++)
-            EXPECT_TRUE(r.bitwise_single[i]) << cpt_run_tensor_name((cpt_run_tensor)i);
-    }
+    CptExpectBitwisePromises(r, c.ranks, c.algo);
     EXPECT_TRUE(r.ok);
     cpt_run_result_free(&r);
 }

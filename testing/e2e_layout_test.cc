@@ -128,10 +128,7 @@ TEST_P(EndToEndLayout, MatchesOracleAndSingleRank) {
     ASSERT_EQ(cpt_run(&s.cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
     CptExpectTensorsMatch(r, c.ranks);
-    if (c.algo == CTXPAR_ALGO_ALLGATHER || c.ranks == 1) { // same bits as one rank
-        EXPECT_TRUE(r.bitwise_single[CPT_T_OUT]);
-        EXPECT_TRUE(r.bitwise_single[CPT_T_LSE]);
-    }
+    CptExpectBitwisePromises(r, c.ranks, c.algo);
     EXPECT_TRUE(r.ok);
     cpt_run_result_free(&r);
 }

@@ -84,14 +84,7 @@ TEST_P(EndToEnd, MatchesOracleAndSingleRank) {
     ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
     CptExpectTensorsMatch(r, c.ranks);
-    if (c.algo == CTXPAR_ALGO_ALLGATHER) { // the design's promise: same bits as one rank
-        EXPECT_TRUE(r.bitwise_single[CPT_T_OUT]);
-        EXPECT_TRUE(r.bitwise_single[CPT_T_LSE]);
-    }
-    if (c.ranks == 1) { // P = 1 against itself: a run must be reproducible bit for bit
-        for (int i = 0; i < CPT_RUN_TENSORS; i++)
-            EXPECT_TRUE(r.bitwise_single[i]) << cpt_run_tensor_name((cpt_run_tensor)i);
-    }
+    CptExpectBitwisePromises(r, c.ranks, c.algo);
     EXPECT_TRUE(r.ok);
     cpt_run_result_free(&r);
 }

@@ -158,7 +158,7 @@ def validate_seeds():
     seeds["bad_layout"] = problem(0, layout=-1)
     seeds["bad_mask"] = problem(0, mask=2)
     seeds["bad_window"] = problem(0, window=-1)
-    seeds["bad_zigzag_odd"] = problem(0, layout=ZIGZAG, s=7)
+    seeds["ok_zigzag_odd"] = problem(BWD, layout=ZIGZAG, mask=1, s=7)  # any length (one rank)
     seeds["bad_scale_nan"] = problem(0, scale_mode=3, scale=float("nan"))
     seeds["bad_seq_global"] = problem(0, seq_global=9)
     seeds["old_struct_size"] = problem(0, struct_size=1)  # an older header: defaults for the rest
@@ -176,27 +176,30 @@ def validate_seeds():
     seeds["ok_softcap"] = problem(BWD, BF16, mask=1, ext=dict(softcap=20))
     seeds["ok_window_right"] = problem(BWD, s=12, window=3, ext=dict(window_right=2))
     seeds["ok_lse_lo"] = problem(BWD, mask=1, s=10, ext=dict(flags=LSE_LO))
-    seeds["ok_custom_assignment"] = problem(BWD, layout=CUSTOM, mask=1, ext=dict(flags=ASSIGNMENT))
+    seeds["ok_custom_assignment"] = problem(BWD, layout=CUSTOM, mask=1, seq_global=8,
+                                           ext=dict(flags=ASSIGNMENT))
     seeds["ok_docs_per_row"] = problem(BWD, b=3, s=16, docs_mode=2, docs_n=3,
                                        docs=b"\x04\x09\x02\x0b", ext=dict(doc_rows=3))
-    seeds["ok_empty_docs"] = problem(BWD, mask=1, s=6, docs_mode=3, docs_n=3,
+    seeds["ok_empty_docs"] = problem(BWD, mask=1, s=6, docs_mode=3, docs_n=2,
                                      docs=bytes([0, 3, 3, 6]))
     seeds["ok_hybrid_one_rank"] = problem(BWD, algo=HYBRID, ext=dict(ulysses=1))
     seeds["ok_everything"] = problem(BWD, F16, b=2, s=12, hkv=2, group=2, d=24, mask=0, window=4,
                                      docs_mode=2, docs_n=2, docs=b"\x05\x07",
                                      ext=dict(flags=SINKS | DSINKS | LSE_LO, vdim=8,
                                               window_right=3, softcap=40, doc_rows=2))
-    seeds["bad_vdim_mismatch"] = problem(0, ext=dict(vdim=8), records={DV: [8, 0, 3, 9]})
+    seeds["bad_vdim_mismatch"] = problem(BWD, ext=dict(vdim=8), records={DV: [8, 0, 3, 9]})
     seeds["bad_softcap_nan"] = problem(0, ext=dict(softcap=255))
     seeds["bad_softcap_negative"] = problem(0, ext=dict(softcap=-8))
     seeds["bad_softcap_inf"] = problem(0, ext=dict(softcap=254))
     seeds["bad_sink_nan"] = problem(BWD, ext=dict(flags=SINKS | DSINKS, sink_scale=255))
     seeds["bad_dsinks_without_sinks"] = problem(BWD, ext=dict(flags=DSINKS))
     seeds["bad_window_right"] = problem(0, ext=dict(window_right=-2))
-    seeds["bad_assignment_rank"] = problem(0, layout=CUSTOM, ext=dict(flags=ASSIGNMENT,
+    seeds["bad_assignment_rank"] = problem(0, layout=CUSTOM, seq_global=8,
+                                           ext=dict(flags=ASSIGNMENT,
                                                                        assign_token=3,
                                                                        assign_rank=1))
-    seeds["bad_custom_without_assignment"] = problem(0, layout=CUSTOM)
+    seeds["bad_custom_without_assignment"] = problem(0, layout=CUSTOM, seq_global=8)
+    seeds["bad_custom_without_seq_global"] = problem(0, layout=CUSTOM, ext=dict(flags=ASSIGNMENT))
     seeds["bad_assignment_not_custom"] = problem(0, ext=dict(flags=ASSIGNMENT))
     seeds["bad_doc_rows"] = problem(0, b=2, docs_mode=2, docs_n=2, docs=b"\x03",
                                     ext=dict(doc_rows=3))

@@ -142,10 +142,12 @@ static int decode_features(const reader *r, int64_t seq_global, fuzz_problem *pb
         p->dsinks = pb->dsinks;
     }
     if (fl & FUZZ_EXT_ASSIGNMENT) {
-        if (!(pb->assignment = calloc((size_t)seq_global, sizeof(int32_t))))
+        // As long as the library reads it: params.seq_len_global entries when that is set.
+        const int64_t n = p->seq_len_global > 0 ? p->seq_len_global : seq_global;
+        if (!(pb->assignment = calloc((size_t)n, sizeof(int32_t))))
             return 0;
-        pb->assignment[ext(r, FUZZ_EXT_ASSIGN_TOKEN) % seq_global] =
-            (int8_t)ext(r, FUZZ_EXT_ASSIGN_RANK);
+        pb->assignment_len = n;
+        pb->assignment[ext(r, FUZZ_EXT_ASSIGN_TOKEN) % n] = (int8_t)ext(r, FUZZ_EXT_ASSIGN_RANK);
         p->assignment = pb->assignment;
     }
     return 1;
@@ -261,7 +263,6 @@ int fuzz_problem_decode(const uint8_t *data, size_t size, fuzz_problem *pb) {
     const int64_t Hq = Hkv * (1 + at(&r, FUZZ_HDR_GROUP) % 3);
     const int vd = ext(&r, FUZZ_EXT_VDIM);
     const int64_t Dv = vd == 0 ? D : 1 + (vd - 1) % 80;
-    pb->seq = S;
     pb->heads_q = Hq;
     pb->head_dim_v = Dv;
     int64_t qshape[4] = {B, S, Hq, D}, kshape[4] = {B, S, Hkv, D};

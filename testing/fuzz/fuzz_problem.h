@@ -95,11 +95,12 @@ typedef struct fuzz_problem {
     int flags;
     ctxpar_attn_params params;
     int32_t *cu_seqlens; /* owned; max(cu_seqlens_rows, 1) x (num_docs + 1) entries */
-    int64_t seq, heads_q;  /* S and Hq as decoded (before a record changes a shape) */
+    int64_t heads_q;       /* Hq as decoded (before a record changes a shape) */
     int64_t head_dim_v;    /* of v, out, dout, dv, likewise */
     float *sinks, *dsinks; /* owned; heads_q floats each, or NULL */
     float *lse_lo;         /* owned; lse_count floats, or NULL */
-    int32_t *assignment;   /* owned; S entries, or NULL */
+    int32_t *assignment;   /* owned; assignment_len entries, or NULL */
+    int64_t assignment_len; /* params.seq_len_global when set, else S */
     ctxpar_tensor tensor[FUZZ_TENSORS];
     int is_null[FUZZ_TENSORS];  /* pass NULL instead of &tensor[i] */
     size_t bytes[FUZZ_TENSORS]; /* size of tensor[i].data's buffer (owned) */

@@ -88,7 +88,7 @@ static void aux_buffer(const fuzz_problem *pb, int i, const void **data, size_t 
     const void *d[AUX_COUNT] = {pb->lse, pb->lse_lo, pb->dsinks,
                                 pb->sinks, pb->assignment, pb->cu_seqlens};
     const size_t n[AUX_COUNT] = {pb->lse_count * sizeof(float), pb->lse_count * sizeof(float), hq,
-                                 hq, (size_t)pb->seq * sizeof(int32_t), cu};
+                                 hq, (size_t)pb->assignment_len * sizeof(int32_t), cu};
     *data = d[i];
     *bytes = d[i] ? n[i] : 0;
 }

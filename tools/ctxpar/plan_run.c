@@ -21,15 +21,31 @@ typedef struct plan_ctx {
     ctxpar_tensor q, k, v;
 } plan_ctx;
 
-// The problem rank r solves, as the front door resolves it (validation included).
-static ctxpar_status problem_of(plan_ctx *c, int r, ctxpar_problem *pb) {
+// Rank r's local tensors: its count of rows of the global sequence (never read).
+static void tensors_of(const cpt_plan_config *cfg, int64_t rows, plan_ctx *c) {
+    c->q = ctxpar_tensor_bshd(FAKE_DATA, cfg->dtype, cfg->batch, rows, cfg->heads, cfg->head_dim);
+    c->k = ctxpar_tensor_bshd(FAKE_DATA, cfg->dtype, cfg->batch, rows, cfg->kv_heads,
+                              cfg->head_dim);
+    c->v = c->k;
+}
+
+ctxpar_status cpt_plan_problem(const cpt_plan_config *cfg, ctxpar_problem *pb) {
+    if (cfg->ranks < 1 || cfg->seq < 1)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "plan: ranks (%d) and seq (%lld) must be >= 1",
+                            cfg->ranks, (long long)cfg->seq);
+    ctxpar_attn_params p;
+    CTXPAR_CHECK(ctxpar_params_normalize(&cfg->params, &p));
+    p.seq_len_global = cfg->seq; // any length: shards differ as the layout makes them
+    const int custom = p.layout == CTXPAR_LAYOUT_CUSTOM;
+    plan_ctx c;
+    tensors_of(cfg, custom && !p.assignment ? 0
+                                            : ctxpar_layout_count(p.layout, p.assignment, cfg->seq,
+                                                                  0, cfg->ranks),
+               &c);
     cpt_plan_traffic none;
     ctxpar_comm *comm = NULL;
-    CTXPAR_CHECK(cpt_plan_comm_create(r, c->cfg->ranks, 1, 0, &none, &comm));
-    ctxpar_attn_params p;
-    ctxpar_status st = ctxpar_params_normalize(&c->cfg->params, &p);
-    if (st == CTXPAR_OK)
-        st = ctxpar_validate_problem(&p, comm, &c->q, &c->k, &c->v, pb);
+    CTXPAR_CHECK(cpt_plan_comm_create(0, cfg->ranks, 1, 0, &none, &comm));
+    ctxpar_status st = ctxpar_validate_problem(&p, comm, &c.q, &c.k, &c.v, pb);
     ctxpar_comm_destroy(comm);
     pb->comm_splits = 1; // every comm a real run uses (local, MPI, NCCL) splits
     return st;
@@ -109,19 +125,11 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
     memset(res, 0, sizeof *res);
     res->coverage_bad_position = -1;
     const double t0 = ctxpar_now();
-    if (cfg->ranks < 1 || cfg->seq < 1 || cfg->seq % cfg->ranks != 0)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                            "plan: seq (%lld) must be a positive multiple of the ranks (%d)",
-                            (long long)cfg->seq, cfg->ranks);
     plan_ctx c;
     memset(&c, 0, sizeof c);
     c.cfg = cfg;
-    const int64_t sl = cfg->seq / cfg->ranks;
-    c.q = ctxpar_tensor_bshd(FAKE_DATA, cfg->dtype, cfg->batch, sl, cfg->heads, cfg->head_dim);
-    c.k = ctxpar_tensor_bshd(FAKE_DATA, cfg->dtype, cfg->batch, sl, cfg->kv_heads, cfg->head_dim);
-    c.v = c.k;
     ctxpar_problem pb;
-    CTXPAR_CHECK(problem_of(&c, 0, &pb));
+    CTXPAR_CHECK(cpt_plan_problem(cfg, &pb));
     // Every rank's positions, as the front door makes them for a call (and the hybrid's ring's).
     ctxpar_layout_map map = {0}, group_map = {0};
     CTXPAR_CHECK(ctxpar_layout_map_make(pb.layout, pb.assignment, pb.seq_global, pb.nranks, &map));
@@ -161,6 +169,8 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
     for (int r = 0; r < cfg->ranks && st == CTXPAR_OK; r++) {
         ctxpar_problem rpb = pb;
         rpb.rank = r;
+        rpb.seq_local = map.count[r];
+        tensors_of(cfg, rpb.seq_local, &c);
         st = run_rank(&c, algo, &rpb, u, cfg->coverage ? &cover : NULL, &res->rank[r]);
     }
     if (st == CTXPAR_OK && cfg->coverage)

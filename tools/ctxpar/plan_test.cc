@@ -2,7 +2,8 @@
 // kinds (none, causal, window, documents) in turn,
 // the per-rank FLOPs and bytes `ctxpar plan` predicts equal what the library's work statistics
 // and comm counted in a real run (in-process ranks, CPU device) - exactly, both being counts;
-// the coverage proof holds, and a problem the library refuses is refused by the plan too.
+// the coverage proof holds, and a problem the library refuses is refused by the plan too. Any
+// length: uneven shards (a prime length) and fewer tokens than ranks as well.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -15,6 +16,7 @@
 namespace {
 
 const int32_t kDocs[] = {0, 30, 31, 100, 100, 192}; // lengths 30, 1, 69, 0, 92
+const int32_t kDocsUneven[] = {0, 30, 31, 100, 100, 197};
 
 struct PlanCase {
     ctxpar_algo algo;
@@ -23,6 +25,7 @@ struct PlanCase {
     int mask; // 0 none, 1 causal, 2 causal + window, 3 documents + causal
     int64_t kv_heads;
     int64_t ulysses;
+    int64_t seq = 192;
 };
 
 std::string Name(const testing::TestParamInfo<PlanCase> &info) {
@@ -30,7 +33,8 @@ std::string Name(const testing::TestParamInfo<PlanCase> &info) {
     const char *mask[] = {"none", "causal", "window", "docs"};
     return std::string(ctxpar_algo_name(c.algo)) + "_P" + std::to_string(c.ranks) + "_" +
            ctxpar_layout_name(c.layout) + "_" + mask[c.mask] + "_KV" +
-           std::to_string(c.kv_heads) + "_U" + std::to_string(c.ulysses);
+           std::to_string(c.kv_heads) + "_U" + std::to_string(c.ulysses) +
+           (c.seq == 192 ? "" : "_S" + std::to_string(c.seq));
 }
 
 ctxpar_attn_params Params(const PlanCase &c) {
@@ -39,8 +43,8 @@ ctxpar_attn_params Params(const PlanCase &c) {
     p.layout = c.layout;
     p.mask = c.mask ? CTXPAR_MASK_CAUSAL : CTXPAR_MASK_NONE;
     p.window_left = c.mask == 2 ? 40 : 0;
-    if (c.mask == 3) {
-        p.cu_seqlens = kDocs;
+    if (c.mask == 3 && (c.seq == 192 || c.seq == 197)) {
+        p.cu_seqlens = c.seq == 192 ? kDocs : kDocsUneven;
         p.num_docs = 5;
     }
     p.ulysses = c.ulysses;
@@ -55,7 +59,7 @@ TEST_P(PlanMatchesRun, FlopsAndBytesPerRank) {
     cpt_run_config_default(&cfg);
     cfg.ranks = c.ranks;
     cfg.batch = 2;
-    cfg.seq = 192;
+    cfg.seq = c.seq;
     cfg.heads = 12;
     cfg.kv_heads = c.kv_heads;
     cfg.head_dim = 16;
@@ -82,6 +86,13 @@ TEST_P(PlanMatchesRun, FlopsAndBytesPerRank) {
     pc.coverage = 1;
     cpt_plan_result plan;
     const ctxpar_status st = cpt_plan_run(&pc, &plan);
+    // Any length runs: only the head rules of all-to-all and of the hybrid's groups refuse.
+    const bool head_rule = c.algo == CTXPAR_ALGO_ALLTOALL ||
+                           (c.algo == CTXPAR_ALGO_HYBRID && c.ulysses > 0 &&
+                            c.kv_heads % c.ulysses != 0 && c.ulysses % c.kv_heads != 0);
+    if (!head_rule) {
+        EXPECT_EQ(st, CTXPAR_OK) << ctxpar_last_error();
+    }
     EXPECT_EQ(st, run.status) << "plan: " << ctxpar_last_error() << "; run: " << run.message;
     if (st == CTXPAR_OK && run.status == CTXPAR_OK) {
         EXPECT_EQ(plan.algo, run.algo);
@@ -122,6 +133,26 @@ std::vector<PlanCase> Cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PlanMatchesRun, testing::ValuesIn(Cases()), Name);
+
+// Any length: 197 tokens (prime: every layout's shards differ, and so do the hybrid's groups), and
+// fewer tokens than ranks (some hold none).
+std::vector<PlanCase> UnevenCases() {
+    std::vector<PlanCase> v;
+    int n = 0;
+    for (ctxpar_algo a : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL,
+                          CTXPAR_ALGO_HYBRID, CTXPAR_ALGO_AUTO})
+        for (int p : {3, 4, 8})
+            for (ctxpar_layout l :
+                 {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED}) {
+                const int64_t kv[] = {12, 3, 1, 2, 6};
+                const int64_t u = a == CTXPAR_ALGO_HYBRID && p % 2 == 0 ? 2 : 0;
+                v.push_back({a, p, l, n % 4, kv[n % 5], u, n % 7 == 6 ? p / 2 + 1 : 197});
+                n++;
+            }
+    return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Uneven, PlanMatchesRun, testing::ValuesIn(UnevenCases()), Name);
 
 // The coverage count can fail: a block computed twice shows in its query rows.
 TEST(PlanCoverage, CountsABlockComputedTwice) {

@@ -7,6 +7,7 @@
 // the same way, the replicated K/V heads' dK/dV (Hkv < u) summed at the token owner as in
 // alltoall.c. The sub-comms are split once per context and group size (ctxpar_grid).
 #include <math.h>
+#include <stdlib.h>
 
 #include "a2a_parts.h"
 #include "ctxpar_count.h"
@@ -171,7 +172,7 @@ static void parts(const ctxpar_problem *pb, const ctxpar_heads_plan *h, int back
                   ctxpar_seg in[7], int *n_in, ctxpar_seg back[3]) {
     const ctxpar_dtype dt = pb->dtype, f32 = CTXPAR_DTYPE_F32;
     const int64_t D = pb->head_dim, Dv = pb->head_dim_v;
-    const ctxpar_seg i7[7] = {{dt, h->hq, D},  {dt, h->hk, D},   {dt, h->hk, Dv}, {dt, h->hq, Dv},
+    const ctxpar_seg i7[7] = {{dt, h->hq, D},  {dt, h->hk, D},  {dt, h->hk, Dv}, {dt, h->hq, Dv},
                               {dt, h->hq, Dv}, {f32, h->hq, 1}, {f32, h->hq, 1}};
     const ctxpar_seg fb[3] = {{dt, h->hq, Dv}, {f32, h->hq, 1}, {f32, h->hq, 1}};
     const ctxpar_seg bb[3] = {{f32, h->hq, D}, {f32, h->hk, D}, {f32, h->hk, Dv}};
@@ -206,8 +207,8 @@ static size_t hyb_layout(const ctxpar_problem *pb, int u, int backward, char *ba
     w->lse_lo = ctxpar_carve_take(&c, lse_bytes);
     w->zeros = w->dkv_sum = NULL;
     if (backward)
-        w->zeros = ctxpar_carve_take(
-            &c, ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) * sizeof(float));
+        w->zeros = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) *
+                                             sizeof(float));
     if (backward && h.replicate)
         w->dkv_sum = ctxpar_carve_take(
             &c, ctxpar_count(pb->batch, pb->seq_local, pb->head_dim + pb->head_dim_v, 1) *
@@ -224,20 +225,74 @@ static size_t hybrid_workspace_bytes(const ctxpar_problem *pb) {
 
 /* ---------------------------------------------------------------- one call */
 
+// One span of a member: its local rows [local, local + len) are the group's rows [row, ...).
+typedef struct hyb_piece {
+    int64_t local, row, len;
+} hyb_piece;
+
 // What a call needs: the grid, the two sub-problems and the two runs.
 typedef struct hyb_call {
     int u;
     ctxpar_grid tmp; // when the run has no context's grid
     ctxpar_grid *grid;
     ctxpar_problem g, r;
-    ctxpar_layout_map ring_map; // r's positions
-    int64_t first[CTXPAR_MAX_ULYSSES + 1]; // group member j's rows: [first[j], first[j + 1])
+    ctxpar_hybrid_rows own_rows;    // when the run has none for this u
+    const ctxpar_hybrid_rows *rows; // r's positions (rows->ring_map) and the spans' rows
+    // Where the members' rows lie in the group's rows (in position order, ring_map): member j's
+    // spans are pieces [pfirst[j], pfirst[j + 1]).
+    hyb_piece *piece;
+    int64_t pfirst[CTXPAR_MAX_ULYSSES + 1];
     ctxpar_heads_plan h;
     ctxpar_run run_g, run_r;
     uint64_t sent0;
     size_t in_b, back_b; // one member's block of each exchange
     hyb_ws w;
 } hyb_call;
+
+ctxpar_status ctxpar_hybrid_rows_make(const ctxpar_layout_map *m, int u, ctxpar_hybrid_rows *out) {
+    const int64_t total = m->first[m->nranks];
+    *out = (ctxpar_hybrid_rows){
+        u, {0}, malloc(sizeof *out->span_row * (size_t)(total > 0 ? total : 1))};
+    if (!out->span_row)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "hybrid: cannot allocate %lld spans",
+                            (long long)total);
+    ctxpar_status st = ctxpar_layout_map_group(m, u, &out->ring_map, out->span_row);
+    if (st != CTXPAR_OK)
+        ctxpar_hybrid_rows_free(out);
+    return st;
+}
+
+void ctxpar_hybrid_rows_free(ctxpar_hybrid_rows *rows) {
+    ctxpar_layout_map_free(&rows->ring_map);
+    free(rows->span_row);
+    rows->span_row = NULL;
+}
+
+// The ring's map (the run's, or made here) and this group's pieces.
+static ctxpar_status group_rows(const ctxpar_run *run, const ctxpar_problem *pb, hyb_call *c) {
+    const ctxpar_layout_map *m = pb->map;
+    const int base = (pb->rank / c->u) * c->u;
+    const int64_t lo = m->first[base], hi = m->first[base + c->u];
+    c->piece = malloc(sizeof *c->piece * (size_t)(hi > lo ? hi - lo : 1));
+    if (!c->piece)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "hybrid: cannot allocate %lld spans",
+                            (long long)(hi - lo));
+    c->rows = run->hybrid_rows;
+    if (!c->rows || c->rows->u != c->u) {
+        CTXPAR_CHECK(ctxpar_hybrid_rows_make(m, c->u, &c->own_rows));
+        c->rows = &c->own_rows;
+    }
+    for (int j = 0; j < c->u; j++) {
+        int64_t local = 0;
+        c->pfirst[j] = m->first[base + j] - lo;
+        for (int64_t k = m->first[base + j]; k < m->first[base + j + 1]; k++) {
+            c->piece[k - lo] = (hyb_piece){local, c->rows->span_row[k], m->span[k].len};
+            local += m->span[k].len;
+        }
+    }
+    c->pfirst[c->u] = hi - lo;
+    return CTXPAR_OK;
+}
 
 static ctxpar_status begin(const ctxpar_run *run, const ctxpar_problem *pb, int backward,
                            hyb_call *c) {
@@ -247,14 +302,12 @@ static ctxpar_status begin(const ctxpar_run *run, const ctxpar_problem *pb, int 
     c->g = ctxpar_hybrid_group_problem(pb, c->u);
     c->r = ctxpar_hybrid_ring_problem(pb, c->u);
     c->h = ctxpar_a2a_plan_heads(&c->g);
-    c->ring_map = (ctxpar_layout_map){0};
+    c->own_rows = (ctxpar_hybrid_rows){0, {0}, NULL};
+    c->piece = NULL;
     CTXPAR_CHECK(get_grid(run, c->grid, c->u));
     c->sent0 = c->grid->group->bytes_sent + c->grid->ring->bytes_sent;
-    CTXPAR_CHECK(ctxpar_layout_map_group(pb->map, c->u, &c->ring_map));
-    c->r.map = &c->ring_map;
-    c->first[0] = 0;
-    for (int j = 0; j < c->u; j++)
-        c->first[j + 1] = c->first[j] + pb->map->count[(pb->rank / c->u) * c->u + j];
+    CTXPAR_CHECK(group_rows(run, pb, c));
+    c->r.map = &c->rows->ring_map;
     ctxpar_seg in[7], back[3];
     int n_in;
     parts(pb, &c->h, backward, in, &n_in, back);
@@ -284,17 +337,34 @@ static ctxpar_status end(const ctxpar_run *run, hyb_call *c, ctxpar_status st) {
     }
     if (c->grid == &c->tmp)
         ctxpar_grid_release(&c->tmp);
-    ctxpar_layout_map_free(&c->ring_map);
+    ctxpar_hybrid_rows_free(&c->own_rows);
+    free(c->piece);
+    c->piece = NULL;
     return st;
 }
 
-// The rows group member j owns in a tensor of the group's rows (member order).
-static ctxpar_tensor member_rows(const hyb_call *c, const ctxpar_tensor *t, int j) {
-    return ctxpar_tensor_rows(t, c->first[j], c->first[j + 1] - c->first[j]);
+// Member j's rows: `local` (its count of rows, in its order) to or from its pieces of the
+// group's rows in `group`.
+static ctxpar_status move_member(const hyb_call *c, int j, const ctxpar_tensor *local,
+                                 const ctxpar_tensor *group, int to_group) {
+    for (int64_t x = c->pfirst[j]; x < c->pfirst[j + 1]; x++) {
+        const hyb_piece *p = &c->piece[x];
+        ctxpar_tensor l = ctxpar_tensor_rows(local, p->local, p->len);
+        ctxpar_tensor g = ctxpar_tensor_rows(group, p->row, p->len);
+        CTXPAR_CHECK(to_group ? ctxpar_dev_cast(c->run_g.dev, &l, &g, c->run_g.stream)
+                              : ctxpar_dev_cast(c->run_g.dev, &g, &l, c->run_g.stream));
+    }
+    return CTXPAR_OK;
+}
+
+// Member j's count of rows.
+static int64_t member_count_of(const hyb_call *c, const ctxpar_problem *pb, int j) {
+    return pb->map->count[(pb->rank / c->u) * c->u + j];
 }
 
 // The local tensors' heads to every member, then the group's rows in member order.
-static ctxpar_status scatter_heads(hyb_call *c, const ctxpar_tensor *const *src, const int *kinds,
+static ctxpar_status scatter_heads(hyb_call *c, const ctxpar_problem *pb,
+                                   const ctxpar_tensor *const *src, const int *kinds,
                                    const ctxpar_seg *in, int n_in, ctxpar_tensor *glob,
                                    const char *name) {
     for (int j = 0; j < c->u; j++)
@@ -303,23 +373,21 @@ static ctxpar_status scatter_heads(hyb_call *c, const ctxpar_tensor *const *src,
     CTXPAR_CHECK(ctxpar_a2a_exchange(&c->run_g, &c->g, c->w.send, c->w.recv, c->in_b, name));
     for (int i = 0; i < c->u; i++)
         for (int s = 0; s < n_in; s++) {
-            ctxpar_tensor to = member_rows(c, &glob[s], i);
-            ctxpar_tensor part = ctxpar_a2a_seg_view((char *)c->w.recv + (size_t)i * c->in_b,
-                                                     &c->g, in, s, to.shape[1]);
-            CTXPAR_CHECK(ctxpar_dev_cast(c->run_g.dev, &part, &to, c->run_g.stream));
+            ctxpar_tensor part = ctxpar_a2a_seg_view((char *)c->w.recv + (size_t)i * c->in_b, &c->g,
+                                                     in, s, member_count_of(c, pb, i));
+            CTXPAR_CHECK(move_member(c, i, &part, &glob[s], 1));
         }
     return CTXPAR_OK;
 }
 
 // The ring's results (group rows, this rank's heads) back to the members owning the rows.
-static ctxpar_status gather_rows(hyb_call *c, const ctxpar_tensor *res, const ctxpar_seg *back,
-                                 const char *name) {
+static ctxpar_status gather_rows(hyb_call *c, const ctxpar_problem *pb, const ctxpar_tensor *res,
+                                 const ctxpar_seg *back, const char *name) {
     for (int j = 0; j < c->u; j++)
         for (int s = 0; s < 3; s++) {
-            ctxpar_tensor from = member_rows(c, &res[s], j);
-            ctxpar_tensor to = ctxpar_a2a_seg_view((char *)c->w.send + (size_t)j * c->back_b,
-                                                   &c->g, back, s, from.shape[1]);
-            CTXPAR_CHECK(ctxpar_dev_cast(c->run_g.dev, &from, &to, c->run_g.stream));
+            ctxpar_tensor to = ctxpar_a2a_seg_view((char *)c->w.send + (size_t)j * c->back_b, &c->g,
+                                                   back, s, member_count_of(c, pb, j));
+            CTXPAR_CHECK(move_member(c, j, &to, &res[s], 0));
         }
     return ctxpar_a2a_exchange(&c->run_g, &c->g, c->w.send, c->w.recv, c->back_b, name);
 }
@@ -336,14 +404,14 @@ static ctxpar_status hybrid_fwd_body(const ctxpar_run *run, const ctxpar_problem
         glob[s] = ctxpar_a2a_seg_view(c->w.glob, &c->g, in, s, rows);
     const ctxpar_tensor *src[3] = {q, k, v};
     const int kinds[3] = {0, 1, 1};
-    CTXPAR_CHECK(scatter_heads(c, src, kinds, in, 3, glob, "hybrid_qkv"));
+    CTXPAR_CHECK(scatter_heads(c, pb, src, kinds, in, 3, glob, "hybrid_qkv"));
 
     ctxpar_tensor res[3] = {ctxpar_a2a_seg_view(c->w.res, &c->g, back, 0, rows),
                             ctxpar_a2a_lse_view(c->w.lse, &c->g, rows, c->h.hq),
                             ctxpar_a2a_lse_view(c->w.lse_lo, &c->g, rows, c->h.hq)};
     CTXPAR_CHECK(ctxpar_ring_algorithm.forward(&c->run_r, &c->r, &glob[0], &glob[1], &glob[2],
                                                &res[0], c->w.lse));
-    CTXPAR_CHECK(gather_rows(c, res, back, "hybrid_out"));
+    CTXPAR_CHECK(gather_rows(c, pb, res, back, "hybrid_out"));
     return ctxpar_a2a_store_out(run, &c->g, &c->h, back, c->w.recv, c->back_b, out, lse);
 }
 
@@ -381,7 +449,7 @@ static ctxpar_status hybrid_bwd_body(const ctxpar_run *run, const ctxpar_problem
     ctxpar_tensor lo_t = ctxpar_a2a_lse_view(lo, pb, pb->seq_local, pb->heads_q);
     const ctxpar_tensor *src[7] = {q, k, v, out, dout, &lse_t, &lo_t};
     const int kinds[7] = {0, 1, 1, 0, 0, 0, 0};
-    CTXPAR_CHECK(scatter_heads(c, src, kinds, in, 7, glob, "hybrid_bwd_in"));
+    CTXPAR_CHECK(scatter_heads(c, pb, src, kinds, in, 7, glob, "hybrid_bwd_in"));
 
     ctxpar_tensor res[3];
     for (int s = 0; s < 3; s++)
@@ -389,9 +457,9 @@ static ctxpar_status hybrid_bwd_body(const ctxpar_run *run, const ctxpar_problem
     CTXPAR_CHECK(ctxpar_ring_algorithm.backward(&c->run_r, &c->r, &glob[0], &glob[1], &glob[2],
                                                 &glob[3], c->w.lse, &glob[4], &res[0], &res[1],
                                                 &res[2]));
-    CTXPAR_CHECK(gather_rows(c, res, back, "hybrid_grads"));
-    return ctxpar_a2a_store_grads(&c->run_g, &c->g, &c->h, back, c->w.recv, c->back_b,
-                                  c->w.dkv_sum, dq, dk, dv);
+    CTXPAR_CHECK(gather_rows(c, pb, res, back, "hybrid_grads"));
+    return ctxpar_a2a_store_grads(&c->run_g, &c->g, &c->h, back, c->w.recv, c->back_b, c->w.dkv_sum,
+                                  dq, dk, dv);
 }
 
 static ctxpar_status hybrid_bwd(const ctxpar_run *run, const ctxpar_problem *pb,

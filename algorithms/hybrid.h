@@ -28,6 +28,18 @@ ctxpar_problem ctxpar_hybrid_ring_problem(const ctxpar_problem *pb, int u);
 /* The problem of the all-to-all inside a group: rank pb->rank % u of u. */
 ctxpar_problem ctxpar_hybrid_group_problem(const ctxpar_problem *pb, int u);
 
+/* The ring's positions for groups of u (ctxpar_layout_map_group of a call's map) and the row of
+ * its group's rows where each span of the call's map starts: made by each call, or once by a dry
+ * run for every rank (ctxpar_run.hybrid_rows). */
+typedef struct ctxpar_hybrid_rows {
+    int u;
+    ctxpar_layout_map ring_map;
+    int64_t *span_row; /* [spans of the call's map] */
+} ctxpar_hybrid_rows;
+
+ctxpar_status ctxpar_hybrid_rows_make(const ctxpar_layout_map *m, int u, ctxpar_hybrid_rows *out);
+void ctxpar_hybrid_rows_free(ctxpar_hybrid_rows *rows);
+
 #ifdef __cplusplus
 }
 #endif

@@ -226,6 +226,35 @@ TEST_F(MpiComm, SkippedOpTimesOutThenAFreshCommWorks) {
     }
 }
 
+// A rank that never joins a split: the others get the parent's timeout error (the split waits
+// no longer than any other op), their comm_out untouched; after a fresh comm a split works.
+TEST_F(MpiComm, SplitWithAMissingRankTimesOut) {
+    if (p_ < 2)
+        GTEST_SKIP() << "needs two ranks";
+    EXPECT_OK(ctxpar_comm_set_timeout(comm_, 0.2));
+    MPI_Barrier(MPI_COMM_WORLD); // only rank p-1 can be missing
+    if (rank_ != p_ - 1) {
+        ctxpar_comm *sub = reinterpret_cast<ctxpar_comm *>(&rank_); // must stay as it is
+        const double t0 = MPI_Wtime();
+        EXPECT_EQ(ctxpar_comm_split(comm_, 0, rank_, &sub), CTXPAR_ERR_TIMEOUT);
+        EXPECT_LT(MPI_Wtime() - t0, 10.0); // the timeout, not a hang
+        std::string msg = ctxpar_last_error();
+        EXPECT_NE(msg.find("timed out after 0.2 s"), std::string::npos) << msg;
+        EXPECT_EQ(sub, reinterpret_cast<ctxpar_comm *>(&rank_));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    ctxpar_comm_destroy(comm_);
+    comm_ = nullptr;
+    ASSERT_EQ(ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm_), CTXPAR_OK);
+    EXPECT_OK(ctxpar_comm_set_timeout(comm_, 30));
+    ctxpar_comm *sub = nullptr;
+    ASSERT_EQ(ctxpar_comm_split(comm_, rank_ % 2, rank_, &sub), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_NE(sub, nullptr);
+    EXPECT_EQ(ctxpar_comm_rank(sub), rank_ / 2);
+    EXPECT_OK(ctxpar_comm_barrier(sub));
+    ctxpar_comm_destroy(sub);
+}
+
 TEST_F(MpiComm, SendrecvTimeoutNamesThePeer) {
     if (p_ < 2)
         GTEST_SKIP() << "needs two ranks";

@@ -23,6 +23,35 @@ int Size() {
 
 const int32_t kDocs[] = {0, 50, 51, 200, 336}; // lengths 50, 1, 149, 136
 
+// Runs cfg forward and backward on every rank; rank 0 judges every tensor against the oracle
+// (the per-element bound) and P = 1 (the error ratio), and dsinks where there are sinks.
+void RunAndCheck(cpt_run_config *cfg) {
+    cfg->backward = 1;
+    cfg->threads = 1;
+    cpt_run_result r;
+    ASSERT_EQ(cpt_run_mpi(cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+    EXPECT_TRUE(r.ok);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) {
+        for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+            const char *name = cpt_run_tensor_name(static_cast<cpt_run_tensor>(i));
+            EXPECT_TRUE(r.has[i]) << name;
+            EXPECT_LE(r.bound_ratio[i], 1.0) << name << ": worst at position "
+                                             << r.bound_worst[i].position << ", head "
+                                             << r.bound_worst[i].head;
+            EXPECT_TRUE(cpt_error_ratio_ok(r.error[i], r.error_1[i])) << name;
+        }
+        EXPECT_EQ(r.has_dsinks, cfg->params.sinks ? 1 : 0);
+        if (r.has_dsinks) {
+            EXPECT_LE(r.dsinks_bound_ratio, 1.0) << "dsinks error " << r.dsinks_error;
+            EXPECT_TRUE(r.dsinks_ratio_ok) << r.dsinks_error << " vs " << r.dsinks_error_1;
+        }
+    }
+    cpt_run_result_free(&r);
+}
+
 struct MpiHybridCase {
     int u;
     ctxpar_layout layout;
@@ -52,23 +81,7 @@ TEST_P(HybridMpi, MatchesOracleAndSingleRank) {
         cfg.params.cu_seqlens = kDocs;
         cfg.params.num_docs = 4;
     }
-    cfg.backward = 1;
-    cfg.threads = 1;
-    cpt_run_result r;
-    ASSERT_EQ(cpt_run_mpi(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
-    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
-    EXPECT_TRUE(r.ok);
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0)
-        for (int i = 0; i < CPT_RUN_TENSORS; i++) {
-            const char *name = cpt_run_tensor_name(static_cast<cpt_run_tensor>(i));
-            EXPECT_LE(r.bound_ratio[i], 1.0) << name << ": worst at position "
-                                             << r.bound_worst[i].position << ", head "
-                                             << r.bound_worst[i].head;
-            EXPECT_TRUE(cpt_error_ratio_ok(r.error[i], r.error_1[i])) << name;
-        }
-    cpt_run_result_free(&r);
+    RunAndCheck(&cfg);
 }
 
 // The grids of this run's P (called after MPI_Init, when GoogleTest registers the cases).
@@ -150,30 +163,7 @@ TEST_P(HybridMpiFeatures, MatchOracleAndSingleRank) {
         cfg.params.num_docs = 4;
         break;
     }
-    cfg.backward = 1;
-    cfg.threads = 1;
-    cpt_run_result r;
-    ASSERT_EQ(cpt_run_mpi(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
-    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
-    EXPECT_TRUE(r.ok);
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0) {
-        for (int i = 0; i < CPT_RUN_TENSORS; i++) {
-            const char *name = cpt_run_tensor_name(static_cast<cpt_run_tensor>(i));
-            ASSERT_TRUE(r.has[i]) << name;
-            EXPECT_LE(r.bound_ratio[i], 1.0) << name << ": worst at position "
-                                             << r.bound_worst[i].position << ", head "
-                                             << r.bound_worst[i].head;
-            EXPECT_TRUE(cpt_error_ratio_ok(r.error[i], r.error_1[i])) << name;
-        }
-        ASSERT_EQ(r.has_dsinks, f == kSinksSoftcap ? 1 : 0);
-        if (r.has_dsinks) {
-            EXPECT_LE(r.dsinks_bound_ratio, 1.0) << "dsinks error " << r.dsinks_error;
-            EXPECT_TRUE(r.dsinks_ratio_ok) << r.dsinks_error << " vs " << r.dsinks_error_1;
-        }
-    }
-    cpt_run_result_free(&r);
+    RunAndCheck(&cfg);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, HybridMpiFeatures, testing::Range(0, 4),

@@ -36,6 +36,13 @@ class MpiComm : public ::testing::Test {
         ASSERT_EQ(ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm_), CTXPAR_OK) << ctxpar_last_error();
         EXPECT_OK(ctxpar_comm_set_timeout(comm_, 30));
     }
+    // A new comm in place of one a test left timed out (after MPI_Barrier on every rank).
+    void FreshComm() {
+        ctxpar_comm_destroy(comm_);
+        comm_ = nullptr;
+        ASSERT_EQ(ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm_), CTXPAR_OK);
+        EXPECT_OK(ctxpar_comm_set_timeout(comm_, 30));
+    }
     void TearDown() override {
         ctxpar_comm_destroy(comm_);
         MPI_Barrier(MPI_COMM_WORLD);
@@ -213,10 +220,7 @@ TEST_F(MpiComm, SkippedOpTimesOutThenAFreshCommWorks) {
             EXPECT_EQ(ctxpar_comm_barrier(comm_), CTXPAR_ERR_TIMEOUT); // p-1 skips this one too
         }
         MPI_Barrier(MPI_COMM_WORLD);
-        ctxpar_comm_destroy(comm_);
-        comm_ = nullptr;
-        ASSERT_EQ(ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm_), CTXPAR_OK);
-        EXPECT_OK(ctxpar_comm_set_timeout(comm_, 30));
+        ASSERT_NO_FATAL_FAILURE(FreshComm());
         ctxpar_request *req = nullptr;
         EXPECT_OK(ctxpar_comm_allgather(comm_, send.data(), recv.data(), bytes, nullptr, &req));
         EXPECT_OK(ctxpar_comm_wait(comm_, req, nullptr));
@@ -243,10 +247,7 @@ TEST_F(MpiComm, SplitWithAMissingRankTimesOut) {
         EXPECT_EQ(sub, reinterpret_cast<ctxpar_comm *>(&rank_));
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    ctxpar_comm_destroy(comm_);
-    comm_ = nullptr;
-    ASSERT_EQ(ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm_), CTXPAR_OK);
-    EXPECT_OK(ctxpar_comm_set_timeout(comm_, 30));
+    ASSERT_NO_FATAL_FAILURE(FreshComm());
     ctxpar_comm *sub = nullptr;
     ASSERT_EQ(ctxpar_comm_split(comm_, rank_ % 2, rank_, &sub), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_NE(sub, nullptr);

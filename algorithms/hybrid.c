@@ -2,8 +2,9 @@
 // all-to-all turns sequence shards into head shards (alltoall.c's pieces): each rank then holds
 // its group's rows for Hq/u query heads. The ranks of equal index in the r groups run ring
 // attention (ring.c) over those rows on a sub-comm, a ring rank holding a whole group's
-// positions (ctxpar_problem_spans), so masks, windows, documents and the ring's transfer plan
-// apply unchanged; a second all-to-all brings every rank its own rows for all heads. Backward
+// positions (its members' spans in position order: ctxpar_layout_map_group), so masks, windows,
+// documents, layouts and shards of any size, MLA, sinks and the ring's transfer plan apply
+// unchanged; a second all-to-all brings every rank its own rows for all heads. Backward
 // the same way, the replicated K/V heads' dK/dV (Hkv < u) summed at the token owner as in
 // alltoall.c. The sub-comms are split once per context and group size (ctxpar_grid).
 #include <math.h>

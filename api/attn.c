@@ -67,13 +67,29 @@ static ctxpar_status validate_fwd(const ctxpar_context *ctx, const ctxpar_attn_p
     return ctxpar_algorithm_check(*algo, pb, ctx->dev, backward);
 }
 
-// Every rank's positions for the algorithms (after local validation succeeded).
-static ctxpar_status make_map(const ctxpar_attn_params *p, ctxpar_problem *pb,
-                              ctxpar_layout_map *map, ctxpar_status st) {
+// Every rank's positions for the algorithms (after local validation succeeded). A built-in
+// layout's map depends on (layout, S, P) only and stays on the context for the next call; a
+// custom assignment's is built into `own` each call (the caller may change its contents).
+static ctxpar_status make_map(ctxpar_context *ctx, const ctxpar_attn_params *p, ctxpar_problem *pb,
+                              ctxpar_layout_map *own, ctxpar_status st) {
     if (st != CTXPAR_OK)
         return st;
-    CTXPAR_CHECK(ctxpar_layout_map_make(p->layout, p->assignment, pb->seq_global, pb->nranks, map));
-    pb->map = map;
+    if (p->layout == CTXPAR_LAYOUT_CUSTOM) {
+        CTXPAR_CHECK(
+            ctxpar_layout_map_make(p->layout, p->assignment, pb->seq_global, pb->nranks, own));
+        pb->map = own;
+        return CTXPAR_OK;
+    }
+    ctxpar_layout_map *c = &ctx->map;
+    if (!c->count || ctx->map_layout != p->layout || c->seq_global != pb->seq_global ||
+        c->nranks != pb->nranks) {
+        ctxpar_layout_map m;
+        CTXPAR_CHECK(ctxpar_layout_map_make(p->layout, NULL, pb->seq_global, pb->nranks, &m));
+        ctxpar_layout_map_free(c);
+        *c = m;
+        ctx->map_layout = p->layout;
+    }
+    pb->map = c;
     return CTXPAR_OK;
 }
 
@@ -94,7 +110,7 @@ ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     const ctxpar_algorithm *algo = NULL;
     ctxpar_layout_map map = {0};
     ctxpar_status st = validate_fwd(ctx, params, q, k, v, out, 1, 0, &p, &pb, &algo);
-    st = make_map(&p, &pb, &map, st);
+    st = make_map(ctx, &p, &pb, &map, st);
     st = agree(ctx, CTXPAR_CALL_FWD, &p, &pb, algo_id(algo), st);
     if (st == CTXPAR_OK) {
         ctxpar_run run = make_run(ctx, stream);
@@ -134,7 +150,7 @@ ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     ctxpar_layout_map map = {0};
     ctxpar_status st =
         validate_bwd(ctx, params, q, k, v, out, lse, dout, dq, dk, dv, &p, &pb, &algo);
-    st = make_map(&p, &pb, &map, st);
+    st = make_map(ctx, &p, &pb, &map, st);
     st = agree(ctx, CTXPAR_CALL_BWD, &p, &pb, algo_id(algo), st);
     if (st == CTXPAR_OK) {
         ctxpar_run run = make_run(ctx, stream);

@@ -13,6 +13,10 @@ struct ctxpar_context {
     ctxpar_work_stats work;
     ctxpar_workspace ws; /* the algorithms' buffers (algorithms.h) */
     ctxpar_grid grid;    /* the hybrid's sub-comms of comm (algorithms.h) */
+    /* The last built-in layout's map (every rank's positions), kept between calls: it depends
+     * only on (map_layout, seq_global, nranks). Empty (count NULL) until the first call. */
+    ctxpar_layout_map map;
+    ctxpar_layout map_layout;
 };
 
 // Puts back a message saved from ctxpar_last_error() (after a call that may overwrite it).

@@ -1,6 +1,7 @@
 // End to end with the attention features of current models (issue 17): MLA (v's head_dim 128
 // beside q/k's 192, with MHA, GQA and MQA), attention sinks (with their gradient), logit
-// soft-capping, and sinks with soft-capping under a sliding window and documents. Every
+// soft-capping, sinks with soft-capping under a sliding window and documents, and MLA with sinks
+// and documents per batch row (each batch row is computed on its own there). Every
 // algorithm and layout, F32 and BF16, P in {1, 2, 3, 4, 8}, forward and backward, against the
 // fp64 oracle (which implements each feature itself) with the per-element bound, and against
 // P = 1 (error ratio; all-gather's bits).
@@ -16,15 +17,27 @@
 
 namespace {
 
-enum Feature { kMla, kMlaGqa, kMlaMqa, kSinks, kSoftcap, kSinksSoftcapWindow, kFeatures };
+enum Feature {
+    kMla,
+    kMlaGqa,
+    kMlaMqa,
+    kSinks,
+    kSoftcap,
+    kSinksSoftcapWindow,
+    kMlaSinksRowDocs,
+    kFeatures
+};
 const char *const kFeatureName[] = {"mla",   "mla_gqa", "mla_mqa",
-                                    "sinks", "softcap", "sinks_softcap_window_docs"};
+                                    "sinks", "softcap", "sinks_softcap_window_docs",
+                                    "mla_sinks_row_docs"};
 
 // Sink logits of 8 heads, in score units: from below every row's lse (little effect) to well
 // above it (the sink takes most of the mass).
 const float kSinkLogits[8] = {-2.0f, 0.5f, 3.0f, 6.5f, -0.25f, 1.75f, 4.0f, 9.0f};
 // Documents over seq 96 with an empty one (as in e2e_test).
 const int32_t kDocs[] = {0, 17, 50, 50, 51, 96};
+// Three documents in each of two batch rows, different per row (one empty).
+const int32_t kRowDocs[] = {0, 30, 61, 96, 0, 5, 5, 96};
 
 struct Case {
     int ranks;
@@ -80,6 +93,14 @@ cpt_run_config Config(const Case &c) {
         cfg.params.window_left = 20;
         cfg.params.cu_seqlens = kDocs;
         cfg.params.num_docs = 5;
+        break;
+    case kMlaSinksRowDocs: // v's head_dim below q's: the per-row outputs are Dv wide
+        cfg.head_dim_v = 32;
+        cfg.batch = 2;
+        cfg.params.sinks = kSinkLogits;
+        cfg.params.cu_seqlens = kRowDocs;
+        cfg.params.num_docs = 3;
+        cfg.params.cu_seqlens_rows = 2;
         break;
     default:
         break;

@@ -12,6 +12,7 @@
 #include "ctxpar_cpu.h"
 #include "ctxpar_mpi.h"
 #include "data.h"
+#include "e2e_expect.h"
 #include "fault_comm.h"
 #include "limited_device.h"
 #include "runner.h"
@@ -77,18 +78,8 @@ TEST_P(EndToEndMpi, MatchesOracleAndSingleRank) {
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
     EXPECT_TRUE(r.ok); // every rank: rank 0's verdict, broadcast
     if (Rank() == 0) {
-        for (int i = 0; i < CPT_RUN_TENSORS; i++) {
-            const char *name = cpt_run_tensor_name(static_cast<cpt_run_tensor>(i));
-            // The per-element bound (docs/numerics.md) is the verdict.
-            EXPECT_LE(r.bound_ratio[i], 1.0)
-                << name << ": worst at position " << r.bound_worst[i].position << ", head "
-                << r.bound_worst[i].head << ", rank " << r.bound_worst[i].rank;
-            EXPECT_TRUE(cpt_error_ratio_ok(r.error[i], r.error_1[i])) << name;
-        }
-        if (c.algo == CTXPAR_ALGO_ALLGATHER) {
-            EXPECT_TRUE(r.bitwise_single[CPT_T_OUT]);
-            EXPECT_TRUE(r.bitwise_single[CPT_T_LSE]);
-        }
+        CptExpectTensorsMatch(r, Size());
+        CptExpectBitwisePromises(r, Size(), c.algo);
     }
     cpt_run_result_free(&r);
 }
@@ -166,13 +157,9 @@ TEST(EndToEndMpiLayout, UnevenCustomAndPerRowDocuments) {
         ASSERT_EQ(r.status, CTXPAR_OK) << what << ": " << r.message;
         EXPECT_TRUE(r.ok) << what;
         if (Rank() == 0) {
-            for (int i = 0; i < CPT_RUN_TENSORS; i++) {
-                EXPECT_LE(r.bound_ratio[i], 1.0) << what << " " << i;
-                EXPECT_TRUE(cpt_error_ratio_ok(r.error[i], r.error_1[i])) << what << " " << i;
-            }
-            if (var.algo == CTXPAR_ALGO_ALLGATHER) {
-                EXPECT_TRUE(r.bitwise_single[CPT_T_OUT]) << what;
-            }
+            SCOPED_TRACE(what);
+            CptExpectTensorsMatch(r, Size());
+            CptExpectBitwisePromises(r, Size(), var.algo);
         }
         cpt_run_result_free(&r);
     }
@@ -280,8 +267,8 @@ TEST(MpiFeatures, MlaSinksSoftcapMatchOracle) {
         if (Rank() == 0) {
             EXPECT_TRUE(r.has_dsinks);
             EXPECT_LE(r.dsinks_bound_ratio, 1.0);
-            for (int i = 0; i < CPT_RUN_TENSORS; i++)
-                EXPECT_LE(r.bound_ratio[i], 1.0) << cpt_run_tensor_name((cpt_run_tensor)i);
+            CptExpectTensorsMatch(r, Size());
+            CptExpectBitwisePromises(r, Size(), algo);
         }
         cpt_run_result_free(&r);
     }

@@ -76,7 +76,7 @@ bazel_suite --config=asan --test_tag_filters=-gpu -- //... -//backends/cuda/... 
 # layouts, about 3 minutes on 2 cores.
 tsan_e2e='All/EndToEnd.*_P4_zigzag_*f32*:All/EndToEnd.*_P3_striped_*bf16*:EndToEndWindow.*'
 tsan_e2e+=':EndToEndAllToAll.*:EndToEndWork.*'
-bazel_suite --config=tsan -- //testing:comm_local_test
+bazel_suite --config=tsan -- //testing:comm_local_test //testing:context_reuse_test
 bazel_suite --config=tsan --test_arg=--gtest_filter="$tsan_e2e" -- //testing:e2e_test
 script_suite bash testing/valgrind/run_valgrind.sh
 script_suite bash testing/fuzz/run_fuzzers.sh "$FUZZ_SECONDS"

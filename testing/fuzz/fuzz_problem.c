@@ -1,6 +1,7 @@
 // Decoding fuzz bytes into attention arguments (the layout is in fuzz_problem.h).
 #include "fuzz_problem.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,7 +30,7 @@ static int at_i16(const reader *r, size_t i) {
 
 // The next raw element byte, cycling over the bytes after the records (0 when there are none).
 static uint8_t raw_byte(reader *r) {
-    const size_t start = FUZZ_HDR_SIZE + FUZZ_TENSORS * FUZZ_TENSOR_RECORD;
+    const size_t start = FUZZ_EXT_BASE + FUZZ_EXT_SIZE;
     if (r->n <= start)
         return 0;
     uint8_t b = r->d[start + r->raw_pos % (r->n - start)];
@@ -69,7 +70,88 @@ static ctxpar_dtype dtype_of(int b) {
     return b < 3 ? (ctxpar_dtype)b : (ctxpar_dtype)(int8_t)b;
 }
 
-static void decode_params(const reader *r, int64_t seq_global, fuzz_problem *pb) {
+static uint8_t ext(const reader *r, size_t i) {
+    return at(r, FUZZ_EXT_BASE + i);
+}
+
+// Boundaries of `n` documents ending at seq_global, lengths from the docs bytes starting at
+// `shift` (cycled): non-decreasing, so documents past the end come out empty.
+static void gen_docs(const reader *r, int64_t seq_global, int64_t n, int shift, int32_t *cu) {
+    int64_t cum = 0;
+    cu[0] = 0;
+    for (int64_t i = 1; i < n; i++) {
+        cum += 1 + at(r, FUZZ_HDR_DOCS_BYTES + (size_t)((i - 1 + shift) % 9)) % seq_global;
+        cu[i] = (int32_t)(cum < seq_global ? cum : seq_global);
+    }
+    cu[n] = (int32_t)seq_global;
+}
+
+// Documents: none, a count without an array, generated boundaries or raw bytes; with a positive
+// FUZZ_EXT_DOC_ROWS, one set per batch row (each generated set shifted by its row).
+static void decode_docs(const reader *r, int64_t seq_global, fuzz_problem *pb,
+                        ctxpar_attn_params *p) {
+    int dm = at(r, FUZZ_HDR_DOCS_MODE) % 4, dn = at(r, FUZZ_HDR_DOCS_N);
+    p->cu_seqlens_rows = at_i8(r, FUZZ_EXT_BASE + FUZZ_EXT_DOC_ROWS);
+    if (dm == 1)
+        p->num_docs = (int8_t)dn;
+    if (dm < 2)
+        return;
+    const int64_t n = 1 + dn % 8, rows = p->cu_seqlens_rows > 0 ? p->cu_seqlens_rows : 1;
+    pb->cu_seqlens = calloc((size_t)(rows * (n + 1)), sizeof(int32_t));
+    if (!pb->cu_seqlens)
+        return; // NULL boundaries with num_docs set: validation must refuse it
+    for (int64_t row = 0; row < rows; row++) {
+        int32_t *cu = pb->cu_seqlens + row * (n + 1);
+        if (dm == 3)
+            for (int64_t i = 0; i <= n; i++)
+                cu[i] = at_i8(r, FUZZ_HDR_DOCS_BYTES + (size_t)((i + row) % 9));
+        else
+            gen_docs(r, seq_global, n, (int)row, cu);
+    }
+    p->cu_seqlens = pb->cu_seqlens;
+    p->num_docs = n;
+}
+
+static float *gen_floats(int t, size_t n, float mul) {
+    float *f = malloc(n * sizeof(float));
+    for (size_t i = 0; f && i < n; i++)
+        f[i] = gen_value(t, i) * mul;
+    return f;
+}
+
+// The features block: MLA's head_dim is read by the caller; the rest lands in params.
+static int decode_features(const reader *r, int64_t seq_global, fuzz_problem *pb,
+                           ctxpar_attn_params *p) {
+    const int fl = ext(r, FUZZ_EXT_FLAGS);
+    p->window_right = at_i16(r, FUZZ_EXT_BASE + FUZZ_EXT_WINDOW_RIGHT);
+    const int cap = ext(r, FUZZ_EXT_SOFTCAP);
+    p->softcap = cap == 255 ? NAN : cap == 254 ? INFINITY : (int8_t)cap / 4.0f;
+    p->ulysses = (int8_t)ext(r, FUZZ_EXT_ULYSSES);
+    const size_t hq = (size_t)pb->heads_q;
+    if (fl & FUZZ_EXT_SINKS) {
+        const int sc = ext(r, FUZZ_EXT_SINK_SCALE);
+        if (!(pb->sinks = gen_floats(FUZZ_TENSORS + 2, hq, 1.0f + (float)sc)))
+            return 0;
+        if (sc == 255)
+            pb->sinks[hq - 1] = NAN;
+        p->sinks = pb->sinks;
+    }
+    if (fl & FUZZ_EXT_DSINKS) {
+        if (!(pb->dsinks = gen_floats(FUZZ_TENSORS + 3, hq, 1.0f)))
+            return 0;
+        p->dsinks = pb->dsinks;
+    }
+    if (fl & FUZZ_EXT_ASSIGNMENT) {
+        if (!(pb->assignment = calloc((size_t)seq_global, sizeof(int32_t))))
+            return 0;
+        pb->assignment[ext(r, FUZZ_EXT_ASSIGN_TOKEN) % seq_global] =
+            (int8_t)ext(r, FUZZ_EXT_ASSIGN_RANK);
+        p->assignment = pb->assignment;
+    }
+    return 1;
+}
+
+static int decode_params(const reader *r, int64_t seq_global, fuzz_problem *pb) {
     ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
     static const size_t sizes[4] = {sizeof(ctxpar_attn_params), sizeof(ctxpar_attn_params) - 8,
                                     sizeof(ctxpar_attn_params) + 64, 0};
@@ -89,32 +171,11 @@ static void decode_params(const reader *r, int64_t seq_global, fuzz_problem *pb)
     }
     p.seq_len_global = at_i16(r, FUZZ_HDR_SEQ_GLOBAL);
 
-    int dm = at(r, FUZZ_HDR_DOCS_MODE) % 4, dn = at(r, FUZZ_HDR_DOCS_N);
-    if (dm == 1) {
-        p.num_docs = (int8_t)dn;
-    } else if (dm >= 2) {
-        int64_t n = 1 + dn % 8;
-        pb->cu_seqlens = calloc((size_t)n + 1, sizeof(int32_t));
-        if (dm == 3) {
-            for (int64_t i = 0; i <= n; i++)
-                pb->cu_seqlens[i] = at_i8(r, FUZZ_HDR_DOCS_BYTES + (size_t)i);
-        } else {
-            // Increasing boundaries ending at seq_global: the documents a user would pass.
-            int64_t cum = 0, i = 0;
-            while (i < n - 1) {
-                int64_t len = 1 + at(r, FUZZ_HDR_DOCS_BYTES + (size_t)i) % seq_global;
-                if (cum + len >= seq_global)
-                    break;
-                cum += len;
-                pb->cu_seqlens[++i] = (int32_t)cum;
-            }
-            n = i + 1;
-            pb->cu_seqlens[n] = (int32_t)seq_global;
-        }
-        p.cu_seqlens = pb->cu_seqlens;
-        p.num_docs = n;
-    }
+    decode_docs(r, seq_global, pb, &p);
+    if (!decode_features(r, seq_global, pb, &p))
+        return 0;
     pb->params = p;
+    return 1;
 }
 
 // Strides for a record's mode, from the tensor's (possibly mutated) shape.
@@ -198,29 +259,41 @@ int fuzz_problem_decode(const uint8_t *data, size_t size, fuzz_problem *pb) {
     const int64_t B = 1 + at(&r, FUZZ_HDR_BATCH) % 3, S = 1 + at(&r, FUZZ_HDR_SEQ) % 24;
     const int64_t Hkv = 1 + at(&r, FUZZ_HDR_HKV) % 4, D = 1 + at(&r, FUZZ_HDR_DIM) % 80;
     const int64_t Hq = Hkv * (1 + at(&r, FUZZ_HDR_GROUP) % 3);
+    const int vd = ext(&r, FUZZ_EXT_VDIM);
+    const int64_t Dv = vd == 0 ? D : 1 + (vd - 1) % 80;
+    pb->seq = S;
+    pb->heads_q = Hq;
+    pb->head_dim_v = Dv;
     int64_t qshape[4] = {B, S, Hq, D}, kshape[4] = {B, S, Hkv, D};
+    int64_t oshape[4] = {B, S, Hq, Dv}, vshape[4] = {B, S, Hkv, Dv};
     if (pb->flags & FUZZ_FLAG_HUGE) {
         const int d = (pb->flags >> 6) & 3;
-        qshape[d] = kshape[d] = INT64_MAX >> (at(&r, FUZZ_HDR_DIM) % 4);
+        qshape[d] = kshape[d] = oshape[d] = vshape[d] = INT64_MAX >> (at(&r, FUZZ_HDR_DIM) % 4);
     }
     // One rank: the global sequence is the local one.
-    decode_params(&r, S, pb);
-    for (int i = 0; i < FUZZ_TENSORS; i++) {
-        int q_like = i == FUZZ_Q || i == FUZZ_OUT || i == FUZZ_DOUT || i == FUZZ_DQ;
-        if (!decode_tensor(&r, i, q_like ? qshape : kshape, dtype, raw, pb))
+    if (!decode_params(&r, S, pb))
+        return 0;
+    const int64_t *shapes[FUZZ_TENSORS] = {qshape, kshape, vshape, oshape,
+                                           oshape, qshape, kshape, vshape};
+    for (int i = 0; i < FUZZ_TENSORS; i++)
+        if (!decode_tensor(&r, i, shapes[i], dtype, raw, pb))
             return 0;
-    }
+    const int64_t *qs = pb->tensor[FUZZ_Q].shape;
+    const int64_t rows = qs[0] > 0 && qs[1] > 0 && qs[2] > 0 && !(pb->flags & FUZZ_FLAG_HUGE)
+                             ? qs[0] * qs[1] * qs[2]
+                             : 1;
+    pb->lse_count = (size_t)rows;
     if (!(pb->flags & FUZZ_FLAG_NULL_LSE)) {
-        const int64_t *qs = pb->tensor[FUZZ_Q].shape;
-        int64_t n = qs[0] > 0 && qs[1] > 0 && qs[2] > 0 && !(pb->flags & FUZZ_FLAG_HUGE)
-                        ? qs[0] * qs[1] * qs[2]
-                        : 1;
-        pb->lse_count = (size_t)n;
         pb->lse = malloc(pb->lse_count * sizeof(float));
         if (!pb->lse)
             return 0;
         fill(&r, raw, FUZZ_TENSORS, pb->lse, CTXPAR_DTYPE_F32, pb->lse_count,
              pb->lse_count * sizeof(float));
+    }
+    if (ext(&r, FUZZ_EXT_FLAGS) & FUZZ_EXT_LSE_LO) {
+        if (!(pb->lse_lo = gen_floats(FUZZ_TENSORS + 1, pb->lse_count, 0x1p-30f)))
+            return 0;
+        pb->params.lse_lo = pb->lse_lo;
     }
     return 1;
 }
@@ -229,7 +302,11 @@ void fuzz_problem_free(fuzz_problem *pb) {
     for (int i = 0; i < FUZZ_TENSORS; i++)
         free(pb->tensor[i].data);
     free(pb->lse);
+    free(pb->lse_lo);
     free(pb->cu_seqlens);
+    free(pb->sinks);
+    free(pb->dsinks);
+    free(pb->assignment);
     memset(pb, 0, sizeof *pb);
 }
 

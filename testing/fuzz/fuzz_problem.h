@@ -4,6 +4,9 @@
  * Input layout (make_corpus.py writes the same layout; keep the two in step):
  *   bytes 0..30    the problem header (FUZZ_HDR_* offsets below)
  *   bytes 31..94   8 tensor records of 8 bytes: q, k, v, out, dout, dq, dk, dv
+ *   bytes 95..110  the features block (FUZZ_EXT_* offsets from FUZZ_EXT_BASE): MLA, windows'
+ *                  right side, soft-capping, sinks, the LSE's low part, custom assignments,
+ *                  documents per batch row, ulysses; all zero is plain attention
  *   the rest       raw element bytes, used when FUZZ_FLAG_RAW_DATA is set (cycled)
  * Missing bytes read as 0, so every input decodes to some problem.
  *
@@ -46,6 +49,28 @@ enum {
     FUZZ_HDR_SIZE = 31,
 };
 
+/* The features block. */
+enum {
+    FUZZ_EXT_BASE = 95,
+    FUZZ_EXT_FLAGS = 0,        /* FUZZ_EXT_* bits below */
+    FUZZ_EXT_VDIM = 1,         /* 0: v's head_dim is q's; else 1 + (b - 1) % 80 (MLA) */
+    FUZZ_EXT_WINDOW_RIGHT = 2, /* int16 LE */
+    FUZZ_EXT_SOFTCAP = 4,      /* 0 none, 255 NaN, 254 +inf, else int8 / 4 (negatives too) */
+    FUZZ_EXT_ULYSSES = 5,      /* int8 */
+    FUZZ_EXT_DOC_ROWS = 6,     /* int8 cu_seqlens_rows; > 0: that many rows of boundaries */
+    FUZZ_EXT_ASSIGN_TOKEN = 7, /* with FUZZ_EXT_ASSIGNMENT: token b % S gets rank (int8) */
+    FUZZ_EXT_ASSIGN_RANK = 8,  /*   this byte; every other token is on rank 0 (the only one) */
+    FUZZ_EXT_SINK_SCALE = 9,   /* sinks are [-1, 1) values times 1 + b; 255: one is NaN */
+    FUZZ_EXT_SIZE = 16,
+};
+
+enum {
+    FUZZ_EXT_SINKS = 1,      /* params.sinks [Hq] */
+    FUZZ_EXT_DSINKS = 2,     /* params.dsinks [Hq] (asked for even without sinks) */
+    FUZZ_EXT_LSE_LO = 4,     /* params.lse_lo, like lse */
+    FUZZ_EXT_ASSIGNMENT = 8, /* params.assignment [S] (whatever the layout) */
+};
+
 /* Bits of the flags byte. */
 enum {
     FUZZ_FLAG_BWD = 1,      /* forward, then backward with its out and lse */
@@ -69,12 +94,17 @@ enum { FUZZ_Q, FUZZ_K, FUZZ_V, FUZZ_OUT, FUZZ_DOUT, FUZZ_DQ, FUZZ_DK, FUZZ_DV };
 typedef struct fuzz_problem {
     int flags;
     ctxpar_attn_params params;
-    int32_t *cu_seqlens; /* owned; num_docs + 1 entries */
+    int32_t *cu_seqlens; /* owned; max(cu_seqlens_rows, 1) x (num_docs + 1) entries */
+    int64_t seq, heads_q;  /* S and Hq as decoded (before a record changes a shape) */
+    int64_t head_dim_v;    /* of v, out, dout, dv, likewise */
+    float *sinks, *dsinks; /* owned; heads_q floats each, or NULL */
+    float *lse_lo;         /* owned; lse_count floats, or NULL */
+    int32_t *assignment;   /* owned; S entries, or NULL */
     ctxpar_tensor tensor[FUZZ_TENSORS];
     int is_null[FUZZ_TENSORS];  /* pass NULL instead of &tensor[i] */
     size_t bytes[FUZZ_TENSORS]; /* size of tensor[i].data's buffer (owned) */
     float *lse;                 /* owned; lse_count floats, or NULL */
-    size_t lse_count;
+    size_t lse_count;           /* rows of lse and lse_lo (B x S x Hq of q's shape, or 1) */
 } fuzz_problem;
 
 /* Decodes the input. Returns 0 when the input asks for more memory than a fuzz run should use

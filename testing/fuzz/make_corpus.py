@@ -75,13 +75,25 @@ def npy_seeds():
 BWD, RAW, NULL_CTX, NULL_PARAMS, NULL_LSE, HUGE = 1, 2, 4, 8, 16, 32
 F32, F16, BF16 = 0, 1, 2
 AUTO, RING, ALLGATHER, ALLTOALL = 0, 1, 2, 3
-CONTIG, ZIGZAG, STRIPED = 0, 1, 2
+CONTIG, ZIGZAG, STRIPED, CUSTOM = 0, 1, 2, 3
+HYBRID = 4
+SINKS, DSINKS, LSE_LO, ASSIGNMENT = 1, 2, 4, 8
+
+
+def features(flags=0, vdim=0, window_right=0, softcap=0, ulysses=0, doc_rows=0, assign_token=0,
+             assign_rank=0, sink_scale=0):
+    """The 16-byte features block (FUZZ_EXT_* in fuzz_problem.h); softcap is the raw byte."""
+    blk = bytes([flags, vdim]) + struct.pack("<h", window_right)
+    blk += bytes([softcap & 0xFF, ulysses & 0xFF, doc_rows & 0xFF, assign_token,
+                  assign_rank & 0xFF, sink_scale])
+    return blk + bytes(16 - len(blk))
 
 
 def problem(flags=0, dtype=F32, b=1, s=8, hkv=2, group=1, d=16, algo=RING, layout=CONTIG,
             mask=0, window=0, scale_mode=0, scale=0.0, seq_global=0, docs_mode=0, docs_n=0,
-            docs=b"", struct_size=0, records=None, raw=b""):
-    """A validate_fuzz input: header, 8 tensor records, raw tail (see fuzz_problem.h)."""
+            docs=b"", struct_size=0, records=None, ext=None, raw=b""):
+    """A validate_fuzz input: header, 8 tensor records, features block (ext: the arguments of
+    features()), raw tail (see fuzz_problem.h)."""
     hdr = bytes([flags, dtype & 0xFF, b - 1, s - 1, hkv - 1, group - 1, d - 1, algo & 0xFF,
                  layout & 0xFF, mask & 0xFF])
     hdr += struct.pack("<h", window) + bytes([scale_mode]) + struct.pack("<f", scale)
@@ -91,7 +103,10 @@ def problem(flags=0, dtype=F32, b=1, s=8, hkv=2, group=1, d=16, algo=RING, layou
     recs = [bytes(8)] * 8
     for i, rec in (records or {}).items():
         recs[i] = bytes(rec) + bytes(8 - len(rec))
-    return hdr + b"".join(recs) + raw
+    blk = features(**(ext or {}))
+    if not ext and not raw:
+        blk = b""  # missing bytes read as zero: plain attention
+    return hdr + b"".join(recs) + blk + raw
 
 
 Q, K, V, OUT, DOUT, DQ, DK, DV = range(8)
@@ -143,7 +158,7 @@ def validate_seeds():
     seeds["bad_layout"] = problem(0, layout=-1)
     seeds["bad_mask"] = problem(0, mask=2)
     seeds["bad_window"] = problem(0, window=-1)
-    seeds["bad_zigzag_odd"] = problem(0, layout=ZIGZAG, s=7)
+    seeds["ok_zigzag_odd"] = problem(BWD, layout=ZIGZAG, mask=1, s=7)  # any length (one rank)
     seeds["bad_scale_nan"] = problem(0, scale_mode=3, scale=float("nan"))
     seeds["bad_seq_global"] = problem(0, seq_global=9)
     seeds["old_struct_size"] = problem(0, struct_size=1)  # an older header: defaults for the rest
@@ -154,6 +169,43 @@ def validate_seeds():
     seeds["bad_num_docs_without_array"] = problem(0, docs_mode=1, docs_n=2)
     seeds["bad_cu_seqlens_order"] = problem(0, docs_mode=3, docs_n=2, docs=bytes([0, 5, 3, 8]))
     seeds["bad_cu_seqlens_end"] = problem(0, docs_mode=3, docs_n=0, docs=bytes([0, 7]))
+    # The features block: current models' attention, and one broken value each.
+    seeds["ok_mla_gqa"] = problem(BWD, mask=1, hkv=1, group=2, d=48, ext=dict(vdim=32))
+    seeds["ok_sinks_dsinks"] = problem(BWD, mask=1, window=3, ext=dict(flags=SINKS | DSINKS,
+                                                                        sink_scale=3))
+    seeds["ok_softcap"] = problem(BWD, BF16, mask=1, ext=dict(softcap=20))
+    seeds["ok_window_right"] = problem(BWD, s=12, window=3, ext=dict(window_right=2))
+    seeds["ok_lse_lo"] = problem(BWD, mask=1, s=10, ext=dict(flags=LSE_LO))
+    seeds["ok_custom_assignment"] = problem(BWD, layout=CUSTOM, mask=1, seq_global=8,
+                                           ext=dict(flags=ASSIGNMENT))
+    seeds["ok_docs_per_row"] = problem(BWD, b=3, s=16, docs_mode=2, docs_n=3,
+                                       docs=b"\x04\x09\x02\x0b", ext=dict(doc_rows=3))
+    seeds["ok_empty_docs"] = problem(BWD, mask=1, s=6, docs_mode=3, docs_n=2,
+                                     docs=bytes([0, 3, 3, 6]))
+    seeds["ok_hybrid_one_rank"] = problem(BWD, algo=HYBRID, ext=dict(ulysses=1))
+    seeds["ok_everything"] = problem(BWD, F16, b=2, s=12, hkv=2, group=2, d=24, mask=0, window=4,
+                                     docs_mode=2, docs_n=2, docs=b"\x05\x07",
+                                     ext=dict(flags=SINKS | DSINKS | LSE_LO, vdim=8,
+                                              window_right=3, softcap=40, doc_rows=2))
+    seeds["bad_vdim_mismatch"] = problem(BWD, ext=dict(vdim=8), records={DV: [8, 0, 3, 9]})
+    seeds["bad_softcap_nan"] = problem(0, ext=dict(softcap=255))
+    seeds["bad_softcap_negative"] = problem(0, ext=dict(softcap=-8))
+    seeds["bad_softcap_inf"] = problem(0, ext=dict(softcap=254))
+    seeds["bad_sink_nan"] = problem(BWD, ext=dict(flags=SINKS | DSINKS, sink_scale=255))
+    seeds["bad_dsinks_without_sinks"] = problem(BWD, ext=dict(flags=DSINKS))
+    seeds["bad_window_right"] = problem(0, ext=dict(window_right=-2))
+    seeds["bad_assignment_rank"] = problem(0, layout=CUSTOM, seq_global=8,
+                                           ext=dict(flags=ASSIGNMENT,
+                                                                       assign_token=3,
+                                                                       assign_rank=1))
+    seeds["bad_custom_without_assignment"] = problem(0, layout=CUSTOM, seq_global=8)
+    seeds["bad_custom_without_seq_global"] = problem(0, layout=CUSTOM, ext=dict(flags=ASSIGNMENT))
+    seeds["bad_assignment_not_custom"] = problem(0, ext=dict(flags=ASSIGNMENT))
+    seeds["bad_doc_rows"] = problem(0, b=2, docs_mode=2, docs_n=2, docs=b"\x03",
+                                    ext=dict(doc_rows=3))
+    seeds["bad_doc_rows_without_docs"] = problem(0, ext=dict(doc_rows=1))
+    seeds["bad_ulysses_ring"] = problem(0, ext=dict(ulysses=2))
+    seeds["bad_lse_lo_lse_null"] = problem(NULL_LSE | BWD, ext=dict(flags=LSE_LO))
     return seeds
 
 

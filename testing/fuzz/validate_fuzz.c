@@ -73,9 +73,29 @@ static size_t current_bytes(void) {
 
 /* ---------------------------------------------------------------- buffers before and after */
 
+// The caller's buffers besides the eight tensors, and which call may write each.
+enum { AUX_LSE, AUX_LSE_LO, AUX_DSINKS, AUX_SINKS, AUX_ASSIGNMENT, AUX_CU_SEQLENS, AUX_COUNT };
+enum { BY_NONE, BY_FWD, BY_BWD };
+static const char *const aux_names[AUX_COUNT] = {"lse",   "lse_lo",     "dsinks",
+                                                 "sinks", "assignment", "cu_seqlens"};
+static const int aux_writer[AUX_COUNT] = {BY_FWD, BY_FWD, BY_BWD, BY_NONE, BY_NONE, BY_NONE};
+
+static void aux_buffer(const fuzz_problem *pb, int i, const void **data, size_t *bytes) {
+    const size_t hq = (size_t)pb->heads_q * sizeof(float);
+    const ctxpar_attn_params *p = &pb->params;
+    const int64_t rows = p->cu_seqlens_rows > 0 ? p->cu_seqlens_rows : 1;
+    const size_t cu = pb->cu_seqlens ? (size_t)(rows * (p->num_docs + 1)) * sizeof(int32_t) : 0;
+    const void *d[AUX_COUNT] = {pb->lse, pb->lse_lo, pb->dsinks,
+                                pb->sinks, pb->assignment, pb->cu_seqlens};
+    const size_t n[AUX_COUNT] = {pb->lse_count * sizeof(float), pb->lse_count * sizeof(float), hq,
+                                 hq, (size_t)pb->seq * sizeof(int32_t), cu};
+    *data = d[i];
+    *bytes = d[i] ? n[i] : 0;
+}
+
 typedef struct snapshot {
     void *copy[FUZZ_TENSORS];
-    float *lse;
+    void *aux[AUX_COUNT];
 } snapshot;
 
 static void snap_take(const fuzz_problem *pb, snapshot *s) {
@@ -85,16 +105,22 @@ static void snap_take(const fuzz_problem *pb, snapshot *s) {
             s->copy[i] = malloc(pb->bytes[i]);
             memcpy(s->copy[i], pb->tensor[i].data, pb->bytes[i]);
         }
-    if (pb->lse) {
-        s->lse = malloc(pb->lse_count * sizeof(float));
-        memcpy(s->lse, pb->lse, pb->lse_count * sizeof(float));
+    for (int i = 0; i < AUX_COUNT; i++) {
+        const void *d;
+        size_t n;
+        aux_buffer(pb, i, &d, &n);
+        if (d) {
+            s->aux[i] = malloc(n);
+            memcpy(s->aux[i], d, n);
+        }
     }
 }
 
 static void snap_free(snapshot *s) {
     for (int i = 0; i < FUZZ_TENSORS; i++)
         free(s->copy[i]);
-    free(s->lse);
+    for (int i = 0; i < AUX_COUNT; i++)
+        free(s->aux[i]);
 }
 
 static const char *const tensor_names[FUZZ_TENSORS] = {"q",    "k",  "v",  "out",
@@ -119,15 +145,22 @@ static void check_untouched(const char *call, const fuzz_problem *pb, const snap
 }
 
 static void check_buffers(const char *call, const fuzz_problem *pb, const snapshot *s, int ok,
-                          const int *outputs, int lse_out) {
+                          const int *outputs, int writer) {
     for (int i = 0; i < FUZZ_TENSORS; i++) {
         int written = 0;
         for (const int *o = outputs; *o >= 0; o++)
             written |= ok && *o == i;
         check_untouched(call, pb, s, i, written);
     }
-    if (pb->lse && !(ok && lse_out) && memcmp(pb->lse, s->lse, pb->lse_count * sizeof(float)) != 0)
-        fail("%s wrote lse, which it must leave untouched", call);
+    for (int i = 0; i < AUX_COUNT; i++) {
+        const void *d;
+        size_t n;
+        aux_buffer(pb, i, &d, &n);
+        // dsinks is written only when sinks are given (its gradient); else it stays as it was.
+        const int may = ok && aux_writer[i] == writer && (i != AUX_DSINKS || pb->params.sinks);
+        if (d && !may && memcmp(d, s->aux[i], n) != 0)
+            fail("%s wrote %s, which it must leave untouched", call, aux_names[i]);
+    }
 }
 
 /* ---------------------------------------------------------------- results */
@@ -156,14 +189,20 @@ static void check_finite(const char *call, const ctxpar_tensor *t, const char *n
 // held to the tolerance times the larger of max |oracle| and `unit`, the size of the terms
 // (inputs lie in [-1, 1]: 1 for out, lse and dv; |scale| * head_dim for dq and dk). A wrong
 // mask, index or stride still shows as an error of the size of the result.
-static void expect_close(const char *call, const char *name, ctxpar_dtype dtype, double unit,
-                         cpt_error_stats e) {
-    double tol = cpt_tolerance(dtype, name);
+// `tol_name` is the tolerance table's row (dsinks borrows dv's).
+static void expect_close_as(const char *call, const char *name, const char *tol_name,
+                            ctxpar_dtype dtype, double unit, cpt_error_stats e) {
+    double tol = cpt_tolerance(dtype, tol_name);
     if (!(e.nonfinite == 0 && e.max_abs <= tol * fmax(e.max_ref, unit)))
         fail("%s: %s differs from the float64 oracle: max_abs %.3g > %.3g x max(%.3g, %.3g) "
              "(flat index %lld, %lld non-finite)",
              call, name, e.max_abs, tol, e.max_ref, unit, (long long)e.worst,
              (long long)e.nonfinite);
+}
+
+static void expect_close(const char *call, const char *name, ctxpar_dtype dtype, double unit,
+                         cpt_error_stats e) {
+    expect_close_as(call, name, name, dtype, unit, e);
 }
 
 static double *to_f64(const ctxpar_tensor *t) {
@@ -173,21 +212,39 @@ static double *to_f64(const ctxpar_tensor *t) {
     return d;
 }
 
-// Forward (bwd = 0) or backward results against the float64 oracle.
+static double *f32_to_f64(const float *f, size_t n) {
+    double *d = malloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++)
+        d[i] = f[i];
+    return d;
+}
+
+// Forward (bwd = 0) or backward results against the float64 oracle, with the call's features.
 static void check_oracle(fuzz_problem *pb, int bwd) {
     const ctxpar_tensor *q = &pb->tensor[FUZZ_Q], *k = &pb->tensor[FUZZ_K];
+    const ctxpar_tensor *v = &pb->tensor[FUZZ_V];
     cpt_oracle_shape sh = {q->shape[0], q->shape[1], k->shape[1],
-                              q->shape[2], k->shape[2], q->shape[3]};
+                           q->shape[2], k->shape[2], q->shape[3]};
     const ctxpar_attn_params *p = &pb->params;
     ctxpar_mask_desc mask = cpt_oracle_mask(p);
-    double *dq = to_f64(q), *dk = to_f64(k), *dv = to_f64(&pb->tensor[FUZZ_V]);
+    const size_t hq = (size_t)sh.heads_q;
+    double *sinks = p->sinks ? f32_to_f64(p->sinks, hq) : NULL;
+    cpt_oracle_features f = {v->shape[3], p->softcap, sinks, NULL, 0};
+    if (p->cu_seqlens_rows > 0) {
+        f.row_cu_seqlens = p->cu_seqlens;
+        f.row_num_docs = p->num_docs;
+    }
+    double *dq = to_f64(q), *dk = to_f64(k), *dv = to_f64(v);
+    const int64_t Dv = v->shape[3];
     const size_t nq = (size_t)(sh.batch * sh.seq_q * sh.heads_q * sh.head_dim);
     const size_t nk = (size_t)(sh.batch * sh.seq_k * sh.heads_kv * sh.head_dim);
+    const size_t no = (size_t)(sh.batch * sh.seq_q * sh.heads_q * Dv);
+    const size_t nv = (size_t)(sh.batch * sh.seq_k * sh.heads_kv * Dv);
     const ctxpar_dtype dt = q->dtype;
     if (!bwd) {
-        double *out = malloc(sizeof(double) * nq);
+        double *out = malloc(sizeof(double) * no);
         double *lse = malloc(sizeof(double) * (size_t)(sh.batch * sh.heads_q * sh.seq_q));
-        cpt_oracle_fwd(&sh, dq, dk, dv, NULL, NULL, &mask, resolved_scale(pb), out, lse);
+        cpt_oracle_fwd_ex(&sh, dq, dk, dv, NULL, NULL, &mask, &f, resolved_scale(pb), out, lse);
         expect_close("fwd", "out", dt, 1, cpt_compare_tensor(&pb->tensor[FUZZ_OUT], out));
         if (pb->lse)
             expect_close("fwd", "lse", dt, 1, cpt_compare_f32(pb->lse, lse, pb->lse_count));
@@ -197,16 +254,24 @@ static void check_oracle(fuzz_problem *pb, int bwd) {
         double *dout = to_f64(&pb->tensor[FUZZ_DOUT]);
         const double unit = fabs((double)resolved_scale(pb)) * (double)sh.head_dim;
         double *gq = malloc(sizeof(double) * nq), *gk = malloc(sizeof(double) * nk),
-               *gv = malloc(sizeof(double) * nk);
-        cpt_oracle_bwd(&sh, dq, dk, dv, NULL, NULL, &mask, resolved_scale(pb), dout, gq, gk, gv);
+               *gv = malloc(sizeof(double) * nv), *gs = malloc(sizeof(double) * hq);
+        cpt_oracle_bwd_ex(&sh, dq, dk, dv, NULL, NULL, &mask, &f, resolved_scale(pb), dout, gq,
+                          gk, gv, gs);
         expect_close("bwd", "dq", dt, unit, cpt_compare_tensor(&pb->tensor[FUZZ_DQ], gq));
         expect_close("bwd", "dk", dt, unit, cpt_compare_tensor(&pb->tensor[FUZZ_DK], gk));
         expect_close("bwd", "dv", dt, 1, cpt_compare_tensor(&pb->tensor[FUZZ_DV], gv));
+        // dsinks sums every row's sink probability times rowsum(dout * out) (each <= Dv): the
+        // terms' size is rows x Dv; judged with dv's tolerance (the same sums of products).
+        if (p->sinks && p->dsinks)
+            expect_close_as("bwd", "dsinks", "dv", dt, (double)(sh.batch * sh.seq_q) * (double)Dv,
+                            cpt_compare_f32(p->dsinks, gs, hq));
         free(dout);
         free(gq);
         free(gk);
         free(gv);
+        free(gs);
     }
+    free(sinks);
     free(dq);
     free(dk);
     free(dv);
@@ -222,10 +287,18 @@ static void check_results(fuzz_problem *pb, int bwd) {
             for (size_t i = 0; pb->lse && i < pb->lse_count; i++)
                 if (isnan(pb->lse[i]) || pb->lse[i] == INFINITY)
                     fail("fwd: lse[%zu] is %g from finite inputs", i, (double)pb->lse[i]);
+            for (size_t i = 0; pb->params.lse_lo && i < pb->lse_count; i++)
+                if (!isfinite(pb->params.lse_lo[i]))
+                    fail("fwd: lse_lo[%zu] is %g from finite inputs", i,
+                         (double)pb->params.lse_lo[i]);
         } else {
             check_finite("bwd", &pb->tensor[FUZZ_DQ], "dq");
             check_finite("bwd", &pb->tensor[FUZZ_DK], "dk");
             check_finite("bwd", &pb->tensor[FUZZ_DV], "dv");
+            for (int64_t h = 0; pb->params.sinks && pb->params.dsinks && h < pb->heads_q; h++)
+                if (!isfinite(pb->params.dsinks[h]))
+                    fail("bwd: dsinks[%lld] is %g from finite inputs", (long long)h,
+                         (double)pb->params.dsinks[h]);
         }
     }
     // Below 2^-10 gradients scale down into the 16-bit formats' subnormals and zero.
@@ -236,6 +309,13 @@ static void check_results(fuzz_problem *pb, int bwd) {
 /* ---------------------------------------------------------------- the calls */
 
 static void check_status(const char *call, const fuzz_problem *pb, ctxpar_status st) {
+    // CTXPAR_FUZZ_VERBOSE=1 prints every call's outcome (to see what a seed reaches).
+    static int verbose = -1;
+    if (verbose < 0)
+        verbose = getenv("CTXPAR_FUZZ_VERBOSE") && atoi(getenv("CTXPAR_FUZZ_VERBOSE")) > 0;
+    if (verbose)
+        fprintf(stderr, "validate_fuzz: %s: %s%s%s\n", call, ctxpar_status_string(st),
+                st == CTXPAR_OK ? "" : ": ", st == CTXPAR_OK ? "" : ctxpar_last_error());
     if ((pb->flags & FUZZ_FLAG_HUGE) && st != CTXPAR_ERR_INVALID_ARG)
         fail("%s returned %s (%d) for shapes near the int64 limits, not INVALID_ARG: %s", call,
              ctxpar_status_string(st), (int)st, ctxpar_last_error());
@@ -259,7 +339,7 @@ static ctxpar_status run_fwd(fuzz_problem *pb) {
     if (current_bytes() != before)
         fail("fwd (%s) kept %zu bytes", ctxpar_status_string(st), current_bytes() - before);
     static const int outputs[] = {FUZZ_OUT, -1};
-    check_buffers("fwd", pb, &s, st == CTXPAR_OK, outputs, 1);
+    check_buffers("fwd", pb, &s, st == CTXPAR_OK, outputs, BY_FWD);
     snap_free(&s);
     if (st == CTXPAR_OK)
         check_results(pb, 0);
@@ -281,7 +361,7 @@ static void run_bwd(fuzz_problem *pb, int fwd_ok) {
     if (current_bytes() != before)
         fail("bwd (%s) kept %zu bytes", ctxpar_status_string(st), current_bytes() - before);
     static const int outputs[] = {FUZZ_DQ, FUZZ_DK, FUZZ_DV, -1};
-    check_buffers("bwd", pb, &s, st == CTXPAR_OK, outputs, 0);
+    check_buffers("bwd", pb, &s, st == CTXPAR_OK, outputs, BY_BWD);
     snap_free(&s);
     // Only gradients of a real forward mean anything (a failed one left out and lse as filled).
     if (st == CTXPAR_OK && fwd_ok)

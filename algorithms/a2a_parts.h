@@ -45,11 +45,20 @@ ctxpar_status ctxpar_a2a_pack_heads(const ctxpar_run *run, const ctxpar_problem 
                                     const ctxpar_heads_plan *h, const ctxpar_tensor *const *src,
                                     const int *kinds, const ctxpar_seg *segs, int n, void *block,
                                     int j);
-/* dK/dV from every rank's block of `recv` (parts 1 and 2 of back) into dk, dv; with replicated
- * K/V heads the partials are summed in rank order in acc (2 x Hkv one-head partials, F32). */
-ctxpar_status ctxpar_a2a_store_dkv(const ctxpar_run *run, const ctxpar_problem *pb,
-                                   const ctxpar_heads_plan *h, const ctxpar_seg *back, void *recv,
-                                   size_t back_b, float *acc, ctxpar_tensor *dk, ctxpar_tensor *dv);
+/* The forward's results from every rank's block of `recv` (parts of back: out, lse, lse_lo;
+ * block i holds this rank's rows of rank i's heads) into out, lse (may be NULL) and
+ * pb->lse_lo (when set). */
+ctxpar_status ctxpar_a2a_store_out(const ctxpar_run *run, const ctxpar_problem *pb,
+                                   const ctxpar_heads_plan *h, const ctxpar_seg *back,
+                                   const void *recv, size_t back_b, ctxpar_tensor *out,
+                                   float *lse);
+/* The backward's: dQ, then dK/dV (parts 0, 1 and 2 of back) into dq, dk, dv; with replicated
+ * K/V heads the dK/dV partials are summed in rank order in acc (2 x Hkv one-head partials of
+ * head_dim and head_dim_v, F32). */
+ctxpar_status ctxpar_a2a_store_grads(const ctxpar_run *run, const ctxpar_problem *pb,
+                                     const ctxpar_heads_plan *h, const ctxpar_seg *back,
+                                     const void *recv, size_t back_b, float *acc,
+                                     ctxpar_tensor *dq, ctxpar_tensor *dk, ctxpar_tensor *dv);
 
 #ifdef __cplusplus
 }

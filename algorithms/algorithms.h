@@ -44,9 +44,13 @@ typedef struct ctxpar_layout_map {
 ctxpar_status ctxpar_layout_map_make(ctxpar_layout layout, const int32_t *assignment,
                                      int64_t seq_global, int nranks, ctxpar_layout_map *map_out);
 void ctxpar_layout_map_free(ctxpar_layout_map *map);
-/* The map of nranks / g ranks in which rank i holds the positions of ranks i*g .. i*g+g-1 of `m`,
- * in that order (the hybrid's ring over its all-to-all groups); adjacent spans merged. */
-ctxpar_status ctxpar_layout_map_group(const ctxpar_layout_map *m, int g, ctxpar_layout_map *out);
+/* The map of nranks / g ranks in which rank i holds the positions of ranks i*g .. i*g+g-1 of `m`
+ * (the hybrid's ring over its all-to-all groups): their spans in position order, adjacent ones
+ * merged, so that a zigzag group's front chunks form one span and its back chunks another.
+ * span_row (NULL, or one entry per span of m) gets the row of the group's rows where each span
+ * of m starts. */
+ctxpar_status ctxpar_layout_map_group(const ctxpar_layout_map *m, int g, ctxpar_layout_map *out,
+                                      int64_t *span_row);
 
 static inline ctxpar_spans ctxpar_layout_map_spans(const ctxpar_layout_map *m, int rank) {
     ctxpar_spans s = {m->span + m->first[rank], (int)(m->first[rank + 1] - m->first[rank])};
@@ -132,6 +136,9 @@ typedef struct ctxpar_run {
     /* The ring's plan made once for all ranks of a dry run (the planner); NULL: the ring makes
      * its own (ring_plan.h). */
     const struct ctxpar_ring_plan *ring_plan;
+    /* The hybrid's group rows made once for all ranks of a dry run; NULL: each call makes its
+     * own (hybrid.h). */
+    const struct ctxpar_hybrid_rows *hybrid_rows;
 } ctxpar_run;
 
 /* The hybrid's 2-D grid of the run's comm, kept by the context between calls: `group` joins the

@@ -269,32 +269,40 @@ static ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_pro
         ctxpar_a2a_lse_view(lse_acc, pb, S, h.hq), ctxpar_a2a_lse_view(w.lse_lo, pb, S, h.hq)};
     CTXPAR_CHECK_GOTO(pack_tokens(run, pb, back, 3, res, send, back_b), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_a2a_exchange(run, pb, send, recv, back_b, "alltoall_out"), st, done);
-    for (int i = 0; i < P; i++) {
+    CTXPAR_CHECK_GOTO(ctxpar_a2a_store_out(run, pb, &h, back, recv, back_b, out, lse), st, done);
+    st = CTXPAR_OK;
+done:
+    return st;
+}
+
+ctxpar_status ctxpar_a2a_store_out(const ctxpar_run *run, const ctxpar_problem *pb,
+                                   const ctxpar_heads_plan *h, const ctxpar_seg *back,
+                                   const void *recv, size_t back_b, ctxpar_tensor *out,
+                                   float *lse) {
+    for (int i = 0; i < pb->nranks; i++) {
         char *blk_i = (char *)recv + (size_t)i * back_b;
         ctxpar_tensor o = ctxpar_a2a_seg_view(blk_i, pb, back, 0, pb->seq_local);
-        ctxpar_tensor dst = ctxpar_a2a_heads(out, i * h.hq, h.hq);
-        CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &o, &dst, run->stream), st, done);
+        ctxpar_tensor dst = ctxpar_a2a_heads(out, i * h->hq, h->hq);
+        CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &o, &dst, run->stream));
         float *user_lse[2] = {lse, pb->lse_lo};
         for (int u = 0; u < 2; u++) {
             if (!user_lse[u])
                 continue;
             ctxpar_tensor l = ctxpar_a2a_seg_view(blk_i, pb, back, 1 + u, pb->seq_local);
             ctxpar_tensor user = ctxpar_a2a_lse_view(user_lse[u], pb, pb->seq_local, pb->heads_q);
-            ctxpar_tensor ldst = ctxpar_a2a_heads(&user, i * h.hq, h.hq);
-            CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &l, &ldst, run->stream), st, done);
+            ctxpar_tensor ldst = ctxpar_a2a_heads(&user, i * h->hq, h->hq);
+            CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &l, &ldst, run->stream));
         }
     }
-    st = CTXPAR_OK;
-done:
-    return st;
+    return CTXPAR_OK;
 }
 
 // dK/dV arrive from every rank for the K/V heads it worked on; with replicated K/V heads the
 // ranks that shared a head each sent a partial, summed here in rank order.
-ctxpar_status ctxpar_a2a_store_dkv(const ctxpar_run *run, const ctxpar_problem *pb,
-                                   const ctxpar_heads_plan *h, const ctxpar_seg *back, void *recv,
-                                   size_t back_b, float *acc, ctxpar_tensor *dk,
-                                   ctxpar_tensor *dv) {
+static ctxpar_status store_dkv(const ctxpar_run *run, const ctxpar_problem *pb,
+                               const ctxpar_heads_plan *h, const ctxpar_seg *back,
+                               const void *recv, size_t back_b, float *acc, ctxpar_tensor *dk,
+                               ctxpar_tensor *dv) {
     ctxpar_tensor *dst[2] = {dk, dv};
     if (!h->replicate) {
         for (int i = 0; i < pb->nranks; i++)
@@ -329,6 +337,19 @@ ctxpar_status ctxpar_a2a_store_dkv(const ctxpar_run *run, const ctxpar_problem *
             CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &from, &to, run->stream));
         }
     return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_a2a_store_grads(const ctxpar_run *run, const ctxpar_problem *pb,
+                                     const ctxpar_heads_plan *h, const ctxpar_seg *back,
+                                     const void *recv, size_t back_b, float *acc,
+                                     ctxpar_tensor *dq, ctxpar_tensor *dk, ctxpar_tensor *dv) {
+    for (int i = 0; i < pb->nranks; i++) {
+        ctxpar_tensor part =
+            ctxpar_a2a_seg_view((char *)recv + (size_t)i * back_b, pb, back, 0, pb->seq_local);
+        ctxpar_tensor to = ctxpar_a2a_heads(dq, i * h->hq, h->hq);
+        CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &part, &to, run->stream));
+    }
+    return store_dkv(run, pb, h, back, recv, back_b, acc, dk, dv);
 }
 
 static ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
@@ -395,13 +416,7 @@ static ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_pro
     }
     CTXPAR_CHECK_GOTO(pack_tokens(run, pb, back, 3, gr, send, back_b), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_a2a_exchange(run, pb, send, recv, back_b, "alltoall_grads"), st, done);
-    for (int i = 0; i < P; i++) {
-        ctxpar_tensor part =
-            ctxpar_a2a_seg_view((char *)recv + (size_t)i * back_b, pb, back, 0, pb->seq_local);
-        ctxpar_tensor to = ctxpar_a2a_heads(dq, i * h.hq, h.hq);
-        CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &part, &to, run->stream), st, done);
-    }
-    st = ctxpar_a2a_store_dkv(run, pb, &h, back, recv, back_b, w.dkv_sum, dk, dv);
+    st = ctxpar_a2a_store_grads(run, pb, &h, back, recv, back_b, w.dkv_sum, dq, dk, dv);
 done:
     return st;
 }

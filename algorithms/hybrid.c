@@ -2,11 +2,13 @@
 // all-to-all turns sequence shards into head shards (alltoall.c's pieces): each rank then holds
 // its group's rows for Hq/u query heads. The ranks of equal index in the r groups run ring
 // attention (ring.c) over those rows on a sub-comm, a ring rank holding a whole group's
-// positions (ctxpar_problem_spans), so masks, windows, documents and the ring's transfer plan
-// apply unchanged; a second all-to-all brings every rank its own rows for all heads. Backward
+// positions (its members' spans in position order: ctxpar_layout_map_group), so masks, windows,
+// documents, layouts and shards of any size, MLA, sinks and the ring's transfer plan apply
+// unchanged; a second all-to-all brings every rank its own rows for all heads. Backward
 // the same way, the replicated K/V heads' dK/dV (Hkv < u) summed at the token owner as in
 // alltoall.c. The sub-comms are split once per context and group size (ctxpar_grid).
 #include <math.h>
+#include <stdlib.h>
 
 #include "a2a_parts.h"
 #include "ctxpar_count.h"
@@ -27,18 +29,34 @@ ctxpar_problem ctxpar_hybrid_group_problem(const ctxpar_problem *pb, int u) {
     return g;
 }
 
+// Tokens of group member j (rank grp*u + j): from the call's map, else counted (sizing).
+static int64_t member_count(const ctxpar_problem *pb, int u, int j) {
+    const int rank = (pb->rank / u) * u + j;
+    if (pb->map)
+        return pb->map->count[rank];
+    return ctxpar_layout_count(pb->layout, pb->assignment, pb->seq_global, rank, pb->nranks);
+}
+
 ctxpar_problem ctxpar_hybrid_ring_problem(const ctxpar_problem *pb, int u) {
     ctxpar_problem g = ctxpar_hybrid_group_problem(pb, u);
     const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(&g);
     ctxpar_problem r = *pb;
     r.rank = pb->rank / u;
     r.nranks = pb->nranks / u;
-    r.seq_local = pb->seq_local * u;
+    r.seq_local = 0;
+    for (int j = 0; j < u; j++)
+        r.seq_local += member_count(pb, u, j);
+    // A bound on every group's rows that every rank computes alike (exact for even shards): the
+    // ring's buffers and transfers are sized by it.
+    r.seq_max = pb->seq_max * u;
     r.heads_q = h.hq;
     r.heads_kv = h.hk;
-    r.seq_max = r.seq_local; // shards are even (hybrid_check)
     r.map = NULL;
-    r.lse_lo = NULL; // the ring's rows are not the caller's: the LSE's low part stays 0
+    // This rank's heads' sink logits; their gradient is the caller's call (ctxpar_sinks_backward
+    // on the whole problem).
+    r.sinks = pb->sinks ? pb->sinks + g.rank * h.hq : NULL;
+    r.dsinks = NULL;
+    r.lse_lo = NULL; // a call points it at the group's rows (hyb_ws.lse_lo)
     return r;
 }
 
@@ -83,19 +101,6 @@ static ctxpar_status hybrid_check(const ctxpar_problem *pb) {
                             "hybrid: params.ulysses (%lld) is above the largest group supported "
                             "(%d)",
                             (long long)pb->ulysses, CTXPAR_MAX_ULYSSES);
-    // The all-to-all pieces it shares with the ring move equal shards: a group's rows are u
-    // times a rank's. Uneven shards and custom layouts run on the ring or all-gather for now.
-    const int64_t unit = pb->layout == CTXPAR_LAYOUT_ZIGZAG ? 2 * (int64_t)pb->nranks : pb->nranks;
-    if (pb->layout == CTXPAR_LAYOUT_CUSTOM || pb->seq_global % unit != 0)
-        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
-                            "hybrid needs equal shards: a sequence length (%lld) that divides by "
-                            "%lld (%s layout, %d ranks); use ring or all-gather for others",
-                            (long long)pb->seq_global, (long long)unit,
-                            ctxpar_layout_name(pb->layout), pb->nranks);
-    if (pb->head_dim_v != pb->head_dim || pb->sinks)
-        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
-                            "hybrid: %s not supported yet; use ring, all-gather or all-to-all",
-                            pb->sinks ? "attention sinks are" : "a v head_dim of its own (MLA) is");
     if (ctxpar_hybrid_ulysses(pb) == 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "hybrid needs params.ulysses (%lld; 0 = any) to divide the ranks (%d) "
@@ -115,7 +120,7 @@ static double hybrid_cost(const ctxpar_problem *pb) {
 // The ring's blocks: a group's rows against a group's rows, this rank's heads.
 static void hybrid_blocks(const ctxpar_problem *pb, ctxpar_attn_query *q) {
     const ctxpar_problem r = ctxpar_hybrid_ring_problem(pb, ctxpar_hybrid_ulysses(pb));
-    q->seq_q = q->seq_k = r.seq_local;
+    q->seq_q = q->seq_k = r.seq_max; // the same bound on every rank
     q->heads_q = r.heads_q;
     q->heads_kv = r.heads_kv;
 }
@@ -153,28 +158,29 @@ static ctxpar_status get_grid(const ctxpar_run *run, ctxpar_grid *grid, int u) {
 /* ---------------------------------------------------------------- workspace */
 
 // The ring's region first (the ring acquires the same workspace and gets this base back), then
-// the exchange blocks, the group's rows of the inputs, the ring's outputs and, backward, the
-// sums of replicated K/V heads' dK/dV.
+// the exchange blocks, the group's rows of the inputs, the ring's outputs, the group's LSE and
+// its low part and, backward, zeros for a caller without a low part and the sums of replicated
+// K/V heads' dK/dV.
 typedef struct hyb_ws {
     void *send, *recv, *glob, *res;
-    float *lse, *dkv_sum;
+    float *lse, *lse_lo, *zeros, *dkv_sum;
 } hyb_ws;
 
-// What travels in and back; n_in / n_back parts (forward: q, k, v / out, lse; backward: q, k,
-// v, out, dout, lse / dq, dk, dv).
+// What travels in and back, as in all-to-all (alltoall.c): forward q, k, v in and out, lse,
+// lse_lo back; backward q, k, v, out, dout, lse, lse_lo in and dq, dk, dv back. The LSE's low
+// part travels whether or not a rank's caller keeps it, so that every rank's blocks have one size.
 static void parts(const ctxpar_problem *pb, const ctxpar_heads_plan *h, int backward,
-                  ctxpar_seg in[6], int *n_in, ctxpar_seg back[3], int *n_back) {
+                  ctxpar_seg in[7], int *n_in, ctxpar_seg back[3]) {
     const ctxpar_dtype dt = pb->dtype, f32 = CTXPAR_DTYPE_F32;
-    const int64_t D = pb->head_dim;
-    const ctxpar_seg i6[6] = {{dt, h->hq, D}, {dt, h->hk, D}, {dt, h->hk, D},
-                              {dt, h->hq, D}, {dt, h->hq, D}, {f32, h->hq, 1}};
-    const ctxpar_seg fb[2] = {{dt, h->hq, D}, {f32, h->hq, 1}};
-    const ctxpar_seg bb[3] = {{f32, h->hq, D}, {f32, h->hk, D}, {f32, h->hk, D}};
-    for (int i = 0; i < 6; i++)
-        in[i] = i6[i];
-    *n_in = backward ? 6 : 3;
-    *n_back = backward ? 3 : 2;
-    for (int i = 0; i < *n_back; i++)
+    const int64_t D = pb->head_dim, Dv = pb->head_dim_v;
+    const ctxpar_seg i7[7] = {{dt, h->hq, D},  {dt, h->hk, D},  {dt, h->hk, Dv}, {dt, h->hq, Dv},
+                              {dt, h->hq, Dv}, {f32, h->hq, 1}, {f32, h->hq, 1}};
+    const ctxpar_seg fb[3] = {{dt, h->hq, Dv}, {f32, h->hq, 1}, {f32, h->hq, 1}};
+    const ctxpar_seg bb[3] = {{f32, h->hq, D}, {f32, h->hk, D}, {f32, h->hk, Dv}};
+    for (int i = 0; i < 7; i++)
+        in[i] = i7[i];
+    *n_in = backward ? 7 : 3;
+    for (int i = 0; i < 3; i++)
         back[i] = backward ? bb[i] : fb[i];
 }
 
@@ -182,26 +188,32 @@ static size_t hyb_layout(const ctxpar_problem *pb, int u, int backward, char *ba
     const ctxpar_problem g = ctxpar_hybrid_group_problem(pb, u);
     const ctxpar_problem r = ctxpar_hybrid_ring_problem(pb, u);
     const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(&g);
-    ctxpar_seg in[6], back[3];
-    int n_in, n_back;
-    parts(pb, &h, backward, in, &n_in, back, &n_back);
-    const size_t in_b = ctxpar_a2a_block_bytes(&g, in, n_in, pb->seq_local);
-    const size_t back_b = ctxpar_a2a_block_bytes(&g, back, n_back, pb->seq_local);
+    ctxpar_seg in[7], back[3];
+    int n_in;
+    parts(pb, &h, backward, in, &n_in, back);
+    // Every block is sized for the largest shard; each holds its owner's count of rows.
+    const size_t in_b = ctxpar_a2a_block_bytes(&g, in, n_in, pb->seq_max);
+    const size_t back_b = ctxpar_a2a_block_bytes(&g, back, 3, pb->seq_max);
     const size_t big = (in_b > back_b ? in_b : back_b) * (size_t)u;
     const int64_t rows = r.seq_local;
+    const size_t lse_bytes = ctxpar_count(pb->batch, rows, h.hq, 1) * sizeof(float);
     ctxpar_carve c = {base, 0};
     (void)ctxpar_carve_take(&c, ctxpar_ring_algorithm.workspace_bytes(&r));
     w->send = ctxpar_carve_take(&c, big);
     w->recv = ctxpar_carve_take(&c, big);
-    // Inputs without the LSE part (it has a buffer of its own: lse).
+    // Inputs without the LSE parts (they have buffers of their own: lse, lse_lo).
     w->glob = ctxpar_carve_take(&c, ctxpar_a2a_block_bytes(&g, in, backward ? 5 : 3, rows));
     w->res = ctxpar_carve_take(&c, ctxpar_a2a_block_bytes(&g, back, backward ? 3 : 1, rows));
-    w->lse = ctxpar_carve_take(&c, ctxpar_count(pb->batch, rows, h.hq, 1) * sizeof(float));
-    w->dkv_sum = NULL;
+    w->lse = ctxpar_carve_take(&c, lse_bytes);
+    w->lse_lo = ctxpar_carve_take(&c, lse_bytes);
+    w->zeros = w->dkv_sum = NULL;
+    if (backward)
+        w->zeros = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) *
+                                             sizeof(float));
     if (backward && h.replicate)
-        w->dkv_sum =
-            ctxpar_carve_take(&c, 2 * ctxpar_count(pb->batch, pb->seq_local, pb->head_dim, 1) *
-                                      (size_t)pb->heads_kv * sizeof(float));
+        w->dkv_sum = ctxpar_carve_take(
+            &c, ctxpar_count(pb->batch, pb->seq_local, pb->head_dim + pb->head_dim_v, 1) *
+                    (size_t)pb->heads_kv * sizeof(float));
     return c.used;
 }
 
@@ -214,18 +226,74 @@ static size_t hybrid_workspace_bytes(const ctxpar_problem *pb) {
 
 /* ---------------------------------------------------------------- one call */
 
+// One span of a member: its local rows [local, local + len) are the group's rows [row, ...).
+typedef struct hyb_piece {
+    int64_t local, row, len;
+} hyb_piece;
+
 // What a call needs: the grid, the two sub-problems and the two runs.
 typedef struct hyb_call {
     int u;
     ctxpar_grid tmp; // when the run has no context's grid
     ctxpar_grid *grid;
     ctxpar_problem g, r;
-    ctxpar_layout_map ring_map; // r's positions
+    ctxpar_hybrid_rows own_rows;    // when the run has none for this u
+    const ctxpar_hybrid_rows *rows; // r's positions (rows->ring_map) and the spans' rows
+    // Where the members' rows lie in the group's rows (in position order, ring_map): member j's
+    // spans are pieces [pfirst[j], pfirst[j + 1]).
+    hyb_piece *piece;
+    int64_t pfirst[CTXPAR_MAX_ULYSSES + 1];
     ctxpar_heads_plan h;
     ctxpar_run run_g, run_r;
     uint64_t sent0;
+    size_t in_b, back_b; // one member's block of each exchange
     hyb_ws w;
 } hyb_call;
+
+ctxpar_status ctxpar_hybrid_rows_make(const ctxpar_layout_map *m, int u, ctxpar_hybrid_rows *out) {
+    const int64_t total = m->first[m->nranks];
+    *out = (ctxpar_hybrid_rows){
+        u, {0}, malloc(sizeof *out->span_row * (size_t)(total > 0 ? total : 1))};
+    if (!out->span_row)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "hybrid: cannot allocate %lld spans",
+                            (long long)total);
+    ctxpar_status st = ctxpar_layout_map_group(m, u, &out->ring_map, out->span_row);
+    if (st != CTXPAR_OK)
+        ctxpar_hybrid_rows_free(out);
+    return st;
+}
+
+void ctxpar_hybrid_rows_free(ctxpar_hybrid_rows *rows) {
+    ctxpar_layout_map_free(&rows->ring_map);
+    free(rows->span_row);
+    rows->span_row = NULL;
+}
+
+// The ring's map (the run's, or made here) and this group's pieces.
+static ctxpar_status group_rows(const ctxpar_run *run, const ctxpar_problem *pb, hyb_call *c) {
+    const ctxpar_layout_map *m = pb->map;
+    const int base = (pb->rank / c->u) * c->u;
+    const int64_t lo = m->first[base], hi = m->first[base + c->u];
+    c->piece = malloc(sizeof *c->piece * (size_t)(hi > lo ? hi - lo : 1));
+    if (!c->piece)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "hybrid: cannot allocate %lld spans",
+                            (long long)(hi - lo));
+    c->rows = run->hybrid_rows;
+    if (!c->rows || c->rows->u != c->u) {
+        CTXPAR_CHECK(ctxpar_hybrid_rows_make(m, c->u, &c->own_rows));
+        c->rows = &c->own_rows;
+    }
+    for (int j = 0; j < c->u; j++) {
+        int64_t local = 0;
+        c->pfirst[j] = m->first[base + j] - lo;
+        for (int64_t k = m->first[base + j]; k < m->first[base + j + 1]; k++) {
+            c->piece[k - lo] = (hyb_piece){local, c->rows->span_row[k], m->span[k].len};
+            local += m->span[k].len;
+        }
+    }
+    c->pfirst[c->u] = hi - lo;
+    return CTXPAR_OK;
+}
 
 static ctxpar_status begin(const ctxpar_run *run, const ctxpar_problem *pb, int backward,
                            hyb_call *c) {
@@ -235,11 +303,17 @@ static ctxpar_status begin(const ctxpar_run *run, const ctxpar_problem *pb, int 
     c->g = ctxpar_hybrid_group_problem(pb, c->u);
     c->r = ctxpar_hybrid_ring_problem(pb, c->u);
     c->h = ctxpar_a2a_plan_heads(&c->g);
-    c->ring_map = (ctxpar_layout_map){0};
+    c->own_rows = (ctxpar_hybrid_rows){0, {0}, NULL};
+    c->piece = NULL;
     CTXPAR_CHECK(get_grid(run, c->grid, c->u));
     c->sent0 = c->grid->group->bytes_sent + c->grid->ring->bytes_sent;
-    CTXPAR_CHECK(ctxpar_layout_map_group(pb->map, c->u, &c->ring_map));
-    c->r.map = &c->ring_map;
+    CTXPAR_CHECK(group_rows(run, pb, c));
+    c->r.map = &c->rows->ring_map;
+    ctxpar_seg in[7], back[3];
+    int n_in;
+    parts(pb, &c->h, backward, in, &n_in, back);
+    c->in_b = ctxpar_a2a_block_bytes(&c->g, in, n_in, pb->seq_max);
+    c->back_b = ctxpar_a2a_block_bytes(&c->g, back, 3, pb->seq_max);
     c->run_g = *run;
     c->run_g.comm = c->grid->group;
     c->run_r = *run;
@@ -247,6 +321,7 @@ static ctxpar_status begin(const ctxpar_run *run, const ctxpar_problem *pb, int 
     void *base = NULL;
     CTXPAR_CHECK(ctxpar_run_workspace(run, hyb_layout(pb, c->u, backward, NULL, &c->w), &base));
     (void)hyb_layout(pb, c->u, backward, base, &c->w);
+    c->r.lse_lo = c->w.lse_lo; // the ring keeps the group rows' low part for the way back
     return CTXPAR_OK;
 }
 
@@ -263,13 +338,29 @@ static ctxpar_status end(const ctxpar_run *run, hyb_call *c, ctxpar_status st) {
     }
     if (c->grid == &c->tmp)
         ctxpar_grid_release(&c->tmp);
-    ctxpar_layout_map_free(&c->ring_map);
+    ctxpar_hybrid_rows_free(&c->own_rows);
+    free(c->piece);
+    c->piece = NULL;
     return st;
 }
 
-// Rows [j*S_l, (j+1)*S_l) of a group tensor: the rows group member j owns.
-static ctxpar_tensor member_rows(const ctxpar_tensor *t, const ctxpar_problem *pb, int j) {
-    return ctxpar_tensor_rows(t, (int64_t)j * pb->seq_local, pb->seq_local);
+// Member j's rows: `local` (its count of rows, in its order) to or from its pieces of the
+// group's rows in `group`.
+static ctxpar_status move_member(const hyb_call *c, int j, const ctxpar_tensor *local,
+                                 const ctxpar_tensor *group, int to_group) {
+    for (int64_t x = c->pfirst[j]; x < c->pfirst[j + 1]; x++) {
+        const hyb_piece *p = &c->piece[x];
+        ctxpar_tensor l = ctxpar_tensor_rows(local, p->local, p->len);
+        ctxpar_tensor g = ctxpar_tensor_rows(group, p->row, p->len);
+        CTXPAR_CHECK(to_group ? ctxpar_dev_cast(c->run_g.dev, &l, &g, c->run_g.stream)
+                              : ctxpar_dev_cast(c->run_g.dev, &g, &l, c->run_g.stream));
+    }
+    return CTXPAR_OK;
+}
+
+// Member j's count of rows.
+static int64_t member_count_of(const hyb_call *c, const ctxpar_problem *pb, int j) {
+    return pb->map->count[(pb->rank / c->u) * c->u + j];
 }
 
 // The local tensors' heads to every member, then the group's rows in member order.
@@ -277,41 +368,37 @@ static ctxpar_status scatter_heads(hyb_call *c, const ctxpar_problem *pb,
                                    const ctxpar_tensor *const *src, const int *kinds,
                                    const ctxpar_seg *in, int n_in, ctxpar_tensor *glob,
                                    const char *name) {
-    const size_t in_b = ctxpar_a2a_block_bytes(&c->g, in, n_in, pb->seq_local);
     for (int j = 0; j < c->u; j++)
         CTXPAR_CHECK(ctxpar_a2a_pack_heads(&c->run_g, &c->g, &c->h, src, kinds, in, n_in,
-                                           (char *)c->w.send + (size_t)j * in_b, j));
-    CTXPAR_CHECK(ctxpar_a2a_exchange(&c->run_g, &c->g, c->w.send, c->w.recv, in_b, name));
+                                           (char *)c->w.send + (size_t)j * c->in_b, j));
+    CTXPAR_CHECK(ctxpar_a2a_exchange(&c->run_g, &c->g, c->w.send, c->w.recv, c->in_b, name));
     for (int i = 0; i < c->u; i++)
         for (int s = 0; s < n_in; s++) {
-            ctxpar_tensor part = ctxpar_a2a_seg_view((char *)c->w.recv + (size_t)i * in_b, &c->g,
-                                                     in, s, pb->seq_local);
-            ctxpar_tensor to = member_rows(&glob[s], pb, i);
-            CTXPAR_CHECK(ctxpar_dev_cast(c->run_g.dev, &part, &to, c->run_g.stream));
+            ctxpar_tensor part = ctxpar_a2a_seg_view((char *)c->w.recv + (size_t)i * c->in_b, &c->g,
+                                                     in, s, member_count_of(c, pb, i));
+            CTXPAR_CHECK(move_member(c, i, &part, &glob[s], 1));
         }
     return CTXPAR_OK;
 }
 
 // The ring's results (group rows, this rank's heads) back to the members owning the rows.
 static ctxpar_status gather_rows(hyb_call *c, const ctxpar_problem *pb, const ctxpar_tensor *res,
-                                 const ctxpar_seg *back, int n_back, const char *name) {
-    const size_t back_b = ctxpar_a2a_block_bytes(&c->g, back, n_back, pb->seq_local);
+                                 const ctxpar_seg *back, const char *name) {
     for (int j = 0; j < c->u; j++)
-        for (int s = 0; s < n_back; s++) {
-            ctxpar_tensor from = member_rows(&res[s], pb, j);
-            ctxpar_tensor to = ctxpar_a2a_seg_view((char *)c->w.send + (size_t)j * back_b, &c->g,
-                                                   back, s, pb->seq_local);
-            CTXPAR_CHECK(ctxpar_dev_cast(c->run_g.dev, &from, &to, c->run_g.stream));
+        for (int s = 0; s < 3; s++) {
+            ctxpar_tensor to = ctxpar_a2a_seg_view((char *)c->w.send + (size_t)j * c->back_b, &c->g,
+                                                   back, s, member_count_of(c, pb, j));
+            CTXPAR_CHECK(move_member(c, j, &to, &res[s], 0));
         }
-    return ctxpar_a2a_exchange(&c->run_g, &c->g, c->w.send, c->w.recv, back_b, name);
+    return ctxpar_a2a_exchange(&c->run_g, &c->g, c->w.send, c->w.recv, c->back_b, name);
 }
 
 static ctxpar_status hybrid_fwd_body(const ctxpar_run *run, const ctxpar_problem *pb, hyb_call *c,
                                      const ctxpar_tensor *q, const ctxpar_tensor *k,
                                      const ctxpar_tensor *v, ctxpar_tensor *out, float *lse) {
-    ctxpar_seg in[6], back[3];
-    int n_in, n_back;
-    parts(pb, &c->h, 0, in, &n_in, back, &n_back);
+    ctxpar_seg in[7], back[3];
+    int n_in;
+    parts(pb, &c->h, 0, in, &n_in, back);
     const int64_t rows = c->r.seq_local;
     ctxpar_tensor glob[3];
     for (int s = 0; s < 3; s++)
@@ -320,29 +407,13 @@ static ctxpar_status hybrid_fwd_body(const ctxpar_run *run, const ctxpar_problem
     const int kinds[3] = {0, 1, 1};
     CTXPAR_CHECK(scatter_heads(c, pb, src, kinds, in, 3, glob, "hybrid_qkv"));
 
-    ctxpar_tensor res[2] = {ctxpar_a2a_seg_view(c->w.res, &c->g, back, 0, rows),
-                            ctxpar_a2a_lse_view(c->w.lse, &c->g, rows, c->h.hq)};
+    ctxpar_tensor res[3] = {ctxpar_a2a_seg_view(c->w.res, &c->g, back, 0, rows),
+                            ctxpar_a2a_lse_view(c->w.lse, &c->g, rows, c->h.hq),
+                            ctxpar_a2a_lse_view(c->w.lse_lo, &c->g, rows, c->h.hq)};
     CTXPAR_CHECK(ctxpar_ring_algorithm.forward(&c->run_r, &c->r, &glob[0], &glob[1], &glob[2],
                                                &res[0], c->w.lse));
-    CTXPAR_CHECK(gather_rows(c, pb, res, back, 2, "hybrid_out"));
-    const size_t back_b = ctxpar_a2a_block_bytes(&c->g, back, 2, pb->seq_local);
-    for (int i = 0; i < c->u; i++) {
-        char *blk = (char *)c->w.recv + (size_t)i * back_b;
-        ctxpar_tensor o = ctxpar_a2a_seg_view(blk, &c->g, back, 0, pb->seq_local);
-        ctxpar_tensor dst = ctxpar_a2a_heads(out, i * c->h.hq, c->h.hq);
-        CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &o, &dst, run->stream));
-        if (lse) {
-            ctxpar_tensor l = ctxpar_a2a_seg_view(blk, &c->g, back, 1, pb->seq_local);
-            ctxpar_tensor user = ctxpar_a2a_lse_view(lse, pb, pb->seq_local, pb->heads_q);
-            ctxpar_tensor ldst = ctxpar_a2a_heads(&user, i * c->h.hq, c->h.hq);
-            CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &l, &ldst, run->stream));
-        }
-    }
-    if (pb->lse_lo) // not kept across the hybrid's ring (its rows are the group's): none
-        CTXPAR_CHECK(ctxpar_dev_fill(run->dev, pb->lse_lo, 0.0f,
-                                     ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1),
-                                     run->stream));
-    return CTXPAR_OK;
+    CTXPAR_CHECK(gather_rows(c, pb, res, back, "hybrid_out"));
+    return ctxpar_a2a_store_out(run, &c->g, &c->h, back, c->w.recv, c->back_b, out, lse);
 }
 
 static ctxpar_status hybrid_fwd(const ctxpar_run *run, const ctxpar_problem *pb,
@@ -360,18 +431,26 @@ static ctxpar_status hybrid_bwd_body(const ctxpar_run *run, const ctxpar_problem
                                      const ctxpar_tensor *v, const ctxpar_tensor *out,
                                      const float *lse, const ctxpar_tensor *dout, ctxpar_tensor *dq,
                                      ctxpar_tensor *dk, ctxpar_tensor *dv) {
-    ctxpar_seg in[6], back[3];
-    int n_in, n_back;
-    parts(pb, &c->h, 1, in, &n_in, back, &n_back);
+    ctxpar_seg in[7], back[3];
+    int n_in;
+    parts(pb, &c->h, 1, in, &n_in, back);
     const int64_t rows = c->r.seq_local;
-    ctxpar_tensor glob[6];
+    ctxpar_tensor glob[7];
     for (int s = 0; s < 5; s++)
         glob[s] = ctxpar_a2a_seg_view(c->w.glob, &c->g, in, s, rows);
     glob[5] = ctxpar_a2a_lse_view(c->w.lse, &c->g, rows, c->h.hq);
+    glob[6] = ctxpar_a2a_lse_view(c->w.lse_lo, &c->g, rows, c->h.hq);
+    // Without the caller's low part, zeros travel (the same answer as none).
+    float *lo = pb->lse_lo ? pb->lse_lo : c->w.zeros;
+    if (!pb->lse_lo)
+        CTXPAR_CHECK(ctxpar_dev_fill(run->dev, lo, 0.0f,
+                                     ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1),
+                                     run->stream));
     ctxpar_tensor lse_t = ctxpar_a2a_lse_view(lse, pb, pb->seq_local, pb->heads_q);
-    const ctxpar_tensor *src[6] = {q, k, v, out, dout, &lse_t};
-    const int kinds[6] = {0, 1, 1, 0, 0, 0};
-    CTXPAR_CHECK(scatter_heads(c, pb, src, kinds, in, 6, glob, "hybrid_bwd_in"));
+    ctxpar_tensor lo_t = ctxpar_a2a_lse_view(lo, pb, pb->seq_local, pb->heads_q);
+    const ctxpar_tensor *src[7] = {q, k, v, out, dout, &lse_t, &lo_t};
+    const int kinds[7] = {0, 1, 1, 0, 0, 0, 0};
+    CTXPAR_CHECK(scatter_heads(c, pb, src, kinds, in, 7, glob, "hybrid_bwd_in"));
 
     ctxpar_tensor res[3];
     for (int s = 0; s < 3; s++)
@@ -379,16 +458,9 @@ static ctxpar_status hybrid_bwd_body(const ctxpar_run *run, const ctxpar_problem
     CTXPAR_CHECK(ctxpar_ring_algorithm.backward(&c->run_r, &c->r, &glob[0], &glob[1], &glob[2],
                                                 &glob[3], c->w.lse, &glob[4], &res[0], &res[1],
                                                 &res[2]));
-    CTXPAR_CHECK(gather_rows(c, pb, res, back, 3, "hybrid_grads"));
-    const size_t back_b = ctxpar_a2a_block_bytes(&c->g, back, 3, pb->seq_local);
-    for (int i = 0; i < c->u; i++) {
-        ctxpar_tensor part = ctxpar_a2a_seg_view((char *)c->w.recv + (size_t)i * back_b, &c->g,
-                                                 back, 0, pb->seq_local);
-        ctxpar_tensor to = ctxpar_a2a_heads(dq, i * c->h.hq, c->h.hq);
-        CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &part, &to, run->stream));
-    }
-    return ctxpar_a2a_store_dkv(&c->run_g, &c->g, &c->h, back, c->w.recv, back_b, c->w.dkv_sum, dk,
-                                dv);
+    CTXPAR_CHECK(gather_rows(c, pb, res, back, "hybrid_grads"));
+    return ctxpar_a2a_store_grads(&c->run_g, &c->g, &c->h, back, c->w.recv, c->back_b, c->w.dkv_sum,
+                                  dq, dk, dv);
 }
 
 static ctxpar_status hybrid_bwd(const ctxpar_run *run, const ctxpar_problem *pb,

@@ -20,12 +20,25 @@ int ctxpar_hybrid_valid_u(const ctxpar_problem *pb, int64_t u);
 int ctxpar_hybrid_ulysses(const ctxpar_problem *pb);
 
 /* The problem one rank of the ring across groups solves: rank pb->rank / u of P / u, the
- * group's rows (u x the local rows) and this rank's share of the heads. Its map (positions) is
- * NULL: a call sets it to ctxpar_layout_map_group(pb->map, u). */
+ * group's rows (its members' tokens, in member order; seq_max u x pb->seq_max on every rank),
+ * this rank's share of the heads and of the sink logits. Its map (positions) and lse_lo are
+ * NULL: a call sets them (ctxpar_layout_map_group(pb->map, u), the group rows' low part). */
 ctxpar_problem ctxpar_hybrid_ring_problem(const ctxpar_problem *pb, int u);
 
 /* The problem of the all-to-all inside a group: rank pb->rank % u of u. */
 ctxpar_problem ctxpar_hybrid_group_problem(const ctxpar_problem *pb, int u);
+
+/* The ring's positions for groups of u (ctxpar_layout_map_group of a call's map) and the row of
+ * its group's rows where each span of the call's map starts: made by each call, or once by a dry
+ * run for every rank (ctxpar_run.hybrid_rows). */
+typedef struct ctxpar_hybrid_rows {
+    int u;
+    ctxpar_layout_map ring_map;
+    int64_t *span_row; /* [spans of the call's map] */
+} ctxpar_hybrid_rows;
+
+ctxpar_status ctxpar_hybrid_rows_make(const ctxpar_layout_map *m, int u, ctxpar_hybrid_rows *out);
+void ctxpar_hybrid_rows_free(ctxpar_hybrid_rows *rows);
 
 #ifdef __cplusplus
 }

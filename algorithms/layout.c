@@ -58,8 +58,8 @@ int64_t ctxpar_layout_count(ctxpar_layout layout, const int32_t *assignment, int
     return n;
 }
 
-int64_t ctxpar_layout_max_count(ctxpar_layout layout, const int32_t *assignment,
-                                int64_t seq_global, int nranks) {
+int64_t ctxpar_layout_max_count(ctxpar_layout layout, const int32_t *assignment, int64_t seq_global,
+                                int nranks) {
     if (layout != CTXPAR_LAYOUT_CUSTOM) // rank 0 gets the remainder first
         return ctxpar_layout_count(layout, NULL, seq_global, 0, nranks);
     int64_t *count = calloc((size_t)nranks, sizeof *count), max = 0;
@@ -128,39 +128,59 @@ ctxpar_status ctxpar_layout_map_make(ctxpar_layout layout, const int32_t *assign
 oom:
     free(next);
     ctxpar_layout_map_free(&m);
-    return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the layout of %lld tokens on %d "
-                                                  "ranks",
+    return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY,
+                        "cannot allocate the layout of %lld tokens on %d "
+                        "ranks",
                         (long long)seq_global, nranks);
 }
 
-ctxpar_status ctxpar_layout_map_group(const ctxpar_layout_map *m, int g, ctxpar_layout_map *out) {
+// A span of a group by its first position (distinct ranks' positions never coincide).
+typedef struct span_at {
+    int64_t start, k; // k: its index in the map
+} span_at;
+static int by_start(const void *a, const void *b) {
+    const int64_t x = ((const span_at *)a)->start, y = ((const span_at *)b)->start;
+    return (x > y) - (x < y);
+}
+
+ctxpar_status ctxpar_layout_map_group(const ctxpar_layout_map *m, int g, ctxpar_layout_map *out,
+                                      int64_t *span_row) {
     const int n = m->nranks / g;
+    const int64_t total = m->first[m->nranks];
     ctxpar_layout_map r = {n, m->seq_global, NULL, NULL, NULL};
     r.count = calloc((size_t)n, sizeof *r.count);
     r.first = calloc((size_t)n + 1, sizeof *r.first);
-    r.span = malloc(sizeof *r.span * (size_t)(m->first[m->nranks] > 0 ? m->first[m->nranks] : 1));
-    if (!r.count || !r.first || !r.span) {
+    r.span = malloc(sizeof *r.span * (size_t)(total > 0 ? total : 1));
+    span_at *order = malloc(sizeof *order * (size_t)(total > 0 ? total : 1));
+    if (!r.count || !r.first || !r.span || !order) {
+        free(order);
         ctxpar_layout_map_free(&r);
-        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the layout of %d groups",
-                            n);
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the layout of %d groups", n);
     }
+    for (int64_t k = 0; k < total; k++)
+        order[k] = (span_at){m->span[k].start, k};
     int64_t used = 0;
     for (int i = 0; i < n; i++) {
-        const int64_t begin = used;
-        for (int j = i * g; j < (i + 1) * g; j++) {
-            r.count[i] += m->count[j];
-            for (int64_t k = m->first[j]; k < m->first[j + 1]; k++) {
-                const ctxpar_span *sp = &m->span[k];
-                ctxpar_span *last = used > begin ? &r.span[used - 1] : NULL;
-                if (last && last->stride == 1 && sp->stride == 1 &&
-                    last->start + last->len == sp->start)
-                    last->len += sp->len; // the next rows continue the positions: one span
-                else
-                    r.span[used++] = *sp;
-            }
+        // A group's spans lie together in m (rank by rank): sort that range by position.
+        const int64_t lo = m->first[i * g], hi = m->first[(i + 1) * g], begin = used;
+        qsort(order + lo, (size_t)(hi - lo), sizeof *order, by_start);
+        int64_t row = 0;
+        for (int64_t x = lo; x < hi; x++) {
+            const ctxpar_span *sp = &m->span[order[x].k];
+            if (span_row)
+                span_row[order[x].k] = row;
+            row += sp->len;
+            ctxpar_span *last = used > begin ? &r.span[used - 1] : NULL;
+            if (last && last->stride == 1 && sp->stride == 1 &&
+                last->start + last->len == sp->start)
+                last->len += sp->len; // the next rows continue the positions: one span
+            else
+                r.span[used++] = *sp;
         }
+        r.count[i] = row;
         r.first[i + 1] = used;
     }
+    free(order);
     *out = r;
     return CTXPAR_OK;
 }

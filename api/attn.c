@@ -6,8 +6,12 @@
 #include "validate.h"
 
 static ctxpar_run make_run(ctxpar_context *ctx, ctxpar_stream *stream) {
-    ctxpar_run run = {ctx->dev,   ctx->comm,       stream,     ctx->options.verify_transfers,
-                      ctx->trace, ctx->trace_user, &ctx->work, &ctx->ws, &ctx->grid, NULL};
+    ctxpar_run run = {ctx->dev,   ctx->comm,
+                      stream,     ctx->options.verify_transfers,
+                      ctx->trace, ctx->trace_user,
+                      &ctx->work, &ctx->ws,
+                      &ctx->grid, NULL,
+                      NULL};
     return run;
 }
 
@@ -110,7 +114,8 @@ ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     st = agree(ctx, CTXPAR_CALL_FWD, &p, &pb, algo_id(algo), st);
     if (st == CTXPAR_OK) {
         ctxpar_run run = make_run(ctx, stream);
-        st = abort_on_failure(ctx, finish(ctx, stream, algo->forward(&run, &pb, q, k, v, out, lse)));
+        st =
+            abort_on_failure(ctx, finish(ctx, stream, algo->forward(&run, &pb, q, k, v, out, lse)));
     }
     ctxpar_layout_map_free(&map);
     return st;

@@ -36,6 +36,13 @@ class MpiComm : public ::testing::Test {
         ASSERT_EQ(ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm_), CTXPAR_OK) << ctxpar_last_error();
         EXPECT_OK(ctxpar_comm_set_timeout(comm_, 30));
     }
+    // A new comm in place of one a test left timed out (after MPI_Barrier on every rank).
+    void FreshComm() {
+        ctxpar_comm_destroy(comm_);
+        comm_ = nullptr;
+        ASSERT_EQ(ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm_), CTXPAR_OK);
+        EXPECT_OK(ctxpar_comm_set_timeout(comm_, 30));
+    }
     void TearDown() override {
         ctxpar_comm_destroy(comm_);
         MPI_Barrier(MPI_COMM_WORLD);
@@ -213,10 +220,7 @@ TEST_F(MpiComm, SkippedOpTimesOutThenAFreshCommWorks) {
             EXPECT_EQ(ctxpar_comm_barrier(comm_), CTXPAR_ERR_TIMEOUT); // p-1 skips this one too
         }
         MPI_Barrier(MPI_COMM_WORLD);
-        ctxpar_comm_destroy(comm_);
-        comm_ = nullptr;
-        ASSERT_EQ(ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm_), CTXPAR_OK);
-        EXPECT_OK(ctxpar_comm_set_timeout(comm_, 30));
+        ASSERT_NO_FATAL_FAILURE(FreshComm());
         ctxpar_request *req = nullptr;
         EXPECT_OK(ctxpar_comm_allgather(comm_, send.data(), recv.data(), bytes, nullptr, &req));
         EXPECT_OK(ctxpar_comm_wait(comm_, req, nullptr));
@@ -224,6 +228,32 @@ TEST_F(MpiComm, SkippedOpTimesOutThenAFreshCommWorks) {
             EXPECT_EQ(recv[(size_t)j * bytes + bytes - 1], (uint8_t)j) << "block " << j;
         EXPECT_OK(ctxpar_comm_barrier(comm_));
     }
+}
+
+// A rank that never joins a split: the others get the parent's timeout error (the split waits
+// no longer than any other op), their comm_out untouched; after a fresh comm a split works.
+TEST_F(MpiComm, SplitWithAMissingRankTimesOut) {
+    if (p_ < 2)
+        GTEST_SKIP() << "needs two ranks";
+    EXPECT_OK(ctxpar_comm_set_timeout(comm_, 0.2));
+    MPI_Barrier(MPI_COMM_WORLD); // only rank p-1 can be missing
+    if (rank_ != p_ - 1) {
+        ctxpar_comm *sub = reinterpret_cast<ctxpar_comm *>(&rank_); // must stay as it is
+        const double t0 = MPI_Wtime();
+        EXPECT_EQ(ctxpar_comm_split(comm_, 0, rank_, &sub), CTXPAR_ERR_TIMEOUT);
+        EXPECT_LT(MPI_Wtime() - t0, 10.0); // the timeout, not a hang
+        std::string msg = ctxpar_last_error();
+        EXPECT_NE(msg.find("timed out after 0.2 s"), std::string::npos) << msg;
+        EXPECT_EQ(sub, reinterpret_cast<ctxpar_comm *>(&rank_));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    ASSERT_NO_FATAL_FAILURE(FreshComm());
+    ctxpar_comm *sub = nullptr;
+    ASSERT_EQ(ctxpar_comm_split(comm_, rank_ % 2, rank_, &sub), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_NE(sub, nullptr);
+    EXPECT_EQ(ctxpar_comm_rank(sub), rank_ / 2);
+    EXPECT_OK(ctxpar_comm_barrier(sub));
+    ctxpar_comm_destroy(sub);
 }
 
 TEST_F(MpiComm, SendrecvTimeoutNamesThePeer) {

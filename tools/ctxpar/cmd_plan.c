@@ -11,7 +11,6 @@
 #include "plan_model.h"
 #include "plan_run.h"
 #include "registry.h"
-#include "validate.h"
 
 typedef struct plan_args {
     cpt_plan_config cfg;
@@ -198,24 +197,10 @@ static double get_time(const cpt_plan_rank *r, const cpt_plan_model *m, int rank
 
 // AUTO's reasons: each algorithm's check (with the device's limits left out) and its cost.
 static void explain(FILE *f, const plan_args *a, int json) {
-    ctxpar_attn_params p;
     ctxpar_problem pb;
+    if (cpt_plan_problem(&a->cfg, &pb) != CTXPAR_OK)
+        return;
     const cpt_plan_config *c = &a->cfg;
-    ctxpar_tensor q = ctxpar_tensor_bshd((void *)(uintptr_t)4096, c->dtype, c->batch,
-                                         c->seq / c->ranks, c->heads, c->head_dim);
-    ctxpar_tensor k = ctxpar_tensor_bshd((void *)(uintptr_t)4096, c->dtype, c->batch,
-                                         c->seq / c->ranks, c->kv_heads, c->head_dim);
-    ctxpar_comm *comm = NULL;
-    cpt_plan_traffic t;
-    if (cpt_plan_comm_create(0, c->ranks, 1, 0, &t, &comm) != CTXPAR_OK)
-        return;
-    ctxpar_status st = ctxpar_params_normalize(&c->params, &p);
-    if (st == CTXPAR_OK)
-        st = ctxpar_validate_problem(&p, comm, &q, &k, &k, &pb);
-    ctxpar_comm_destroy(comm);
-    if (st != CTXPAR_OK)
-        return;
-    pb.comm_splits = 1;
     int n = 0;
     const ctxpar_algorithm *const *table = ctxpar_algorithms(&n);
     const ctxpar_algorithm *choice =

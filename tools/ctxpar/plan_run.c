@@ -18,18 +18,36 @@ typedef struct plan_ctx {
     ctxpar_workspace ws;
     ctxpar_ring_plan ring_plan; // made once
     int have_plan;
+    ctxpar_hybrid_rows rows; // the hybrid's groups, made once
     ctxpar_tensor q, k, v;
 } plan_ctx;
 
-// The problem rank r solves, as the front door resolves it (validation included).
-static ctxpar_status problem_of(plan_ctx *c, int r, ctxpar_problem *pb) {
+// Rank r's local tensors: its count of rows of the global sequence (never read).
+static void tensors_of(const cpt_plan_config *cfg, int64_t rows, plan_ctx *c) {
+    c->q = ctxpar_tensor_bshd(FAKE_DATA, cfg->dtype, cfg->batch, rows, cfg->heads, cfg->head_dim);
+    c->k =
+        ctxpar_tensor_bshd(FAKE_DATA, cfg->dtype, cfg->batch, rows, cfg->kv_heads, cfg->head_dim);
+    c->v = c->k;
+}
+
+ctxpar_status cpt_plan_problem(const cpt_plan_config *cfg, ctxpar_problem *pb) {
+    if (cfg->ranks < 1 || cfg->seq < 1)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "plan: ranks (%d) and seq (%lld) must be >= 1",
+                            cfg->ranks, (long long)cfg->seq);
+    ctxpar_attn_params p;
+    CTXPAR_CHECK(ctxpar_params_normalize(&cfg->params, &p));
+    p.seq_len_global = cfg->seq; // any length: shards differ as the layout makes them
+    const int custom = p.layout == CTXPAR_LAYOUT_CUSTOM;
+    plan_ctx c;
+    tensors_of(cfg,
+               custom && !p.assignment
+                   ? 0
+                   : ctxpar_layout_count(p.layout, p.assignment, cfg->seq, 0, cfg->ranks),
+               &c);
     cpt_plan_traffic none;
     ctxpar_comm *comm = NULL;
-    CTXPAR_CHECK(cpt_plan_comm_create(r, c->cfg->ranks, 1, 0, &none, &comm));
-    ctxpar_attn_params p;
-    ctxpar_status st = ctxpar_params_normalize(&c->cfg->params, &p);
-    if (st == CTXPAR_OK)
-        st = ctxpar_validate_problem(&p, comm, &c->q, &c->k, &c->v, pb);
+    CTXPAR_CHECK(cpt_plan_comm_create(0, cfg->ranks, 1, 0, &none, &comm));
+    ctxpar_status st = ctxpar_validate_problem(&p, comm, &c.q, &c.k, &c.v, pb);
     ctxpar_comm_destroy(comm);
     pb->comm_splits = 1; // every comm a real run uses (local, MPI, NCCL) splits
     return st;
@@ -53,8 +71,17 @@ static ctxpar_status run_rank(plan_ctx *c, const ctxpar_algorithm *algo, ctxpar_
         grid.u = u;
     }
     ctxpar_work_stats work = {0, 0, 0.0};
-    ctxpar_run run = {c->dev, comm,  NULL,   0,     NULL,
-                      NULL,   &work, &c->ws, &grid, c->have_plan ? &c->ring_plan : NULL};
+    ctxpar_run run = {c->dev,
+                      comm,
+                      NULL,
+                      0,
+                      NULL,
+                      NULL,
+                      &work,
+                      &c->ws,
+                      &grid,
+                      c->have_plan ? &c->ring_plan : NULL,
+                      u > 0 ? &c->rows : NULL};
     // The tensors are never read: any non-NULL buffers of the right shapes.
     ctxpar_tensor out_t = c->q, dq = c->q, dk = c->k, dv = c->v;
     if (st == CTXPAR_OK) {
@@ -109,21 +136,13 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
     memset(res, 0, sizeof *res);
     res->coverage_bad_position = -1;
     const double t0 = ctxpar_now();
-    if (cfg->ranks < 1 || cfg->seq < 1 || cfg->seq % cfg->ranks != 0)
-        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                            "plan: seq (%lld) must be a positive multiple of the ranks (%d)",
-                            (long long)cfg->seq, cfg->ranks);
     plan_ctx c;
     memset(&c, 0, sizeof c);
     c.cfg = cfg;
-    const int64_t sl = cfg->seq / cfg->ranks;
-    c.q = ctxpar_tensor_bshd(FAKE_DATA, cfg->dtype, cfg->batch, sl, cfg->heads, cfg->head_dim);
-    c.k = ctxpar_tensor_bshd(FAKE_DATA, cfg->dtype, cfg->batch, sl, cfg->kv_heads, cfg->head_dim);
-    c.v = c.k;
     ctxpar_problem pb;
-    CTXPAR_CHECK(problem_of(&c, 0, &pb));
+    CTXPAR_CHECK(cpt_plan_problem(cfg, &pb));
     // Every rank's positions, as the front door makes them for a call (and the hybrid's ring's).
-    ctxpar_layout_map map = {0}, group_map = {0};
+    ctxpar_layout_map map = {0};
     CTXPAR_CHECK(ctxpar_layout_map_make(pb.layout, pb.assignment, pb.seq_global, pb.nranks, &map));
     pb.map = &map;
     const ctxpar_algorithm *algo =
@@ -139,9 +158,9 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
     res->ulysses = u;
     res->workspace_bytes = algo->workspace_bytes(&pb);
     res->rank = calloc((size_t)cfg->ranks, sizeof *res->rank);
-    st = res->rank ? cpt_plan_device_create(&c.dev)
-                   : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "plan: no memory for %d ranks",
-                                  cfg->ranks);
+    st = res->rank
+             ? cpt_plan_device_create(&c.dev)
+             : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "plan: no memory for %d ranks", cfg->ranks);
     c.ws.dev = c.dev;
     cpt_plan_cover cover = {0, NULL, NULL};
     if (st == CTXPAR_OK && cfg->coverage)
@@ -151,8 +170,8 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
         ctxpar_problem rp = pb;
         if (u > 0) {
             rp = ctxpar_hybrid_ring_problem(&pb, u);
-            st = ctxpar_layout_map_group(&map, u, &group_map);
-            rp.map = &group_map;
+            st = ctxpar_hybrid_rows_make(&map, u, &c.rows);
+            rp.map = &c.rows.ring_map;
         }
         if (st == CTXPAR_OK)
             st = ctxpar_ring_plan_make(&rp, &c.ring_plan);
@@ -161,6 +180,8 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
     for (int r = 0; r < cfg->ranks && st == CTXPAR_OK; r++) {
         ctxpar_problem rpb = pb;
         rpb.rank = r;
+        rpb.seq_local = map.count[r];
+        tensors_of(cfg, rpb.seq_local, &c);
         st = run_rank(&c, algo, &rpb, u, cfg->coverage ? &cover : NULL, &res->rank[r]);
     }
     if (st == CTXPAR_OK && cfg->coverage)
@@ -174,7 +195,7 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
         (void)ctxpar_workspace_release(&c.ws);
         ctxpar_device_destroy(c.dev);
     }
-    ctxpar_layout_map_free(&group_map);
+    ctxpar_hybrid_rows_free(&c.rows);
     ctxpar_layout_map_free(&map);
     res->seconds = ctxpar_now() - t0;
     return st;

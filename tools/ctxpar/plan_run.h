@@ -50,6 +50,11 @@ typedef struct cpt_plan_result {
     double seconds;   /* how long the dry run took */
 } cpt_plan_result;
 
+/* Rank 0's problem as the front door resolves it (validated), for any length: shards are the
+ * layout's (params.seq_len_global = seq). */
+struct ctxpar_problem;
+ctxpar_status cpt_plan_problem(const cpt_plan_config *cfg, struct ctxpar_problem *pb);
+
 /* Runs the dry run; INVALID_ARG / NOT_SUPPORTED (with the library's message) for a problem the
  * library would refuse. result->rank is allocated: cpt_plan_result_free. */
 ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *result);

@@ -1202,7 +1202,9 @@ TEST(Plan, ModelFileAndRefusals) {
     o = Tool("plan --ranks 4 --seq 1024 --heads 6 --algo alltoall");
     EXPECT_EQ(o.code, 2);
     EXPECT_NE(o.err.find("heads"), std::string::npos) << o.err;
-    o = Tool("plan --ranks 4 --seq 1002"); // not a multiple of the ranks
+    o = Tool("plan --ranks 4 --seq 1002"); // any length: shards of 251 and 250 tokens
+    EXPECT_EQ(o.code, 0) << o.err;
+    o = Tool("plan --ranks 4 --seq 0");
     EXPECT_EQ(o.code, 2) << o.err;
 }
 

@@ -359,7 +359,9 @@ ctxpar_status ctxpar_dev_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
                                         ctxpar_stream *stream) {
     if (blk && blk->mask.doc_rows > 0) {
         CTXPAR_CHECK(check_rows("attn_block_fwd", blk));
-        const size_t o = row_elems(&blk->q), l = (size_t)(blk->q.shape[1] * blk->q.shape[2]);
+        // out_acc's row is [S, Hq, Dv]: v's head_dim, not q's (MLA).
+        const size_t l = (size_t)(blk->q.shape[1] * blk->q.shape[2]);
+        const size_t o = l * (size_t)blk->v.shape[3];
         for (int64_t b = 0; b < blk->q.shape[0]; b++) {
             ctxpar_attn_block r = block_row(blk, b);
             CTXPAR_CHECK(ctxpar_dev_attn_block_fwd(dev, &r, at_row(out_acc, o, b),

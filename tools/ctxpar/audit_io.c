@@ -198,6 +198,53 @@ ctxpar_status cpt_audit_read_raw(const cpt_audit_src *src, const char *name, int
     return s;
 }
 
+ctxpar_status cpt_audit_read_cu_seqlens(const cpt_audit_src *src, char *where, size_t where_len,
+                                        int32_t **cu_out, int64_t *docs_out, int64_t *rows_out) {
+    cpt_npy_array c;
+    CTXPAR_CHECK(cpt_audit_read_raw(src, "cu_seqlens", 0, &c, where, where_len));
+    ctxpar_status st = CTXPAR_OK;
+    int32_t *cu = NULL;
+    if (c.dtype != CPT_NPY_I32 && c.dtype != CPT_NPY_I64) {
+        st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: cu_seqlens has dtype %s; want int32 or int64",
+                          where, cpt_npy_dtype_text(c.dtype));
+    } else if (c.ndim < 1 || c.ndim > 2 || c.shape[c.ndim - 1] < 2 || c.shape[0] < 1) {
+        st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                          "%s: cu_seqlens has %d dimensions and %zu entries; want [documents + 1] "
+                          "or [batch, documents + 1] with at least 2 entries a row",
+                          where, c.ndim, c.count);
+    } else if (!(cu = malloc(c.count * sizeof *cu))) {
+        st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu entries", where,
+                          c.count);
+    }
+    const size_t row = st == CTXPAR_OK ? (size_t)c.shape[c.ndim - 1] : 1;
+    for (size_t j = 0; st == CTXPAR_OK && j < c.count; j++) {
+        const size_t i = j % row; // the entry within its row
+        int64_t v = c.dtype == CPT_NPY_I32 ? ((const int32_t *)c.data)[j]
+                                           : ((const int64_t *)c.data)[j];
+        char at[48] = "";
+        if (c.ndim == 2)
+            snprintf(at, sizeof at, "[%zu]", j / row);
+        if (v < INT32_MIN || v > INT32_MAX)
+            st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: cu_seqlens%s[%zu] = %lld does not fit "
+                              "in int32", where, at, i, (long long)v);
+        else if ((i == 0 && v != 0) || (i > 0 && v < cu[j - 1]))
+            st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                              "%s: cu_seqlens%s[%zu] = %lld; want 0 first, then non-decreasing",
+                              where, at, i, (long long)v);
+        else
+            cu[j] = (int32_t)v;
+    }
+    if (st == CTXPAR_OK) {
+        *cu_out = cu;
+        *docs_out = (int64_t)row - 1;
+        *rows_out = c.ndim == 2 ? c.shape[0] : 0;
+    } else {
+        free(cu);
+    }
+    cpt_npy_free(&c);
+    return st;
+}
+
 void cpt_audit_tensor_free(cpt_audit_tensor *t) {
     free(t->data);
     memset(t, 0, sizeof *t);

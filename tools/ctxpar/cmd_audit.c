@@ -86,53 +86,11 @@ static int check_inputs(const cpt_audit_state *a, const cpt_audit_layout *lay, c
     return 1;
 }
 
-// cu_seqlens: int32 or int64 [docs + 1], or [B, docs + 1] (each batch row its own documents),
-// each row 0 = c[0] <= c[1] <= ... <= c[docs], each fitting int32 (that each ends at seq, and
-// that B is the batch, is checked once q is read: shards of q are placed by it).
 static int read_cu_seqlens(const cpt_audit_src *src, cpt_audit_state *a, char *where,
                            size_t where_len, char *msg, size_t n) {
-    cpt_npy_array c;
-    if (cpt_audit_read_raw(src, "cu_seqlens", 0, &c, where, where_len) != CTXPAR_OK)
-        return fail(msg, n);
-    int ok = 0;
-    if (c.dtype != CPT_NPY_I32 && c.dtype != CPT_NPY_I64) {
-        snprintf(msg, n, "%s: cu_seqlens has dtype %s; want int32 or int64", where,
-                 cpt_npy_dtype_text(c.dtype));
-    } else if (c.ndim < 1 || c.ndim > 2 || c.shape[c.ndim - 1] < 2 || c.shape[0] < 1) {
-        snprintf(msg, n,
-                 "%s: cu_seqlens has %d dimensions and %zu entries; want [documents + 1] or "
-                 "[batch, documents + 1] with at least 2 entries a row",
-                 where, c.ndim, c.count);
-    } else if (!(a->cu_seqlens = malloc(c.count * sizeof *a->cu_seqlens))) {
-        snprintf(msg, n, "%s: cannot allocate %zu entries", where, c.count);
-    } else {
-        const size_t row = (size_t)c.shape[c.ndim - 1];
-        a->num_docs = (int64_t)row - 1;
-        a->cu_seqlens_rows = c.ndim == 2 ? c.shape[0] : 0;
-        ok = 1;
-        for (size_t j = 0; ok && j < c.count; j++) {
-            const size_t i = j % row; // the entry within its row
-            int64_t v = c.dtype == CPT_NPY_I32 ? ((const int32_t *)c.data)[j]
-                                                  : ((const int64_t *)c.data)[j];
-            char at[48] = "";
-            if (c.ndim == 2)
-                snprintf(at, sizeof at, "[%zu]", j / row);
-            if (v < INT32_MIN || v > INT32_MAX) {
-                snprintf(msg, n, "%s: cu_seqlens%s[%zu] = %lld does not fit in int32", where, at,
-                         i, (long long)v);
-                ok = 0;
-            } else if ((i == 0 && v != 0) || (i > 0 && v < a->cu_seqlens[j - 1])) {
-                snprintf(msg, n,
-                         "%s: cu_seqlens%s[%zu] = %lld; want 0 first, then non-decreasing",
-                         where, at, i, (long long)v);
-                ok = 0;
-            } else {
-                a->cu_seqlens[j] = (int32_t)v;
-            }
-        }
-    }
-    cpt_npy_free(&c);
-    return ok;
+    return cpt_audit_read_cu_seqlens(src, where, where_len, &a->cu_seqlens, &a->num_docs,
+                                     &a->cu_seqlens_rows) == CTXPAR_OK ||
+           fail(msg, n);
 }
 
 // The results to judge: each must have the shape ctxpar's would have; one dtype but for lse.

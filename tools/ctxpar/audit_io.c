@@ -353,7 +353,9 @@ static ctxpar_status read_global(const cpt_audit_src *src, const char *name, int
     return st;
 }
 
-// Every rank's shard, checked to fit the layout, placed at the rank's positions.
+// Every rank's shard, checked to fit the layout, placed at the rank's positions. Shards may be
+// uneven (any global length): the global length is the sum of the shards' rows, and each rank's
+// rows must be what the layout gives it of that length (ctxpar_shard_count).
 static ctxpar_status read_shards(const cpt_audit_src *src, const char *name, int lse,
                                  const cpt_audit_layout *lay, cpt_audit_tensor *out) {
     const int P = lay->ranks;
@@ -365,51 +367,67 @@ static ctxpar_status read_shards(const cpt_audit_src *src, const char *name, int
                             "%s: a shard for rank %d exists, but --ranks is %d (shards must be "
                             "one per rank)",
                             extra, P, P);
-    ctxpar_status st = CTXPAR_OK;
-    int64_t local[4] = {0}, *pos = NULL;
-    cpt_npy_dtype dtype = CPT_NPY_F32;
+    cpt_npy_array *arr = calloc((size_t)P, sizeof *arr);
+    int64_t(*dims)[4] = calloc((size_t)P, sizeof *dims);
+    int64_t *pos = NULL, total = 0;
+    const int sd = lse ? 2 : 1; // the sequence's dimension
+    ctxpar_status st = arr && dims ? CTXPAR_OK
+                                   : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate shards");
     snprintf(out->where, sizeof out->where, "%s", src->path);
     for (int r = 0; st == CTXPAR_OK && r < P; r++) {
-        cpt_npy_array a;
-        int64_t dims[4] = {0};
         if (!file_for(src, name, r, where, sizeof where, &st_kind) || !file_exists(where)) {
             st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: rank %d's shard of %s is missing", where,
                               r, name);
             break;
         }
-        CTXPAR_CHECK_GOTO(cpt_audit_read_raw(src, name, r, &a, where, sizeof where), st, done);
-        st = raw_dims(&a, lse, lay, where, name, dims);
-        int64_t seq = lse ? dims[2] : dims[1];
-        if (st == CTXPAR_OK && r == 0) {
-            memcpy(local, dims, sizeof local);
-            dtype = a.dtype;
-            int64_t g[4] = {dims[0], dims[1], dims[2], dims[3]};
-            g[lse ? 2 : 1] = seq * P;
-            memcpy(out->dims, g, sizeof g);
-            // Zigzag needs an even number of rows per rank (two chunks each).
-            if (lay->layout == CTXPAR_LAYOUT_ZIGZAG && seq % 2 != 0)
-                st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                                  "%s: rank 0's shard of %s has %lld rows; a zigzag shard holds "
-                                  "two equal chunks",
-                                  where, name, (long long)seq);
-            if (st == CTXPAR_OK)
-                st = alloc_global(out, lse, dtype);
-            if (st == CTXPAR_OK && !(pos = malloc((size_t)seq * sizeof *pos)))
-                st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
-        }
-        if (st == CTXPAR_OK && (memcmp(dims, local, sizeof dims) != 0 || a.dtype != dtype))
+        st = cpt_audit_read_raw(src, name, r, &arr[r], where, sizeof where);
+        if (st == CTXPAR_OK)
+            st = raw_dims(&arr[r], lse, lay, where, name, dims[r]);
+        int same = 1;
+        for (int d = 0; d < 4; d++)
+            same &= d == sd || dims[r][d] == dims[0][d];
+        if (st == CTXPAR_OK && (!same || arr[r].dtype != arr[0].dtype))
             st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                              "%s: rank %d's shard of %s (%s, %lld rows) does not fit the layout "
-                              "of rank 0's (%s, %lld rows)",
-                              where, r, name, cpt_npy_dtype_text(a.dtype), (long long)seq,
-                              cpt_npy_dtype_text(dtype), (long long)(lse ? local[2] : local[1]));
+                              "%s: rank %d's shard of %s (%s, dims [%lld, %lld, %lld, %lld]) does "
+                              "not fit rank 0's (%s, [%lld, %lld, %lld, %lld]): only the rows may "
+                              "differ",
+                              where, r, name, cpt_npy_dtype_text(arr[r].dtype),
+                              (long long)dims[r][0], (long long)dims[r][1], (long long)dims[r][2],
+                              (long long)dims[r][3], cpt_npy_dtype_text(arr[0].dtype),
+                              (long long)dims[0][0], (long long)dims[0][1], (long long)dims[0][2],
+                              (long long)dims[0][3]);
         if (st == CTXPAR_OK)
-            st = cpt_audit_positions(lay, seq * P, r, pos);
-        if (st == CTXPAR_OK)
-            st = place(&a, lse, lay, dims, pos, seq * P, out->data);
-        cpt_npy_free(&a);
+            total += dims[r][sd];
     }
-done:
+    if (st == CTXPAR_OK) {
+        memcpy(out->dims, dims[0], sizeof out->dims);
+        out->dims[sd] = total;
+        st = alloc_global(out, lse, arr[0].dtype);
+    }
+    if (st == CTXPAR_OK && !(pos = malloc((size_t)total * sizeof *pos + 1)))
+        st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
+    for (int r = 0; st == CTXPAR_OK && r < P; r++) {
+        int64_t want = total / P;
+        if (!per_document(lay))
+            st = ctxpar_shard_count(lay->layout, lay->assignment, total, r, P, &want);
+        if (st == CTXPAR_OK && want != dims[r][sd]) {
+            file_for(src, name, r, where, sizeof where, &st_kind);
+            st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                              "%s: rank %d's shard of %s has %lld rows, but the %s layout gives "
+                              "rank %d %lld of the %lld tokens the %d shards hold",
+                              where, r, name, (long long)dims[r][sd],
+                              ctxpar_layout_name(lay->layout), r, (long long)want,
+                              (long long)total, P);
+        }
+        if (st == CTXPAR_OK)
+            st = cpt_audit_positions(lay, total, r, pos);
+        if (st == CTXPAR_OK)
+            st = place(&arr[r], lse, lay, dims[r], pos, total, out->data);
+    }
+    for (int r = 0; arr && r < P; r++)
+        cpt_npy_free(&arr[r]);
+    free(arr);
+    free(dims);
     free(pos);
     return st;
 }

@@ -2,6 +2,7 @@
 #include "tools/ctxpar/audit_io.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -406,21 +407,30 @@ static ctxpar_status read_shards(const cpt_audit_src *src, const char *name, int
     }
     if (st == CTXPAR_OK && !(pos = malloc((size_t)total * sizeof *pos + 1)))
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
+    // Of the shards whose rows the layout would not give them, the one farthest from the mean
+    // is named (the odd one out when the others agree).
+    int bad = -1;
+    int64_t bad_want = 0;
+    double bad_off = -1;
     for (int r = 0; st == CTXPAR_OK && r < P; r++) {
         int64_t want = total / P;
         if (!per_document(lay))
             st = ctxpar_shard_count(lay->layout, lay->assignment, total, r, P, &want);
-        if (st == CTXPAR_OK && want != dims[r][sd]) {
-            file_for(src, name, r, where, sizeof where, &st_kind);
-            st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                              "%s: rank %d's shard of %s has %lld rows, but the %s layout gives "
-                              "rank %d %lld of the %lld tokens the %d shards hold",
-                              where, r, name, (long long)dims[r][sd],
-                              ctxpar_layout_name(lay->layout), r, (long long)want,
-                              (long long)total, P);
-        }
-        if (st == CTXPAR_OK)
-            st = cpt_audit_positions(lay, total, r, pos);
+        const double off = fabs((double)dims[r][sd] - (double)total / P);
+        if (st == CTXPAR_OK && want != dims[r][sd] && off > bad_off)
+            bad = r, bad_want = want, bad_off = off;
+    }
+    if (st == CTXPAR_OK && bad >= 0) {
+        file_for(src, name, bad, where, sizeof where, &st_kind);
+        st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                          "%s: rank %d's shard of %s has %lld rows, but the %s layout gives rank "
+                          "%d %lld of the %lld tokens the %d shards hold",
+                          where, bad, name, (long long)dims[bad][sd],
+                          ctxpar_layout_name(lay->layout), bad, (long long)bad_want,
+                          (long long)total, P);
+    }
+    for (int r = 0; st == CTXPAR_OK && r < P; r++) {
+        st = cpt_audit_positions(lay, total, r, pos);
         if (st == CTXPAR_OK)
             st = place(&arr[r], lse, lay, dims[r], pos, total, out->data);
     }

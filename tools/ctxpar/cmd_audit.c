@@ -66,10 +66,10 @@ static int check_inputs(const cpt_audit_state *a, const cpt_audit_layout *lay, c
         }
         const cpt_audit_tensor *like = i == IN_V ? k : q;
         int same = 1;
-        for (int d = 0; d < 4; d++)
-            same &= t->dims[d] == like->dims[d] || (i == IN_K && d == 2) ||
-                    (d == 3 && i == IN_V) ||
-                    (d == 3 && i == IN_DOUT && t->dims[3] == a->in[IN_V].dims[3]);
+        for (int d = 0; d < 3; d++)
+            same &= t->dims[d] == like->dims[d] || (i == IN_K && d == 2);
+        // head_dim: k's is q's, v's its own (MLA), dout's v's.
+        same &= i == IN_V || t->dims[3] == (i == IN_DOUT ? a->in[IN_V] : *q).dims[3];
         if (!same) {
             // Shapes as the files hold them (global tensors; a shard pattern's assembled ones).
             int nd = cpt_tformat_shape(lay->format, t->dims, f1);

@@ -58,10 +58,11 @@ def _ptr(a, ctype):
 
 
 def _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global, *, assignment=None,
-            ulysses=0, sinks=None, softcap=0.0, heads=None):
+            ulysses=0, sinks=None, softcap=0.0, heads=None, lse_lo=None, rows=None):
     """ctxpar_attn_params, and the buffers it points to (keep both alive). Everything the
-    library would read past a buffer's end is checked here: assignment's length (seq_len_global)
-    and the sinks' (heads); the values themselves are the library's to judge."""
+    library would read or write past a buffer's end is checked here: assignment's length
+    (seq_len_global), the sinks' (heads) and lse_lo's shape (rows: the lse's [B, Hq, S/P]); the
+    values themselves are the library's to judge."""
     p = _lib.AttnParams()
     p.struct_size = ctypes.sizeof(_lib.AttnParams)
     p.algo = _choice("algo", ALGOS, algo)
@@ -97,6 +98,9 @@ def _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global, *, as
                              "head")
         keep.append(sk)
         p.sinks = sk.ctypes.data
+    if lse_lo is not None:
+        T.check_lse(lse_lo, *rows, "lse_lo")
+        p.lse_lo = T.data_pointer(lse_lo)
     return p, keep
 
 
@@ -289,10 +293,7 @@ class Context:
         T.check_lse(lse, b, hq, s)
         params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global,
                                assignment=assignment, ulysses=ulysses, sinks=sinks,
-                               softcap=softcap, heads=hq)
-        if lse_lo is not None:
-            T.check_lse(lse_lo, b, hq, s, "lse_lo")
-            params.lse_lo = T.data_pointer(lse_lo)
+                               softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s))
         views = [T.view(x, format, dtype) for x in (q, k, v, out)]
         _lib.check(_lib.lib.ctxpar_attn_fwd(self._ctx, ctypes.byref(params),
                                             *(ctypes.byref(t) for t in views),
@@ -320,10 +321,7 @@ class Context:
         dv = T.empty(v, kshape[:3] + (vdim,), format) if dv is None else dv
         params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global,
                                assignment=assignment, ulysses=ulysses, sinks=sinks,
-                               softcap=softcap, heads=hq)
-        if lse_lo is not None:
-            T.check_lse(lse_lo, b, hq, s, "lse_lo")
-            params.lse_lo = T.data_pointer(lse_lo)
+                               softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s))
         if sinks is not None:
             if dsinks is None:
                 dsinks = T.empty_lse(q, 1, 1, hq).reshape(hq)

@@ -218,11 +218,11 @@ void RunMaskedRowSinks(const MaskedCase &c, bool check_masked_dq) {
     const double scale = 1.0 / std::sqrt((double)D);
     std::vector<double> out(S * HQ * D), lse(HQ * S), dq(S * HQ * D), dk((S - 1) * HKV * D),
         dv((S - 1) * HKV * D), dsinks(HQ);
-    cpt_oracle_fwd_ex(&sh, in64[0].data(), k_kept.data(), v_kept.data(), q_pos.data(),
-                      k_pos.data(), &mask, &f, scale, out.data(), lse.data());
-    cpt_oracle_bwd_ex(&sh, in64[0].data(), k_kept.data(), v_kept.data(), q_pos.data(),
-                      k_pos.data(), &mask, &f, scale, in64[3].data(), dq.data(), dk.data(),
-                      dv.data(), dsinks.data());
+    cpt_oracle_fwd_ex(&sh, in64[0].data(), k_kept.data(), v_kept.data(), q_pos.data(), k_pos.data(),
+                      &mask, &f, scale, out.data(), lse.data());
+    cpt_oracle_bwd_ex(&sh, in64[0].data(), k_kept.data(), v_kept.data(), q_pos.data(), k_pos.data(),
+                      &mask, &f, scale, in64[3].data(), dq.data(), dk.data(), dv.data(),
+                      dsinks.data());
     for (int64_t h = 0; h < HQ; h++) // the oracle itself says: the sink, out 0
         ASSERT_EQ(lse[h * S + P9], (double)sinks[h]);
 

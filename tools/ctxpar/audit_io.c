@@ -206,8 +206,9 @@ ctxpar_status cpt_audit_read_cu_seqlens(const cpt_audit_src *src, char *where, s
     ctxpar_status st = CTXPAR_OK;
     int32_t *cu = NULL;
     if (c.dtype != CPT_NPY_I32 && c.dtype != CPT_NPY_I64) {
-        st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: cu_seqlens has dtype %s; want int32 or int64",
-                          where, cpt_npy_dtype_text(c.dtype));
+        st =
+            CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: cu_seqlens has dtype %s; want int32 or int64",
+                         where, cpt_npy_dtype_text(c.dtype));
     } else if (c.ndim < 1 || c.ndim > 2 || c.shape[c.ndim - 1] < 2 || c.shape[0] < 1) {
         st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                           "%s: cu_seqlens has %d dimensions and %zu entries; want [documents + 1] "
@@ -220,14 +221,15 @@ ctxpar_status cpt_audit_read_cu_seqlens(const cpt_audit_src *src, char *where, s
     const size_t row = st == CTXPAR_OK ? (size_t)c.shape[c.ndim - 1] : 1;
     for (size_t j = 0; st == CTXPAR_OK && j < c.count; j++) {
         const size_t i = j % row; // the entry within its row
-        int64_t v = c.dtype == CPT_NPY_I32 ? ((const int32_t *)c.data)[j]
-                                           : ((const int64_t *)c.data)[j];
+        int64_t v =
+            c.dtype == CPT_NPY_I32 ? ((const int32_t *)c.data)[j] : ((const int64_t *)c.data)[j];
         char at[48] = "";
         if (c.ndim == 2)
             snprintf(at, sizeof at, "[%zu]", j / row);
         if (v < INT32_MIN || v > INT32_MAX)
-            st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: cu_seqlens%s[%zu] = %lld does not fit "
-                              "in int32", where, at, i, (long long)v);
+            st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                              "%s: cu_seqlens%s[%zu] = %lld does not fit in int32", where, at,
+                              i, (long long)v);
         else if ((i == 0 && v != 0) || (i > 0 && v < cu[j - 1]))
             st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                               "%s: cu_seqlens%s[%zu] = %lld; want 0 first, then non-decreasing",
@@ -262,7 +264,7 @@ const char *cpt_audit_shape_text(int ndim, const int64_t *shape, char *buf, size
 
 // dims (and for lse B, H, S) of a raw array, checked against the conventions of lay.
 static ctxpar_status raw_dims(const cpt_npy_array *a, int lse, const cpt_audit_layout *lay,
-                              const char *where, const char *name, int64_t dims[4]) {
+                              const char *where, const char *name, int shard, int64_t dims[4]) {
     char sh[160];
     ctxpar_dtype dt;
     if (!cpt_dtype_of_npy(a->dtype, &dt))
@@ -285,8 +287,8 @@ static ctxpar_status raw_dims(const cpt_npy_array *a, int lse, const cpt_audit_l
             cpt_audit_shape_text(a->ndim, a->shape, sh, sizeof sh),
             lse ? want_l[lay->lse_layout] : want_t[lay->format], lse ? "lse-layout" : "format",
             lse ? cpt_lse_layout_names[lay->lse_layout] : cpt_tformat_names[lay->format]);
-    for (int d = 0; d < 4; d++)
-        if (dims[d] == 0)
+    for (int d = 0; d < 4; d++) // a shard may hold no token (fewer tokens than ranks)
+        if (dims[d] == 0 && !(shard && d == (lse ? 2 : 1)))
             return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s has an empty dimension: shape %s",
                                 where, name,
                                 cpt_audit_shape_text(a->ndim, a->shape, sh, sizeof sh));
@@ -345,7 +347,7 @@ static ctxpar_status read_global(const cpt_audit_src *src, const char *name, int
                                  const cpt_audit_layout *lay, cpt_audit_tensor *out) {
     cpt_npy_array a;
     CTXPAR_CHECK(cpt_audit_read_raw(src, name, 0, &a, out->where, sizeof out->where));
-    ctxpar_status st = raw_dims(&a, lse, lay, out->where, name, out->dims);
+    ctxpar_status st = raw_dims(&a, lse, lay, out->where, name, 0, out->dims);
     if (st == CTXPAR_OK)
         st = alloc_global(out, lse, a.dtype);
     if (st == CTXPAR_OK)
@@ -372,8 +374,8 @@ static ctxpar_status read_shards(const cpt_audit_src *src, const char *name, int
     int64_t(*dims)[4] = calloc((size_t)P, sizeof *dims);
     int64_t *pos = NULL, total = 0;
     const int sd = lse ? 2 : 1; // the sequence's dimension
-    ctxpar_status st = arr && dims ? CTXPAR_OK
-                                   : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate shards");
+    ctxpar_status st =
+        arr && dims ? CTXPAR_OK : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate shards");
     snprintf(out->where, sizeof out->where, "%s", src->path);
     for (int r = 0; st == CTXPAR_OK && r < P; r++) {
         if (!file_for(src, name, r, where, sizeof where, &st_kind) || !file_exists(where)) {
@@ -383,7 +385,7 @@ static ctxpar_status read_shards(const cpt_audit_src *src, const char *name, int
         }
         st = cpt_audit_read_raw(src, name, r, &arr[r], where, sizeof where);
         if (st == CTXPAR_OK)
-            st = raw_dims(&arr[r], lse, lay, where, name, dims[r]);
+            st = raw_dims(&arr[r], lse, lay, where, name, 1, dims[r]);
         int same = 1;
         for (int d = 0; d < 4; d++)
             same &= d == sd || dims[r][d] == dims[0][d];

@@ -764,30 +764,32 @@ TEST(AuditAgainst, ResultsOfTheWrongShapeOrWithoutDoutExit2) {
 // on 4 ranks (uneven shards: 8, 8, 7, 7 under contiguous): every result of the third party made
 // here by the float64 oracle with those features, dsinks included.
 struct Mla {
-    static constexpr int64_t S = 30, HQ = 2, HK = 1, D = 16, DV = 8;
+    static constexpr int64_t HQ = 2, HK = 1, D = 16, DV = 8;
+    int64_t S = 30;
     Vec q, k, v, dout, out, lse, dq, dk, dv;
     double sinks[HQ] = {0.5, -1.0};
     double dsinks[HQ] = {0, 0};
 };
 
-Mla MakeMla() {
+Mla MakeMla(int64_t seq = 30) {
     Mla m;
-    auto fill = [](uint64_t id, int64_t h, int64_t d) {
-        Vec x(static_cast<size_t>(Mla::S * h * d));
+    m.S = seq;
+    auto fill = [&](uint64_t id, int64_t h, int64_t d) {
+        Vec x(static_cast<size_t>(m.S * h * d));
         for (size_t i = 0; i < x.size(); i++)
             x[i] = cpt_test_round(CTXPAR_DTYPE_F32, cpt_test_value(17, id, i));
         return x;
     };
     m.q = fill(1, Mla::HQ, Mla::D), m.k = fill(2, Mla::HK, Mla::D);
     m.v = fill(3, Mla::HK, Mla::DV), m.dout = fill(4, Mla::HQ, Mla::DV);
-    cpt_oracle_shape sh = {1, Mla::S, Mla::S, Mla::HQ, Mla::HK, Mla::D};
+    cpt_oracle_shape sh = {1, m.S, m.S, Mla::HQ, Mla::HK, Mla::D};
     cpt_oracle_features f = {};
     f.head_dim_v = Mla::DV;
     f.sinks = m.sinks;
     ctxpar_mask_desc c = Causal();
     const double scale = (double)(1.0f / std::sqrt((float)Mla::D));
-    m.out.resize((size_t)(Mla::S * Mla::HQ * Mla::DV));
-    m.lse.resize((size_t)(Mla::S * Mla::HQ));
+    m.out.resize((size_t)(m.S * Mla::HQ * Mla::DV));
+    m.lse.resize((size_t)(m.S * Mla::HQ));
     m.dq.resize(m.q.size()), m.dk.resize(m.k.size()), m.dv.resize(m.v.size());
     cpt_oracle_fwd_ex(&sh, m.q.data(), m.k.data(), m.v.data(), nullptr, nullptr, &c, &f, scale,
                       m.out.data(), m.lse.data());
@@ -796,11 +798,10 @@ Mla MakeMla() {
     return m;
 }
 
-const std::vector<int64_t> kMlaQ = {1, Mla::S, Mla::HQ, Mla::D}, kMlaK = {1, Mla::S, Mla::HK, Mla::D},
-                           kMlaV = {1, Mla::S, Mla::HK, Mla::DV},
-                           kMlaO = {1, Mla::S, Mla::HQ, Mla::DV}, kMlaL = {1, Mla::HQ, Mla::S};
-
 std::vector<Named> MlaInputs(const Mla &m) {
+    const std::vector<int64_t> kMlaQ = {1, m.S, Mla::HQ, Mla::D}, kMlaK = {1, m.S, Mla::HK, Mla::D},
+                               kMlaV = {1, m.S, Mla::HK, Mla::DV},
+                               kMlaO = {1, m.S, Mla::HQ, Mla::DV};
     return {{"q", m.q, kMlaQ, CTXPAR_DTYPE_F32},
             {"k", m.k, kMlaK, CTXPAR_DTYPE_F32},
             {"v", m.v, kMlaV, CTXPAR_DTYPE_F32},
@@ -808,14 +809,19 @@ std::vector<Named> MlaInputs(const Mla &m) {
 }
 
 std::vector<Named> MlaResults(const Mla &m) {
-    return {{"out", m.out, kMlaO, CTXPAR_DTYPE_F32}, {"lse", m.lse, kMlaL, CTXPAR_DTYPE_F32},
-            {"dq", m.dq, kMlaQ, CTXPAR_DTYPE_F32},   {"dk", m.dk, kMlaK, CTXPAR_DTYPE_F32},
+    const std::vector<int64_t> kMlaQ = {1, m.S, Mla::HQ, Mla::D}, kMlaK = {1, m.S, Mla::HK, Mla::D},
+                               kMlaV = {1, m.S, Mla::HK, Mla::DV},
+                               kMlaO = {1, m.S, Mla::HQ, Mla::DV}, kMlaL = {1, Mla::HQ, m.S};
+    return {{"out", m.out, kMlaO, CTXPAR_DTYPE_F32},
+            {"lse", m.lse, kMlaL, CTXPAR_DTYPE_F32},
+            {"dq", m.dq, kMlaQ, CTXPAR_DTYPE_F32},
+            {"dk", m.dk, kMlaK, CTXPAR_DTYPE_F32},
             {"dv", m.dv, kMlaV, CTXPAR_DTYPE_F32}};
 }
 
 std::string WriteSinks(const std::string &dir, const Mla &m) {
-    WriteNpy(dir + "/sinks.npy", {"sinks", Vec(m.sinks, m.sinks + Mla::HQ), {Mla::HQ},
-                                  CTXPAR_DTYPE_F32});
+    WriteNpy(dir + "/sinks.npy",
+             {"sinks", Vec(m.sinks, m.sinks + Mla::HQ), {Mla::HQ}, CTXPAR_DTYPE_F32});
     return dir + "/sinks.npy";
 }
 
@@ -831,7 +837,8 @@ TEST(AuditFeatures, MlaWithSinksJudgesDsinksAndSavesIt) {
     const Vec ds(m.dsinks, m.dsinks + Mla::HQ);
     WriteNpy(res + "/dsinks.npy", {"dsinks", ds, {Mla::HQ}, CTXPAR_DTYPE_F32});
     const std::string sinks = WriteSinks(dir, m);
-    const std::string args = "--inputs '" + in + "' --sinks '" + sinks + "' --against '" + res + "'";
+    const std::string args =
+        "--inputs '" + in + "' --sinks '" + sinks + "' --against '" + res + "'";
     Verdict v;
     Judge(args + " --save '" + dir + "/saved'", &v);
     EXPECT_EQ(v.o.code, 0) << v.o.out << v.o.err;
@@ -876,7 +883,7 @@ TEST(AuditFeatures, MlaWithSinksJudgesDsinksAndSavesIt) {
     EXPECT_EQ(o.code, 2) << o.out << o.err;
     EXPECT_NE(o.err.find("want float32 [2]"), std::string::npos) << o.err;
     // dout must carry v's head_dim.
-    WriteNpy(in + "/dout.npy", {"dout", m.q, kMlaQ, CTXPAR_DTYPE_F32});
+    WriteNpy(in + "/dout.npy", {"dout", m.q, {1, m.S, Mla::HQ, Mla::D}, CTXPAR_DTYPE_F32});
     o = Tool("audit --ranks 4 --inputs '" + in + "'");
     EXPECT_EQ(o.code, 2) << o.out << o.err;
     EXPECT_NE(o.err.find("with v's head_dim"), std::string::npos) << o.err;
@@ -884,35 +891,38 @@ TEST(AuditFeatures, MlaWithSinksJudgesDsinksAndSavesIt) {
 
 // Per-rank shards of 30 tokens over 4 ranks under contiguous: the first 30 % 4 = 2 ranks hold
 // one token more (8, 8, 7, 7; api/ctxpar.h). Shards split otherwise are refused, naming the rank.
+// Writes every input and result of m as per-rank shards dir/{name}_{rank}.npy, rank r holding
+// rows[r] consecutive tokens.
+void WriteContiguousShards(const Mla &m, const std::string &dir, const int64_t *rows) {
+    std::vector<Named> all = MlaInputs(m);
+    for (const Named &t : MlaResults(m))
+        all.push_back(t);
+    for (const Named &t : all) {
+        const bool lse = t.name == "lse";
+        const int64_t width = lse ? 1 : t.shape[2] * t.shape[3];
+        for (int r = 0, start = 0; r < 4; start += (int)rows[r], r++) {
+            Vec part;
+            std::vector<int64_t> shape = t.shape;
+            if (lse) { // [1, H, S]: each head's run of the rank's positions
+                for (int64_t h = 0; h < Mla::HQ; h++)
+                    part.insert(part.end(), t.v.begin() + h * m.S + start,
+                                t.v.begin() + h * m.S + start + rows[r]);
+                shape[2] = rows[r];
+            } else {
+                part.assign(t.v.begin() + start * width, t.v.begin() + (start + rows[r]) * width);
+                shape[1] = rows[r];
+            }
+            WriteNpy(dir + "/" + t.name + "_" + std::to_string(r) + ".npy",
+                     {t.name, part, shape, CTXPAR_DTYPE_F32});
+        }
+    }
+}
+
 TEST(AuditFeatures, UnevenShards) {
     const Mla m = MakeMla();
     const std::string dir = Dir("uneven_shards");
     const int64_t counts[4] = {8, 8, 7, 7};
-    auto write = [&](const int64_t *rows) {
-        std::vector<Named> all = MlaInputs(m);
-        for (const Named &t : MlaResults(m))
-            all.push_back(t);
-        for (const Named &t : all) {
-            const bool lse = t.name == "lse";
-            const int64_t width = lse ? 1 : t.shape[2] * t.shape[3];
-            for (int r = 0, start = 0; r < 4; start += (int)rows[r], r++) {
-                Vec part;
-                std::vector<int64_t> shape = t.shape;
-                if (lse) { // [1, H, S]: each head's run of the rank's positions
-                    for (int64_t h = 0; h < Mla::HQ; h++)
-                        part.insert(part.end(), t.v.begin() + h * Mla::S + start,
-                                    t.v.begin() + h * Mla::S + start + rows[r]);
-                    shape[2] = rows[r];
-                } else {
-                    part.assign(t.v.begin() + start * width,
-                                t.v.begin() + (start + rows[r]) * width);
-                    shape[1] = rows[r];
-                }
-                WriteNpy(dir + "/" + t.name + "_" + std::to_string(r) + ".npy",
-                         {t.name, part, shape, CTXPAR_DTYPE_F32});
-            }
-        }
-    };
+    auto write = [&](const int64_t *rows) { WriteContiguousShards(m, dir, rows); };
     write(counts);
     const std::string args = "audit --ranks 4 --layout contiguous --mask causal --json --sinks '" +
                              WriteSinks(dir, m) + "' --shards '" + dir + "/{name}_{rank}.npy'";
@@ -932,6 +942,27 @@ TEST(AuditFeatures, UnevenShards) {
                          "8 of the 30 tokens"),
               std::string::npos)
         << o.err;
+}
+
+// Fewer tokens than ranks: 3 tokens on 4 ranks, the last rank's shards empty (0 rows).
+TEST(AuditFeatures, ShardsOfFewerTokensThanRanks) {
+    const Mla m = MakeMla(3);
+    const std::string dir = Dir("empty_shard");
+    const int64_t counts[4] = {1, 1, 1, 0};
+    WriteContiguousShards(m, dir, counts);
+    Outcome o = Tool("audit --ranks 4 --layout contiguous --mask causal --json --sinks '" +
+                     WriteSinks(dir, m) + "' --shards '" + dir + "/{name}_{rank}.npy' --save '" +
+                     dir + "/saved'");
+    ASSERT_EQ(o.code, 0) << o.out << o.err;
+    json_error_t err;
+    json_t *root = json_loads(o.out.c_str(), 0, &err);
+    ASSERT_NE(root, nullptr) << o.out;
+    EXPECT_TRUE(json_is_true(json_object_get(root, "consistent"))) << o.out;
+    json_decref(root);
+    cpt_npy_array a;
+    ASSERT_EQ(cpt_npy_read((dir + "/saved/out_3.npy").c_str(), &a), CTXPAR_OK);
+    EXPECT_EQ(a.shape[1], 0);
+    cpt_npy_free(&a);
 }
 
 } // namespace

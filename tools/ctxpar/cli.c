@@ -9,8 +9,8 @@
 
 #include "cli.h"
 #include "testing/npy.h"
-#include "tools/ctxpar/audit_io.h"
 #include "testing/tensor_format.h"
+#include "tools/ctxpar/audit_io.h"
 
 typedef enum opt_id {
     O_RANKS, O_BATCH, O_SEQ, O_HEADS, O_KV_HEADS, O_DIM, O_DTYPE, O_MASK, O_WINDOW, O_WINDOW_RIGHT, O_ULYSSES,
@@ -550,8 +550,7 @@ static int load_cu_seqlens(const char *cmd, cpt_cli *cli, FILE *err) {
     int64_t docs = 0, rows = 0;
     ctxpar_status st = cpt_audit_src_open(&src, cli->cu_seqlens_path);
     if (st == CTXPAR_OK)
-        st = cpt_audit_read_cu_seqlens(&src, where, sizeof where, &loaded_cu_seqlens, &docs,
-                                       &rows);
+        st = cpt_audit_read_cu_seqlens(&src, where, sizeof where, &loaded_cu_seqlens, &docs, &rows);
     cpt_audit_src_close(&src);
     if (st != CTXPAR_OK) {
         fprintf(err, "ctxpar %s: --cu-seqlens: %s\n", cmd, cpt_cli_message(ctxpar_last_error()));

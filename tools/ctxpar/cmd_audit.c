@@ -77,8 +77,8 @@ static int check_inputs(const cpt_audit_state *a, const cpt_audit_layout *lay, c
             snprintf(msg, n, "%s: %s has shape %s, which does not match %s's %s%s", t->where,
                      in_names[i], cpt_audit_shape_text(nd, f1, s1, sizeof s1),
                      i == IN_V ? "k" : "q", cpt_audit_shape_text(nd, f2, s2, sizeof s2),
-                     i == IN_K    ? " (only the heads may differ)"
-                     : i == IN_V  ? " (only the head_dim may differ)"
+                     i == IN_K      ? " (only the heads may differ)"
+                     : i == IN_V    ? " (only the head_dim may differ)"
                      : i == IN_DOUT ? " (with v's head_dim)"
                                     : "");
             return 0;
@@ -100,8 +100,8 @@ static int read_cu_seqlens(const cpt_audit_src *src, cpt_audit_state *a, char *w
 }
 
 // dsinks.npy among the results: float32 [heads], judged when the run has sinks and dout.
-static int read_dsinks(const cpt_cli *cli, const cpt_audit_src *src, cpt_audit_state *a,
-                       char *msg, size_t n) {
+static int read_dsinks(const cpt_cli *cli, const cpt_audit_src *src, cpt_audit_state *a, char *msg,
+                       size_t n) {
     cpt_npy_array d;
     if (cpt_audit_read_raw(src, "dsinks", 0, &d, a->dsinks_where, sizeof a->dsinks_where) !=
         CTXPAR_OK)

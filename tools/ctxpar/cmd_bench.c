@@ -76,8 +76,8 @@ static bench_numbers numbers(const cpt_run_config *c, int ranks, const cpt_run_r
     b.fwd_s = r->time_fwd_s;
     b.fwd_bwd_s = c->backward ? r->time_s : NAN;
     // 2 (D + Dv) per visible pair and head (q.k, then p.v): the library's work statistics.
-    b.fwd_flops = 2.0 * (double)(c->head_dim + cpt_run_dim_v(c)) * (double)c->heads *
-                  visible_pairs(c);
+    b.fwd_flops =
+        2.0 * (double)(c->head_dim + cpt_run_dim_v(c)) * (double)c->heads * visible_pairs(c);
     const double tokens = (double)c->batch * (double)c->seq;
     b.fwd_flops_per_s = b.fwd_flops / b.fwd_s;
     b.tokens_per_s = tokens / b.fwd_s;

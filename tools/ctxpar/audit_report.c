@@ -232,6 +232,8 @@ static void print_against_json(FILE *f, const cpt_cli *cli, const cpt_audit_repo
         cpt_json_num(f, rep->dsinks_error);
         fputs(",\"reference_error\":", f);
         cpt_json_num(f, rep->dsinks_reference_error);
+        fputs(",\"ratio\":", f);
+        cpt_json_num(f, rep->dsinks_error / rep->dsinks_reference_error);
         fputs(",\"bound_ratio\":", f);
         cpt_json_num(f, rep->dsinks_bound_ratio);
         fprintf(f, ",\"worst_head\":%lld,\"consistent\":%s}", (long long)rep->dsinks_worst_head,

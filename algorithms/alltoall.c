@@ -161,6 +161,14 @@ typedef struct a2a_ws {
     void *fold; // the sinks' fold (forward with sinks)
 } a2a_ws;
 
+// Floats of the backward's delta buffer: the global rows of this rank's heads, or the local
+// rows of every head when an uneven shard makes those more.
+static size_t a2a_delta_count(const ctxpar_problem *pb) {
+    const size_t glob = ctxpar_count(pb->batch, pb->seq_global, ctxpar_a2a_plan_heads(pb).hq, 1);
+    const size_t local = ctxpar_count(pb->batch, pb->seq_max, pb->heads_q, 1);
+    return glob > local ? glob : local;
+}
+
 static size_t a2a_layout(const ctxpar_problem *pb, int backward, char *base, a2a_ws *w) {
     const int64_t S = pb->seq_global, D = pb->head_dim, Dv = pb->head_dim_v;
     const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(pb);
@@ -190,7 +198,9 @@ static size_t a2a_layout(const ctxpar_problem *pb, int backward, char *base, a2a
     if (!backward && pb->sinks)
         w->fold = ctxpar_carve_take(&c, ctxpar_sinks_fold_bytes(pb, S, h.hq));
     if (backward) {
-        w->delta = ctxpar_carve_take(&c, rows);
+        // delta also lends its zeros to the caller's missing lse_lo ([B, Hq, seq_local]), which
+        // with uneven shards can be more rows than [B, S, Hq / P].
+        w->delta = ctxpar_carve_take(&c, a2a_delta_count(pb) * sizeof(float));
         if (h.replicate)
             w->dkv_sum = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->seq_local, D + Dv, 1) *
                                                    (size_t)pb->heads_kv * sizeof(float));
@@ -376,8 +386,7 @@ static ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_pro
     // Without the caller's low part, zeros travel (delta's buffer, filled only later).
     float *lo = pb->lse_lo ? pb->lse_lo : delta;
     if (!pb->lse_lo)
-        CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, delta, 0.0f,
-                                          ctxpar_count(pb->batch, S, h.hq, 1), run->stream),
+        CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, delta, 0.0f, a2a_delta_count(pb), run->stream),
                           st, done);
     ctxpar_tensor lo_t = ctxpar_a2a_lse_view(lo, pb, pb->seq_local, pb->heads_q);
     const ctxpar_tensor *src[7] = {q, k, v, out, dout, &lse_t, &lo_t};

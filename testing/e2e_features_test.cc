@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "data.h"
 #include "e2e_expect.h"
+#include "oracle.h"
 #include "runner.h"
 #include "tolerance.h"
 
@@ -161,5 +163,199 @@ std::vector<Case> AllCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Features, testing::ValuesIn(AllCases()), CaseName);
+
+// A row that sees no key, with sinks. No mask can hide a query's own key from it, so the row is
+// made by the convention of docs/numerics.md: token 9 is a one-token document whose key scores
+// exactly -inf (k = -inf, q > 0), which counts as fully masked. With sinks its out is 0, its lse
+// the head's sink and its gradients (dq, and dk, dv of key 9) 0; it adds nothing to dsinks. The
+// reference is the fp64 oracle asked directly for that row with key 9 left out of the keys.
+struct MaskedCase {
+    int ranks;
+    ctxpar_algo algo;
+};
+
+class MaskedRowSinks : public testing::TestWithParam<MaskedCase> {};
+
+void RunMaskedRowSinks(const MaskedCase &c, bool check_masked_dq) {
+    const int64_t S = 24, HQ = 4, HKV = 2, D = 8, P9 = 9;
+    const int64_t heads[4] = {HQ, HKV, HKV, HQ};
+    std::vector<double> in64[4];
+    std::vector<float> in32[4];
+    for (int i = 0; i < 4; i++) {
+        in64[i].resize(S * heads[i] * D);
+        cpt_test_fill_global_f64(in64[i].data(), CTXPAR_DTYPE_F32, 77, i + 1, 1, S, heads[i], D);
+    }
+    for (int64_t h = 0; h < HQ; h++)
+        for (int64_t d = 0; d < D; d++)
+            in64[0][(P9 * HQ + h) * D + d] = std::fabs(in64[0][(P9 * HQ + h) * D + d]) + 0.25;
+    for (int i = 0; i < 4; i++)
+        in32[i].assign(in64[i].begin(), in64[i].end());
+    for (int64_t h = 0; h < HKV; h++)
+        for (int64_t d = 0; d < D; d++)
+            in32[1][(P9 * HKV + h) * D + d] = -INFINITY;
+    static const int32_t cu[] = {0, 9, 10, 24};
+    static const float sinks[4] = {0.5f, -1.0f, 2.0f, 0.25f};
+    cpt_run_config cfg;
+    cpt_run_config_default(&cfg);
+    cfg.ranks = c.ranks;
+    cfg.seq = S;
+    cfg.heads = HQ;
+    cfg.kv_heads = HKV;
+    cfg.head_dim = D;
+    cfg.params.algo = c.algo;
+    cfg.params.layout = CTXPAR_LAYOUT_ZIGZAG;
+    cfg.params.mask = CTXPAR_MASK_NONE;
+    cfg.params.cu_seqlens = cu;
+    cfg.params.num_docs = 3;
+    cfg.params.sinks = sinks;
+    cfg.backward = 1;
+    cfg.threads = 1;
+    cfg.compare_oracle = 0; // its literal softmax has -inf * 0 in row 9's dq: asked below
+    cfg.compare_single = 0;
+    cpt_run_inputs inputs = {in32[0].data(), in32[1].data(), in32[2].data(), in32[3].data()};
+    cfg.inputs = &inputs;
+    cpt_run_result r;
+    ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+
+    // The oracle: every query, every key but 9 (whose document then holds no key).
+    std::vector<int64_t> q_pos(S), k_pos;
+    for (int64_t i = 0; i < S; i++) {
+        q_pos[i] = i;
+        if (i != P9)
+            k_pos.push_back(i);
+    }
+    std::vector<double> k_kept, v_kept;
+    for (int64_t j : k_pos)
+        for (int64_t x = 0; x < HKV * D; x++) {
+            k_kept.push_back(in64[1][j * HKV * D + x]);
+            v_kept.push_back(in64[2][j * HKV * D + x]);
+        }
+    cpt_oracle_shape sh = {1, S, S - 1, HQ, HKV, D};
+    const ctxpar_mask_desc mask = cpt_oracle_mask(&cfg.params);
+    const double sinks64[4] = {sinks[0], sinks[1], sinks[2], sinks[3]};
+    cpt_oracle_features f = {};
+    f.sinks = sinks64;
+    const double scale = 1.0 / std::sqrt((double)D);
+    std::vector<double> out(S * HQ * D), lse(HQ * S), dq(S * HQ * D), dk((S - 1) * HKV * D),
+        dv((S - 1) * HKV * D), dsinks(HQ);
+    cpt_oracle_fwd_ex(&sh, in64[0].data(), k_kept.data(), v_kept.data(), q_pos.data(), k_pos.data(),
+                      &mask, &f, scale, out.data(), lse.data());
+    cpt_oracle_bwd_ex(&sh, in64[0].data(), k_kept.data(), v_kept.data(), q_pos.data(), k_pos.data(),
+                      &mask, &f, scale, in64[3].data(), dq.data(), dk.data(), dv.data(),
+                      dsinks.data());
+    for (int64_t h = 0; h < HQ; h++) // the oracle itself says: the sink, out 0
+        ASSERT_EQ(lse[h * S + P9], (double)sinks[h]);
+
+    // Inputs are O(1) and S small: F32 results within 1e-5 of the oracle (errors ~1e-7).
+    const double tol = 1e-5;
+    auto F = [&](cpt_run_tensor t) { return static_cast<const float *>(r.outputs.t[t]); };
+    for (int64_t x = 0; x < S * HQ * D; x++) {
+        ASSERT_NEAR(F(CPT_T_OUT)[x], out[x], tol) << "out " << x;
+        if (x / (HQ * D) != P9 || check_masked_dq) { // row 9's: DISABLED_DqOfTheRowIsZero
+            ASSERT_NEAR(F(CPT_T_DQ)[x], dq[x], tol) << "dq " << x;
+        }
+    }
+    for (int64_t h = 0; h < HQ; h++)
+        for (int64_t i = 0; i < S; i++)
+            ASSERT_NEAR(F(CPT_T_LSE)[h * S + i], lse[h * S + i], tol) << "lse " << h << "," << i;
+    for (int64_t j = 0, kept = 0; j < S; j++) {
+        for (int64_t x = 0; x < HKV * D; x++) {
+            const double rk = j == P9 ? 0.0 : dk[kept * HKV * D + x];
+            const double rv = j == P9 ? 0.0 : dv[kept * HKV * D + x];
+            ASSERT_NEAR(F(CPT_T_DK)[j * HKV * D + x], rk, tol) << "dk " << j;
+            ASSERT_NEAR(F(CPT_T_DV)[j * HKV * D + x], rv, tol) << "dv " << j;
+        }
+        kept += j != P9;
+    }
+    ASSERT_NE(r.outputs.dsinks, nullptr);
+    for (int64_t h = 0; h < HQ; h++)
+        EXPECT_NEAR(r.outputs.dsinks[h], dsinks[h], tol) << "dsinks " << h;
+    for (int64_t h = 0; h < HQ; h++) { // exactly, by the convention
+        EXPECT_EQ(F(CPT_T_LSE)[h * S + P9], sinks[h]);
+        for (int64_t d = 0; d < D; d++) {
+            EXPECT_EQ(F(CPT_T_OUT)[(P9 * HQ + h) * D + d], 0.0f);
+            if (check_masked_dq) {
+                EXPECT_EQ(F(CPT_T_DQ)[(P9 * HQ + h) * D + d], 0.0f);
+            }
+        }
+    }
+    cpt_run_result_free(&r);
+}
+
+TEST_P(MaskedRowSinks, OutZeroLseIsTheSink) {
+    RunMaskedRowSinks(GetParam(), false);
+}
+
+// KNOWN BUG, disabled so that the suite states it rather than hides it: the CPU backward knows a
+// fully masked row by its lse being -inf; with sinks that row's lse is the sink, so its dq is
+// 0 x (-inf) = NaN instead of 0 (backends/cpu/cpu_attn_bwd_items.c, ctxpar_bwd_row_masked).
+TEST_P(MaskedRowSinks, DISABLED_DqOfTheRowIsZero) {
+    RunMaskedRowSinks(GetParam(), true);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, MaskedRowSinks,
+                         testing::Values(MaskedCase{1, CTXPAR_ALGO_RING},
+                                         MaskedCase{3, CTXPAR_ALGO_RING},
+                                         MaskedCase{3, CTXPAR_ALGO_ALLGATHER},
+                                         MaskedCase{2, CTXPAR_ALGO_ALLTOALL},
+                                         MaskedCase{4, CTXPAR_ALGO_ALLTOALL}),
+                         [](const testing::TestParamInfo<MaskedCase> &info) {
+                             return std::string(ctxpar_algo_name(info.param.algo)) + "_P" +
+                                    std::to_string(info.param.ranks);
+                         });
+
+// Regressions found through the Python bindings: documents per batch row with MLA (the forward
+// stepped its per-row accumulators by q's head_dim), and all-to-all's backward with uneven
+// shards and no lse_lo (the zeros sent for the low part did not cover a longer shard's rows:
+// they read stale workspace, which is zero in a fresh process, so only the Python suite's
+// reused memory showed it; kept here for the shapes).
+struct RegressionCase {
+    const char *name;
+    int ranks;
+    ctxpar_algo algo;
+    int64_t seq, head_dim_v;
+    bool per_row_docs;
+};
+
+class Regressions : public testing::TestWithParam<RegressionCase> {};
+
+TEST_P(Regressions, MatchOracle) {
+    const RegressionCase &c = GetParam();
+    static const int32_t cu[2][4] = {{0, 0, 11, 25}, {0, 7, 19, 25}};
+    cpt_run_config cfg;
+    cpt_run_config_default(&cfg);
+    cfg.ranks = c.ranks;
+    cfg.batch = 2;
+    cfg.seq = c.seq;
+    cfg.heads = 4;
+    cfg.kv_heads = 2;
+    cfg.head_dim = 16;
+    cfg.head_dim_v = c.head_dim_v;
+    cfg.params.algo = c.algo;
+    cfg.params.layout = CTXPAR_LAYOUT_CONTIGUOUS;
+    if (c.per_row_docs) {
+        cfg.params.cu_seqlens = &cu[0][0];
+        cfg.params.num_docs = 3;
+        cfg.params.cu_seqlens_rows = 2;
+    }
+    cfg.backward = 1;
+    cfg.threads = 1;
+    cfg.seed = 1700;
+    cpt_run_result r;
+    ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+    CptExpectTensorsMatch(r, c.ranks);
+    EXPECT_TRUE(r.ok);
+    cpt_run_result_free(&r);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, Regressions,
+    testing::Values(RegressionCase{"mla_per_row_docs_P1", 1, CTXPAR_ALGO_RING, 25, 8, true},
+                    RegressionCase{"mla_per_row_docs_P3", 3, CTXPAR_ALGO_RING, 25, 8, true},
+                    RegressionCase{"alltoall_uneven_P4", 4, CTXPAR_ALGO_ALLTOALL, 13, 0, false},
+                    RegressionCase{"alltoall_uneven_P2", 2, CTXPAR_ALGO_ALLTOALL, 11, 0, false}),
+    [](const testing::TestParamInfo<RegressionCase> &info) { return info.param.name; });
 
 } // namespace

@@ -491,6 +491,12 @@ ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs 
             res->oracle_mag16[i] = o.mag16[i];
             o.t[i] = o.mag[i] = o.mag16[i] = NULL;
         }
+    if (cfg->keep_oracle) { // dsinks's too (NULL without sinks)
+        res->oracle_dsinks[0] = o.dsinks;
+        res->oracle_dsinks[1] = o.mag_dsinks;
+        res->oracle_dsinks[2] = o.mag16_dsinks;
+        o.dsinks = o.mag_dsinks = o.mag16_dsinks = NULL;
+    }
     oracle_free(&o);
     return CTXPAR_OK;
 }
@@ -609,5 +615,9 @@ void cpt_run_result_free(cpt_run_result *res) {
         free(res->oracle_mag[i]);
         free(res->oracle_mag16[i]);
         res->oracle[i] = res->oracle_mag[i] = res->oracle_mag16[i] = NULL;
+    }
+    for (int i = 0; i < 3; i++) {
+        free(res->oracle_dsinks[i]);
+        res->oracle_dsinks[i] = NULL;
     }
 }

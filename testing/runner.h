@@ -167,6 +167,8 @@ typedef struct cpt_run_result {
     /* With keep_oracle: the bound's magnitudes M of every element (tolerance.h), same layout. */
     double *oracle_mag[CPT_RUN_TENSORS];
     double *oracle_mag16[CPT_RUN_TENSORS]; /* its 16-bit magnitudes M16 */
+    /* With keep_oracle and sinks: the oracle's dsinks [heads], its M and M16 (else NULL). */
+    double *oracle_dsinks[3];
     /* dsinks (outputs.dsinks): judged by its per-element bound like the tensors (and counted
      * in ok); the bits of P = 1 are not asked of it (each rank's part is rounded before the
      * ranks' sum), the P = 1 error ratio is. */

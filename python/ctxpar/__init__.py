@@ -8,16 +8,18 @@
     Context(device="cpu", comm=...)              one rank of a real distributed program:
         comm = local_group(P).comm(rank), or an mpi4py communicator
         ctx.attention(q, k, v, ...), ctx.attention_backward(...)
+    positions/shard_count/shard/unshard(...)     a layout's tokens per rank (uneven, custom)
     ctxpar.torch                                 autograd Function and an SDPA drop-in
 
 libctxpar.so is found through $CTXPAR_LIBRARY, else relative to this package in an installed
 prefix (PREFIX/lib), else through the dynamic loader's search path.
 """
 from ._audit import AuditError, AuditReport, AuditRow, TensorVerdict, audit, tool_path
-from ._core import Comm, Context, LocalGroup, local_group, positions, shard, simulate, unshard
+from ._core import (Comm, Context, LocalGroup, local_group, positions, shard, shard_count,
+                    simulate, unshard)
 from ._lib import CtxparError, library_path, version
 from ._oracle import oracle
 
 __all__ = ["AuditError", "AuditReport", "AuditRow", "Comm", "Context", "CtxparError",
            "LocalGroup", "TensorVerdict", "audit", "library_path", "local_group", "oracle",
-           "positions", "shard", "simulate", "tool_path", "unshard", "version"]
+           "positions", "shard", "shard_count", "simulate", "tool_path", "unshard", "version"]

@@ -28,7 +28,7 @@ AUDIT_FORMATS = ("bshd", "bhsd", "sbhd", "thd")
 LSE_LAYOUTS = ("bhs", "bsh", "ht")
 LSE_BASES = ("e", "2")
 RESULTS = ("out", "lse", "dq", "dk", "dv")
-INPUTS_FILE, RESULTS_FILE = "inputs.safetensors", "results.safetensors"
+INPUTS_FILE, RESULTS_FILE, SINKS_FILE = "inputs.safetensors", "results.safetensors", "sinks.npy"
 
 
 class AuditError(_lib.CtxparError):
@@ -132,7 +132,7 @@ def _row(j):
 
 def _verdict(name, j):
     return TensorVerdict(name, _num(j["error"]), _num(j["reference_error"]), _num(j["ratio"]),
-                         bool(j["consistent"]), int(j["nonfinite"]), _row(j.get("worst")),
+                         bool(j["consistent"]), int(j.get("nonfinite", 0)), _row(j.get("worst")),
                          [_row(r) for r in j.get("worst_rows", [])],
                          [_num(e) for e in j.get("error_by_rank", [])],
                          _num(j.get("bound_ratio")))
@@ -168,8 +168,8 @@ def _choice(kind, allowed, value):
 
 def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, ranks,
           algo="ring", layout="zigzag", mask="causal", window=0, cu_seqlens=None, scale=None,
-          format="bshd", lse_base="e", lse_layout="bhs", dtype=None, max_ratio=None,
-          num_threads=0, folder=None, tool=None, timeout=None):
+          softcap=0.0, sinks=None, dsinks=None, format="bshd", lse_base="e", lse_layout="bhs",
+          dtype=None, max_ratio=None, num_threads=0, folder=None, tool=None, timeout=None):
     """Judges results computed elsewhere on the inputs q, k, v (and dout): an AuditReport.
 
     out, lse, dq, dk, dv: any of the results to judge (dq, dk, dv need dout), as computed by the
@@ -183,7 +183,11 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
     mask, window, algo: the attention and ctxpar's algorithm for its own reference run. dtype:
     the dtype ctxpar's own run uses (default: the results'). max_ratio: also require each error at most
     max_ratio x ctxpar's own (the tool's --max-ratio; None: the per-element bound alone).
-    scale: the softmax scale (None: 1/sqrt(head_dim)), the tool's --scale.
+    scale: the softmax scale (None: 1/sqrt(head_dim)), the tool's --scale. softcap: the logit
+    soft-capping the results were made with (0: none). sinks: float32 [Hq] attention sinks
+    (written to sinks.npy for --sinks); dsinks: their gradient as the other implementation
+    computed it, judged too (needs sinks and dout). v (and out, dout, dv) may have their own
+    head_dim (MLA).
 
     It runs the ctxpar tool (tool_path(tool)) as `ctxpar audit --inputs inputs.safetensors
     --against results.safetensors ... --json` in `folder` (kept; default a temporary folder,
@@ -192,9 +196,12 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
     for inputs or results it refuses (shapes, dtypes, cu_seqlens), CtxparError when ctxpar's
     own run fails, FileNotFoundError when there is no tool.
     """
-    results = {n: t for n, t in zip(RESULTS, (out, lse, dq, dk, dv)) if t is not None}
+    results = {n: t for n, t in zip(RESULTS + ("dsinks",), (out, lse, dq, dk, dv, dsinks))
+               if t is not None}
     if not results:
-        raise ValueError("give at least one of out, lse, dq, dk, dv to judge")
+        raise ValueError("give at least one of out, lse, dq, dk, dv, dsinks to judge")
+    if dsinks is not None and (sinks is None or dout is None):
+        raise ValueError("dsinks is judged with sinks and dout: give both")
     if int(ranks) < 1:
         raise ValueError(f"ranks ({ranks}) must be >= 1")
     _choice("algo", ALGOS, algo)
@@ -232,16 +239,25 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
         command += ["--scale", repr(float(scale))]
     if max_ratio is not None:
         command += ["--max-ratio", repr(float(max_ratio))]
+    if softcap:
+        command += ["--softcap", repr(float(softcap))]
+    sinks32 = None
+    if sinks is not None:
+        sinks32 = np.ascontiguousarray(
+            sinks.detach().cpu().numpy() if hasattr(sinks, "detach") else sinks, np.float32)
+        command += ["--sinks", SINKS_FILE]
     if folder is not None:
         os.makedirs(folder, exist_ok=True)
-        return _run(command, str(folder), inputs, results, timeout, keep=True)
+        return _run(command, str(folder), inputs, results, sinks32, timeout, keep=True)
     with tempfile.TemporaryDirectory(prefix="ctxpar-audit-") as tmp:
-        return _run(command, tmp, inputs, results, timeout, keep=False)
+        return _run(command, tmp, inputs, results, sinks32, timeout, keep=False)
 
 
-def _run(command, folder, inputs, results, timeout, keep):
+def _run(command, folder, inputs, results, sinks, timeout, keep):
     _safetensors.write(os.path.join(folder, INPUTS_FILE), inputs)
     _safetensors.write(os.path.join(folder, RESULTS_FILE), results)
+    if sinks is not None:
+        np.save(os.path.join(folder, SINKS_FILE), sinks)
     # In the folder, so that the tool's messages name the files as the caller sees them there.
     p = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout)
     message = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""

@@ -8,9 +8,10 @@ import numpy as np
 from . import _lib
 from . import _tensor as T
 
-ALGOS = {"auto": 0, "ring": 1, "allgather": 2, "alltoall": 3}
-LAYOUTS = {"contiguous": 0, "zigzag": 1, "striped": 2}
+ALGOS = {"auto": 0, "ring": 1, "allgather": 2, "alltoall": 3, "hybrid": 4}
+LAYOUTS = {"contiguous": 0, "zigzag": 1, "striped": 2, "custom": 3}
 MASKS = {"none": 0, "causal": 1}
+_INT32 = np.iinfo(np.int32)
 
 
 def _choice(kind, table, value):
@@ -19,23 +20,88 @@ def _choice(kind, table, value):
     return table[value]
 
 
-def _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global):
-    """ctxpar_attn_params, and the cu_seqlens buffer it points to (keep both alive)."""
+def _host_array(x):
+    """A NumPy view (or copy) of an array, list or CPU torch tensor."""
+    if T.is_torch(x):
+        return x.detach().to("cpu").numpy()
+    return np.asarray(x)
+
+
+def _int32_buffer(name, values):
+    """values as a dense int32 array; ValueError for non-integers or values outside int32."""
+    a = _host_array(values)
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{name} must hold integers, got {a.dtype}")
+    if a.size and (a.min() < _INT32.min or a.max() > _INT32.max):
+        raise ValueError(f"{name} has values outside int32")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _assignment(layout, assignment, seq_global):
+    """The int32 buffer of a custom layout (None for the built-in layouts). The library reads
+    seq_global entries, so the length is checked here."""
+    if layout == "custom":
+        if assignment is None:
+            raise ValueError("layout 'custom' needs assignment (the rank of each global token)")
+        a = _int32_buffer("assignment", assignment)
+        if a.ndim != 1 or a.shape[0] != int(seq_global):
+            raise ValueError(f"assignment shape {a.shape}: expected [{int(seq_global)}], one rank "
+                             "per global token")
+        return a
+    if assignment is not None:
+        raise ValueError(f"assignment is only for layout 'custom', not '{layout}'")
+    return None
+
+
+def _ptr(a, ctype):
+    return None if a is None else a.ctypes.data_as(ctypes.POINTER(ctype))
+
+
+def _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global, *, assignment=None,
+            ulysses=0, sinks=None, softcap=0.0, heads=None, lse_lo=None, rows=None):
+    """ctxpar_attn_params, and the buffers it points to (keep both alive). Everything the
+    library would read or write past a buffer's end is checked here: assignment's length
+    (seq_len_global), the sinks' (heads) and lse_lo's shape (rows: the lse's [B, Hq, S/P]); the
+    values themselves are the library's to judge."""
     p = _lib.AttnParams()
     p.struct_size = ctypes.sizeof(_lib.AttnParams)
     p.algo = _choice("algo", ALGOS, algo)
     p.layout = _choice("layout", LAYOUTS, layout)
     p.mask = _choice("mask", MASKS, mask)
     p.window_left, p.window_right = T.window_pair(window)
-    buf = None
+    keep = []
     if cu_seqlens is not None:
-        cu = [int(c) for c in np.asarray(cu_seqlens).reshape(-1)]
-        buf = (ctypes.c_int32 * len(cu))(*cu)
-        p.cu_seqlens = buf
-        p.num_docs = len(cu) - 1
+        cu = _int32_buffer("cu_seqlens", cu_seqlens)
+        if cu.ndim not in (1, 2) or cu.shape[-1] < 2:
+            raise ValueError(f"cu_seqlens shape {cu.shape}: expected [docs+1] or [batch, docs+1] "
+                             "with at least 2 boundaries")
+        keep.append(cu)
+        p.cu_seqlens = _ptr(cu, ctypes.c_int32)
+        p.num_docs = cu.shape[-1] - 1
+        p.cu_seqlens_rows = cu.shape[0] if cu.ndim == 2 else 0
     p.softmax_scale = 0.0 if scale is None else float(scale)
     p.seq_len_global = int(seq_len_global or 0)
-    return p, buf
+    if layout == "custom" and assignment is not None and not p.seq_len_global:
+        p.seq_len_global = len(assignment)
+    asg = _assignment(layout, assignment, p.seq_len_global)
+    if asg is not None:
+        keep.append(asg)
+        p.assignment = _ptr(asg, ctypes.c_int32)
+    if int(ulysses) < 0:
+        raise ValueError(f"ulysses ({ulysses}) must be >= 0 (0: chosen by the library)")
+    p.ulysses = int(ulysses)
+    p.softcap = float(softcap or 0.0)
+    if sinks is not None:
+        sk = np.ascontiguousarray(_host_array(sinks), dtype=np.float32)
+        if sk.ndim != 1 or (heads is not None and sk.shape[0] != heads):
+            raise ValueError(f"sinks shape {sk.shape}: expected [{heads}], one logit per query "
+                             "head")
+        keep.append(sk)
+        p.sinks = sk.ctypes.data
+    if lse_lo is not None:
+        T.check_lse(lse_lo, *rows, "lse_lo")
+        p.lse_lo = T.data_pointer(lse_lo)
+    return p, keep
 
 
 class LocalGroup:
@@ -180,43 +246,54 @@ class Context:
                 raise ValueError(f"{name} is {T.dtype_name(t)}, expected {dtype}")
         bq, sq, hq, dq = T.bshd_shape(q, fmt)
         bk, sk, hk, dk = T.bshd_shape(tensors["k"], fmt)
-        if T.bshd_shape(tensors["v"], fmt) != (bk, sk, hk, dk):
-            raise ValueError(f"v shape {tuple(tensors['v'].shape)} != k shape "
-                             f"{tuple(tensors['k'].shape)}")
+        bv, sv, hv, dv = T.bshd_shape(tensors["v"], fmt)
+        if (bv, sv, hv) != (bk, sk, hk) or dv == 0:
+            raise ValueError(f"v shape {tuple(tensors['v'].shape)} and k shape "
+                             f"{tuple(tensors['k'].shape)} must share batch, seq and heads "
+                             "(v may have its own head_dim)")
         if (bk, sk, dk) != (bq, sq, dq) or hk == 0 or hq % hk:
             raise ValueError(f"q ({fmt} {tuple(q.shape)}) and k ({tuple(tensors['k'].shape)}) "
                              "must share batch, seq and head_dim, and q's heads must be a "
                              "multiple of k's")
-        for name in ("out", "dout", "dq"):
-            if name in tensors and T.bshd_shape(tensors[name], fmt) != (bq, sq, hq, dq):
-                raise ValueError(f"{name} shape {tuple(tensors[name].shape)} != q shape "
-                                 f"{tuple(q.shape)}")
-        for name in ("dk", "dv"):
-            if name in tensors and T.bshd_shape(tensors[name], fmt) != (bk, sk, hk, dk):
-                raise ValueError(f"{name} shape {tuple(tensors[name].shape)} != k shape")
-        return dtype, (bq, sq, hq, dq), (bk, sk, hk, dk)
+        want = {"out": (bq, sq, hq, dv), "dout": (bq, sq, hq, dv), "dq": (bq, sq, hq, dq),
+                "dk": (bk, sk, hk, dk), "dv": (bk, sk, hk, dv)}
+        for name, shape in want.items():
+            if name in tensors and T.bshd_shape(tensors[name], fmt) != shape:
+                raise ValueError(f"{name} shape {tuple(tensors[name].shape)} does not fit: "
+                                 f"expected [B, S, H, D] = {shape} in {fmt} order (out and "
+                                 "dout: q's rows and heads with v's head_dim)")
+        return dtype, (bq, sq, hq, dq), (bk, sk, hk, dk), dv
 
     def attention(self, q, k, v, *, algo="ring", layout="zigzag", mask="causal", window=0,
-                  cu_seqlens=None, scale=None, seq_len_global=0, format="bshd", dtype=None,
-                  out=None, lse=None):
+                  cu_seqlens=None, scale=None, seq_len_global=0, assignment=None, ulysses=0,
+                  sinks=None, softcap=0.0, format="bshd", dtype=None, out=None, lse=None,
+                  lse_lo=None):
         """Forward attention on this rank's shard (collective over the comm): (out, lse).
 
-        q [B, S/P, Hq, D], k and v [B, S/P, Hkv, D] in `format`, this rank's tokens in
-        `layout`'s order (ctxpar.shard). out is written in place when given (same shape as q),
-        else allocated like q; lse is float32 [B, Hq, S/P]. dtype: "bf16" for NumPy bfloat16
-        held as uint16 bits; otherwise taken from q.
+        q [B, S/P, Hq, D], k [B, S/P, Hkv, D] and v [B, S/P, Hkv, Dv] in `format` (Dv: v's own
+        head_dim, MLA), this rank's tokens in `layout`'s order (ctxpar.shard; S/P is this rank's
+        ctxpar.shard_count). out [B, S/P, Hq, Dv] is written in place when given, else allocated
+        like q; lse is float32 [B, Hq, S/P]. dtype: "bf16" for NumPy bfloat16 held as uint16
+        bits; otherwise taken from q. seq_len_global: the global S (needed when the shards are
+        uneven; default S/P * P). layout "custom" takes assignment (int [S]: the rank of each
+        global token, the same on every rank). algo "hybrid" takes ulysses (ranks per
+        all-to-all group; 0: the library chooses). sinks: float32 [Hq] logits added once to
+        every row's denominator; softcap C > 0: scores C tanh(x / C). lse_lo: a float32 array
+        like lse that receives the LSE's low part (lse + lse_lo), for attention_backward.
         """
         q, k, v = (T.prepare(x, format) for x in (q, k, v))
         tensors = {"q": q, "k": k, "v": v}
         if out is not None:
             tensors["out"] = out
-        dtype, (b, s, hq, d), _ = self._views(tensors, format, dtype)
+        dtype, (b, s, hq, d), _, dv = self._views(tensors, format, dtype)
         if out is None:
-            out = T.empty(q, (b, s, hq, d), format)
+            out = T.empty(q, (b, s, hq, dv), format)
         if lse is None:
             lse = T.empty_lse(q, b, hq, s)
         T.check_lse(lse, b, hq, s)
-        params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global)
+        params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global,
+                               assignment=assignment, ulysses=ulysses, sinks=sinks,
+                               softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s))
         views = [T.view(x, format, dtype) for x in (q, k, v, out)]
         _lib.check(_lib.lib.ctxpar_attn_fwd(self._ctx, ctypes.byref(params),
                                             *(ctypes.byref(t) for t in views),
@@ -226,20 +303,32 @@ class Context:
 
     def attention_backward(self, q, k, v, out, lse, dout, *, algo="ring", layout="zigzag",
                            mask="causal", window=0, cu_seqlens=None, scale=None,
-                           seq_len_global=0, format="bshd", dtype=None, dq=None, dk=None,
-                           dv=None):
-        """Backward of attention() with the same arguments, out and lse: (dq, dk, dv)."""
+                           seq_len_global=0, assignment=None, ulysses=0, sinks=None,
+                           softcap=0.0, format="bshd", dtype=None, dq=None, dk=None, dv=None,
+                           lse_lo=None, dsinks=None):
+        """Backward of attention() with the same arguments, out and lse (and lse_lo when the
+        forward wrote one): (dq, dk, dv), or (dq, dk, dv, dsinks) with sinks (float32 [Hq], the
+        sinks' gradient summed over batch and rows; written into dsinks when given)."""
         q, k, v, out, dout = (T.prepare(x, format) for x in (q, k, v, out, dout))
         tensors = {"q": q, "k": k, "v": v, "out": out, "dout": dout}
         for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
             if t is not None:
                 tensors[name] = t
-        dtype, (b, s, hq, d), kshape = self._views(tensors, format, dtype)
+        dtype, (b, s, hq, d), kshape, vdim = self._views(tensors, format, dtype)
         T.check_lse(lse, b, hq, s)
         dq = T.empty(q, (b, s, hq, d), format) if dq is None else dq
         dk = T.empty(k, kshape, format) if dk is None else dk
-        dv = T.empty(v, kshape, format) if dv is None else dv
-        params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global)
+        dv = T.empty(v, kshape[:3] + (vdim,), format) if dv is None else dv
+        params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global,
+                               assignment=assignment, ulysses=ulysses, sinks=sinks,
+                               softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s))
+        if sinks is not None:
+            if dsinks is None:
+                dsinks = T.empty_lse(q, 1, 1, hq).reshape(hq)
+            T.check_f32(dsinks, (hq,), "dsinks")
+            params.dsinks = T.data_pointer(dsinks)
+        elif dsinks is not None:
+            raise ValueError("dsinks is the gradient of sinks: pass sinks too")
         views = [T.view(x, format, dtype) for x in (q, k, v, out)]
         grads = [T.view(x, format, dtype) for x in (dout, dq, dk, dv)]
         _lib.check(_lib.lib.ctxpar_attn_bwd(self._ctx, ctypes.byref(params),
@@ -247,20 +336,33 @@ class Context:
                                             T.data_pointer(lse),
                                             *(ctypes.byref(t) for t in grads), None))
         del keep
-        return dq, dk, dv
+        return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 
 
-def positions(layout, seq_global, rank, nranks):
-    """Global positions (int64 array) of the tokens `rank` holds in `layout`; any seq_global
-    >= 1 (uneven shards: the first ranks hold one token more, some may hold none)."""
+def shard_count(layout, seq_global, rank, nranks, assignment=None):
+    """How many tokens `rank` holds of seq_global in `layout` (its local seq): shards differ by
+    at most one token when S does not divide (a rank may hold none); "custom" counts the
+    assignment's entries equal to rank."""
     lay = _choice("layout", LAYOUTS, layout)
+    asg = _assignment(layout, assignment, seq_global)
     n = ctypes.c_int64(0)
-    _lib.check(_lib.lib.ctxpar_shard_count(lay, None, int(seq_global), int(rank), int(nranks),
+    _lib.check(_lib.lib.ctxpar_shard_count(lay, None if asg is None else asg.ctypes.data,
+                                           int(seq_global), int(rank), int(nranks),
                                            ctypes.byref(n)))
-    pos = np.empty(max(n.value, 1), dtype=np.int64)[:n.value]
-    _lib.check(_lib.lib.ctxpar_positions(lay, int(seq_global),
-                                         int(rank), int(nranks),
-                                         pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))))
+    return n.value
+
+
+def positions(layout, seq_global, rank, nranks, assignment=None):
+    """Global positions (int64 array, increasing) of the tokens `rank` holds in `layout`; any
+    seq_global >= 1 (uneven shards: the first ranks hold one token more, some may hold none).
+    layout "custom": assignment (int [seq_global]) gives the rank of each token."""
+    lay = _choice("layout", LAYOUTS, layout)
+    asg = _assignment(layout, assignment, seq_global)
+    n = shard_count(layout, seq_global, rank, nranks, asg)
+    pos = np.empty(max(n, 1), dtype=np.int64)[:n]
+    _lib.check(_lib.lib.ctxpar_positions_assigned(
+        lay, None if asg is None else asg.ctypes.data, int(seq_global), int(rank), int(nranks),
+        pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))))
     return pos
 
 
@@ -271,18 +373,18 @@ def _index(x, pos):
     return pos
 
 
-def shard(x, rank, nranks, layout="zigzag", format="bshd"):
+def shard(x, rank, nranks, layout="zigzag", format="bshd", assignment=None):
     """The tokens of a global tensor that `rank` holds (a copy), in the layout's order."""
     T.check_format(format)
-    pos = positions(layout, T.bshd_shape(x, format)[1], rank, nranks)
+    pos = positions(layout, T.bshd_shape(x, format)[1], rank, nranks, assignment)
     idx = _index(x, pos)
     return x[:, idx] if format == "bshd" else x[:, :, idx]
 
 
-def unshard(local, rank, nranks, out, layout="zigzag", format="bshd"):
+def unshard(local, rank, nranks, out, layout="zigzag", format="bshd", assignment=None):
     """Writes `rank`'s tokens back into their rows of the global tensor `out`."""
     T.check_format(format)
-    pos = positions(layout, T.bshd_shape(out, format)[1], rank, nranks)
+    pos = positions(layout, T.bshd_shape(out, format)[1], rank, nranks, assignment)
     idx = _index(out, pos)
     if format == "bshd":
         out[:, idx] = local
@@ -292,18 +394,25 @@ def unshard(local, rank, nranks, out, layout="zigzag", format="bshd"):
 
 
 def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="causal",
-             window=0, cu_seqlens=None, scale=None, dtype=None, format="bshd", num_threads=None,
+             window=0, cu_seqlens=None, scale=None, assignment=None, ulysses=0, sinks=None,
+             softcap=0.0, lse_lo=False, dtype=None, format="bshd", num_threads=None,
              timeout=None):
     """Context-parallel attention over `ranks` ranks as threads of this process.
 
-    q [B, S, Hq, D], k and v [B, S, Hkv, D] (and dout like q) are global tensors in `format`;
-    each rank gets its shard in `layout`, runs ctxpar, and the results come back in global
-    order: {"out", "lse"} (+ "dq", "dk", "dv" when dout is given). dtype ("f32", "f16",
-    "bf16"): the dtype ctxpar computes in (inputs are rounded to it); None: q's dtype. NumPy
-    results come back as float32 when dtype is bf16 (NumPy has no bfloat16), else in dtype.
-    num_threads: OpenMP threads per rank (default: the cores shared out among the ranks).
+    q [B, S, Hq, D], k [B, S, Hkv, D] and v [B, S, Hkv, Dv] (Dv: v's own head_dim, MLA; dout
+    like out, [B, S, Hq, Dv]) are global tensors in `format`; each rank gets its shard in
+    `layout` (any S: shards may be uneven), runs ctxpar, and the results come back in global
+    order: {"out", "lse"} (+ "dq", "dk", "dv" when dout is given, + "dsinks" with sinks, +
+    "lse_lo" with lse_lo=True). dtype ("f32", "f16", "bf16"): the dtype ctxpar computes in
+    (inputs are rounded to it); None: q's dtype. NumPy results come back as float32 when dtype
+    is bf16 (NumPy has no bfloat16), else in dtype. num_threads: OpenMP threads per rank
+    (default: the cores shared out among the ranks).
     window: W (query i sees keys k with i - k < W) or (W, R) for a two-sided band that also
     needs k - i <= R (FlashAttention's window_size; 0 = no limit on that side).
+    cu_seqlens: [docs+1] document boundaries, or [B, docs+1] for each batch row its own.
+    layout "custom": assignment (int [S], the rank of each token). algo "hybrid": ulysses.
+    sinks (float32 [Hq]) and softcap: see Context.attention. lse_lo: also compute the LSE's low
+    part and hand it to the backward.
     """
     P = int(ranks)
     if P < 1:
@@ -320,29 +429,38 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
     inputs = {n: _cast(x, dtype) for n, x in inputs.items()}
     b, s, hq, d = T.bshd_shape(inputs["q"], format)
     hk = T.bshd_shape(inputs["k"], format)[2]
+    dv = T.bshd_shape(inputs["v"], format)[3]
     _choice("layout", LAYOUTS, layout)
     # Argument errors surface here, on the caller's thread, before any rank starts.
     Context._views(inputs, format, dtype)
-    _params(algo, layout, mask, window, cu_seqlens, scale, s)
+    _, keep = _params(algo, layout, mask, window, cu_seqlens, scale, s, assignment=assignment,
+                      ulysses=ulysses, sinks=sinks, softcap=softcap, heads=hq)
+    asg = _assignment(layout, assignment, s)
     if num_threads is None:
         num_threads = max(1, (os.cpu_count() or 1) // P)
 
     group = local_group(P)
     results, errors = [None] * P, [None] * P
     kw = dict(algo=algo, layout=layout, mask=mask, window=window, cu_seqlens=cu_seqlens,
-              scale=scale, seq_len_global=s, format=format, dtype=dtype)
+              scale=scale, seq_len_global=s, assignment=asg, ulysses=ulysses, sinks=sinks,
+              softcap=softcap, format=format, dtype=dtype)
 
     def rank_main(r):
         try:
-            local = {n: shard(x, r, P, layout, format) for n, x in inputs.items()}
+            local = {n: shard(x, r, P, layout, format, asg) for n, x in inputs.items()}
+            n = shard_count(layout, s, r, P, asg)
             with Context("cpu", group.comm(r), num_threads=num_threads) as ctx:
                 if timeout is not None:
                     ctx.comm.set_timeout(timeout)
-                out, lse = ctx.attention(local["q"], local["k"], local["v"], **kw)
+                lo = T.empty_lse(inputs["q"], b, hq, n) if lse_lo else None
+                out, lse = ctx.attention(local["q"], local["k"], local["v"], lse_lo=lo, **kw)
                 res = {"out": out, "lse": lse}
+                if lse_lo:
+                    res["lse_lo"] = lo
                 if dout is not None:
-                    res["dq"], res["dk"], res["dv"] = ctx.attention_backward(
-                        local["q"], local["k"], local["v"], out, lse, local["dout"], **kw)
+                    grads = ctx.attention_backward(local["q"], local["k"], local["v"], out, lse,
+                                                   local["dout"], lse_lo=lo, **kw)
+                    res.update(zip(("dq", "dk", "dv", "dsinks"), grads))
                 ctx.comm.close()
             results[r] = res
         except BaseException as e:  # handed to the caller below
@@ -354,6 +472,7 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
         t.start()
     for t in threads:
         t.join()
+    del keep
     failed = [e for e in errors if e is not None]
     if failed:
         # The cause, rather than the REMOTE errors it made the other ranks return.
@@ -362,18 +481,21 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
         raise first
 
     out = {}
-    for name, like, heads in (("out", inputs["q"], hq), ("dq", inputs["q"], hq),
-                              ("dk", inputs["k"], hk), ("dv", inputs["k"], hk)):
+    for name, like, heads, dim in (("out", inputs["q"], hq, dv), ("dq", inputs["q"], hq, d),
+                                   ("dk", inputs["k"], hk, d), ("dv", inputs["k"], hk, dv)):
         if name not in results[0]:
             continue
-        g = T.empty(like, (b, s, heads, d), format)
+        g = T.empty(like, (b, s, heads, dim), format)
         for r in range(P):
-            unshard(results[r][name], r, P, g, layout, format)
+            unshard(results[r][name], r, P, g, layout, format, asg)
         out[name] = _uncast(g, dtype, torch_in)
-    lse = T.empty_lse(inputs["q"], b, hq, s)
-    for r in range(P):
-        lse[:, :, _index(lse, positions(layout, s, r, P))] = results[r]["lse"]
-    out["lse"] = lse
+    for name in ("lse", "lse_lo") if lse_lo else ("lse",):
+        g = T.empty_lse(inputs["q"], b, hq, s)
+        for r in range(P):
+            g[:, :, _index(g, positions(layout, s, r, P, asg))] = results[r][name]
+        out[name] = g
+    if "dsinks" in results[0]:
+        out["dsinks"] = results[0]["dsinks"]  # the library writes the same bits on every rank
     return out
 
 

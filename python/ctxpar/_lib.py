@@ -22,7 +22,9 @@ class AttnParams(ctypes.Structure):
                 ("mask", c_int), ("window_left", c_int64),
                 ("cu_seqlens", ctypes.POINTER(ctypes.c_int32)), ("num_docs", c_int64),
                 ("softmax_scale", ctypes.c_float), ("seq_len_global", c_int64),
-                ("window_right", c_int64)]
+                ("window_right", c_int64), ("sinks", c_void_p), ("dsinks", c_void_p),
+                ("softcap", ctypes.c_float), ("assignment", ctypes.POINTER(ctypes.c_int32)),
+                ("ulysses", c_int64), ("cu_seqlens_rows", c_int64), ("lse_lo", c_void_p)]
 
 
 class CpuOptions(ctypes.Structure):
@@ -94,6 +96,8 @@ _SIGNATURES = {
                                 _P(Tensor), c_void_p, _P(Tensor), _P(Tensor), _P(Tensor),
                                 _P(Tensor), c_void_p]),
     "ctxpar_positions": (c_int, [c_int, c_int64, c_int, c_int, _P(c_int64)]),
+    "ctxpar_positions_assigned": (c_int, [c_int, c_void_p, c_int64, c_int, c_int,
+                                          _P(c_int64)]),
     "ctxpar_shard_count": (c_int, [c_int, c_void_p, c_int64, c_int, c_int, _P(c_int64)]),
 }
 for _name, (_res, _args) in _SIGNATURES.items():

@@ -54,7 +54,13 @@ def bshd_shape(x, fmt):
 
 
 def _strides(x):
-    """Strides in elements, and whether the library can use them as they are."""
+    """Strides in elements, and whether the library can use them as they are. An empty tensor
+    (a rank that holds no token) gets dense strides: NumPy gives it zeros, which mean nothing."""
+    if (x.numel() if is_torch(x) else x.size) == 0:
+        dims, st = tuple(x.shape), [1]
+        for n in reversed(dims[1:]):
+            st.insert(0, st[0] * max(n, 1))
+        return tuple(st), True
     if is_torch(x):
         st = tuple(x.stride())
     else:
@@ -119,14 +125,18 @@ def empty_lse(like, batch, heads, seq):
     return np.empty((batch, heads, seq), dtype=np.float32)
 
 
-def check_lse(lse, batch, heads, seq):
-    ok_dtype = str(lse.dtype) in ("float32", "torch.float32")
-    shape = tuple(lse.shape)
-    if shape != (batch, heads, seq) or not ok_dtype:
-        raise ValueError(f"lse must be float32 [{batch}, {heads}, {seq}], got {lse.dtype} {shape}")
-    contiguous = lse.is_contiguous() if is_torch(lse) else lse.flags.c_contiguous
+def check_f32(x, shape, name):
+    """x must be a dense float32 array or tensor of this shape: the library writes it as such."""
+    ok_dtype = str(x.dtype) in ("float32", "torch.float32")
+    if tuple(x.shape) != tuple(shape) or not ok_dtype:
+        raise ValueError(f"{name} must be float32 {list(shape)}, got {x.dtype} {tuple(x.shape)}")
+    contiguous = x.is_contiguous() if is_torch(x) else x.flags.c_contiguous
     if not contiguous:
-        raise ValueError("lse must be densely packed (C-contiguous)")
+        raise ValueError(f"{name} must be densely packed (C-contiguous)")
+
+
+def check_lse(lse, batch, heads, seq, name="lse"):
+    check_f32(lse, (batch, heads, seq), name)
 
 
 # bfloat16 for NumPy, which has no such type: the upper 16 bits of a float32, stored as uint16.

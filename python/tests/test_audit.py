@@ -207,3 +207,26 @@ def test_nan_in_one_rank_is_an_infinite_error_on_that_rank(tool):
     assert (dv.worst.position, dv.worst.head, dv.worst.rank) == (pos[3], 1, 1)
     assert np.isnan(dv.worst.got) and np.isfinite(dv.worst.expected)
     assert dv.error_by_rank[1] == np.inf and np.isfinite(dv.error_by_rank[0])
+
+
+def test_mla_sinks_softcap_and_dsinks_are_judged(tool):
+    # MLA (v's head_dim 8 beside 16), sinks with their gradient, soft-capping, 30 tokens on 4
+    # ranks (uneven shards): the oracle's results are consistent, a dsinks off by 2x is not.
+    rng = np.random.default_rng(9)
+    q, k = rng.standard_normal((1, 30, 4, 16), np.float32), rng.standard_normal((1, 30, 2, 16),
+                                                                                np.float32)
+    v, do = rng.standard_normal((1, 30, 2, 8), np.float32), rng.standard_normal((1, 30, 4, 8),
+                                                                                np.float32)
+    sinks = np.array([0.5, -1.0, 2.0, 0.0], np.float32)
+    ref = ctxpar.oracle(q, k, v, do, sinks=sinks, softcap=3.0)
+    res = {n: ref[n].astype(np.float32) for n in ("out", "lse", "dq", "dk", "dv", "dsinks")}
+    rep = ctxpar.audit(q, k, v, do, ranks=4, sinks=sinks, softcap=3.0, tool=tool, **res)
+    assert rep.consistent, rep
+    assert set(rep.tensors) == {"out", "lse", "dq", "dk", "dv", "dsinks"}
+    assert rep.tensors["dsinks"].bound_ratio <= 1
+    res["dsinks"] = 2 * res["dsinks"]
+    rep = ctxpar.audit(q, k, v, do, ranks=4, sinks=sinks, softcap=3.0, tool=tool, **res)
+    assert not rep.consistent and not rep.tensors["dsinks"].consistent
+    assert rep.tensors["out"].consistent
+    with pytest.raises(ValueError, match="dsinks"):
+        ctxpar.audit(q, k, v, ranks=4, sinks=sinks, tool=tool, dsinks=res["dsinks"])

@@ -31,6 +31,8 @@ typedef struct cpt_audit_state {
     int32_t *cu_seqlens;
     int64_t num_docs, cu_seqlens_rows;
     cpt_run_inputs inputs;
+    float *dsinks; /* the results' dsinks.npy (float32 [heads]), or NULL */
+    char dsinks_where[4096];
 } cpt_audit_state;
 
 /* Reads every file and fills cli->cfg; 0 and a one-line msg naming the file on failure. */
@@ -41,6 +43,11 @@ typedef struct cpt_audit_report {
     int judged;
     int consistent;
     cpt_audit_verdict v[CPT_RUN_TENSORS]; /* ranks 0: not given */
+    /* dsinks, when the results hold it: its error and error/bound against the oracle's, next to
+     * ctxpar's own error; the worst head. */
+    int has_dsinks, dsinks_consistent;
+    double dsinks_error, dsinks_reference_error, dsinks_bound_ratio;
+    int64_t dsinks_worst_head;
 } cpt_audit_report;
 
 /* Judges every result given against the run's oracle and ctxpar's own errors. */

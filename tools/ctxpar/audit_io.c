@@ -2,6 +2,7 @@
 #include "tools/ctxpar/audit_io.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,6 +199,55 @@ ctxpar_status cpt_audit_read_raw(const cpt_audit_src *src, const char *name, int
     return s;
 }
 
+ctxpar_status cpt_audit_read_cu_seqlens(const cpt_audit_src *src, char *where, size_t where_len,
+                                        int32_t **cu_out, int64_t *docs_out, int64_t *rows_out) {
+    cpt_npy_array c;
+    CTXPAR_CHECK(cpt_audit_read_raw(src, "cu_seqlens", 0, &c, where, where_len));
+    ctxpar_status st = CTXPAR_OK;
+    int32_t *cu = NULL;
+    if (c.dtype != CPT_NPY_I32 && c.dtype != CPT_NPY_I64) {
+        st =
+            CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: cu_seqlens has dtype %s; want int32 or int64",
+                         where, cpt_npy_dtype_text(c.dtype));
+    } else if (c.ndim < 1 || c.ndim > 2 || c.shape[c.ndim - 1] < 2 || c.shape[0] < 1) {
+        st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                          "%s: cu_seqlens has %d dimensions and %zu entries; want [documents + 1] "
+                          "or [batch, documents + 1] with at least 2 entries a row",
+                          where, c.ndim, c.count);
+    } else if (!(cu = malloc(c.count * sizeof *cu))) {
+        st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu entries", where,
+                          c.count);
+    }
+    const size_t row = st == CTXPAR_OK ? (size_t)c.shape[c.ndim - 1] : 1;
+    for (size_t j = 0; st == CTXPAR_OK && j < c.count; j++) {
+        const size_t i = j % row; // the entry within its row
+        int64_t v =
+            c.dtype == CPT_NPY_I32 ? ((const int32_t *)c.data)[j] : ((const int64_t *)c.data)[j];
+        char at[48] = "";
+        if (c.ndim == 2)
+            snprintf(at, sizeof at, "[%zu]", j / row);
+        if (v < INT32_MIN || v > INT32_MAX)
+            st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                              "%s: cu_seqlens%s[%zu] = %lld does not fit in int32", where, at,
+                              i, (long long)v);
+        else if ((i == 0 && v != 0) || (i > 0 && v < cu[j - 1]))
+            st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                              "%s: cu_seqlens%s[%zu] = %lld; want 0 first, then non-decreasing",
+                              where, at, i, (long long)v);
+        else
+            cu[j] = (int32_t)v;
+    }
+    if (st == CTXPAR_OK) {
+        *cu_out = cu;
+        *docs_out = (int64_t)row - 1;
+        *rows_out = c.ndim == 2 ? c.shape[0] : 0;
+    } else {
+        free(cu);
+    }
+    cpt_npy_free(&c);
+    return st;
+}
+
 void cpt_audit_tensor_free(cpt_audit_tensor *t) {
     free(t->data);
     memset(t, 0, sizeof *t);
@@ -214,7 +264,7 @@ const char *cpt_audit_shape_text(int ndim, const int64_t *shape, char *buf, size
 
 // dims (and for lse B, H, S) of a raw array, checked against the conventions of lay.
 static ctxpar_status raw_dims(const cpt_npy_array *a, int lse, const cpt_audit_layout *lay,
-                              const char *where, const char *name, int64_t dims[4]) {
+                              const char *where, const char *name, int shard, int64_t dims[4]) {
     char sh[160];
     ctxpar_dtype dt;
     if (!cpt_dtype_of_npy(a->dtype, &dt))
@@ -237,8 +287,8 @@ static ctxpar_status raw_dims(const cpt_npy_array *a, int lse, const cpt_audit_l
             cpt_audit_shape_text(a->ndim, a->shape, sh, sizeof sh),
             lse ? want_l[lay->lse_layout] : want_t[lay->format], lse ? "lse-layout" : "format",
             lse ? cpt_lse_layout_names[lay->lse_layout] : cpt_tformat_names[lay->format]);
-    for (int d = 0; d < 4; d++)
-        if (dims[d] == 0)
+    for (int d = 0; d < 4; d++) // a shard may hold no token (fewer tokens than ranks)
+        if (dims[d] == 0 && !(shard && d == (lse ? 2 : 1)))
             return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: %s has an empty dimension: shape %s",
                                 where, name,
                                 cpt_audit_shape_text(a->ndim, a->shape, sh, sizeof sh));
@@ -297,7 +347,7 @@ static ctxpar_status read_global(const cpt_audit_src *src, const char *name, int
                                  const cpt_audit_layout *lay, cpt_audit_tensor *out) {
     cpt_npy_array a;
     CTXPAR_CHECK(cpt_audit_read_raw(src, name, 0, &a, out->where, sizeof out->where));
-    ctxpar_status st = raw_dims(&a, lse, lay, out->where, name, out->dims);
+    ctxpar_status st = raw_dims(&a, lse, lay, out->where, name, 0, out->dims);
     if (st == CTXPAR_OK)
         st = alloc_global(out, lse, a.dtype);
     if (st == CTXPAR_OK)
@@ -306,7 +356,9 @@ static ctxpar_status read_global(const cpt_audit_src *src, const char *name, int
     return st;
 }
 
-// Every rank's shard, checked to fit the layout, placed at the rank's positions.
+// Every rank's shard, checked to fit the layout, placed at the rank's positions. Shards may be
+// uneven (any global length): the global length is the sum of the shards' rows, and each rank's
+// rows must be what the layout gives it of that length (ctxpar_shard_count).
 static ctxpar_status read_shards(const cpt_audit_src *src, const char *name, int lse,
                                  const cpt_audit_layout *lay, cpt_audit_tensor *out) {
     const int P = lay->ranks;
@@ -318,51 +370,76 @@ static ctxpar_status read_shards(const cpt_audit_src *src, const char *name, int
                             "%s: a shard for rank %d exists, but --ranks is %d (shards must be "
                             "one per rank)",
                             extra, P, P);
-    ctxpar_status st = CTXPAR_OK;
-    int64_t local[4] = {0}, *pos = NULL;
-    cpt_npy_dtype dtype = CPT_NPY_F32;
+    cpt_npy_array *arr = calloc((size_t)P, sizeof *arr);
+    int64_t(*dims)[4] = calloc((size_t)P, sizeof *dims);
+    int64_t *pos = NULL, total = 0;
+    const int sd = lse ? 2 : 1; // the sequence's dimension
+    ctxpar_status st =
+        arr && dims ? CTXPAR_OK : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate shards");
     snprintf(out->where, sizeof out->where, "%s", src->path);
     for (int r = 0; st == CTXPAR_OK && r < P; r++) {
-        cpt_npy_array a;
-        int64_t dims[4] = {0};
         if (!file_for(src, name, r, where, sizeof where, &st_kind) || !file_exists(where)) {
             st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: rank %d's shard of %s is missing", where,
                               r, name);
             break;
         }
-        CTXPAR_CHECK_GOTO(cpt_audit_read_raw(src, name, r, &a, where, sizeof where), st, done);
-        st = raw_dims(&a, lse, lay, where, name, dims);
-        int64_t seq = lse ? dims[2] : dims[1];
-        if (st == CTXPAR_OK && r == 0) {
-            memcpy(local, dims, sizeof local);
-            dtype = a.dtype;
-            int64_t g[4] = {dims[0], dims[1], dims[2], dims[3]};
-            g[lse ? 2 : 1] = seq * P;
-            memcpy(out->dims, g, sizeof g);
-            // Zigzag needs an even number of rows per rank (two chunks each).
-            if (lay->layout == CTXPAR_LAYOUT_ZIGZAG && seq % 2 != 0)
-                st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                                  "%s: rank 0's shard of %s has %lld rows; a zigzag shard holds "
-                                  "two equal chunks",
-                                  where, name, (long long)seq);
-            if (st == CTXPAR_OK)
-                st = alloc_global(out, lse, dtype);
-            if (st == CTXPAR_OK && !(pos = malloc((size_t)seq * sizeof *pos)))
-                st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
-        }
-        if (st == CTXPAR_OK && (memcmp(dims, local, sizeof dims) != 0 || a.dtype != dtype))
+        st = cpt_audit_read_raw(src, name, r, &arr[r], where, sizeof where);
+        if (st == CTXPAR_OK)
+            st = raw_dims(&arr[r], lse, lay, where, name, 1, dims[r]);
+        int same = 1;
+        for (int d = 0; d < 4; d++)
+            same &= d == sd || dims[r][d] == dims[0][d];
+        if (st == CTXPAR_OK && (!same || arr[r].dtype != arr[0].dtype))
             st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                              "%s: rank %d's shard of %s (%s, %lld rows) does not fit the layout "
-                              "of rank 0's (%s, %lld rows)",
-                              where, r, name, cpt_npy_dtype_text(a.dtype), (long long)seq,
-                              cpt_npy_dtype_text(dtype), (long long)(lse ? local[2] : local[1]));
+                              "%s: rank %d's shard of %s (%s, dims [%lld, %lld, %lld, %lld]) does "
+                              "not fit rank 0's (%s, [%lld, %lld, %lld, %lld]): only the rows may "
+                              "differ",
+                              where, r, name, cpt_npy_dtype_text(arr[r].dtype),
+                              (long long)dims[r][0], (long long)dims[r][1], (long long)dims[r][2],
+                              (long long)dims[r][3], cpt_npy_dtype_text(arr[0].dtype),
+                              (long long)dims[0][0], (long long)dims[0][1], (long long)dims[0][2],
+                              (long long)dims[0][3]);
         if (st == CTXPAR_OK)
-            st = cpt_audit_positions(lay, seq * P, r, pos);
-        if (st == CTXPAR_OK)
-            st = place(&a, lse, lay, dims, pos, seq * P, out->data);
-        cpt_npy_free(&a);
+            total += dims[r][sd];
     }
-done:
+    if (st == CTXPAR_OK) {
+        memcpy(out->dims, dims[0], sizeof out->dims);
+        out->dims[sd] = total;
+        st = alloc_global(out, lse, arr[0].dtype);
+    }
+    if (st == CTXPAR_OK && !(pos = malloc((size_t)total * sizeof *pos + 1)))
+        st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
+    // Of the shards whose rows the layout would not give them, the one farthest from the mean
+    // is named (the odd one out when the others agree).
+    int bad = -1;
+    int64_t bad_want = 0;
+    double bad_off = -1;
+    for (int r = 0; st == CTXPAR_OK && r < P; r++) {
+        int64_t want = total / P;
+        if (!per_document(lay))
+            st = ctxpar_shard_count(lay->layout, lay->assignment, total, r, P, &want);
+        const double off = fabs((double)dims[r][sd] - (double)total / P);
+        if (st == CTXPAR_OK && want != dims[r][sd] && off > bad_off)
+            bad = r, bad_want = want, bad_off = off;
+    }
+    if (st == CTXPAR_OK && bad >= 0) {
+        file_for(src, name, bad, where, sizeof where, &st_kind);
+        st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                          "%s: rank %d's shard of %s has %lld rows, but the %s layout gives rank "
+                          "%d %lld of the %lld tokens the %d shards hold",
+                          where, bad, name, (long long)dims[bad][sd],
+                          ctxpar_layout_name(lay->layout), bad, (long long)bad_want,
+                          (long long)total, P);
+    }
+    for (int r = 0; st == CTXPAR_OK && r < P; r++) {
+        st = cpt_audit_positions(lay, total, r, pos);
+        if (st == CTXPAR_OK)
+            st = place(&arr[r], lse, lay, dims[r], pos, total, out->data);
+    }
+    for (int r = 0; arr && r < P; r++)
+        cpt_npy_free(&arr[r]);
+    free(arr);
+    free(dims);
     free(pos);
     return st;
 }

@@ -85,6 +85,13 @@ ctxpar_status cpt_audit_read(const cpt_audit_src *src, const char *name, int lse
 ctxpar_status cpt_audit_read_raw(const cpt_audit_src *src, const char *name, int rank,
                                     cpt_npy_array *out, char *where, size_t where_len);
 
+/* cu_seqlens from src: int32 or int64 [docs + 1], or [B, docs + 1] (each batch row its own
+ * documents; *rows_out = B, else 0), each row 0 first and non-decreasing, every entry in int32.
+ * *cu_out is malloc'ed (the caller frees it); where its end is checked against the sequence
+ * (and B against the batch) is the caller's. */
+ctxpar_status cpt_audit_read_cu_seqlens(const cpt_audit_src *src, char *where, size_t where_len,
+                                        int32_t **cu_out, int64_t *docs_out, int64_t *rows_out);
+
 void cpt_audit_tensor_free(cpt_audit_tensor *t);
 
 /* "(1, 4096, 8, 64)" ("(3,)" for one dimension) into buf. */

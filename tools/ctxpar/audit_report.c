@@ -6,6 +6,30 @@
 #include "audit.h"
 #include "commands.h"
 #include "ctxpar_backend.h"
+#include "testing/metrics.h"
+#include "testing/tolerance.h"
+
+// dsinks ([heads], float32 whatever the run's dtype) by the bound the runner holds ctxpar's to.
+static ctxpar_status judge_dsinks(const cpt_cli *cli, const cpt_audit_state *a,
+                                  const cpt_run_result *r, cpt_audit_report *rep) {
+    const cpt_run_config *c = &cli->cfg;
+    double *const *o = r->oracle_dsinks;
+    if (!o[0] || !o[1])
+        return CTXPAR_ERROR(CTXPAR_ERR_INTERNAL, "no oracle for dsinks");
+    const size_t n = (size_t)c->heads;
+    const int f32 = c->dtype == CTXPAR_DTYPE_F32;
+    cpt_bound_stats b = cpt_bound_check(a->dsinks, o[0], o[1], f32 ? NULL : o[2], n, c->dtype, 0);
+    rep->has_dsinks = 1;
+    rep->dsinks_bound_ratio = b.max_ratio;
+    rep->dsinks_worst_head = (int64_t)b.worst;
+    rep->dsinks_error = cpt_compare_f32(a->dsinks, o[0], n).rel;
+    rep->dsinks_reference_error = r->dsinks_error;
+    rep->dsinks_consistent =
+        b.max_ratio <= 1.0 &&
+        (cli->max_ratio <= 0 || rep->dsinks_error <= cli->max_ratio * r->dsinks_error);
+    rep->consistent = rep->consistent && rep->dsinks_consistent;
+    return CTXPAR_OK;
+}
 
 ctxpar_status cpt_audit_judge_all(const cpt_cli *cli, const cpt_audit_state *a,
                                      const cpt_run_result *r, cpt_audit_report *rep) {
@@ -38,6 +62,8 @@ ctxpar_status cpt_audit_judge_all(const cpt_cli *cli, const cpt_audit_state *a,
                                 &rep->v[i]);
         rep->consistent = rep->consistent && rep->v[i].consistent;
     }
+    if (st == CTXPAR_OK && a->dsinks)
+        st = judge_dsinks(cli, a, r, rep);
     rep->judged = st == CTXPAR_OK;
     free(owner);
     return st;
@@ -62,7 +88,8 @@ ctxpar_status cpt_audit_save(const cpt_cli *cli, const cpt_audit_state *a,
         if (!r->outputs.t[i])
             continue;
         int64_t heads = i == CPT_T_DK || i == CPT_T_DV ? c->kv_heads : c->heads;
-        int64_t d[4] = {c->batch, c->seq, heads, c->head_dim};
+        int64_t d[4] = {c->batch, c->seq, heads,
+                        i == CPT_T_OUT || i == CPT_T_DV ? cpt_run_dim_v(c) : c->head_dim};
         lse[n] = i == CPT_T_LSE;
         if (lse[n])
             d[1] = c->heads, d[2] = c->seq, d[3] = 1;
@@ -88,6 +115,14 @@ ctxpar_status cpt_audit_save(const cpt_cli *cli, const cpt_audit_state *a,
     }
     if (st == CTXPAR_OK)
         st = cpt_audit_write(a->like, cli->save_dir, n, names, t, lse, &a->lay);
+    if (st == CTXPAR_OK && r->outputs.dsinks) { // float32 [heads], however the rest is stored
+        char path[4096];
+        int64_t shape[1] = {c->heads};
+        if (snprintf(path, sizeof path, "%s/dsinks.npy", cli->save_dir) >= (int)sizeof path)
+            st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: path too long", cli->save_dir);
+        else
+            st = cpt_npy_write(path, CPT_NPY_F32, 1, shape, r->outputs.dsinks);
+    }
     for (int i = 0; i < CPT_RUN_TENSORS; i++)
         free(t[i].data);
     return st;
@@ -126,6 +161,12 @@ static void print_table(FILE *f, const cpt_cli *cli, const cpt_audit_report *rep
             fputc('\n', f);
         }
     }
+    if (rep->has_dsinks)
+        fprintf(f, "  %-6s %-12.3e %-14.3e %-9.3g %-11.3g head %lld  %s\n", "dsinks",
+                rep->dsinks_error, rep->dsinks_reference_error,
+                rep->dsinks_error / rep->dsinks_reference_error, rep->dsinks_bound_ratio,
+                (long long)rep->dsinks_worst_head,
+                rep->dsinks_consistent ? "ok" : "NOT CONSISTENT");
 }
 
 static void print_row_json(FILE *f, const cpt_audit_row *w) {
@@ -186,6 +227,18 @@ static void print_against_json(FILE *f, const cpt_cli *cli, const cpt_audit_repo
         }
         fputs("]}", f);
     }
+    if (rep->has_dsinks) {
+        fputs(",\"dsinks\":{\"error\":", f);
+        cpt_json_num(f, rep->dsinks_error);
+        fputs(",\"reference_error\":", f);
+        cpt_json_num(f, rep->dsinks_reference_error);
+        fputs(",\"ratio\":", f);
+        cpt_json_num(f, rep->dsinks_error / rep->dsinks_reference_error);
+        fputs(",\"bound_ratio\":", f);
+        cpt_json_num(f, rep->dsinks_bound_ratio);
+        fprintf(f, ",\"worst_head\":%lld,\"consistent\":%s}", (long long)rep->dsinks_worst_head,
+                rep->dsinks_consistent ? "true" : "false");
+    }
     fputc('}', f);
 }
 
@@ -237,4 +290,6 @@ void cpt_audit_print(FILE *f, const cpt_cli *cli, const cpt_audit_state *a,
     else if (saved)
         fprintf(f, "  saved out.npy, lse.npy%s to %s\n",
                 cli->cfg.backward ? ", dq.npy, dk.npy, dv.npy" : "", saved);
+    if (saved && r->outputs.dsinks)
+        fprintf(f, "  saved dsinks.npy to %s\n", saved);
 }

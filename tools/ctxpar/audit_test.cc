@@ -758,4 +758,211 @@ TEST(AuditAgainst, ResultsOfTheWrongShapeOrWithoutDoutExit2) {
         << o.err;
 }
 
+// ---------------------------------------------------------------- MLA, sinks, uneven shards
+
+// MLA (v's head_dim 8 beside q/k's 16), GQA (2 query heads on 1 K/V head), sinks and 30 tokens
+// on 4 ranks (uneven shards: 8, 8, 7, 7 under contiguous): every result of the third party made
+// here by the float64 oracle with those features, dsinks included.
+struct Mla {
+    static constexpr int64_t HQ = 2, HK = 1, D = 16, DV = 8;
+    int64_t S = 30;
+    Vec q, k, v, dout, out, lse, dq, dk, dv;
+    double sinks[HQ] = {0.5, -1.0};
+    double dsinks[HQ] = {0, 0};
+};
+
+Mla MakeMla(int64_t seq = 30) {
+    Mla m;
+    m.S = seq;
+    auto fill = [&](uint64_t id, int64_t h, int64_t d) {
+        Vec x(static_cast<size_t>(m.S * h * d));
+        for (size_t i = 0; i < x.size(); i++)
+            x[i] = cpt_test_round(CTXPAR_DTYPE_F32, cpt_test_value(17, id, i));
+        return x;
+    };
+    m.q = fill(1, Mla::HQ, Mla::D), m.k = fill(2, Mla::HK, Mla::D);
+    m.v = fill(3, Mla::HK, Mla::DV), m.dout = fill(4, Mla::HQ, Mla::DV);
+    cpt_oracle_shape sh = {1, m.S, m.S, Mla::HQ, Mla::HK, Mla::D};
+    cpt_oracle_features f = {};
+    f.head_dim_v = Mla::DV;
+    f.sinks = m.sinks;
+    ctxpar_mask_desc c = Causal();
+    const double scale = (double)(1.0f / std::sqrt((float)Mla::D));
+    m.out.resize((size_t)(m.S * Mla::HQ * Mla::DV));
+    m.lse.resize((size_t)(m.S * Mla::HQ));
+    m.dq.resize(m.q.size()), m.dk.resize(m.k.size()), m.dv.resize(m.v.size());
+    cpt_oracle_fwd_ex(&sh, m.q.data(), m.k.data(), m.v.data(), nullptr, nullptr, &c, &f, scale,
+                      m.out.data(), m.lse.data());
+    cpt_oracle_bwd_ex(&sh, m.q.data(), m.k.data(), m.v.data(), nullptr, nullptr, &c, &f, scale,
+                      m.dout.data(), m.dq.data(), m.dk.data(), m.dv.data(), m.dsinks);
+    return m;
+}
+
+std::vector<Named> MlaInputs(const Mla &m) {
+    const std::vector<int64_t> kMlaQ = {1, m.S, Mla::HQ, Mla::D}, kMlaK = {1, m.S, Mla::HK, Mla::D},
+                               kMlaV = {1, m.S, Mla::HK, Mla::DV},
+                               kMlaO = {1, m.S, Mla::HQ, Mla::DV};
+    return {{"q", m.q, kMlaQ, CTXPAR_DTYPE_F32},
+            {"k", m.k, kMlaK, CTXPAR_DTYPE_F32},
+            {"v", m.v, kMlaV, CTXPAR_DTYPE_F32},
+            {"dout", m.dout, kMlaO, CTXPAR_DTYPE_F32}};
+}
+
+std::vector<Named> MlaResults(const Mla &m) {
+    const std::vector<int64_t> kMlaQ = {1, m.S, Mla::HQ, Mla::D}, kMlaK = {1, m.S, Mla::HK, Mla::D},
+                               kMlaV = {1, m.S, Mla::HK, Mla::DV},
+                               kMlaO = {1, m.S, Mla::HQ, Mla::DV}, kMlaL = {1, Mla::HQ, m.S};
+    return {{"out", m.out, kMlaO, CTXPAR_DTYPE_F32},
+            {"lse", m.lse, kMlaL, CTXPAR_DTYPE_F32},
+            {"dq", m.dq, kMlaQ, CTXPAR_DTYPE_F32},
+            {"dk", m.dk, kMlaK, CTXPAR_DTYPE_F32},
+            {"dv", m.dv, kMlaV, CTXPAR_DTYPE_F32}};
+}
+
+std::string WriteSinks(const std::string &dir, const Mla &m) {
+    WriteNpy(dir + "/sinks.npy",
+             {"sinks", Vec(m.sinks, m.sinks + Mla::HQ), {Mla::HQ}, CTXPAR_DTYPE_F32});
+    return dir + "/sinks.npy";
+}
+
+TEST(AuditFeatures, MlaWithSinksJudgesDsinksAndSavesIt) {
+    const Mla m = MakeMla();
+    const std::string dir = Dir("mla_sinks"), in = dir + "/in", res = dir + "/res";
+    mkdir(in.c_str(), 0777);
+    mkdir(res.c_str(), 0777);
+    for (const Named &t : MlaInputs(m))
+        WriteNpy(in + "/" + t.name + ".npy", t);
+    for (const Named &t : MlaResults(m))
+        WriteNpy(res + "/" + t.name + ".npy", t);
+    const Vec ds(m.dsinks, m.dsinks + Mla::HQ);
+    WriteNpy(res + "/dsinks.npy", {"dsinks", ds, {Mla::HQ}, CTXPAR_DTYPE_F32});
+    const std::string sinks = WriteSinks(dir, m);
+    const std::string args =
+        "--inputs '" + in + "' --sinks '" + sinks + "' --against '" + res + "'";
+    Verdict v;
+    Judge(args + " --save '" + dir + "/saved'", &v);
+    EXPECT_EQ(v.o.code, 0) << v.o.out << v.o.err;
+    EXPECT_TRUE(v.Consistent()) << v.o.out;
+    for (const char *t : {"out", "lse", "dq", "dk", "dv", "dsinks"})
+        EXPECT_TRUE(v.TensorOk(t)) << t << ": " << v.o.out;
+    EXPECT_LE(json_number_value(json_object_get(v.Tensor("dsinks"), "bound_ratio")), 1.0);
+    // --save: ctxpar's dsinks (float32 [heads]) and out with v's head_dim, next to the oracle.
+    cpt_npy_array a;
+    ASSERT_EQ(cpt_npy_read((dir + "/saved/dsinks.npy").c_str(), &a), CTXPAR_OK);
+    ASSERT_EQ(a.dtype, CPT_NPY_F32);
+    ASSERT_EQ(a.count, (size_t)Mla::HQ);
+    for (int h = 0; h < Mla::HQ; h++)
+        EXPECT_NEAR(((const float *)a.data)[h], m.dsinks[h], 1e-5 * (1 + std::fabs(m.dsinks[h])));
+    cpt_npy_free(&a);
+    ASSERT_EQ(cpt_npy_read((dir + "/saved/out.npy").c_str(), &a), CTXPAR_OK);
+    EXPECT_EQ(a.ndim, 4);
+    EXPECT_EQ(a.shape[3], Mla::DV);
+    cpt_npy_free(&a);
+
+    // A dsinks off by a factor of 2 (the sink counted on two partials) is not consistent.
+    const Vec twice = {2 * m.dsinks[0], 2 * m.dsinks[1]};
+    WriteNpy(res + "/dsinks.npy", {"dsinks", twice, {Mla::HQ}, CTXPAR_DTYPE_F32});
+    Verdict bad;
+    Judge(args, &bad);
+    EXPECT_EQ(bad.o.code, 1) << bad.o.out << bad.o.err;
+    EXPECT_FALSE(bad.Consistent());
+    EXPECT_FALSE(bad.TensorOk("dsinks"));
+    EXPECT_TRUE(bad.TensorOk("out"));
+
+    // Refusals: dsinks of the wrong length, sinks of the wrong length, dsinks without sinks.
+    WriteNpy(res + "/dsinks.npy", {"dsinks", {1.0, 2.0, 3.0}, {3}, CTXPAR_DTYPE_F32});
+    Outcome o = Tool("audit --ranks 4 " + args);
+    EXPECT_EQ(o.code, 2) << o.out << o.err;
+    EXPECT_NE(o.err.find("dsinks is float32 (3,); want float32 [2]"), std::string::npos) << o.err;
+    WriteNpy(res + "/dsinks.npy", {"dsinks", ds, {Mla::HQ}, CTXPAR_DTYPE_F32});
+    o = Tool("audit --ranks 4 --inputs '" + in + "' --against '" + res + "'");
+    EXPECT_EQ(o.code, 2) << o.out << o.err;
+    EXPECT_NE(o.err.find("holds dsinks, but the run has no --sinks"), std::string::npos) << o.err;
+    WriteNpy(dir + "/sinks3.npy", {"sinks", {1.0, 2.0, 3.0}, {3}, CTXPAR_DTYPE_F32});
+    o = Tool("audit --ranks 4 --inputs '" + in + "' --sinks '" + dir + "/sinks3.npy'");
+    EXPECT_EQ(o.code, 2) << o.out << o.err;
+    EXPECT_NE(o.err.find("want float32 [2]"), std::string::npos) << o.err;
+    // dout must carry v's head_dim.
+    WriteNpy(in + "/dout.npy", {"dout", m.q, {1, m.S, Mla::HQ, Mla::D}, CTXPAR_DTYPE_F32});
+    o = Tool("audit --ranks 4 --inputs '" + in + "'");
+    EXPECT_EQ(o.code, 2) << o.out << o.err;
+    EXPECT_NE(o.err.find("with v's head_dim"), std::string::npos) << o.err;
+}
+
+// Per-rank shards of 30 tokens over 4 ranks under contiguous: the first 30 % 4 = 2 ranks hold
+// one token more (8, 8, 7, 7; api/ctxpar.h). Shards split otherwise are refused, naming the rank.
+// Writes every input and result of m as per-rank shards dir/{name}_{rank}.npy, rank r holding
+// rows[r] consecutive tokens.
+void WriteContiguousShards(const Mla &m, const std::string &dir, const int64_t *rows) {
+    std::vector<Named> all = MlaInputs(m);
+    for (const Named &t : MlaResults(m))
+        all.push_back(t);
+    for (const Named &t : all) {
+        const bool lse = t.name == "lse";
+        const int64_t width = lse ? 1 : t.shape[2] * t.shape[3];
+        for (int r = 0, start = 0; r < 4; start += (int)rows[r], r++) {
+            Vec part;
+            std::vector<int64_t> shape = t.shape;
+            if (lse) { // [1, H, S]: each head's run of the rank's positions
+                for (int64_t h = 0; h < Mla::HQ; h++)
+                    part.insert(part.end(), t.v.begin() + h * m.S + start,
+                                t.v.begin() + h * m.S + start + rows[r]);
+                shape[2] = rows[r];
+            } else {
+                part.assign(t.v.begin() + start * width, t.v.begin() + (start + rows[r]) * width);
+                shape[1] = rows[r];
+            }
+            WriteNpy(dir + "/" + t.name + "_" + std::to_string(r) + ".npy",
+                     {t.name, part, shape, CTXPAR_DTYPE_F32});
+        }
+    }
+}
+
+TEST(AuditFeatures, UnevenShards) {
+    const Mla m = MakeMla();
+    const std::string dir = Dir("uneven_shards");
+    const int64_t counts[4] = {8, 8, 7, 7};
+    auto write = [&](const int64_t *rows) { WriteContiguousShards(m, dir, rows); };
+    write(counts);
+    const std::string args = "audit --ranks 4 --layout contiguous --mask causal --json --sinks '" +
+                             WriteSinks(dir, m) + "' --shards '" + dir + "/{name}_{rank}.npy'";
+    Outcome o = Tool(args);
+    ASSERT_EQ(o.code, 0) << o.out << o.err;
+    json_error_t err;
+    json_t *root = json_loads(o.out.c_str(), 0, &err);
+    ASSERT_NE(root, nullptr) << o.out;
+    EXPECT_TRUE(json_is_true(json_object_get(root, "consistent"))) << o.out;
+    EXPECT_EQ(json_integer_value(json_object_get(json_object_get(root, "config"), "seq")), 30);
+    json_decref(root);
+    const int64_t wrong[4] = {7, 8, 7, 8};
+    write(wrong);
+    o = Tool(args);
+    EXPECT_EQ(o.code, 2) << o.out << o.err;
+    EXPECT_NE(o.err.find("rank 0's shard of q has 7 rows, but the contiguous layout gives rank 0 "
+                         "8 of the 30 tokens"),
+              std::string::npos)
+        << o.err;
+}
+
+// Fewer tokens than ranks: 3 tokens on 4 ranks, the last rank's shards empty (0 rows).
+TEST(AuditFeatures, ShardsOfFewerTokensThanRanks) {
+    const Mla m = MakeMla(3);
+    const std::string dir = Dir("empty_shard");
+    const int64_t counts[4] = {1, 1, 1, 0};
+    WriteContiguousShards(m, dir, counts);
+    Outcome o = Tool("audit --ranks 4 --layout contiguous --mask causal --json --sinks '" +
+                     WriteSinks(dir, m) + "' --shards '" + dir + "/{name}_{rank}.npy' --save '" +
+                     dir + "/saved'");
+    ASSERT_EQ(o.code, 0) << o.out << o.err;
+    json_error_t err;
+    json_t *root = json_loads(o.out.c_str(), 0, &err);
+    ASSERT_NE(root, nullptr) << o.out;
+    EXPECT_TRUE(json_is_true(json_object_get(root, "consistent"))) << o.out;
+    json_decref(root);
+    cpt_npy_array a;
+    ASSERT_EQ(cpt_npy_read((dir + "/saved/out_3.npy").c_str(), &a), CTXPAR_OK);
+    EXPECT_EQ(a.shape[1], 0);
+    cpt_npy_free(&a);
+}
+
 } // namespace

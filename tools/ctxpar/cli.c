@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "testing/npy.h"
 #include "testing/tensor_format.h"
+#include "tools/ctxpar/audit_io.h"
 
 typedef enum opt_id {
     O_RANKS, O_BATCH, O_SEQ, O_HEADS, O_KV_HEADS, O_DIM, O_DTYPE, O_MASK, O_WINDOW, O_WINDOW_RIGHT, O_ULYSSES,
@@ -44,8 +45,8 @@ static const opt options[] = {
     {"--k", O_K, A, 0, "K.npy", "keys, kv_heads heads (or k in --inputs, --shards)"},
     {"--v", O_V, A, 0, "V.npy", "values, the shape of k (or v in --inputs, --shards)"},
     {"--dout", O_DOUT, A, 0, "DO.npy", "gradient of the output, the shape of q: runs backward"},
-    {"--cu-seqlens", O_CU_SEQLENS, A, 0, "CU.npy",
-     "packed documents: int32/int64 [docs + 1], 0 ... seq"},
+    {"--cu-seqlens", O_CU_SEQLENS, C | A | B, 0, "CU.npy",
+     "packed documents: int32/int64 [docs + 1] or [batch, docs + 1], 0 ... seq"},
     {"--inputs", O_INPUTS, A, 0, "SRC",
      "q, k, v (dout, cu_seqlens): .safetensors or a folder of NAME.npy"},
     {"--against", O_AGAINST, A, 0, "SRC",
@@ -66,7 +67,7 @@ static const opt options[] = {
     {"--scale", O_SCALE, C | A | B, 0, "X", "softmax scale of q.k (finite, non-zero)"},
     {"--softcap", O_SOFTCAP, C | A | B, 0, "C",
      "logit soft-capping: the score is C tanh(scale q.k / C) (C > 0)"},
-    {"--sinks", O_SINKS, C | B, 0, "SINKS.npy",
+    {"--sinks", O_SINKS, C | A | B, 0, "SINKS.npy",
      "attention sinks: float32 [heads] logits, once in every row's denominator"},
     {"--algo", O_ALGO, C | A | B, 0, "ring|allgather|alltoall|hybrid|auto", "algorithm"},
     {"--ulysses", O_ULYSSES, C | A | B, 0, "U",
@@ -222,9 +223,10 @@ static const char *const notes_bench =
     "Times context-parallel attention (median of --repeat calls after --warmup) and, in the\n"
     "same run, the baseline: full-sequence attention on one rank with the same backend and the\n"
     "same number of threads in all (threads x ranks; by default every core).\n"
-    "FLOPs: forward 4 * batch * heads * head_dim * (visible query-key pairs), the pairs being\n"
-    "seq^2 without a mask and seq^2 / 2 with a causal one (the usual convention), counted exactly\n"
-    "with --window or --docs; backward 2.5 x forward, so forward + backward is 3.5 x forward.\n"
+    "FLOPs: forward 2 * (head_dim + v-dim) * heads * (visible query-key pairs over the batch;\n"
+    "4 * head_dim without --v-dim), the pairs being seq^2 a row without a mask and seq^2 / 2 with\n"
+    "a causal one (the usual convention), counted exactly with --window, --window-right, --docs\n"
+    "or --cu-seqlens; backward 2.5 x forward, so forward + backward is 3.5 x forward.\n"
     "tokens/s: batch * seq / time. Memory: the library's peak per rank (the caller's tensors not\n"
     "counted). Compute, transfer and wait times come from the library's trace events; the\n"
     "hidden fraction of transfers is 1 - wait / transfer. Backward time: the fwd+bwd median\n"
@@ -462,25 +464,26 @@ static const opt *find_option(const char *a, size_t len) {
 }
 
 // --sinks: a float32 file of one logit per query head.
-static int read_sinks(const char *cmd, cpt_cli *cli, FILE *err) {
+int cpt_cli_load_sinks(cpt_cli *cli, int64_t heads, char *msg, size_t n) {
     cpt_npy_array a;
     if (cpt_npy_read(cli->sinks_path, &a) != CTXPAR_OK) {
-        fprintf(err, "ctxpar %s: --sinks: %s\n", cmd, cpt_cli_message(ctxpar_last_error()));
-        return CPT_EXIT_USAGE;
+        snprintf(msg, n, "--sinks: %s", cpt_cli_message(ctxpar_last_error()));
+        return 0;
     }
-    int rc = -1;
-    if (a.dtype != CPT_NPY_F32 || a.ndim != 1 || (int64_t)a.count != cli->cfg.heads ||
-        a.count > CPT_CLI_MAX_SINKS) {
-        fprintf(err, "ctxpar %s: --sinks %s: want float32 [%lld] (one logit per query head)\n",
-                cmd, cli->sinks_path, (long long)cli->cfg.heads);
-        rc = CPT_EXIT_USAGE;
+    int ok = a.dtype == CPT_NPY_F32 && a.ndim == 1 && (int64_t)a.count == heads &&
+             a.count <= CPT_CLI_MAX_SINKS;
+    if (!ok) {
+        char sh[160];
+        snprintf(msg, n, "--sinks %s: %s %s; want float32 [%lld] (one logit per query head)",
+                 cli->sinks_path, cpt_npy_dtype_text(a.dtype),
+                 cpt_audit_shape_text(a.ndim, a.shape, sh, sizeof sh), (long long)heads);
     } else {
         memcpy(cli->sinks, a.data, a.count * sizeof(float));
         cli->n_sinks = (int64_t)a.count;
         cli->cfg.params.sinks = cli->sinks;
     }
     cpt_npy_free(&a);
-    return rc;
+    return ok;
 }
 
 // What no single flag can check: lists only with --sweep, required files, and so on.
@@ -528,8 +531,51 @@ static int load_assignment(const char *cmd, cpt_cli *cli, FILE *err) {
     return ok;
 }
 
+// check and bench --cu-seqlens FILE.npy: [docs + 1] or [batch, docs + 1] (audit reads its own
+// with the inputs, where the sequence comes from q). Held like the assignment.
+static int32_t *loaded_cu_seqlens;
+
+static int load_cu_seqlens(const char *cmd, cpt_cli *cli, FILE *err) {
+    free(loaded_cu_seqlens);
+    loaded_cu_seqlens = NULL;
+    if (cli->cmd == A || !cli->cu_seqlens_path)
+        return 1;
+    if (cli->cfg.docs > 0 || cli->sweep) {
+        fprintf(err, "ctxpar %s: --cu-seqlens does not combine with %s\n", cmd,
+                cli->sweep ? "--sweep" : "--docs");
+        return 0;
+    }
+    cpt_audit_src src;
+    char where[4096];
+    int64_t docs = 0, rows = 0;
+    ctxpar_status st = cpt_audit_src_open(&src, cli->cu_seqlens_path);
+    if (st == CTXPAR_OK)
+        st = cpt_audit_read_cu_seqlens(&src, where, sizeof where, &loaded_cu_seqlens, &docs, &rows);
+    cpt_audit_src_close(&src);
+    if (st != CTXPAR_OK) {
+        fprintf(err, "ctxpar %s: --cu-seqlens: %s\n", cmd, cpt_cli_message(ctxpar_last_error()));
+        return 0;
+    }
+    const cpt_run_config *c = &cli->cfg;
+    int ok = rows == 0 || rows == c->batch;
+    if (!ok)
+        fprintf(err, "ctxpar %s: %s has %lld rows of documents, but --batch is %lld\n", cmd,
+                cli->cu_seqlens_path, (long long)rows, (long long)c->batch);
+    for (int64_t r = 0; ok && r < (rows ? rows : 1); r++)
+        if (loaded_cu_seqlens[r * (docs + 1) + docs] != c->seq) {
+            fprintf(err, "ctxpar %s: %s%s ends at %d, but --seq is %lld\n", cmd,
+                    cli->cu_seqlens_path, rows ? " (a row)" : "",
+                    loaded_cu_seqlens[r * (docs + 1) + docs], (long long)c->seq);
+            ok = 0;
+        }
+    cli->cfg.params.cu_seqlens = ok ? loaded_cu_seqlens : NULL;
+    cli->cfg.params.num_docs = ok ? docs : 0;
+    cli->cfg.params.cu_seqlens_rows = ok ? rows : 0;
+    return ok;
+}
+
 static int check_combination(const char *cmd, cpt_cli *cli, FILE *err) {
-    if (!load_assignment(cmd, cli, err))
+    if (!load_assignment(cmd, cli, err) || !load_cu_seqlens(cmd, cli, err))
         return CPT_EXIT_USAGE;
     if (!cli->sweep && (cli->n_seqs > 1 || cli->n_ranks > 1)) {
         fprintf(err, "ctxpar %s: a list of values for --seq or --ranks needs --sweep\n", cmd);
@@ -619,10 +665,11 @@ int cpt_cli_parse(const char *cmd, int argc, char **argv, cpt_cli *cli, FILE *ou
     }
     if (!kv_heads_set)
         cli->cfg.kv_heads = cli->cfg.heads;
-    if (cli->sinks_path) {
-        int rc = read_sinks(cmd, cli, err);
-        if (rc >= 0)
-            return rc;
+    char msg[1024];
+    if (cli->sinks_path && bit != A && // audit: once q gives the heads (cmd_audit.c)
+        !cpt_cli_load_sinks(cli, cli->cfg.heads, msg, sizeof msg)) {
+        fprintf(err, "ctxpar %s: %s\n", cmd, msg);
+        return CPT_EXIT_USAGE;
     }
     return check_combination(cmd, cli, err);
 }

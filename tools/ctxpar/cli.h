@@ -61,6 +61,11 @@ enum { CPT_EXIT_OK = 0, CPT_EXIT_FAIL = 1, CPT_EXIT_USAGE = 2 };
 int cpt_cli_parse(const char *cmd, int argc, char **argv, cpt_cli *cli, FILE *out,
                      FILE *err);
 
+/* Reads --sinks (cli->sinks_path): float32 [heads] into cli->sinks, cfg.params.sinks pointing
+ * there; 1, or 0 with a one-line msg. Parsing does it for check and bench; audit once q gives
+ * the heads. */
+int cpt_cli_load_sinks(cpt_cli *cli, int64_t heads, char *msg, size_t n);
+
 /* Prints the usage of `cmd`: its options with their defaults, and its notes. */
 void cpt_cli_usage(const char *cmd, FILE *out);
 

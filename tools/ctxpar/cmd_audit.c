@@ -25,6 +25,7 @@ void cpt_audit_state_free(cpt_audit_state *a) {
     cpt_audit_src_close(&a->shards);
     cpt_audit_src_close(&a->against);
     free(a->cu_seqlens);
+    free(a->dsinks);
     memset(a, 0, sizeof *a);
 }
 
@@ -47,8 +48,8 @@ static const cpt_audit_src *find(const cpt_audit_src *const *order, int count,
     return NULL;
 }
 
-// k and v alike; batch, seq and head_dim as q's; q's heads a multiple of k's; dout like q; one
-// dtype for all.
+// k and v alike but for v's head_dim (MLA: Dv); batch, seq and head_dim as q's; q's heads a
+// multiple of k's; dout like q with v's head_dim; one dtype for all.
 static int check_inputs(const cpt_audit_state *a, const cpt_audit_layout *lay, char *msg,
                         size_t n) {
     const cpt_audit_tensor *q = &a->in[IN_Q], *k = &a->in[IN_K];
@@ -65,8 +66,10 @@ static int check_inputs(const cpt_audit_state *a, const cpt_audit_layout *lay, c
         }
         const cpt_audit_tensor *like = i == IN_V ? k : q;
         int same = 1;
-        for (int d = 0; d < 4; d++)
+        for (int d = 0; d < 3; d++)
             same &= t->dims[d] == like->dims[d] || (i == IN_K && d == 2);
+        // head_dim: k's is q's, v's its own (MLA), dout's v's.
+        same &= i == IN_V || t->dims[3] == (i == IN_DOUT ? a->in[IN_V] : *q).dims[3];
         if (!same) {
             // Shapes as the files hold them (global tensors; a shard pattern's assembled ones).
             int nd = cpt_tformat_shape(lay->format, t->dims, f1);
@@ -74,7 +77,10 @@ static int check_inputs(const cpt_audit_state *a, const cpt_audit_layout *lay, c
             snprintf(msg, n, "%s: %s has shape %s, which does not match %s's %s%s", t->where,
                      in_names[i], cpt_audit_shape_text(nd, f1, s1, sizeof s1),
                      i == IN_V ? "k" : "q", cpt_audit_shape_text(nd, f2, s2, sizeof s2),
-                     i == IN_K ? " (only the heads may differ)" : "");
+                     i == IN_K      ? " (only the heads may differ)"
+                     : i == IN_V    ? " (only the head_dim may differ)"
+                     : i == IN_DOUT ? " (with v's head_dim)"
+                                    : "");
             return 0;
         }
     }
@@ -86,52 +92,39 @@ static int check_inputs(const cpt_audit_state *a, const cpt_audit_layout *lay, c
     return 1;
 }
 
-// cu_seqlens: int32 or int64 [docs + 1], or [B, docs + 1] (each batch row its own documents),
-// each row 0 = c[0] <= c[1] <= ... <= c[docs], each fitting int32 (that each ends at seq, and
-// that B is the batch, is checked once q is read: shards of q are placed by it).
 static int read_cu_seqlens(const cpt_audit_src *src, cpt_audit_state *a, char *where,
                            size_t where_len, char *msg, size_t n) {
-    cpt_npy_array c;
-    if (cpt_audit_read_raw(src, "cu_seqlens", 0, &c, where, where_len) != CTXPAR_OK)
+    return cpt_audit_read_cu_seqlens(src, where, where_len, &a->cu_seqlens, &a->num_docs,
+                                     &a->cu_seqlens_rows) == CTXPAR_OK ||
+           fail(msg, n);
+}
+
+// dsinks.npy among the results: float32 [heads], judged when the run has sinks and dout.
+static int read_dsinks(const cpt_cli *cli, const cpt_audit_src *src, cpt_audit_state *a, char *msg,
+                       size_t n) {
+    cpt_npy_array d;
+    if (cpt_audit_read_raw(src, "dsinks", 0, &d, a->dsinks_where, sizeof a->dsinks_where) !=
+        CTXPAR_OK)
         return fail(msg, n);
+    const int64_t heads = a->in[IN_Q].dims[2];
     int ok = 0;
-    if (c.dtype != CPT_NPY_I32 && c.dtype != CPT_NPY_I64) {
-        snprintf(msg, n, "%s: cu_seqlens has dtype %s; want int32 or int64", where,
-                 cpt_npy_dtype_text(c.dtype));
-    } else if (c.ndim < 1 || c.ndim > 2 || c.shape[c.ndim - 1] < 2 || c.shape[0] < 1) {
-        snprintf(msg, n,
-                 "%s: cu_seqlens has %d dimensions and %zu entries; want [documents + 1] or "
-                 "[batch, documents + 1] with at least 2 entries a row",
-                 where, c.ndim, c.count);
-    } else if (!(a->cu_seqlens = malloc(c.count * sizeof *a->cu_seqlens))) {
-        snprintf(msg, n, "%s: cannot allocate %zu entries", where, c.count);
-    } else {
-        const size_t row = (size_t)c.shape[c.ndim - 1];
-        a->num_docs = (int64_t)row - 1;
-        a->cu_seqlens_rows = c.ndim == 2 ? c.shape[0] : 0;
+    char sh[160];
+    if (d.dtype != CPT_NPY_F32 || d.ndim != 1 || (int64_t)d.count != heads)
+        snprintf(msg, n, "%s: dsinks is %s %s; want float32 [%lld] (one per query head)",
+                 a->dsinks_where, cpt_npy_dtype_text(d.dtype),
+                 cpt_audit_shape_text(d.ndim, d.shape, sh, sizeof sh), (long long)heads);
+    else if (!cli->sinks_path || !a->in[IN_DOUT].data)
+        snprintf(msg, n, "%s: holds dsinks, but the run has no %s", a->dsinks_where,
+                 !cli->sinks_path ? "--sinks" : "dout (the backward gives dsinks)");
+    else if (!(a->dsinks = malloc(d.count * sizeof(float))))
+        snprintf(msg, n, "cannot allocate dsinks");
+    else
         ok = 1;
-        for (size_t j = 0; ok && j < c.count; j++) {
-            const size_t i = j % row; // the entry within its row
-            int64_t v = c.dtype == CPT_NPY_I32 ? ((const int32_t *)c.data)[j]
-                                                  : ((const int64_t *)c.data)[j];
-            char at[48] = "";
-            if (c.ndim == 2)
-                snprintf(at, sizeof at, "[%zu]", j / row);
-            if (v < INT32_MIN || v > INT32_MAX) {
-                snprintf(msg, n, "%s: cu_seqlens%s[%zu] = %lld does not fit in int32", where, at,
-                         i, (long long)v);
-                ok = 0;
-            } else if ((i == 0 && v != 0) || (i > 0 && v < a->cu_seqlens[j - 1])) {
-                snprintf(msg, n,
-                         "%s: cu_seqlens%s[%zu] = %lld; want 0 first, then non-decreasing",
-                         where, at, i, (long long)v);
-                ok = 0;
-            } else {
-                a->cu_seqlens[j] = (int32_t)v;
-            }
-        }
+    if (ok) {
+        memcpy(a->dsinks, d.data, d.count * sizeof(float));
+        a->has_against = 1;
     }
-    cpt_npy_free(&c);
+    cpt_npy_free(&d);
     return ok;
 }
 
@@ -151,6 +144,8 @@ static int read_results(const cpt_cli *cli, cpt_audit_state *a, char *msg, size_
         a->has_against = 1;
         const cpt_audit_tensor *like = i == CPT_T_DK || i == CPT_T_DV ? k : q;
         int64_t want[4] = {like->dims[0], like->dims[1], like->dims[2], like->dims[3]};
+        if (i == CPT_T_OUT || i == CPT_T_DV) // v's head_dim (MLA)
+            want[3] = a->in[IN_V].dims[3];
         if (lse)
             want[1] = q->dims[2], want[2] = q->dims[1], want[3] = 1;
         if (memcmp(want, t->dims, sizeof want) != 0) {
@@ -176,8 +171,11 @@ static int read_results(const cpt_cli *cli, cpt_audit_state *a, char *msg, size_
         if (!lse)
             a->result_dtype = t->dtype, a->result_dtype_set = 1;
     }
+    const cpt_audit_src *ds = find(order, 1, "dsinks");
+    if (ds && !read_dsinks(cli, ds, a, msg, n))
+        return 0;
     if (cli->against_path && !a->has_against) {
-        snprintf(msg, n, "%s: holds none of out, lse, dq, dk, dv", cli->against_path);
+        snprintf(msg, n, "%s: holds none of out, lse, dq, dk, dv, dsinks", cli->against_path);
         return 0;
     }
     return 1;
@@ -224,6 +222,7 @@ static int configure(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
     c->heads = qd[2];
     c->head_dim = qd[3];
     c->kv_heads = a->in[IN_K].dims[2];
+    c->head_dim_v = a->in[IN_V].dims[3] != qd[3] ? a->in[IN_V].dims[3] : 0;
     c->backward = a->in[IN_DOUT].data != NULL;
     c->params.cu_seqlens = a->cu_seqlens;
     c->params.num_docs = a->cu_seqlens ? a->num_docs : 0;
@@ -288,6 +287,8 @@ int cpt_audit_load(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
             return fail(msg, n);
     }
     if (!check_inputs(a, &a->lay, msg, n))
+        return 0;
+    if (cli->sinks_path && !cpt_cli_load_sinks(cli, a->in[IN_Q].dims[2], msg, n))
         return 0;
     for (int64_t r = 0; a->cu_seqlens && r < (a->cu_seqlens_rows ? a->cu_seqlens_rows : 1); r++)
         if (a->cu_seqlens[r * (a->num_docs + 1) + a->num_docs] != a->in[IN_Q].dims[1]) {

@@ -22,25 +22,10 @@ typedef struct bench_numbers {
     double hidden;                // 1 - wait / transfer; NAN when nothing was transferred
 } bench_numbers;
 
-// Visible (query, key) pairs, by the convention of the help: S^2 without a mask, S^2 / 2 causal;
-// counted exactly with windows (query i sees keys k with i - k < W and k - i <= R; causal: also
-// k <= i) or documents (keys of the query's own document only). NAN when the documents cannot
-// be made.
-static double visible_pairs(const cpt_run_config *c) {
+// Visible (query, key) pairs of one batch row with documents cu[0..ndocs] (NULL: one).
+static double row_pairs(const cpt_run_config *c, const int32_t *cu, int64_t ndocs) {
     const int64_t S = c->seq, W = c->params.window_left, R = c->params.window_right;
     const int causal = c->params.mask == CTXPAR_MASK_CAUSAL;
-    if (W <= 0 && R <= 0 && c->docs <= 0)
-        return causal ? (double)S * S / 2 : (double)S * S;
-    int32_t *cu = NULL;
-    int64_t ndocs = 1;
-    if (c->docs > 0) {
-        ndocs = c->docs;
-        cu = malloc((size_t)(ndocs + 1) * sizeof *cu);
-        if (!cu || cpt_run_docs(c->seed, S, ndocs, cu) != CTXPAR_OK) {
-            free(cu);
-            return NAN;
-        }
-    }
     double pairs = 0;
     for (int64_t d = 0; d < ndocs; d++) {
         const int64_t lo = cu ? cu[d] : 0, hi = cu ? cu[d + 1] : S; // [lo, hi)
@@ -50,6 +35,33 @@ static double visible_pairs(const cpt_run_config *c) {
             pairs += (double)(last - first + 1);
         }
     }
+    return pairs;
+}
+
+// Visible (query, key) pairs over the batch, by the convention of the help: S^2 a row without
+// a mask, S^2 / 2 causal; counted exactly with windows (query i sees keys k with i - k < W and
+// k - i <= R; causal: also k <= i) or documents (--docs, or --cu-seqlens with each row's own).
+// NAN when the documents cannot be made.
+static double visible_pairs(const cpt_run_config *c) {
+    const int64_t S = c->seq, B = c->batch;
+    const int causal = c->params.mask == CTXPAR_MASK_CAUSAL;
+    const ctxpar_attn_params *p = &c->params;
+    if (p->cu_seqlens) { // --cu-seqlens: one set for every row, or one per row
+        if (p->cu_seqlens_rows == 0)
+            return (double)B * row_pairs(c, p->cu_seqlens, p->num_docs);
+        double pairs = 0;
+        for (int64_t b = 0; b < p->cu_seqlens_rows; b++)
+            pairs += row_pairs(c, p->cu_seqlens + b * (p->num_docs + 1), p->num_docs);
+        return pairs;
+    }
+    if (p->window_left <= 0 && p->window_right <= 0 && c->docs <= 0)
+        return (double)B * (causal ? (double)S * S / 2 : (double)S * S);
+    if (c->docs <= 0)
+        return (double)B * row_pairs(c, NULL, 1);
+    int32_t *cu = malloc((size_t)(c->docs + 1) * sizeof *cu);
+    double pairs = NAN;
+    if (cu && cpt_run_docs(c->seed, S, c->docs, cu) == CTXPAR_OK)
+        pairs = (double)B * row_pairs(c, cu, c->docs);
     free(cu);
     return pairs;
 }
@@ -63,8 +75,9 @@ static bench_numbers numbers(const cpt_run_config *c, int ranks, const cpt_run_r
     b.peak_flops = cpt_peak_flops(peak, ranks, b.threads);
     b.fwd_s = r->time_fwd_s;
     b.fwd_bwd_s = c->backward ? r->time_s : NAN;
-    b.fwd_flops = 4.0 * (double)c->batch * (double)c->heads * (double)c->head_dim *
-                  visible_pairs(c);
+    // 2 (D + Dv) per visible pair and head (q.k, then p.v): the library's work statistics.
+    b.fwd_flops =
+        2.0 * (double)(c->head_dim + cpt_run_dim_v(c)) * (double)c->heads * visible_pairs(c);
     const double tokens = (double)c->batch * (double)c->seq;
     b.fwd_flops_per_s = b.fwd_flops / b.fwd_s;
     b.tokens_per_s = tokens / b.fwd_s;

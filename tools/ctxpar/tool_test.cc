@@ -957,6 +957,66 @@ TEST(Check, MlaSinksAndSoftcap) {
     EXPECT_NE(o.err.find("want float32 [3]"), std::string::npos) << o.err;
 }
 
+// --cu-seqlens for check and bench, [docs + 1] (every row) or [batch, docs + 1] (each row its
+// own, empty documents too): check judges every tensor against the oracle with those documents,
+// and bench counts exactly the pairs they leave visible (brute force here), at 2 (D + Dv) FLOPs
+// a pair (MLA). Files that do not fit the run are refused, naming the file.
+TEST(CuSeqlens, CheckAndBenchTakeDocumentsPerRow) {
+    const std::string flat = TempDir() + "/cu_flat.npy", rows = TempDir() + "/cu_rows.npy";
+    const int32_t cu_flat[4] = {0, 50, 50, 128};
+    const int64_t cu_rows[2][4] = {{0, 30, 128, 128}, {0, 0, 100, 128}};
+    const int64_t n4 = 4, shape2[2] = {2, 4};
+    ASSERT_EQ(cpt_npy_write(flat.c_str(), CPT_NPY_I32, 1, &n4, cu_flat), CTXPAR_OK);
+    ASSERT_EQ(cpt_npy_write(rows.c_str(), CPT_NPY_I64, 2, shape2, cu_rows), CTXPAR_OK);
+    for (const std::string &cu : {flat, rows}) {
+        SCOPED_TRACE(cu);
+        Outcome o = Tool("check --seq 128 --batch 2 --ranks 3 --heads 2 --dim 16 --v-dim 8 "
+                         "--mask causal --layout zigzag --backward --cu-seqlens " +
+                         cu + " --json");
+        ASSERT_EQ(o.code, 0) << o.err << o.out;
+        Json j;
+        ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+        EXPECT_TRUE(j["ok"].b) << o.out;
+        o = Tool("bench --seq 128 --batch 2 --ranks 2 --heads 2 --dim 16 --v-dim 8 --mask causal "
+                 "--window 40 --repeat 1 --warmup 0 --cu-seqlens " +
+                 cu + " --json");
+        ASSERT_EQ(o.code, 0) << o.err << o.out;
+        ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+        double pairs = 0; // causal, i - k < 40, same document, each batch row its own
+        for (int b = 0; b < 2; b++)
+            for (int i = 0; i < 128; i++)
+                for (int k = 0; k <= i; k++) {
+                    auto doc = [&](int t) {
+                        int d = 0;
+                        for (int e = 1; e < 4; e++)
+                            d += cu == flat ? t >= cu_flat[e] : t >= cu_rows[b][e];
+                        return d;
+                    };
+                    pairs += i - k < 40 && doc(i) == doc(k);
+                }
+        EXPECT_DOUBLE_EQ(j["fwd_flops"].num, 2.0 * (16 + 8) * 2 * pairs);
+    }
+    Outcome o = Tool("check --seq 100 --ranks 2 --cu-seqlens " + flat);
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("ends at 128, but --seq is 100"), std::string::npos) << o.err;
+    o = Tool("check --seq 128 --batch 3 --ranks 2 --cu-seqlens " + rows);
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("2 rows of documents, but --batch is 3"), std::string::npos) << o.err;
+    o = Tool("bench --seq 128 --ranks 2 --docs 3 --cu-seqlens " + flat);
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("does not combine with --docs"), std::string::npos) << o.err;
+}
+
+// MLA: bench counts 2 (D + Dv) FLOPs per visible pair, like the library's work statistics.
+TEST(Bench, MlaCountsTwoDPlusDvPerPair) {
+    Outcome o = Tool("bench --seq 96 --ranks 2 --heads 2 --dim 48 --v-dim 16 --mask causal "
+                     "--repeat 1 --warmup 0 --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_DOUBLE_EQ(j["fwd_flops"].num, 2.0 * (48 + 16) * 2 * 96.0 * 96.0 / 2);
+}
+
 // The per-row error (max over rows of |err| / max |ref row|) is reported beside the per-tensor
 // one in the JSON and the table; it is never below it (the row holding the largest error has
 // at most the tensor's largest reference value), and a causal dk's small late-key rows keep it

@@ -44,10 +44,10 @@ def test_uneven_lengths(algo, layout, s, P):
     check(res, ctxpar.oracle(q, k, v, do))
 
 
-@pytest.mark.parametrize("algo", ["ring", "allgather", "alltoall"])
+@pytest.mark.parametrize("algo", ["ring", "allgather", "alltoall", "hybrid"])
 def test_custom_assignment(algo):
-    # Any token-to-rank map (here a random one over 4 ranks, uneven: 6, 6, 6, 5 tokens). The
-    # hybrid refuses custom layouts for now (NOT_SUPPORTED, algorithms/hybrid.c).
+    # Any token-to-rank map (here a random one over 4 ranks, uneven: 6, 6, 6, 5 tokens); the
+    # hybrid as 2 all-to-all groups of 2.
     s, P = 23, 4
     assignment = np.random.default_rng(7).permutation(np.arange(s) % P)
     for r in range(P):
@@ -56,7 +56,8 @@ def test_custom_assignment(algo):
         assert ctxpar.shard_count("custom", s, r, P, assignment) == len(pos)
     q, k, v, do = inputs(s=s, hq=4, hk=2, d=8, seed=1)
     res = ctxpar.simulate(q, k, v, do, ranks=P, algo=algo, layout="custom",
-                          assignment=assignment, num_threads=1)
+                          assignment=assignment, num_threads=1,
+                          **(dict(ulysses=2) if algo == "hybrid" else {}))
     check(res, ctxpar.oracle(q, k, v, do))
 
 
@@ -80,12 +81,12 @@ def test_mla_v_has_its_own_head_dim(algo, hk):
     check(res, ctxpar.oracle(q, k, v, do))
 
 
-@pytest.mark.parametrize("algo", ["ring", "allgather", "alltoall"])
+@pytest.mark.parametrize("algo", ["ring", "allgather", "alltoall", "hybrid"])
 def test_sinks_and_their_gradient(algo):
     q, k, v, do = inputs(b=2, s=24, hq=4, hk=2, d=8, seed=3)
     sinks = np.array([0.5, -1.0, 2.0, 0.0], dtype=np.float32)
     res = ctxpar.simulate(q, k, v, do, ranks=4, algo=algo, sinks=sinks, window=5,
-                          num_threads=1)
+                          num_threads=1, **(dict(ulysses=2) if algo == "hybrid" else {}))
     ref = ctxpar.oracle(q, k, v, do, sinks=sinks, window=5)
     check(res, ref)
     assert res["dsinks"].dtype == np.float32 and res["dsinks"].shape == (4,)
@@ -144,6 +145,14 @@ def test_hybrid(u, r):
         res = ctxpar.simulate(q, k, v, do, ranks=u * r, algo="hybrid", ulysses=u, mask=mask,
                               window=window, layout="zigzag", num_threads=1)
         check(res, ctxpar.oracle(q, k, v, do, mask=mask, window=window))
+
+
+def test_hybrid_uneven_mla():
+    # 2 x 2 grid, 29 tokens (shards of 8, 7, 7, 7), v's head_dim of its own.
+    q, k, v, do = mla_inputs(s=29, hq=4, hk=2, d=12, dv=8, seed=9)
+    res = ctxpar.simulate(q, k, v, do, ranks=4, algo="hybrid", ulysses=2, layout="zigzag",
+                          num_threads=1)
+    check(res, ctxpar.oracle(q, k, v, do))
 
 
 def test_lse_lo_is_the_remainder_and_feeds_the_backward():

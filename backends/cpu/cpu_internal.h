@@ -28,8 +28,9 @@ extern "C" {
 /* The device's impl. */
 typedef struct ctxpar_cpu_device {
     int num_threads; /* 0 = OpenMP default */
-    const ctxpar_cpu_kernels *kern;
+    const ctxpar_cpu_kernels *kern; /* instruction set and register tile */
     ctxpar_cpu_bwd_schedule bwd;
+    ctxpar_cpu_uarch uarch; /* the core class the tile was chosen for (never AUTO) */
 } ctxpar_cpu_device;
 
 /* Threads of a parallel region of this device (the size workspaces are made for). */

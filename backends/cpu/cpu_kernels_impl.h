@@ -5,6 +5,7 @@
  * define (for their instruction set):
  *   vf, vi           float and uint32 GCC vector types of VL lanes (+ - * and casts work on them)
  *   VL, MR, NR       lanes per vector; register tile = MR vectors of lanes x NR broadcast values
+ *                    (MR x VL must divide 64, the drivers' tile rows)
  *   v_load v_store v_set1 v_fma v_max v_min
  *                    v_max(a, b) / v_min(a, b) return b when either is NaN, so NaN propagates
  *   v_f16_to_f32     (optional) VL half floats -> VL floats, exact
@@ -282,7 +283,9 @@ static float fma_chains(int64_t iters) {
     return total;
 }
 
+#define CPU_STR_(x) #x
+#define CPU_STR(x) CPU_STR_(x)
 const ctxpar_cpu_kernels KERNELS_TABLE = {
     KERNELS_LABEL, MR *VL, scores, accum, softmax_step, fold, exp2_sub, dsoftmax, to_f32,
-    VL, fma_chains,
+    VL, fma_chains, CPU_STR(MR) "x" CPU_STR(NR),
 };

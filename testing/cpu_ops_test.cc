@@ -563,6 +563,58 @@ INSTANTIATE_TEST_SUITE_P(Cpu, UarchChoices, ::testing::Values("generic", "avx2",
                              return std::string(i.param);
                          });
 
+// ---------------------------------------------------------------- soft-capping's tanh
+
+// ctxpar_cpu_softcap's vectorised tanh against libm's, in F64 then rounded once to F32: scores
+// over 16 decades, both signs, zeros, infinities, NaN and hidden pairs. Its documented bound
+// (relative error < 1e-15 before the F32 rounding) means: equal to (float)(C tanh) except where
+// that lies within 1e-15 of a midpoint between floats, and then one F32 ulp away.
+TEST(Softcap, VectorisedTanhWithinItsBound) {
+    const size_t n = 200003; // odd: the tail of the 4-wide loop too
+    std::vector<float> s(n), s0(n), dcap(n, NAN);
+    std::vector<uint32_t> vis(n, 0xffffffffu);
+    for (size_t i = 0; i < n; i++)
+        s[i] = (float)(cpt_test_value(7, 3, i) * std::ldexp(1.0, (int)(i % 64) - 32));
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, -1e-40f, 3.0e38f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        s[i] = special[i];
+    for (size_t i = 100; i < n; i += 97) { // hidden pairs: -inf, left alone, derivative 0
+        s[i] = -INFINITY;
+        vis[i] = 0;
+    }
+    s0 = s;
+    ctxpar_attn_block blk;
+    std::memset(&blk, 0, sizeof blk);
+    blk.softcap = 30.0f;
+    blk.scale = -0.125f; // the sign is in the packed operand: |scale| is used
+    ctxpar_cpu_softcap(&blk, s.data(), dcap.data(), vis.data(), (int64_t)n, 1);
+    const double mul = 0.125 / 30.0;
+    size_t inexact = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!vis[i]) {
+            EXPECT_EQ(s[i], -INFINITY) << i;
+            EXPECT_EQ(dcap[i], 0.0f) << i;
+            continue;
+        }
+        const double t = std::tanh((double)s0[i] * mul);
+        const float want = (float)(30.0 * t), want_d = (float)(1.0 - t * t);
+        if (std::isnan(want)) {
+            EXPECT_TRUE(std::isnan(s[i])) << i;
+            continue;
+        }
+        if (std::memcmp(&want, &s[i], sizeof want) != 0) {
+            inexact++;
+            EXPECT_EQ(std::nextafter(want, s[i]), s[i]) << "score " << s0[i];
+        }
+        EXPECT_LE(std::fabs((double)dcap[i] - (double)want_d), 1e-15 + std::ldexp(1.0, -24))
+            << "score " << s0[i];
+    }
+    EXPECT_EQ(std::signbit(s[1]), true); // -0 stays -0
+    EXPECT_EQ(s[2], 30.0f);
+    EXPECT_EQ(s[3], -30.0f);
+    EXPECT_LE(inexact, n / 100000) << "more F32 roundings differ from libm's than the bound allows";
+}
+
 // ---------------------------------------------------------------- elementwise
 
 // Values that exercise rounding: random, ties, subnormals of F16, overflow, specials.

@@ -565,11 +565,11 @@ INSTANTIATE_TEST_SUITE_P(Cpu, UarchChoices, ::testing::Values("generic", "avx2",
 
 // ---------------------------------------------------------------- soft-capping's tanh
 
-// ctxpar_cpu_softcap's vectorised tanh against libm's, in F64 then rounded once to F32: scores
-// over 16 decades, both signs, zeros, infinities, NaN and hidden pairs. Its documented bound
-// (relative error < 1e-15 before the F32 rounding) means: equal to (float)(C tanh) except where
-// that lies within 1e-15 of a midpoint between floats, and then one F32 ulp away.
-TEST(Softcap, VectorisedTanhWithinItsBound) {
+// The kernel table's vectorised tanh (ctxpar_cpu_softcap) against libm's, in F64 then rounded once
+// to F32: scores over 16 decades, both signs, zeros, infinities, NaN and hidden pairs. Its
+// documented bound (relative error < 1e-15 before the F32 rounding) means: equal to (float)(C tanh)
+// except where that lies within 1e-15 of a midpoint between floats, and then one F32 ulp away.
+void CheckSoftcap(const ctxpar_cpu_kernels *kern) {
     const size_t n = 200003; // odd: the tail of the 4-wide loop too
     std::vector<float> s(n), s0(n), dcap(n, NAN);
     std::vector<uint32_t> vis(n, 0xffffffffu);
@@ -587,7 +587,7 @@ TEST(Softcap, VectorisedTanhWithinItsBound) {
     std::memset(&blk, 0, sizeof blk);
     blk.softcap = 30.0f;
     blk.scale = -0.125f; // the sign is in the packed operand: |scale| is used
-    ctxpar_cpu_softcap(&blk, s.data(), dcap.data(), vis.data(), (int64_t)n, 1);
+    ctxpar_cpu_softcap(kern, &blk, s.data(), dcap.data(), vis.data(), (int64_t)n, 1);
     const double mul = 0.125 / 30.0;
     size_t inexact = 0;
     for (size_t i = 0; i < n; i++) {
@@ -613,6 +613,19 @@ TEST(Softcap, VectorisedTanhWithinItsBound) {
     EXPECT_EQ(s[2], 30.0f);
     EXPECT_EQ(s[3], -30.0f);
     EXPECT_LE(inexact, n / 100000) << "more F32 roundings differ from libm's than the bound allows";
+}
+
+// Every kernel table this CPU runs (each evaluates the tanh with its own vectors).
+TEST(Softcap, VectorisedTanhWithinItsBound) {
+    for (const char *name : {"generic", "avx2", "avx512"}) {
+        Device d(1, name);
+        if (d.st != CTXPAR_OK) {
+            std::printf("skipped: this CPU cannot run the %s kernels\n", name);
+            continue;
+        }
+        SCOPED_TRACE(name);
+        CheckSoftcap(ctxpar_cpu_device_of(d.dev)->kern);
+    }
 }
 
 // ---------------------------------------------------------------- elementwise

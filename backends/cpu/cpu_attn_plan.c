@@ -118,78 +118,9 @@ void *ctxpar_cpu_aligned_alloc(size_t bytes) {
     return aligned_alloc(64, rounded ? rounded : 64);
 }
 
-// Two lanes in GCC's generic vectors (SSE2, which every x86-64 CPU has; this file is compiled
-// for any CPU): the compiler would not vectorise the scalar form (its selects on floats may trap).
-typedef double v2d __attribute__((vector_size(16)));
-typedef int64_t v2l __attribute__((vector_size(16)));
-
-// tanh(x) in F64 without a library call (libm's scalar tanh made a soft-capped forward ~4x
-// slower than a plain one). tanh |x| = e / (e + 2) with e = expm1(2|x|) = 2^k (1 + p) - 1,
-// k = round(2|x| / ln 2), p = expm1(r) for the remainder |r| <= ln(2) / 2 (Cody-Waite: ln 2 in
-// two parts, k ln2_hi exact), p by its Taylor series to r^13 (truncation < 2e-17 relative).
-// Relative error below 1e-15 (a few F64 ulps): (float)(C tanh) is the correctly rounded F32
-// value unless C tanh lies within 1e-15 (relative) of the midpoint between two floats, and is
-// then at most one F32 ulp off (testing/cpu_ops_test checks it against libm's tanh). |x| >= 20
-// gives exactly +-1 (as libm: tanh 20 = 1 - 8.5e-18 rounds to 1); NaN gives NaN; -0 gives -0.
-static inline v2d tanh_v2(v2d x) {
-    const v2l sign = (v2l)x & (v2l){INT64_MIN, INT64_MIN};
-    v2d a = (v2d)((v2l)x ^ sign);
-    const v2l big = a > 20.0; // all ones where |x| > 20 (not for NaN, which stays NaN)
-    a = (v2d)((big & (v2l)(v2d){20.0, 20.0}) | (~big & (v2l)a));
-    const v2d y = 2.0 * a;
-    const v2d kt = y * 0x1.71547652b82fep0 + 0x1.8p52; // y / ln 2 rounded, in the low bits
-    const v2d k = kt - 0x1.8p52;
-    const v2d r = (y - k * 0x1.62e42fee00000p-1) - k * 0x1.a39ef35793c76p-33;
-    static const double inv_fact[] = {1.0 / 479001600.0,
-                                      1.0 / 39916800.0,
-                                      1.0 / 3628800.0,
-                                      1.0 / 362880.0,
-                                      1.0 / 40320.0,
-                                      1.0 / 5040.0,
-                                      1.0 / 720.0,
-                                      1.0 / 120.0,
-                                      1.0 / 24.0,
-                                      1.0 / 6.0,
-                                      0.5,
-                                      1.0};
-    v2d p = r * (1.0 / 6227020800.0) + inv_fact[0]; // 1/13! r + 1/12!
-    for (int i = 1; i < 12; i++)
-        p = p * r + inv_fact[i];
-    p = p * r;
-    // 2^k (0 <= k <= 58) from kt's low bits, then expm1(y): exact scaling, one rounding.
-    const v2d scale = (v2d)(((v2l)kt + 1023) << 52);
-    const v2d e = scale * p + (scale - 1.0);
-    return (v2d)((v2l)(e / (e + 2.0)) | sign);
-}
-
-// Soft-caps m <= 4 scores in place (see ctxpar_cpu_softcap): two independent tanh_v2 chains, so
-// that one's latency hides behind the other's.
-static inline __attribute__((always_inline)) void
-softcap_4(float *s, float *dcap, const uint32_t *vis, int m, double cap, double mul) {
-    float x[4] = {0, 0, 0, 0};
-    memcpy(x, s, (size_t)m * sizeof(float));
-    const v2d lo = tanh_v2((v2d){x[0], x[1]} * mul), hi = tanh_v2((v2d){x[2], x[3]} * mul);
-    for (int j = 0; j < m; j++) {
-        if (vis && !vis[j]) { // a hidden pair (s is -inf there) is left alone
-            if (dcap)
-                dcap[j] = 0.0f;
-            continue;
-        }
-        const double t = j < 2 ? lo[j] : hi[j - 2];
-        s[j] = (float)(cap * t);
-        if (dcap)
-            dcap[j] = (float)(1.0 - t * t);
-    }
-}
-
-void ctxpar_cpu_softcap(const ctxpar_attn_block *blk, float *s, float *dcap, const uint32_t *vis,
-                        int64_t lds, int64_t rows) {
+void ctxpar_cpu_softcap(const ctxpar_cpu_kernels *kern, const ctxpar_attn_block *blk, float *s,
+                        float *dcap, const uint32_t *vis, int64_t lds, int64_t rows) {
     const double cap = blk->softcap;
     const double mul = fabs((double)blk->scale) / cap; // the sign is in the packed operand
-    const int64_t n = rows * lds;
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) // m constant: fixed-size copies, no calls
-        softcap_4(s + i, dcap ? dcap + i : NULL, vis ? vis + i : NULL, 4, cap, mul);
-    if (i < n)
-        softcap_4(s + i, dcap ? dcap + i : NULL, vis ? vis + i : NULL, (int)(n - i), cap, mul);
+    kern->softcap(s, dcap, vis, rows * lds, cap, mul);
 }

@@ -512,13 +512,7 @@ TEST(Uarch, ParseOptionsAndPeakReport) {
 // 3 threads, and the same bits as every other class of the table (a register tile never
 // changes a sum's order). Head dims 72 (causal with documents) and 64 (causal): partial
 // tiles, and column tiles that do and do not divide D.
-class UarchChoices : public ::testing::TestWithParam<const char *> {
-  protected:
-    void SetUp() override {
-        if (!KernelsAvailable(GetParam()))
-            GTEST_SKIP() << "this CPU cannot run the " << GetParam() << " kernels";
-    }
-};
+class UarchChoices : public KernelTables {}; // skips the tables this CPU cannot run
 
 TEST_P(UarchChoices, WithinBoundDeterministicAndTheSameBits) {
     Problem *d64 = new Problem;

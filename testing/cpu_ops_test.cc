@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ostream>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_internal.h"
+#include "backends/cpu/cpu_uarch.h"
 #include "ctxpar_backend.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_half.h"
@@ -48,13 +50,16 @@ const char *const kSchedules[] = {"fused", "two-pass"};
 struct Device {
     ctxpar_device *dev = nullptr;
     ctxpar_status st = CTXPAR_OK;
-    explicit Device(int threads = 0, const char *kernels = nullptr, const char *bwd = nullptr) {
+    explicit Device(int threads = 0, const char *kernels = nullptr, const char *bwd = nullptr,
+                    const char *uarch = nullptr) {
         ctxpar_cpu_options opt = CTXPAR_CPU_OPTIONS_INIT;
         opt.num_threads = threads;
         if (kernels)
             st = ctxpar_cpu_isa_parse(kernels, &opt.kernels);
         if (bwd && st == CTXPAR_OK)
             st = ctxpar_cpu_bwd_schedule_parse(bwd, &opt.bwd_schedule);
+        if (uarch && st == CTXPAR_OK)
+            st = ctxpar_cpu_uarch_parse(uarch, &opt.uarch);
         if (st == CTXPAR_OK)
             st = ctxpar_device_create_cpu(&opt, &dev);
     }
@@ -70,8 +75,9 @@ bool KernelsAvailable(const char *name) {
 }
 
 // Runs the block forward (merge = 0) on a fresh device.
-FwdResult RunFwd(const Problem &p, int threads = 0, const char *kernels = nullptr) {
-    Device d(threads, kernels);
+FwdResult RunFwd(const Problem &p, int threads = 0, const char *kernels = nullptr,
+                 const char *uarch = nullptr) {
+    Device d(threads, kernels, nullptr, uarch);
     EXPECT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
     FwdResult r;
     r.out.assign(p.OutSize(), NAN);
@@ -92,10 +98,10 @@ struct CpuBwd {
 
 // Forward, bwd_prep on the F32 output, then the block backward into zeroed accumulators.
 CpuBwd RunBwd(const Problem &p, int threads = 0, const char *kernels = nullptr,
-              const char *bwd = nullptr) {
+              const char *bwd = nullptr, const char *uarch = nullptr) {
     CpuBwd r;
-    r.fwd = RunFwd(p, threads, kernels);
-    Device d(threads, kernels, bwd);
+    r.fwd = RunFwd(p, threads, kernels, uarch);
+    Device d(threads, kernels, bwd, uarch);
     EXPECT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
     r.delta.assign(p.LseSize(), NAN);
     r.dq.assign(p.OutSize(), 0.0f);
@@ -378,6 +384,243 @@ INSTANTIATE_TEST_SUITE_P(Cpu, KernelTables, ::testing::Values("generic", "avx2",
                          [](const ::testing::TestParamInfo<const char *> &i) {
                              return std::string(i.param);
                          });
+
+// ---------------------------------------------------------------- core classes (register tiles)
+
+// The classifier on CPUs described by hand: vendor, family, model and features in, class out;
+// the FMA-rate probe is asked only where the model does not tell.
+int g_probe_calls = 0;
+int ProbeTwo() {
+    g_probe_calls++;
+    return 1;
+}
+int ProbeOne() {
+    g_probe_calls++;
+    return 0;
+}
+
+TEST(Uarch, ClassifiesFakeCpuid) {
+    struct Case {
+        const char *vendor;
+        int family, model, avx512f, avx2;
+        int (*probe)();
+        ctxpar_cpu_uarch want;
+        int probed;
+    };
+    const Case cases[] = {
+        {"AuthenticAMD", 0x19, 0x11, 1, 1, ProbeTwo, CTXPAR_CPU_UARCH_ZEN4, 0},    // Genoa
+        {"AuthenticAMD", 0x19, 0x61, 1, 1, ProbeTwo, CTXPAR_CPU_UARCH_ZEN4, 0},    // Raphael
+        {"AuthenticAMD", 0x1a, 0x02, 1, 1, ProbeOne, CTXPAR_CPU_UARCH_ZEN5, 0},    // Turin
+        {"AuthenticAMD", 0x19, 0x01, 0, 1, ProbeTwo, CTXPAR_CPU_UARCH_AVX2, 0},    // Milan
+        {"AuthenticAMD", 0x17, 0x31, 0, 1, ProbeTwo, CTXPAR_CPU_UARCH_AVX2, 0},    // Rome
+        {"GenuineIntel", 6, 0x8f, 1, 1, ProbeOne, CTXPAR_CPU_UARCH_INTEL_2FMA, 0}, // SPR
+        {"GenuineIntel", 6, 0xcf, 1, 1, ProbeOne, CTXPAR_CPU_UARCH_INTEL_2FMA, 0}, // EMR
+        {"GenuineIntel", 6, 0x6a, 1, 1, ProbeOne, CTXPAR_CPU_UARCH_INTEL_2FMA, 0}, // ICX
+        {"GenuineIntel", 6, 0x8c, 1, 1, ProbeTwo, CTXPAR_CPU_UARCH_INTEL_1FMA, 0}, // TGL
+        {"GenuineIntel", 6, 0x7e, 1, 1, ProbeTwo, CTXPAR_CPU_UARCH_INTEL_1FMA, 0}, // ICL
+        // Skylake-SP / Cascade Lake: one or two units under one model number: measured.
+        {"GenuineIntel", 6, 0x55, 1, 1, ProbeTwo, CTXPAR_CPU_UARCH_INTEL_2FMA, 1},
+        {"GenuineIntel", 6, 0x55, 1, 1, ProbeOne, CTXPAR_CPU_UARCH_INTEL_1FMA, 1},
+        {"GenuineIntel", 6, 0x55, 1, 1, nullptr, CTXPAR_CPU_UARCH_INTEL_1FMA, 0},
+        {"GenuineIntel", 6, 0xba, 0, 1, ProbeTwo, CTXPAR_CPU_UARCH_AVX2, 0},       // Raptor Lake
+        {"GenuineIntel", 6, 0x3f, 0, 1, ProbeTwo, CTXPAR_CPU_UARCH_AVX2, 0},       // Haswell
+        {"GenuineIntel", 6, 0x2a, 0, 0, ProbeTwo, CTXPAR_CPU_UARCH_GENERIC, 0},    // Sandy Bridge
+        {"CentaurHauls", 7, 0x3b, 1, 1, ProbeTwo, CTXPAR_CPU_UARCH_INTEL_2FMA, 1}, // unknown
+        {"", 0, 0, 0, 0, ProbeTwo, CTXPAR_CPU_UARCH_GENERIC, 0},                   // not x86
+    };
+    for (const Case &c : cases) {
+        ctxpar_cpu_id id;
+        std::memset(&id, 0, sizeof id);
+        std::strncpy(id.vendor, c.vendor, sizeof id.vendor - 1);
+        id.family = c.family;
+        id.model = c.model;
+        id.avx512f = c.avx512f;
+        id.avx2 = c.avx2;
+        g_probe_calls = 0;
+        EXPECT_EQ(ctxpar_cpu_uarch_classify(&id, c.probe), c.want)
+            << c.vendor << " family " << c.family << " model " << c.model;
+        EXPECT_EQ(g_probe_calls, c.probed) << c.vendor << " model " << c.model;
+    }
+}
+
+// This CPU's identity agrees with what the kernels can run, and detection is stable.
+TEST(Uarch, DetectsThisCpu) {
+    ctxpar_cpu_id id;
+    ctxpar_cpu_id_read(&id);
+    const ctxpar_cpu_uarch u = ctxpar_cpu_uarch_detect();
+    EXPECT_NE(u, CTXPAR_CPU_UARCH_AUTO);
+    EXPECT_EQ(ctxpar_cpu_uarch_detect(), u); // cached
+    EXPECT_EQ(id.avx512f != 0, KernelsAvailable("avx512"));
+    if (!id.avx512f) {
+        EXPECT_EQ(u, id.avx2 ? CTXPAR_CPU_UARCH_AVX2 : CTXPAR_CPU_UARCH_GENERIC);
+    }
+}
+
+const char *const kUarchs[] = {"generic", "avx2", "zen4", "zen5", "intel-1fma", "intel-2fma"};
+
+TEST(Uarch, ParseOptionsAndPeakReport) {
+    for (int i = 0; i <= CTXPAR_CPU_UARCH_INTEL_2FMA; i++) {
+        ctxpar_cpu_uarch u = CTXPAR_CPU_UARCH_AUTO;
+        const char *name = ctxpar_cpu_uarch_name(static_cast<ctxpar_cpu_uarch>(i));
+        ASSERT_NE(name, nullptr);
+        EXPECT_EQ(ctxpar_cpu_uarch_parse(name, &u), CTXPAR_OK);
+        EXPECT_EQ(u, i);
+    }
+    ctxpar_cpu_uarch u = CTXPAR_CPU_UARCH_ZEN4;
+    EXPECT_EQ(ctxpar_cpu_uarch_parse("zen9", &u), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(u, CTXPAR_CPU_UARCH_ZEN4); // untouched on error
+    EXPECT_NE(std::string(ctxpar_last_error()).find("intel-2fma"), std::string::npos);
+    EXPECT_EQ(ctxpar_cpu_uarch_parse("zen4", nullptr), CTXPAR_ERR_INVALID_ARG);
+
+    ctxpar_cpu_options opt = CTXPAR_CPU_OPTIONS_INIT;
+    EXPECT_EQ(opt.uarch, CTXPAR_CPU_UARCH_AUTO);
+    opt.uarch = static_cast<ctxpar_cpu_uarch>(7);
+    ctxpar_device *dev = nullptr;
+    EXPECT_EQ(ctxpar_device_create_cpu(&opt, &dev), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(dev, nullptr);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("options->uarch"), std::string::npos);
+
+    // The peak names the class and the tile: 4 x 6 for two-unit AVX-512 cores, 2 x 8 for the
+    // others; AVX2 keeps 2 x 6 and generic 2 x 4 on every class.
+    struct Want {
+        const char *kernels, *uarch, *tiles;
+    };
+    const Want wants[] = {{"avx512", "intel-2fma", "4x6"}, {"avx512", "zen5", "4x6"},
+                          {"avx512", "zen4", "2x8"},       {"avx512", "intel-1fma", "2x8"},
+                          {"avx2", "intel-2fma", "2x6"},   {"avx2", "avx2", "2x6"},
+                          {"generic", "zen5", "2x4"}};
+    for (const Want &w : wants) {
+        if (!KernelsAvailable(w.kernels)) {
+            std::printf("skipped: this CPU cannot run the %s kernels (tile %s for %s)\n", w.kernels,
+                        w.tiles, w.uarch);
+            continue;
+        }
+        Device d(1, w.kernels, nullptr, w.uarch);
+        ASSERT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
+        ctxpar_cpu_peak p = CTXPAR_CPU_PEAK_INIT;
+        ASSERT_EQ(ctxpar_cpu_measure_peak(d.dev, &p), CTXPAR_OK) << ctxpar_last_error();
+        EXPECT_STREQ(p.uarch, w.uarch);
+        EXPECT_STREQ(p.tiles, w.tiles) << w.kernels << " " << w.uarch;
+    }
+    Device d(1);
+    ctxpar_cpu_peak p = CTXPAR_CPU_PEAK_INIT;
+    ASSERT_EQ(ctxpar_cpu_measure_peak(d.dev, &p), CTXPAR_OK);
+    EXPECT_STREQ(p.uarch, ctxpar_cpu_uarch_name(ctxpar_cpu_uarch_detect())); // auto: detected
+}
+
+// Every class on every kernel table this CPU runs: the oracle's bound, the same bits for 1 and
+// 3 threads, and the same bits as every other class of the table (a register tile never
+// changes a sum's order). Head dims 72 (causal with documents) and 64 (causal): partial
+// tiles, and column tiles that do and do not divide D.
+class UarchChoices : public KernelTables {}; // skips the tables this CPU cannot run
+
+TEST_P(UarchChoices, WithinBoundDeterministicAndTheSameBits) {
+    Problem *d64 = new Problem;
+    d64->D = 64;
+    d64->qs = {{0, 200, 1}};
+    d64->ks = {{0, 200, 1}};
+    d64->causal = 1;
+    d64->Make();
+    for (Problem *p : {DeterminismProblem(CTXPAR_DTYPE_F32), d64}) {
+        std::vector<double> out, lse;
+        p->OracleFwd(&out, &lse);
+        CpuBwd first;
+        for (const char *uarch : kUarchs) {
+            SCOPED_TRACE(std::string(GetParam()) + " kernels, uarch " + uarch + ", D " +
+                         std::to_string(p->D));
+            CpuBwd a = RunBwd(*p, 1, GetParam(), nullptr, uarch);
+            CpuBwd b = RunBwd(*p, 3, GetParam(), nullptr, uarch);
+            ExpectClose(a.fwd.out, out, kTolFwd, "out");
+            ExpectClose(a.fwd.lse, lse, kTolFwd, "lse");
+            CheckBwd(*p, a);
+            EXPECT_EQ(BitDiff(a.fwd.out, b.fwd.out), 0u);
+            EXPECT_EQ(BitDiff(a.fwd.lse, b.fwd.lse), 0u);
+            EXPECT_EQ(BitDiff(a.dq, b.dq), 0u);
+            EXPECT_EQ(BitDiff(a.dk, b.dk), 0u);
+            EXPECT_EQ(BitDiff(a.dv, b.dv), 0u);
+            if (uarch == kUarchs[0]) {
+                first = a;
+                continue;
+            }
+            EXPECT_EQ(BitDiff(a.fwd.out, first.fwd.out), 0u);
+            EXPECT_EQ(BitDiff(a.fwd.lse, first.fwd.lse), 0u);
+            EXPECT_EQ(BitDiff(a.dq, first.dq), 0u);
+            EXPECT_EQ(BitDiff(a.dk, first.dk), 0u);
+            EXPECT_EQ(BitDiff(a.dv, first.dv), 0u);
+        }
+        delete p;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, UarchChoices, ::testing::Values("generic", "avx2", "avx512"),
+                         [](const ::testing::TestParamInfo<const char *> &i) {
+                             return std::string(i.param);
+                         });
+
+// ---------------------------------------------------------------- soft-capping's tanh
+
+// The kernel table's vectorised tanh (ctxpar_cpu_softcap) against libm's, in F64 then rounded once
+// to F32: scores over 16 decades, both signs, zeros, infinities, NaN and hidden pairs. Its
+// documented bound (relative error < 1e-15 before the F32 rounding) means: equal to (float)(C tanh)
+// except where that lies within 1e-15 of a midpoint between floats, and then one F32 ulp away.
+void CheckSoftcap(const ctxpar_cpu_kernels *kern) {
+    const size_t n = 200003; // odd: the tail of the 4-wide loop too
+    std::vector<float> s(n), s0(n), dcap(n, NAN);
+    std::vector<uint32_t> vis(n, 0xffffffffu);
+    for (size_t i = 0; i < n; i++)
+        s[i] = (float)(cpt_test_value(7, 3, i) * std::ldexp(1.0, (int)(i % 64) - 32));
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, -1e-40f, 3.0e38f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        s[i] = special[i];
+    for (size_t i = 100; i < n; i += 97) { // hidden pairs: -inf, left alone, derivative 0
+        s[i] = -INFINITY;
+        vis[i] = 0;
+    }
+    s0 = s;
+    ctxpar_attn_block blk;
+    std::memset(&blk, 0, sizeof blk);
+    blk.softcap = 30.0f;
+    blk.scale = -0.125f; // the sign is in the packed operand: |scale| is used
+    ctxpar_cpu_softcap(kern, &blk, s.data(), dcap.data(), vis.data(), (int64_t)n, 1);
+    const double mul = 0.125 / 30.0;
+    size_t inexact = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!vis[i]) {
+            EXPECT_EQ(s[i], -INFINITY) << i;
+            EXPECT_EQ(dcap[i], 0.0f) << i;
+            continue;
+        }
+        const double t = std::tanh((double)s0[i] * mul);
+        const float want = (float)(30.0 * t), want_d = (float)(1.0 - t * t);
+        if (std::isnan(want)) {
+            EXPECT_TRUE(std::isnan(s[i])) << i;
+            continue;
+        }
+        if (std::memcmp(&want, &s[i], sizeof want) != 0) {
+            inexact++;
+            EXPECT_EQ(std::nextafter(want, s[i]), s[i]) << "score " << s0[i];
+        }
+        EXPECT_LE(std::fabs((double)dcap[i] - (double)want_d), 1e-15 + std::ldexp(1.0, -24))
+            << "score " << s0[i];
+    }
+    EXPECT_EQ(std::signbit(s[1]), true); // -0 stays -0
+    EXPECT_EQ(s[2], 30.0f);
+    EXPECT_EQ(s[3], -30.0f);
+    EXPECT_LE(inexact, n / 100000) << "more F32 roundings differ from libm's than the bound allows";
+}
+
+// Every kernel table this CPU runs (each evaluates the tanh with its own vectors).
+TEST(Softcap, VectorisedTanhWithinItsBound) {
+    for (const char *name : {"generic", "avx2", "avx512"}) {
+        Device d(1, name);
+        if (d.st != CTXPAR_OK) {
+            std::printf("skipped: this CPU cannot run the %s kernels\n", name);
+            continue;
+        }
+        SCOPED_TRACE(name);
+        CheckSoftcap(ctxpar_cpu_device_of(d.dev)->kern);
+    }
+}
 
 // ---------------------------------------------------------------- elementwise
 

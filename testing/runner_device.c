@@ -12,8 +12,8 @@
 #include "ctxpar_cuda.h"
 #endif
 
-// Overrides of the CPU device's options for the tool, to compare instruction sets and backward
-// schedules on the same command line; tests choose through ctxpar_cpu_options instead.
+// Overrides of the CPU device's options for the tool, to compare instruction sets, backward
+// schedules and core classes (register tiles) on the same command line; tests choose through ctxpar_cpu_options instead.
 static ctxpar_status cpu_env_overrides(ctxpar_cpu_options *co) {
     const char *isa = getenv("CTXPAR_CPU_KERNELS"), *bwd = getenv("CTXPAR_CPU_BWD");
     if (isa && *isa && ctxpar_cpu_isa_parse(isa, &co->kernels) != CTXPAR_OK)
@@ -22,6 +22,12 @@ static ctxpar_status cpu_env_overrides(ctxpar_cpu_options *co) {
     if (bwd && *bwd && ctxpar_cpu_bwd_schedule_parse(bwd, &co->bwd_schedule) != CTXPAR_OK)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "CTXPAR_CPU_BWD=%s: unknown (auto, fused, two-pass)", bwd);
+    const char *uarch = getenv("CTXPAR_CPU_UARCH");
+    if (uarch && *uarch && ctxpar_cpu_uarch_parse(uarch, &co->uarch) != CTXPAR_OK)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "CTXPAR_CPU_UARCH=%s: unknown (auto, generic, avx2, zen4, zen5, "
+                            "intel-1fma, intel-2fma)",
+                            uarch);
     return CTXPAR_OK;
 }
 

@@ -133,7 +133,7 @@ void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_
                 vis = w->vis;
             }
             if (capped)
-                ctxpar_cpu_softcap(blk, w->s, w->dcap, vis, lanes, nk);
+                ctxpar_cpu_softcap(kern, blk, w->s, w->dcap, vis, lanes, nk);
             kern->exp2_sub(w->s, lanes, nk, lanes, c, w->vec[g][0], w->vec[g][2], NULL, NULL);
             kern->scores(w->dp, lanes, w->t[g][1], lanes, vrows, nk, lanes, p->dim_v);
             kern->dsoftmax(w->dp, w->s, vis, lanes, nk, lanes, w->vec[g][1], NULL);
@@ -231,7 +231,7 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
                     vis = w->vis;
                 }
                 if (capped)
-                    ctxpar_cpu_softcap(blk, w->s, w->dcap, vis, lanes, nq);
+                    ctxpar_cpu_softcap(kern, blk, w->s, w->dcap, vis, lanes, nq);
                 kern->exp2_sub(w->s, lanes, nq, lanes, c, NULL, NULL, lse2, lse2_lo);
                 if (a->dv) {
                     kern->accum(w->t[g][3], lanes, NULL, w->s, vis, lanes, orows, nq, lanes,

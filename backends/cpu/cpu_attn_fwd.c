@@ -189,7 +189,7 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
                 vis = w->vis;
             }
             if (blk->softcap > 0.0f)
-                ctxpar_cpu_softcap(blk, w->s, NULL, vis, lanes, nk);
+                ctxpar_cpu_softcap(kern, blk, w->s, NULL, vis, lanes, nk);
             kern->softmax_step(w->s, lanes, nk, lanes, c, w->m[g], w->l[g], w->alpha);
             kern->accum(w->ot[g], lanes, w->alpha, w->s, vis, lanes, vrows, nk, lanes, p->dim_v);
             for (int64_t r = 0; r < lanes; r++) // the F64 sums get the pair's rescale at the fold

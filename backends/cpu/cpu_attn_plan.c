@@ -118,19 +118,9 @@ void *ctxpar_cpu_aligned_alloc(size_t bytes) {
     return aligned_alloc(64, rounded ? rounded : 64);
 }
 
-void ctxpar_cpu_softcap(const ctxpar_attn_block *blk, float *s, float *dcap, const uint32_t *vis,
-                        int64_t lds, int64_t rows) {
+void ctxpar_cpu_softcap(const ctxpar_cpu_kernels *kern, const ctxpar_attn_block *blk, float *s,
+                        float *dcap, const uint32_t *vis, int64_t lds, int64_t rows) {
     const double cap = blk->softcap;
     const double mul = fabs((double)blk->scale) / cap; // the sign is in the packed operand
-    for (int64_t i = 0; i < rows * lds; i++) {
-        if (vis && !vis[i]) {
-            if (dcap)
-                dcap[i] = 0.0f;
-            continue;
-        }
-        const double t = tanh((double)s[i] * mul);
-        s[i] = (float)(cap * t);
-        if (dcap)
-            dcap[i] = (float)(1.0 - t * t);
-    }
+    kern->softcap(s, dcap, vis, rows * lds, cap, mul);
 }

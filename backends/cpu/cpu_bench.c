@@ -1,5 +1,6 @@
 // cpu_bench: GFLOP/s of the CPU block kernels (forward and backward) on F32 inputs.
 //   bazel run -c opt //backends/cpu:cpu_bench -- [seq] [heads] [threads] [reps] [window]
+// CTXPAR_CPU_UARCH=zen4|... in the environment forces a core class (its register tiles).
 // window: 0 = no mask (default), -1 = causal, W > 0 = causal with a left window of W.
 // Forward FLOPs = 4*D per visible (query, key) pair (two matrix products: 4*B*H*Sq*Sk*D without
 // a mask); backward = 10*D per pair (five; the kernel recomputes S and dP in its second pass, so
@@ -10,6 +11,7 @@
 #include <time.h>
 
 #include "backends/cpu/cpu_internal.h"
+#include "backends/cpu/cpu_uarch.h"
 #include "ctxpar_cpu.h"
 
 // CPU seconds of the whole process: on a shared machine the rate per CPU-second is the kernel's
@@ -105,12 +107,19 @@ int main(int argc, char **argv) {
     int64_t window = argc > 5 ? atoll(argv[5]) : 0;
     ctxpar_cpu_options opt = CTXPAR_CPU_OPTIONS_INIT;
     opt.num_threads = threads;
+    const char *uarch = getenv("CTXPAR_CPU_UARCH"); // to compare tiles on one machine
+    if (uarch && *uarch && ctxpar_cpu_uarch_parse(uarch, &opt.uarch) != CTXPAR_OK) {
+        fprintf(stderr, "cpu_bench: CTXPAR_CPU_UARCH: %s\n", ctxpar_last_error());
+        return 1;
+    }
     ctxpar_device *dev = NULL;
     if (ctxpar_device_create_cpu(&opt, &dev) != CTXPAR_OK) {
         fprintf(stderr, "cpu_bench: %s\n", ctxpar_last_error());
         return 1;
     }
-    printf("cpu kernels: %s, threads %d\n", ctxpar_cpu_kernels_name(dev), threads);
+    const ctxpar_cpu_device *cpu = ctxpar_cpu_device_of(dev);
+    printf("cpu kernels: %s, tiles %s (uarch %s), threads %d\n", cpu->kern->name, cpu->kern->tiles,
+           ctxpar_cpu_uarch_name(cpu->uarch), threads);
     ctxpar_cpu_peak peak = CTXPAR_CPU_PEAK_INIT;
     if (ctxpar_cpu_measure_peak(dev, &peak) == CTXPAR_OK)
         printf("measured FP32 FMA peak (%s, %d lanes): %.1f GFLOP/s per core-second\n",

@@ -1,10 +1,12 @@
 // The CPU device: its ops table, its constructor, host memory, and the choice of kernel table
 // (from its options; the ctxpar tool maps its environment overrides onto them).
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backends/cpu/cpu_internal.h"
+#include "backends/cpu/cpu_uarch.h"
 #include "ctxpar_cpu.h"
 
 static const char *const isa_names[] = {"auto", "generic", "avx2", "avx512"};
@@ -16,9 +18,13 @@ static int parse_name(const char *what, const char *const *names, int n, const c
     for (int i = 0; name && out && i < n; i++)
         if (!strcmp(name, names[i]))
             return i;
-    CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s '%s': unknown (%s, %s, %s%s%s)%s", what,
-                 name ? name : "(null)", names[0], names[1], names[2], n > 3 ? ", " : "",
-                 n > 3 ? names[3] : "", out ? "" : "; the output pointer is NULL");
+    char list[128] = "";
+    for (int i = 0; i < n; i++) {
+        size_t used = strlen(list);
+        snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", names[i]);
+    }
+    CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s '%s': unknown (%s)%s", what, name ? name : "(null)",
+                 list, out ? "" : "; the output pointer is NULL");
     return -1;
 }
 
@@ -36,6 +42,17 @@ ctxpar_status ctxpar_cpu_bwd_schedule_parse(const char *name,
     if (i < 0)
         return CTXPAR_ERR_INVALID_ARG;
     *schedule_out = (ctxpar_cpu_bwd_schedule)i;
+    return CTXPAR_OK;
+}
+
+ctxpar_status ctxpar_cpu_uarch_parse(const char *name, ctxpar_cpu_uarch *uarch_out) {
+    const char *names[CTXPAR_CPU_UARCH_INTEL_2FMA + 1];
+    for (int i = 0; i <= CTXPAR_CPU_UARCH_INTEL_2FMA; i++)
+        names[i] = ctxpar_cpu_uarch_name((ctxpar_cpu_uarch)i);
+    int i = parse_name("cpu uarch", names, CTXPAR_CPU_UARCH_INTEL_2FMA + 1, name, uarch_out);
+    if (i < 0)
+        return CTXPAR_ERR_INVALID_ARG;
+    *uarch_out = (ctxpar_cpu_uarch)i;
     return CTXPAR_OK;
 }
 
@@ -207,8 +224,16 @@ ctxpar_status ctxpar_device_create_cpu(const ctxpar_cpu_options *options,
                             "device_create_cpu: options->bwd_schedule (%d) is not a "
                             "ctxpar_cpu_bwd_schedule",
                             (int)opt.bwd_schedule);
+    if ((unsigned)opt.uarch > CTXPAR_CPU_UARCH_INTEL_2FMA)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "device_create_cpu: options->uarch (%d) is not a ctxpar_cpu_uarch",
+                            (int)opt.uarch);
     const ctxpar_cpu_kernels *kern = NULL;
     CTXPAR_CHECK(choose_kernels(opt.kernels, &kern));
+    // The instruction set decides the bits; the core class only the register tile.
+    const ctxpar_cpu_uarch uarch =
+        opt.uarch == CTXPAR_CPU_UARCH_AUTO ? ctxpar_cpu_uarch_detect() : opt.uarch;
+    kern = ctxpar_cpu_kernels_for(kern, uarch);
     ctxpar_cpu_bwd_schedule bwd = opt.bwd_schedule;
     ctxpar_cpu_device *cpu = calloc(1, sizeof *cpu);
     if (!cpu)
@@ -216,6 +241,7 @@ ctxpar_status ctxpar_device_create_cpu(const ctxpar_cpu_options *options,
     cpu->num_threads = opt.num_threads;
     cpu->kern = kern;
     cpu->bwd = bwd;
+    cpu->uarch = uarch;
     ctxpar_status st = ctxpar_device_create(&cpu_ops, cpu, 1, device_out);
     if (st != CTXPAR_OK)
         free(cpu);

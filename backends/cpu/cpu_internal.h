@@ -28,8 +28,9 @@ extern "C" {
 /* The device's impl. */
 typedef struct ctxpar_cpu_device {
     int num_threads; /* 0 = OpenMP default */
-    const ctxpar_cpu_kernels *kern;
+    const ctxpar_cpu_kernels *kern; /* instruction set and register tile */
     ctxpar_cpu_bwd_schedule bwd;
+    ctxpar_cpu_uarch uarch; /* the core class the tile was chosen for (never AUTO) */
 } ctxpar_cpu_device;
 
 /* Threads of a parallel region of this device (the size workspaces are made for). */
@@ -86,12 +87,13 @@ static inline double ctxpar_cpu_softmax_c(const ctxpar_attn_block *blk) {
 }
 
 /* Soft-capping (blk->softcap = C > 0) of a tile of raw scores s [rows, lds] whose packed operand
- * carries the scale's sign: s = C tanh(|scale| s / C), in F64 and rounded once. Pairs the mask
+ * carries the scale's sign: s = C tanh(|scale| s / C), in F64 (the kernel table's tanh, relative
+ * error below 1e-15) and rounded once. Pairs the mask
  * hid (vis 0; s is -inf there) are left alone. With dcap it also writes the derivative the
  * backward's dS takes, 1 - tanh^2 (0 for hidden pairs). Called only when C > 0, after the mask:
  * the plain path does not change. */
-void ctxpar_cpu_softcap(const ctxpar_attn_block *blk, float *s, float *dcap, const uint32_t *vis,
-                        int64_t lds, int64_t rows);
+void ctxpar_cpu_softcap(const ctxpar_cpu_kernels *kern, const ctxpar_attn_block *blk, float *s,
+                        float *dcap, const uint32_t *vis, int64_t lds, int64_t rows);
 
 /* Loads n rows t[b, s0 + i, h, :] as F32 into the dense tile `dst` ([n, D]) and points rows[i]
  * at them: a dense tile in L1/L2 instead of rows scattered by the tensor's strides. */

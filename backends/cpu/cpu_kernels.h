@@ -80,6 +80,16 @@ typedef struct ctxpar_cpu_kernels {
      * the loop cannot be left out. */
     int vector_lanes;
     float (*fma_chains)(int64_t iters);
+
+    /* The register tile, "MRxNR": MR vectors of lanes x NR rows of the other operand (lane_block
+     * = MR x vector_lanes). Tables of one instruction set differ only in it, never in bits. */
+    const char *tiles;
+
+    /* Soft-capping: s[i] = C tanh(mul s[i]) with tanh in F64 (relative error < 1e-15, see
+     * cpu_kernels_impl.h) rounded once to F32, and with dcap dcap[i] = 1 - tanh^2, for i < n;
+     * where vis[i] == 0 (vis may be NULL) s[i] is left alone and dcap[i] = 0. */
+    void (*softcap)(float *s, float *dcap, const uint32_t *vis, int64_t n, double cap,
+                    double mul);
 } ctxpar_cpu_kernels;
 
 /* Independent chains in the peak probe: enough to cover the FMA latency times the FMA units of
@@ -92,6 +102,7 @@ extern const ctxpar_cpu_kernels ctxpar_cpu_kernels_generic;
 #define CTXPAR_CPU_HAVE_X86_KERNELS 1
 extern const ctxpar_cpu_kernels ctxpar_cpu_kernels_avx2;
 extern const ctxpar_cpu_kernels ctxpar_cpu_kernels_avx512;
+extern const ctxpar_cpu_kernels ctxpar_cpu_kernels_avx512_4x6; /* cpu_uarch.c says where */
 #endif
 
 #ifdef __cplusplus

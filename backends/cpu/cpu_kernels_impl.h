@@ -5,6 +5,7 @@
  * define (for their instruction set):
  *   vf, vi           float and uint32 GCC vector types of VL lanes (+ - * and casts work on them)
  *   VL, MR, NR       lanes per vector; register tile = MR vectors of lanes x NR broadcast values
+ *                    (MR x VL must divide 64, the drivers' tile rows)
  *   v_load v_store v_set1 v_fma v_max v_min
  *                    v_max(a, b) / v_min(a, b) return b when either is NaN, so NaN propagates
  *   v_f16_to_f32     (optional) VL half floats -> VL floats, exact
@@ -239,6 +240,66 @@ static void dsoftmax(float *dp, const float *p, const uint32_t *vis, int64_t lds
         }
 }
 
+typedef int64_t vl __attribute__((vector_size(VL * sizeof(int64_t))));
+
+// *x = tanh(*x) in F64, VL lanes, without a library call (libm's scalar tanh made a soft-capped
+// forward ~4x slower than a plain one). tanh |x| = e / (e + 2) with e = expm1(2|x|)
+// = 2^k (1 + p) - 1, k = round(2|x| / ln 2), p = expm1(r) for the remainder |r| <= ln(2) / 2
+// (Cody-Waite: ln 2 in two parts, k ln2_hi exact), p by its Taylor series to r^13 (truncation
+// < 2e-17 relative). Relative error below 1e-15 (a few F64 ulps), so C tanh rounded to F32 is
+// the correctly rounded value unless it lies within 1e-15 (relative) of the midpoint between two
+// floats, and is then one F32 ulp off (testing/cpu_ops_test checks this against libm). |x| >= 20
+// gives exactly +-1 (as libm: tanh 20 = 1 - 8.5e-18 rounds to 1); NaN gives NaN; -0 gives -0.
+// Through a pointer: a 32-byte vector argument would change the ABI on the generic table.
+CPU_INLINE void v_tanh_f64(vd *xp) {
+    const vd x = *xp;
+    const vl sign = (vl)x & INT64_MIN;
+    vd a = (vd)((vl)x ^ sign);
+    const vl big = a > 20.0; // all ones where |x| > 20 (not for NaN, which stays NaN)
+    const vd twenty = (vd){0} + 20.0;
+    a = (vd)((big & (vl)twenty) | (~big & (vl)a));
+    const vd y = 2.0 * a;
+    const vd kt = y * 0x1.71547652b82fep0 + 0x1.8p52; // y / ln 2 rounded, in the low bits
+    const vd k = kt - 0x1.8p52;
+    const vd r = (y - k * 0x1.62e42fee00000p-1) - k * 0x1.a39ef35793c76p-33;
+    static const double inv_fact[] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+                                      1.0 / 362880.0,    1.0 / 40320.0,    1.0 / 5040.0,
+                                      1.0 / 720.0,       1.0 / 120.0,      1.0 / 24.0,
+                                      1.0 / 6.0,         0.5,              1.0};
+    vd p = r * (1.0 / 6227020800.0) + inv_fact[0]; // r / 13! + 1 / 12!
+    for (int i = 1; i < 12; i++)
+        p = p * r + inv_fact[i];
+    p = p * r;
+    // 2^k (0 <= k <= 58) from kt's low bits, then expm1(y): exact scaling, one rounding.
+    const vd scale = (vd)(((vl)kt + 1023) << 52);
+    const vd e = scale * p + (scale - 1.0);
+    *xp = (vd)((vl)(e / (e + 2.0)) | sign);
+}
+
+// VL scores at a time; n is a multiple of VL (rows x lanes), a shorter end is padded.
+static void softcap(float *s, float *dcap, const uint32_t *vis, int64_t n, double cap,
+                    double mul) {
+    for (int64_t i = 0; i < n; i += VL) {
+        const int m = n - i < VL ? (int)(n - i) : VL;
+        float xs[VL] = {0}, ds[VL];
+        uint32_t ms[VL];
+        memset(ms, 0xff, sizeof ms);
+        memcpy(xs, s + i, (size_t)m * sizeof(float));
+        if (vis)
+            memcpy(ms, vis + i, (size_t)m * sizeof(uint32_t));
+        const vf x = v_load(xs);
+        vd t = __builtin_convertvector(x, vd) * mul;
+        v_tanh_f64(&t);
+        const vi shown = v_load_mask(ms); // hidden pairs (s is -inf there) are left alone
+        v_store(xs, v_keep(shown, __builtin_convertvector(t * cap, vf), x));
+        memcpy(s + i, xs, (size_t)m * sizeof(float));
+        if (dcap) { // 1 - tanh^2 for the shown pairs, 0 for the hidden ones
+            v_store(ds, v_keep(shown, __builtin_convertvector(1.0 - t * t, vf), v_set1(0.0f)));
+            memcpy(dcap + i, ds, (size_t)m * sizeof(float));
+        }
+    }
+}
+
 static void to_f32(float *dst, const void *src, ctxpar_dtype dtype, int64_t n) {
     const uint16_t *h = (const uint16_t *)src;
     int64_t i = 0;
@@ -282,7 +343,9 @@ static float fma_chains(int64_t iters) {
     return total;
 }
 
+#define CPU_STR_(x) #x
+#define CPU_STR(x) CPU_STR_(x)
 const ctxpar_cpu_kernels KERNELS_TABLE = {
     KERNELS_LABEL, MR *VL, scores, accum, softmax_step, fold, exp2_sub, dsoftmax, to_f32,
-    VL, fma_chains,
+    VL, fma_chains, CPU_STR(MR) "x" CPU_STR(NR), softcap,
 };

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "backends/cpu/cpu_internal.h"
+#include "backends/cpu/cpu_uarch.h"
 #include "ctxpar_cpu.h"
 
 // A round should last long enough that clock granularity and the loop's start-up do not matter
@@ -21,12 +22,13 @@ static double seconds_of(clockid_t clock) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-// Best FLOP/s of one thread over ROUNDS rounds, per second of this thread's CPU time. `sink`
+// Best FLOP/s of one thread over `rounds` rounds, per second of this thread's CPU time. `sink`
 // receives the loop's result so that no round can be optimised away.
-static double thread_peak(const ctxpar_cpu_kernels *kern, int64_t iters, volatile float *sink) {
+static double thread_peak(const ctxpar_cpu_kernels *kern, int64_t iters, int rounds,
+                          volatile float *sink) {
     const double flops = 2.0 * kern->vector_lanes * CTXPAR_CPU_FMA_CHAINS * (double)iters;
     double best = 0.0;
-    for (int r = 0; r < ROUNDS; r++) {
+    for (int r = 0; r < rounds; r++) {
         double t0 = seconds_of(CLOCK_THREAD_CPUTIME_ID);
         *sink = kern->fma_chains(iters);
         double t = seconds_of(CLOCK_THREAD_CPUTIME_ID) - t0;
@@ -36,18 +38,24 @@ static double thread_peak(const ctxpar_cpu_kernels *kern, int64_t iters, volatil
     return best;
 }
 
-// Iterations for one round of about ROUND_SECONDS on this core: doubled from a small count until
+// Iterations for one round of about round_s on this core: doubled from a small count until
 // a round takes a tenth of that, then scaled.
-static int64_t calibrate(const ctxpar_cpu_kernels *kern, volatile float *sink) {
+static int64_t calibrate(const ctxpar_cpu_kernels *kern, double round_s, volatile float *sink) {
     int64_t iters = 1024;
     for (;;) {
         double t0 = seconds_of(CLOCK_THREAD_CPUTIME_ID);
         *sink = kern->fma_chains(iters);
         double t = seconds_of(CLOCK_THREAD_CPUTIME_ID) - t0;
-        if (t >= ROUND_SECONDS / 10 || iters >= ((int64_t)1 << 40))
-            return (int64_t)((double)iters * (ROUND_SECONDS / (t > 0 ? t : ROUND_SECONDS / 10)));
+        if (t >= round_s / 10 || iters >= ((int64_t)1 << 40))
+            return (int64_t)((double)iters * (round_s / (t > 0 ? t : round_s / 10)));
         iters *= 2;
     }
+}
+
+double ctxpar_cpu_thread_fma_rate(const ctxpar_cpu_kernels *kern, int rounds,
+                                  double round_seconds) {
+    volatile float sink = 0.0f;
+    return thread_peak(kern, calibrate(kern, round_seconds, &sink), rounds, &sink);
 }
 
 ctxpar_status ctxpar_cpu_measure_peak(const ctxpar_device *device, ctxpar_cpu_peak *peak) {
@@ -67,14 +75,14 @@ ctxpar_status ctxpar_cpu_measure_peak(const ctxpar_device *device, ctxpar_cpu_pe
     const int threads = ctxpar_cpu_threads(cpu);
     const double start = seconds_of(CLOCK_MONOTONIC);
     volatile float sink = 0.0f;
-    const int64_t iters = calibrate(kern, &sink);
+    const int64_t iters = calibrate(kern, ROUND_SECONDS, &sink);
     double per_thread_sum = 0.0;
     int ran = 0; // the threads OpenMP gave (fewer than asked inside another parallel region)
     const double w0 = seconds_of(CLOCK_MONOTONIC);
 #pragma omp parallel num_threads(threads) reduction(+ : per_thread_sum, ran)
     {
         volatile float own_sink = 0.0f;
-        per_thread_sum += thread_peak(kern, iters, &own_sink);
+        per_thread_sum += thread_peak(kern, iters, ROUNDS, &own_sink);
         ran += 1;
     }
     const double end = seconds_of(CLOCK_MONOTONIC);
@@ -90,6 +98,8 @@ ctxpar_status ctxpar_cpu_measure_peak(const ctxpar_device *device, ctxpar_cpu_pe
     r.flops_per_core = per_thread_sum / ran;
     r.flops_all_threads = end > w0 ? all_flops / (end - w0) : 0.0;
     r.seconds = end - start;
+    r.uarch = ctxpar_cpu_uarch_name(cpu->uarch);
+    r.tiles = kern->tiles;
     memcpy(peak, &r, r.struct_size);
     return CTXPAR_OK;
 }

@@ -199,7 +199,8 @@ def main():
           + (f", PyTorch {torch.__version__}" if torch else "")
           + f"; peak {best['peak_per_core'] / 1e9:.1f} GFLOP/s per core (the highest of the runs' "
           f"probes, "
-          f"{j0['peak_kernels']} FMA), {j0['cores']} cores; best of {args.rounds} "
+          f"{j0['peak_kernels']} FMA), {j0['cores']} cores; core class "
+          f"{j0.get('cpu_uarch', '?')}, register tiles {j0.get('cpu_tiles', '?')}; best of {args.rounds} "
           f"rounds, each the median of {args.repeat} calls\n")
     print("| case | shape | ranks x threads | pass | ms | GFLOP/s | % of peak | PyTorch ms | "
           "vs PyTorch | vs reference | target | met |")

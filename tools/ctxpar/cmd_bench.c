@@ -224,8 +224,10 @@ static void print_table(const cpt_run_config *c, const char *comm, const cpt_run
            (long long)c->head_dim, c->ranks, (long long)((c->seq + c->ranks - 1) / c->ranks),
            cpt_run_backend_name(c->backend), comm, c->repeat, c->warmup);
     if (peak->have)
-        printf("              peak: %.1f GFLOP/s per core (%s FMA, measured), %d cores\n\n",
-               peak->core.flops_per_core * 1e-9, peak->core.kernels, peak->cores);
+        printf("              peak: %.1f GFLOP/s per core (%s FMA, measured), %d cores; core "
+               "class %s, tiles %s\n\n",
+               peak->core.flops_per_core * 1e-9, peak->core.kernels, peak->cores,
+               peak->core.uarch, peak->core.tiles);
     char h[32];
     snprintf(h, sizeof h, "%d rank%s", p->ranks, p->ranks > 1 ? "s" : "");
     printf("  %-26s %-16s %s\n", "", h, "1 rank (baseline)");
@@ -303,8 +305,10 @@ static void print_sweep_header(const cpt_run_config *c, const char *comm,
            cpt_run_backend_name(c->backend), comm, c->repeat, c->warmup, flops_convention,
            c->backward ? "forward + backward" : "forward");
     if (peak->have)
-        printf("Peak: %.1f GFLOP/s per core (%s FMA, measured) x the cores in use (at most %d).\n\n",
-               peak->core.flops_per_core * 1e-9, peak->core.kernels, peak->cores);
+        printf("Peak: %.1f GFLOP/s per core (%s FMA, measured) x the cores in use (at most %d). "
+               "Core class %s, tiles %s.\n\n",
+               peak->core.flops_per_core * 1e-9, peak->core.kernels, peak->cores,
+               peak->core.uarch, peak->core.tiles);
     printf("| seq | ranks | threads/rank | fwd ms | fwd GFLOP/s | fwd %% of peak |%s tokens/s | "
            "speedup | peak MiB/rank | MiB sent/rank | hidden |\n",
            c->backward ? " fwd+bwd ms | fwd+bwd GFLOP/s | fwd+bwd %% of peak |" : "");

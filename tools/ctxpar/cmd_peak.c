@@ -1,6 +1,7 @@
 // The cores' FP32 FMA peak for `ctxpar bench`: measured by the CPU backend's probe, printed by
 // --peak, and the denominator of every "% of peak".
 #include <math.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "commands.h"
@@ -11,8 +12,15 @@ static int measure_all(cpt_session *s, int all_cores, cpt_peak_info *peak);
 static int measure(cpt_session *s, int threads, ctxpar_cpu_peak *out) {
     ctxpar_cpu_options opt = CTXPAR_CPU_OPTIONS_INIT;
     opt.num_threads = threads;
+    // The core class the bench's devices use (runner_device.c takes the same variable): the
+    // peak reports it. The instruction set stays the best the CPU has: the peak is the machine's.
+    const char *uarch = getenv("CTXPAR_CPU_UARCH");
+    ctxpar_status st = CTXPAR_OK;
+    if (uarch && *uarch)
+        st = ctxpar_cpu_uarch_parse(uarch, &opt.uarch);
     ctxpar_device *dev = NULL;
-    ctxpar_status st = ctxpar_device_create_cpu(&opt, &dev);
+    if (st == CTXPAR_OK)
+        st = ctxpar_device_create_cpu(&opt, &dev);
     if (st == CTXPAR_OK) {
         ctxpar_cpu_peak p = CTXPAR_CPU_PEAK_INIT;
         st = ctxpar_cpu_measure_peak(dev, &p);
@@ -67,7 +75,16 @@ void cpt_peak_json_members(FILE *f, const cpt_peak_info *peak) {
     fprintf(f, ",\"peak_vector_lanes\":%d,\"peak_flops_per_core\":",
             peak->have ? peak->core.vector_lanes : 0);
     cpt_json_num(f, peak->have ? peak->core.flops_per_core : NAN);
-    fprintf(f, ",\"cores\":%d", peak->cores);
+    fprintf(f, ",\"cores\":%d,\"cpu_uarch\":", peak->cores);
+    if (peak->have)
+        cpt_json_string(f, peak->core.uarch);
+    else
+        fputs("null", f);
+    fputs(",\"cpu_tiles\":", f);
+    if (peak->have)
+        cpt_json_string(f, peak->core.tiles);
+    else
+        fputs("null", f);
 }
 
 void cpt_peak_print(FILE *f, const cpt_peak_info *peak, int json) {
@@ -84,8 +101,9 @@ void cpt_peak_print(FILE *f, const cpt_peak_info *peak, int json) {
     }
     fprintf(f,
             "ctxpar bench --peak: FP32 fused multiply-add peak, measured with the CPU kernels'\n"
-            "                     instructions (%s, %d lanes per vector)\n\n",
-            c->kernels, c->vector_lanes);
+            "                     instructions (%s, %d lanes per vector)\n"
+            "  core class %s: the kernels' register tiles are %s (vectors x rows)\n\n",
+            c->kernels, c->vector_lanes, c->uarch, c->tiles);
     fprintf(f, "  one core                %8.1f GFLOP/s   (per second of the thread's CPU time)\n",
             c->flops_per_core * 1e-9);
     if (peak->have_all)

@@ -37,9 +37,9 @@ typedef struct ctxpar_cpu_kernels {
 
     /* ct[d*ldc + l] = (alpha ? alpha[l] : 1) * ct[d*ldc + l] + sum_{m<M} a[m*lda + l] * b[m][d]
      * for d < D, l < L (alpha == NULL: no rescaling, the sum is added to ct as it is). The sum
-     * leaves out (does not add, not even a zero) every m with vis[m*lda + l] == 0. With alpha
-     * it is one chain from alpha * ct; without, it runs in chunks of 16 m, each a chain from
-     * zero added to ct in order (the backward's long sums over query rows, docs/numerics.md). */
+     * leaves out (does not add, not even a zero) every m with vis[m*lda + l] == 0. It runs in
+     * chunks of m (32 with alpha, 16 without), each a chain from zero added to ct in order,
+     * the first from alpha * ct (docs/numerics.md). */
     void (*accum)(float *ct, int64_t ldc, const float *alpha, const float *a, const uint32_t *vis,
                   int64_t lda, const float *const *b, int64_t m, int64_t lanes, int64_t d);
 

@@ -139,11 +139,14 @@ static void scores(float *c, int64_t ldc, const float *at, int64_t lda, const fl
 // One MR*VL x NR tile of accum: columns d0 .. d0+nd-1 (nd <= NR). `full` and `masked` (constants
 // at each call) let the compiler address b[m][d0 + j] with fixed offsets and leave the select
 // out of the tiles the mask does not touch. A masked (m, lane) keeps acc as it was, so the
-// masked pairs neither add a NaN (0 * inf, 0 * NaN) nor turn a -0 into +0. Without alpha the sum
-// over m runs in chunks of ACCUM_CHUNK terms, each an FMA chain from zero added into ct (as in
-// scores_tile): the backward's sums over query rows (dV with dO = 1 is a sum of positive terms
-// that grows along the tile) then see small partial sums; its rounding was most of dv's error.
+// masked pairs neither add a NaN (0 * inf, 0 * NaN) nor turn a -0 into +0. The sum over m runs
+// in chunks, each an FMA chain from zero added into ct in order (as in scores_tile), so that the
+// partial sums a rounding sees stay small: 16 terms for the backward's sums over query rows (dV
+// with dO = 1 is a sum of positive terms that grows along the tile: its 64-term chain was most
+// of dv's error), 32 for the forward's P V (one chain over the tile was 1.12x naive float32's
+// `out` error on short documents at P = 8; 16 cost 5-7 % of the forward, 32 costs 2-4 %).
 #define ACCUM_CHUNK 16
+#define ACCUM_CHUNK_FWD 32
 CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const float *a,
                            const uint32_t *vis, int64_t lda, const float *const *b, int64_t m,
                            int64_t d0, int nd, int full, int masked) {
@@ -151,15 +154,15 @@ CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const flo
     int64_t off[NR];
     for (int j = 0; j < NR; j++)
         off[j] = d0 + (j < nd ? j : nd - 1);
-    // With alpha (the forward's P V): one chain from alpha * ct, stored at the end.
-    const int64_t chunk = alpha ? m : ACCUM_CHUNK;
+    // The first chunk starts from alpha * ct (the forward's rescale), the others from zero.
+    const int64_t chunk = alpha ? ACCUM_CHUNK_FWD : ACCUM_CHUNK;
     int64_t i0 = 0;
     do {
         const int64_t i1 = m - i0 < chunk ? m : i0 + chunk;
         for (int j = 0; j < NR; j++)
             for (int r = 0; r < MR; r++) {
                 acc[r][j] = v_set1(0.0f);
-                if (alpha && j < nd)
+                if (alpha && i0 == 0 && j < nd)
                     acc[r][j] = v_load(ct + (d0 + j) * ldc + r * VL) * v_load(alpha + r * VL);
             }
         for (int64_t i = i0; i < i1; i++) {
@@ -182,7 +185,7 @@ CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const flo
         for (int j = 0; j < nd; j++)
             for (int r = 0; r < MR; r++) {
                 float *cp = ct + (d0 + j) * ldc + r * VL;
-                v_store(cp, alpha ? acc[r][j] : (vf)(v_load(cp) + acc[r][j]));
+                v_store(cp, alpha && i0 == 0 ? acc[r][j] : (vf)(v_load(cp) + acc[r][j]));
             }
         i0 = i1;
     } while (i0 < m);

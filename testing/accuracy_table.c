@@ -7,8 +7,9 @@
  *
  * defaults 4096 32 2 4 causal ring (kv_heads = heads), every distribution; mask none, causal, or
  * docs (causal, four documents of 1/10, 1/2, 1 token and the rest of the sequence); dist one of
- * uniform01, normal, clamped, sharp (one distribution: the long cases). Each row: max |err| of ctxpar and of naive float32 per
- * tensor, their ratio, and ctxpar's / naive's error by position quartile for out and dq.
+ * uniform01, normal, clamped, sharp (one distribution: the long cases). Each row: max |err| of
+ * ctxpar and of naive float32 per tensor, their ratio, both error/bound ratios, and ctxpar's /
+ * naive's error by position quartile.
  */
 #include <stdio.h>
 #include <stdlib.h>

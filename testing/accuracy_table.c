@@ -2,11 +2,14 @@
  * accuracy_table - ctxpar's F32 error against float64 next to naive float32's, for every input
  * distribution and dO = random / 1 (the table of docs/numerics.md):
  *
- *   bazel run //testing:accuracy_table -- [seq [head_dim [heads [ranks [mask [algo [kv_heads]]]]]]]
+ *   bazel run //testing:accuracy_table -- [seq [head_dim [heads [ranks [mask [algo [kv_heads
+ *                                          [dist]]]]]]]]
  *
- * defaults 4096 32 2 4 causal ring (kv_heads = heads); mask none, causal, or docs (causal, four
- * documents of 1/10, 1/2, 1 token and the rest of the sequence). Each row: max |err| of ctxpar and of naive float32 per
- * tensor, their ratio, and ctxpar's / naive's error by position quartile for out and dq.
+ * defaults 4096 32 2 4 causal ring (kv_heads = heads), every distribution; mask none, causal, or
+ * docs (causal, four documents of 1/10, 1/2, 1 token and the rest of the sequence); dist one of
+ * uniform01, normal, clamped, sharp (one distribution: the long cases). Each row: max |err| of
+ * ctxpar and of naive float32 per tensor, their ratio, both error/bound ratios, and ctxpar's /
+ * naive's error by position quartile.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +52,8 @@ int main(int argc, char **argv) {
     int worse = 0;
     for (int d = 0; d < CPT_DIST_COUNT; d++)
         for (int ones = 0; ones <= 1; ones++) {
+            if (argc > 8 && strcmp(argv[8], cpt_acc_dist_name((cpt_acc_dist)d)) != 0)
+                continue;
             c.dist = (cpt_acc_dist)d;
             c.dout_ones = ones;
             cpt_acc_result r;

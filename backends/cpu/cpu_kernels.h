@@ -37,13 +37,16 @@ typedef struct ctxpar_cpu_kernels {
 
     /* ct[d*ldc + l] = (alpha ? alpha[l] : 1) * ct[d*ldc + l] + sum_{m<M} a[m*lda + l] * b[m][d]
      * for d < D, l < L (alpha == NULL: no rescaling, the sum is added to ct as it is). The sum
-     * leaves out (does not add, not even a zero) every m with vis[m*lda + l] == 0. */
+     * leaves out (does not add, not even a zero) every m with vis[m*lda + l] == 0. It runs in
+     * chunks of m (32 with alpha, 16 without), each a chain from zero added to ct in order,
+     * the first from alpha * ct (docs/numerics.md). */
     void (*accum)(float *ct, int64_t ldc, const float *alpha, const float *a, const uint32_t *vis,
                   int64_t lda, const float *const *b, int64_t m, int64_t lanes, int64_t d);
 
     /* One online-softmax step in base 2 over a tile s [N, L] (lds) of raw scores q.k, with
      * c = scale * log2(e) (F64): per lane, m' = max(m, (float)(c * max_n s)), alpha = 2^(m - m'),
-     * s = 2^(c s - m') in place (c s - m' in F64, rounded once to F32), l = alpha * l
+     * s = 2^(c s - m') in place (the exponent split exactly into n + f, only f rounded: exp2_split
+     * in cpu_kernels_impl.h), l = alpha * l
      * + sum_n s (in increasing n). m starts at -FLT_MAX (not -inf), so a lane whose scores are
      * all -inf keeps m, gets alpha = 1 and adds exact zeros. */
     void (*softmax_step)(float *s, int64_t lds, int64_t n, int64_t lanes, double c, float *m,
@@ -59,9 +62,9 @@ typedef struct ctxpar_cpu_kernels {
     void (*fold)(double *acc, int64_t lda, float *part, int64_t ldp, const float *alpha,
                  int64_t r, int64_t lanes);
 
-    /* s[n*lds + l] = 2^(c s[n*lds + l] - hi - lo) (the argument in F64, rounded once, as in
-     * softmax_step), hi, lo = hi_lane[l], lo_lane[l] if hi_lane else hi_row[n], lo_row[n]: the
-     * subtrahend hi + lo carries more bits than one float. */
+    /* s[n*lds + l] = 2^(c s[n*lds + l] - hi - lo) (the exponent split as in softmax_step),
+     * hi, lo = hi_lane[l], lo_lane[l] if hi_lane else hi_row[n], lo_row[n]: the subtrahend
+     * hi + lo carries more bits than one float. */
     void (*exp2_sub)(float *s, int64_t lds, int64_t n, int64_t lanes, double c,
                      const float *hi_lane, const float *lo_lane, const float *hi_row,
                      const float *lo_row);

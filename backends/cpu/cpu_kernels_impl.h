@@ -23,14 +23,9 @@
 // 2^x for a vector, about 1 ulp. Arguments below -127 give exactly 0 (no subnormals: the
 // softmax never needs weights that small), so -inf gives 0; 2^0 is exactly 1, which makes a
 // skipped tile and a fully masked one give the same bits. The polynomial approximates 2^f on
-// [-1/2, 1/2] (interpolation at Chebyshev nodes with the constant term pinned to 1).
-CPU_INLINE vf v_exp2(vf x) {
-    const float round_magic = 0x1.8p23f; // adding it rounds to an integer in the low bits
-    x = v_max(v_set1(-127.0f), x);
-    x = v_min(v_set1(127.0f), x);
-    vf t = x + v_set1(round_magic);
-    vf n = t - v_set1(round_magic);
-    vf f = x - n;
+// [-1/2, 1/2] (interpolation at Chebyshev nodes with the constant term pinned to 1); t holds
+// n = round(x) in its low bits (x + 1.5 * 2^23), and f = x - n.
+CPU_INLINE vf v_exp2_nf(vf t, vf f) {
     vf p = v_set1(0x1.44138ap-13f);
     p = v_fma(p, f, v_set1(0x1.5f0890p-10f));
     p = v_fma(p, f, v_set1(0x1.3b2a54p-7f));
@@ -43,14 +38,41 @@ CPU_INLINE vf v_exp2(vf x) {
     return p * (vf)e;
 }
 
-typedef double vd __attribute__((vector_size(VL * sizeof(double))));
+#define EXP2_ROUND_MAGIC 0x1.8p23f // adding it rounds to an integer in the low bits
 
-// The exponent c s - hi - lo of the softmax in F64, rounded once to F32: every score's rounding
-// is then that of the F32 result alone (c = |scale| log2(e) is not rounded to F32 first, and
-// c s - m does not lose the low bits of a large c s). -inf scores give -inf.
-CPU_INLINE vf exp2_arg(vf s, double c, vf hi, vf lo) {
-    vd x = __builtin_convertvector(s, vd) * c - __builtin_convertvector(hi, vd);
-    return __builtin_convertvector(x - __builtin_convertvector(lo, vd), vf);
+CPU_INLINE vf v_exp2(vf x) {
+    x = v_max(v_set1(-127.0f), x);
+    x = v_min(v_set1(127.0f), x);
+    vf t = x + v_set1(EXP2_ROUND_MAGIC);
+    return v_exp2_nf(t, x - (t - v_set1(EXP2_ROUND_MAGIC)));
+}
+
+// 2^(c s - k0 - r) for an integer-valued k0 and a remainder r (|r| <= 1/2 + an ulp), with
+// c = chi + clo (two floats, about 48 bits of c). The exponent is split as x = n + f with n an
+// integer picked from an F32 estimate of x, then f = chi s - (k0 + n) (k0 + n exact, the product
+// exact inside the FMA: one rounding at |f| <= 1), - r, + clo s. So the roundings fall on f,
+// at most about 1.5 * 2^-25 absolute, not on x (up to 2^-25 |x|: with |x| ~ 4 that alone was
+// 1.4 ulp of every weight, the largest error of `out` for clamped inputs, docs/numerics.md),
+// in F32 operations only. f is kept in [-1, 1] so that a score of -inf (masked) or a large k0
+// (an empty row) gives 2^-127 p(-1) = 0, and a NaN stays NaN.
+CPU_INLINE vf exp2_split(vf s, vf chi, vf clo, vf k0, vf r) {
+    vf x = v_fma(chi, s, -(k0 + r)); // only to pick n
+    x = v_max(v_set1(-127.0f), x);
+    x = v_min(v_set1(127.0f), x);
+    vf t = x + v_set1(EXP2_ROUND_MAGIC);
+    vf n = t - v_set1(EXP2_ROUND_MAGIC);
+    vf f = v_fma(chi, s, -(k0 + n)) - r;
+    // clo times an infinite score would be inf - inf (or 0 * inf) next to f's own -inf: the
+    // score is bounded here (a NaN has already made f NaN).
+    f = v_fma(clo, v_min(v_set1(0x1p64f), v_max(v_set1(-0x1p64f), s)), f);
+    f = v_min(v_set1(1.0f), v_max(v_set1(-1.0f), f));
+    return v_exp2_nf(t, f);
+}
+
+// round(x) for |x| < 2^22; any float of larger magnitude (and +-inf, NaN) is returned as an
+// integer-valued float (or as it is).
+CPU_INLINE vf v_round(vf x) {
+    return (x + v_set1(EXP2_ROUND_MAGIC)) - v_set1(EXP2_ROUND_MAGIC);
 }
 
 // VL visibility words (0 or 0xffffffff, see cpu_kernels.h) as a mask vector.
@@ -118,40 +140,56 @@ static void scores(float *c, int64_t ldc, const float *at, int64_t lda, const fl
 // One MR*VL x NR tile of accum: columns d0 .. d0+nd-1 (nd <= NR). `full` and `masked` (constants
 // at each call) let the compiler address b[m][d0 + j] with fixed offsets and leave the select
 // out of the tiles the mask does not touch. A masked (m, lane) keeps acc as it was, so the
-// masked pairs neither add a NaN (0 * inf, 0 * NaN) nor turn a -0 into +0.
+// masked pairs neither add a NaN (0 * inf, 0 * NaN) nor turn a -0 into +0. The sum over m runs
+// in chunks, each an FMA chain from zero added into ct in order (as in scores_tile), so that the
+// partial sums a rounding sees stay small: 16 terms for the backward's sums over query rows (dV
+// with dO = 1 is a sum of positive terms that grows along the tile: its 64-term chain was most
+// of dv's error), 32 for the forward's P V (one chain over the tile was 1.12x naive float32's
+// `out` error on short documents at P = 8; 16 cost 5-7 % of the forward, 32 costs 2-4 %).
+#define ACCUM_CHUNK 16
+#define ACCUM_CHUNK_FWD 32
 CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const float *a,
                            const uint32_t *vis, int64_t lda, const float *const *b, int64_t m,
                            int64_t d0, int nd, int full, int masked) {
     vf acc[MR][NR];
     int64_t off[NR];
-    for (int j = 0; j < NR; j++) {
+    for (int j = 0; j < NR; j++)
         off[j] = d0 + (j < nd ? j : nd - 1);
-        for (int r = 0; r < MR; r++) {
-            acc[r][j] = j < nd ? v_load(ct + (d0 + j) * ldc + r * VL) : v_set1(0.0f);
-            if (alpha)
-                acc[r][j] = acc[r][j] * v_load(alpha + r * VL);
-        }
-    }
-    for (int64_t i = 0; i < m; i++) {
-        const float *bm = b[i];
-        vf av[MR];
-        vi mk[MR];
-        for (int r = 0; r < MR; r++) {
-            av[r] = v_load(a + i * lda + r * VL);
-            if (masked)
-                mk[r] = v_load_mask(vis + i * lda + r * VL);
-        }
-        for (int j = 0; j < NR; j++) {
-            vf bb = v_set1(full ? bm[d0 + j] : bm[off[j]]);
+    // The first chunk starts from alpha * ct (the forward's rescale), the others from zero.
+    const int64_t chunk = alpha ? ACCUM_CHUNK_FWD : ACCUM_CHUNK;
+    int64_t i0 = 0;
+    do {
+        const int64_t i1 = m - i0 < chunk ? m : i0 + chunk;
+        for (int j = 0; j < NR; j++)
             for (int r = 0; r < MR; r++) {
-                vf f = v_fma(av[r], bb, acc[r][j]);
-                acc[r][j] = masked ? v_keep(mk[r], f, acc[r][j]) : f;
+                acc[r][j] = v_set1(0.0f);
+                if (alpha && i0 == 0 && j < nd)
+                    acc[r][j] = v_load(ct + (d0 + j) * ldc + r * VL) * v_load(alpha + r * VL);
+            }
+        for (int64_t i = i0; i < i1; i++) {
+            const float *bm = b[i];
+            vf av[MR];
+            vi mk[MR];
+            for (int r = 0; r < MR; r++) {
+                av[r] = v_load(a + i * lda + r * VL);
+                if (masked)
+                    mk[r] = v_load_mask(vis + i * lda + r * VL);
+            }
+            for (int j = 0; j < NR; j++) {
+                vf bb = v_set1(full ? bm[d0 + j] : bm[off[j]]);
+                for (int r = 0; r < MR; r++) {
+                    vf f = v_fma(av[r], bb, acc[r][j]);
+                    acc[r][j] = masked ? v_keep(mk[r], f, acc[r][j]) : f;
+                }
             }
         }
-    }
-    for (int j = 0; j < nd; j++)
-        for (int r = 0; r < MR; r++)
-            v_store(ct + (d0 + j) * ldc + r * VL, acc[r][j]);
+        for (int j = 0; j < nd; j++)
+            for (int r = 0; r < MR; r++) {
+                float *cp = ct + (d0 + j) * ldc + r * VL;
+                v_store(cp, alpha && i0 == 0 ? acc[r][j] : (vf)(v_load(cp) + acc[r][j]));
+            }
+        i0 = i1;
+    } while (i0 < m);
 }
 
 // All the column tiles of one lane block; `masked` a constant, as in accum_tile.
@@ -178,19 +216,24 @@ static void accum(float *ct, int64_t ldc, const float *alpha, const float *a, co
 
 static void softmax_step(float *s, int64_t lds, int64_t n, int64_t lanes, double c, float *m,
                          float *l, float *alpha) {
-    const vf cv = v_set1((float)c), zero = v_set1(0.0f);
+    const float chi = (float)c;
+    const vf cv = v_set1(chi), clo = v_set1((float)(c - chi));
     for (int64_t l0 = 0; l0 < lanes; l0 += VL) {
         vf mt = v_set1(-INFINITY);
         for (int64_t i = 0; i < n; i++)
             mt = v_max(mt, v_load(s + i * lds + l0));
         vf mo = v_load(m + l0);
         // c > 0: (float)c * max s is within an ulp or two of the largest c * s (an exponent
-        // of 2^-23 above 0 is harmless); m only has to be the same in p and in the lse.
-        vf mn = v_max(mo, mt * cv); // mo >= -FLT_MAX: finite, so c s - mn is never inf - inf
+        // of 2^-23 above 0 is harmless); m only has to be the same in p and in the lse. It is
+        // not rounded to an integer: then the dominant weight of a row would carry the
+        // polynomial's rounding instead of being 2^(about 0), nearly exact (that cost 1.4x
+        // naive float32's dq error on rows of a few keys).
+        vf mn = v_max(mo, mt * cv); // mo >= -FLT_MAX: finite
+        vf k0 = v_round(mn), r = mn - k0; // m = k0 + r, exactly, for exp2_split
         vf al = v_exp2(mo - mn);
         vf sum = v_load(l + l0) * al;
         for (int64_t i = 0; i < n; i++) {
-            vf p = v_exp2(exp2_arg(v_load(s + i * lds + l0), c, mn, zero));
+            vf p = exp2_split(v_load(s + i * lds + l0), cv, clo, k0, r);
             v_store(s + i * lds + l0, p);
             sum = sum + p;
         }
@@ -219,11 +262,18 @@ static void fold(double *acc, int64_t lda, float *part, int64_t ldp, const float
 static void exp2_sub(float *s, int64_t lds, int64_t n, int64_t lanes, double c,
                      const float *hi_lane, const float *lo_lane, const float *hi_row,
                      const float *lo_row) {
+    const float chi = (float)c;
+    const vf cv = v_set1(chi), clo = v_set1((float)(c - chi));
     for (int64_t i = 0; i < n; i++)
         for (int64_t l0 = 0; l0 < lanes; l0 += VL) {
             vf hi = hi_lane ? v_load(hi_lane + l0) : v_set1(hi_row[i]);
             vf lo = hi_lane ? v_load(lo_lane + l0) : v_set1(lo_row[i]);
-            v_store(s + i * lds + l0, v_exp2(exp2_arg(v_load(s + i * lds + l0), c, hi, lo)));
+            // hi + lo = k0 + r: k0 an integer (hi = +inf, an empty row, becomes 2^24: every
+            // weight 0), r = (hi - k0) + lo, |r| <= 1/2 + an ulp.
+            hi = v_min(v_set1(0x1p24f), hi);
+            vf k0 = v_round(hi);
+            vf r = (hi - k0) + lo;
+            v_store(s + i * lds + l0, exp2_split(v_load(s + i * lds + l0), cv, clo, k0, r));
         }
 }
 

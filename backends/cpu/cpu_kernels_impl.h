@@ -290,6 +290,8 @@ static void dsoftmax(float *dp, const float *p, const uint32_t *vis, int64_t lds
         }
 }
 
+// F64 lanes as many as the F32 vector's, and their integer view (soft-capping's tanh below).
+typedef double vd __attribute__((vector_size(VL * sizeof(double))));
 typedef int64_t vl __attribute__((vector_size(VL * sizeof(int64_t))));
 
 // *x = tanh(*x) in F64, VL lanes, without a library call (libm's scalar tanh made a soft-capped

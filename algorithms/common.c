@@ -1,4 +1,5 @@
 // Services the algorithms share: tracing and work accounting.
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "algorithms.h"
@@ -52,12 +53,90 @@ int64_t ctxpar_visible_keys(const ctxpar_mask_desc *m, int64_t pos, const ctxpar
     return t_hi >= t_lo ? t_hi - t_lo + 1 : 0;
 }
 
-// Exactly how many (q, k) pairs of two spans the mask lets through: O(len of the query span),
-// O(1) for a block the mask sees whole; a statistic only.
+// sum over t in [0, n) of max(0, g0 + slope * t), slope in {-1, 0, 1}.
+static double positive_sum(int64_t g0, int slope, int64_t n) {
+    if (n <= 0)
+        return 0.0;
+    if (slope == 0)
+        return g0 > 0 ? (double)g0 * (double)n : 0.0;
+    if (slope > 0) { // g0 + t > 0 from t0 on
+        const int64_t t0 = g0 > 0 ? 0 : 1 - g0;
+        if (t0 >= n)
+            return 0.0;
+        const int64_t first = g0 + t0, last = g0 + n - 1, m = n - t0;
+        return ((double)first + (double)last) * (double)m / 2.0;
+    }
+    const int64_t m = g0 <= 0 ? 0 : g0 < n ? g0 : n; // g0 - t > 0 for t < g0
+    return (double)m * (double)g0 - (double)m * (double)(m - 1) / 2.0;
+}
+
+// The pairs of queries [a, b] (one document, or no documents) with keys [ks, ke], in closed
+// form: a query p sees max(0, min(U, p + uo) - max(V, p + vo) + 1) of those keys, where U, V
+// are the constant bounds and uo, vo the causal/window offsets (absent: INT64_MAX / MIN). That
+// is linear between the two points where a min or max switches, so the sum is arithmetic.
+static double pairs_of_segment(int64_t a, int64_t b, int64_t U, int64_t uo, int64_t V,
+                               int64_t vo, int64_t ks, int64_t ke) {
+    U = U < ke ? U : ke;
+    V = V > ks ? V : ks;
+    // The first query past each switch: min(U, p + uo) is p + uo up to U - uo, then U;
+    // max(V, p + vo) is V up to V - vo, then p + vo.
+    int64_t cut[4] = {a, b + 1, b + 1, b + 1};
+    if (uo != INT64_MAX && U - uo + 1 > a && U - uo + 1 <= b)
+        cut[1] = U - uo + 1;
+    if (vo != INT64_MIN && V - vo + 1 > a && V - vo + 1 <= b)
+        cut[2] = V - vo + 1;
+    if (cut[2] < cut[1]) {
+        int64_t t = cut[1];
+        cut[1] = cut[2];
+        cut[2] = t;
+    }
+    double n = 0;
+    for (int i = 0; i < 3; i++) {
+        const int64_t p0 = cut[i], p1 = cut[i + 1]; // [p0, p1)
+        if (p1 <= p0)
+            continue;
+        const int u_lin = uo != INT64_MAX && p0 + uo < U, v_lin = vo != INT64_MIN && p0 + vo > V;
+        const int64_t g0 = (u_lin ? p0 + uo : U) - (v_lin ? p0 + vo : V) + 1;
+        n += positive_sum(g0, u_lin - v_lin, p1 - p0);
+    }
+    return n;
+}
+
+// visible_pairs for two runs of consecutive positions: per document segment, in closed form.
+static double visible_pairs_runs_1(const ctxpar_mask_desc *m, const ctxpar_span *q,
+                                   const ctxpar_span *k, int64_t seq_global) {
+    const int64_t ks = k->start, ke = k->start + k->len - 1;
+    int64_t uo = INT64_MAX, vo = INT64_MIN;
+    if (m->causal)
+        uo = 0;
+    if (m->window_right > 0 && m->window_right < uo)
+        uo = m->window_right;
+    if (m->window_left > 0)
+        vo = 1 - m->window_left;
+    double n = 0;
+    for (int64_t a = q->start, end = q->start + q->len - 1; a <= end;) {
+        int64_t lo = 0, hi = seq_global - 1, b = end;
+        if (m->cu_seqlens) {
+            const int64_t d = ctxpar_mask_doc_of(m, a);
+            lo = m->cu_seqlens[d];
+            hi = m->cu_seqlens[d + 1] - 1;
+            b = hi < end ? hi : end;
+        }
+        n += pairs_of_segment(a, b, hi, uo, lo, vo, ks, ke);
+        a = b + 1;
+    }
+    return n;
+}
+
+// Exactly how many (q, k) pairs of two spans the mask lets through: O(1) for a block the mask
+// sees whole, O(documents the queries cross) for runs of consecutive positions, else O(len of
+// the query span); a statistic only.
 static double visible_pairs(const ctxpar_mask_desc *m, ctxpar_block_class c, const ctxpar_span *q,
                             const ctxpar_span *k, int64_t seq_global) {
     if (c == CTXPAR_BLOCK_FULL)
         return (double)q->len * (double)k->len;
+    if ((q->stride == 1 || q->len == 1) && (k->stride == 1 || k->len == 1))
+        return visible_pairs_runs_1(m, q, k, seq_global);
     double n = 0;
     for (int64_t i = 0; i < q->len; i++)
         n += (double)ctxpar_visible_keys(m, q->start + i * q->stride, k, seq_global);

@@ -11,6 +11,7 @@
  *    (few K/V heads, batch 1): a dq pass over (batch, query head, query tiles) items, then a
  *    dk/dv pass; P and dP are computed in both, seven products per tile pair.
  */
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,12 @@ static void reduce_dq(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_t qt
         a->dq_part + (size_t)(((b * p->heads_q + h) * p->q_tiles + qt) * dim * 64);
     for (int64_t r = 0; r < nq; r++) {
         if (ctxpar_bwd_row_masked(a, b, h, i0 + r))
+            continue;
+        int nan = 0;
+        for (int64_t d = 0; d < dim; d++)
+            for (int64_t c = 0; c < a->chunks; c++)
+                nan |= isnan(part[(size_t)c * chunk + (size_t)(d * 64 + r)]);
+        if (nan && ctxpar_bwd_row_sees_only_neg_inf(a, b, h, i0 + r))
             continue;
         float *dq = a->dq + ((b * p->seq_q + i0 + r) * p->heads_q + h) * dim;
         for (int64_t d = 0; d < dim; d++) {

@@ -73,6 +73,12 @@ void ctxpar_bwd_pack_t(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, i
  * (docs/numerics.md: such a row has zero gradients). */
 int ctxpar_bwd_row_masked(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_t i);
 
+/* Whether every key of this block that query row i of (b, h) sees scores -inf. With sinks such a
+ * row's lse is the sink, not -inf, so ctxpar_bwd_row_masked cannot tell; the writers of dq ask
+ * this for a row whose sum came out NaN (0 x an infinite key) and then add nothing, as for a
+ * masked row. A rescan of the row's scores in F64, so only for such rows. */
+int ctxpar_bwd_row_sees_only_neg_inf(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_t i);
+
 /* Row li's LSE (lse + lse_lo, when the caller has the low part) in base 2 for
  * exp2(c s - lse2), as hi + lo, so that lse * log2(e) is not rounded a second time (at |lse| = 40
  * that rounding alone would change P by 1.5e-6); an empty row (lse = -inf) gets hi = +inf,

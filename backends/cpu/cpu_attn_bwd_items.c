@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "backends/cpu/cpu_attn_bwd.h"
+#include "ctxpar_half.h"
 
 #define TQ CTXPAR_CPU_TILE_Q
 #define TK CTXPAR_CPU_TILE_K
@@ -71,6 +72,33 @@ void ctxpar_bwd_pack_t(const ctxpar_cpu_kernels *kern, const ctxpar_tensor *t, i
 
 int ctxpar_bwd_row_masked(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_t i) {
     return a->lse[(b * a->p->heads_q + h) * a->p->seq_q + i] == -INFINITY;
+}
+
+// Element (b, s, h, d) of a tensor the dispatch checked (F32, BF16 or F16).
+static double element(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d) {
+    const int64_t off = b * t->stride[0] + s * t->stride[1] + h * t->stride[2] + d;
+    if (t->dtype == CTXPAR_DTYPE_F32)
+        return ((const float *)t->data)[off];
+    const uint16_t x = ((const uint16_t *)t->data)[off];
+    return t->dtype == CTXPAR_DTYPE_BF16 ? ctxpar_bf16_to_f32(x) : ctxpar_f16_to_f32(x);
+}
+
+int ctxpar_bwd_row_sees_only_neg_inf(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_t i) {
+    const ctxpar_cpu_plan *p = a->p;
+    const ctxpar_attn_block *blk = p->blk;
+    if (blk->softcap > 0.0f) // C tanh(-inf) = -C: a capped score is never -inf
+        return 0;
+    const double sign = ctxpar_cpu_score_sign(blk->scale);
+    for (int64_t j = 0; j < p->seq_k; j++) {
+        if (!ctxpar_mask_visible(&blk->mask, p->q_pos[i], p->k_pos[j], p->q_doc[i], p->k_doc[j]))
+            continue;
+        double s = 0.0;
+        for (int64_t d = 0; d < p->dim; d++)
+            s += element(&blk->q, b, i, h, d) * element(&blk->k, b, j, h / p->group, d);
+        if (!(sign * s == -INFINITY)) // finite, +inf or NaN: the row sees a key
+            return 0;
+    }
+    return 1;
 }
 
 float ctxpar_bwd_lse2(const ctxpar_bwd_args *a, int64_t li, float *lo) {
@@ -148,6 +176,11 @@ void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_
         const int64_t lanes = ctxpar_bwd_lanes(kern, nq);
         for (int64_t r = 0; r < nq; r++) {
             if (ctxpar_bwd_row_masked(a, b, h, i0 + r))
+                continue;
+            int nan = 0;
+            for (int64_t d = 0; d < dim; d++)
+                nan |= isnan(w->acc[g][0][d * lanes + r]);
+            if (nan && ctxpar_bwd_row_sees_only_neg_inf(a, b, h, i0 + r))
                 continue;
             float *dq = a->dq + ((b * p->seq_q + i0 + r) * p->heads_q + h) * dim;
             for (int64_t d = 0; d < dim; d++) // the F64 sum rounded once, then accumulated

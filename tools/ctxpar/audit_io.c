@@ -407,6 +407,12 @@ static ctxpar_status read_shards(const cpt_audit_src *src, const char *name, int
         out->dims[sd] = total;
         st = alloc_global(out, lse, arr[0].dtype);
     }
+    // The assignment gives each token a rank: it must cover exactly the tokens the shards hold.
+    if (st == CTXPAR_OK && lay->assignment && lay->assignment_len != total)
+        st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                          "%s: the %d shards of %s hold %lld tokens, but the assignment (--assign) "
+                          "gives ranks to %lld",
+                          src->path, P, name, (long long)total, (long long)lay->assignment_len);
     if (st == CTXPAR_OK && !(pos = malloc((size_t)total * sizeof *pos + 1)))
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
     // Of the shards whose rows the layout would not give them, the one farthest from the mean

@@ -50,6 +50,7 @@ typedef struct cpt_audit_layout {
     int64_t num_docs;
     const int32_t *assignment; /* --layout custom's (--assign) */
     int64_t cu_seqlens_rows;   /* > 0: cu_seqlens is [rows, num_docs + 1], one row per batch row */
+    int64_t assignment_len;    /* the tokens assignment covers: the global length it fits */
 } cpt_audit_layout;
 
 /* The seq / ranks global positions rank `rank` holds, in its local order. */

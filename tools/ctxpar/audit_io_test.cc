@@ -51,7 +51,7 @@ TEST(AuditIo, EveryKindOrderAndDtypeRoundTripsBitExactly) {
                                             : f == CPT_TFORMAT_BHSD ? CPT_LSE_BSH
                                                                        : CPT_LSE_BHS;
                 cpt_audit_layout lay = {(cpt_tformat)f,    l,       0, P,
-                                           CTXPAR_LAYOUT_ZIGZAG, nullptr, 0, nullptr, 0};
+                                           CTXPAR_LAYOUT_ZIGZAG, nullptr, 0, nullptr, 0, 0};
                 const size_t n = (size_t)(B * S * H * D), es = cpt_npy_dtype_size(t);
                 std::vector<unsigned char> out(n * es);
                 std::vector<float> lse((size_t)(B * H * S));
@@ -98,7 +98,7 @@ TEST(AuditIo, EveryKindOrderAndDtypeRoundTripsBitExactly) {
 // Rank 1 of 2 under zigzag holds chunks 1 and 2 of 4: positions 2, 3, 4, 5 of 8.
 TEST(AuditIo, ShardsHoldTheLayoutsPositions) {
     cpt_audit_layout lay = {CPT_TFORMAT_BSHD,  CPT_LSE_BHS, 0, 2,
-                               CTXPAR_LAYOUT_ZIGZAG, nullptr,        0, nullptr, 0};
+                               CTXPAR_LAYOUT_ZIGZAG, nullptr,        0, nullptr, 0, 0};
     std::vector<float> g(8);
     for (int i = 0; i < 8; i++)
         g[i] = (float)i;
@@ -124,7 +124,7 @@ TEST(AuditIo, ShardsHoldTheLayoutsPositions) {
     // 4 chunks; rank 1 holds chunks 1 and 2 of each: 1, 2 and 6, 7, 8, 9.
     const int32_t cu[3] = {0, 4, 12};
     cpt_audit_layout thd = {
-        CPT_TFORMAT_THD, CPT_LSE_HT, 0, 2, CTXPAR_LAYOUT_ZIGZAG, cu, 2, nullptr, 0};
+        CPT_TFORMAT_THD, CPT_LSE_HT, 0, 2, CTXPAR_LAYOUT_ZIGZAG, cu, 2, nullptr, 0, 0};
     int64_t pos[6];
     ASSERT_EQ(cpt_audit_positions(&thd, 12, 1, pos), CTXPAR_OK);
     const int64_t want_pos[6] = {1, 2, 6, 7, 8, 9};
@@ -137,7 +137,7 @@ TEST(AuditIo, ShardsHoldTheLayoutsPositions) {
 
 TEST(AuditIo, Base2LseComesBackWithinAnUlp) {
     cpt_audit_layout lay = {CPT_TFORMAT_BSHD,  CPT_LSE_BHS, 1, 1,
-                               CTXPAR_LAYOUT_ZIGZAG, nullptr,        0, nullptr, 0};
+                               CTXPAR_LAYOUT_ZIGZAG, nullptr,        0, nullptr, 0, 0};
     std::vector<float> x(64);
     for (size_t i = 0; i < x.size(); i++)
         x[i] = 0.917f * (float)i - 20.0f;

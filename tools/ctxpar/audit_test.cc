@@ -889,33 +889,41 @@ TEST(AuditFeatures, MlaWithSinksJudgesDsinksAndSavesIt) {
     EXPECT_NE(o.err.find("with v's head_dim"), std::string::npos) << o.err;
 }
 
-// Per-rank shards of 30 tokens over 4 ranks under contiguous: the first 30 % 4 = 2 ranks hold
-// one token more (8, 8, 7, 7; api/ctxpar.h). Shards split otherwise are refused, naming the rank.
 // Writes every input and result of m as per-rank shards dir/{name}_{rank}.npy, rank r holding
-// rows[r] consecutive tokens.
-void WriteContiguousShards(const Mla &m, const std::string &dir, const int64_t *rows) {
+// the positions s with owner[s] == r, in increasing order.
+void WriteShards(const Mla &m, const std::string &dir, const std::vector<int> &owner, int ranks) {
     std::vector<Named> all = MlaInputs(m);
     for (const Named &t : MlaResults(m))
         all.push_back(t);
     for (const Named &t : all) {
         const bool lse = t.name == "lse";
         const int64_t width = lse ? 1 : t.shape[2] * t.shape[3];
-        for (int r = 0, start = 0; r < 4; start += (int)rows[r], r++) {
+        for (int r = 0; r < ranks; r++) {
             Vec part;
             std::vector<int64_t> shape = t.shape;
-            if (lse) { // [1, H, S]: each head's run of the rank's positions
-                for (int64_t h = 0; h < Mla::HQ; h++)
-                    part.insert(part.end(), t.v.begin() + h * m.S + start,
-                                t.v.begin() + h * m.S + start + rows[r]);
-                shape[2] = rows[r];
-            } else {
-                part.assign(t.v.begin() + start * width, t.v.begin() + (start + rows[r]) * width);
-                shape[1] = rows[r];
-            }
+            int64_t rows = 0;
+            for (int64_t h = 0; h < (lse ? Mla::HQ : 1); h++) // lse [1, H, S]: head by head
+                for (int64_t s = 0; s < m.S; s++)
+                    if (owner[(size_t)s] == r) {
+                        const int64_t at = lse ? h * m.S + s : s * width;
+                        part.insert(part.end(), t.v.begin() + at, t.v.begin() + at + width);
+                        rows += h == 0;
+                    }
+            shape[lse ? 2 : 1] = rows;
             WriteNpy(dir + "/" + t.name + "_" + std::to_string(r) + ".npy",
                      {t.name, part, shape, CTXPAR_DTYPE_F32});
         }
     }
+}
+
+// Per-rank shards of 30 tokens over 4 ranks under contiguous: the first 30 % 4 = 2 ranks hold
+// one token more (8, 8, 7, 7; api/ctxpar.h). Shards split otherwise are refused, naming the rank.
+// Rank r holds rows[r] consecutive tokens.
+void WriteContiguousShards(const Mla &m, const std::string &dir, const int64_t *rows) {
+    std::vector<int> owner;
+    for (int r = 0; r < 4; r++)
+        owner.insert(owner.end(), (size_t)rows[r], r);
+    WriteShards(m, dir, owner, 4);
 }
 
 TEST(AuditFeatures, UnevenShards) {
@@ -963,6 +971,51 @@ TEST(AuditFeatures, ShardsOfFewerTokensThanRanks) {
     ASSERT_EQ(cpt_npy_read((dir + "/saved/out_3.npy").c_str(), &a), CTXPAR_OK);
     EXPECT_EQ(a.shape[1], 0);
     cpt_npy_free(&a);
+}
+
+// Shards of a custom layout (--layout custom --assign): rank r holds the tokens the assignment
+// gives it, scattered over the sequence and uneven (3 ranks, 30 tokens). Assembled with the
+// assignment they were written with, the audit agrees with itself; with another one of the same
+// counts the results land at the wrong positions and fail the bound; an assignment of another
+// length is refused.
+TEST(AuditFeatures, CustomLayoutShards) {
+    const Mla m = MakeMla();
+    const std::string dir = Dir("custom_shards"), a = dir + "/assign.npy";
+    std::vector<int> owner((size_t)m.S);
+    std::vector<int32_t> assign((size_t)m.S);
+    for (int64_t s = 0; s < m.S; s++)
+        assign[(size_t)s] = owner[(size_t)s] = (int)((s * s + 2 * s) % 7 % 3);
+    WriteShards(m, dir, owner, 3);
+    auto write_assign = [&](const std::vector<int32_t> &v) {
+        const int64_t n = (int64_t)v.size();
+        ASSERT_EQ(cpt_npy_write(a.c_str(), CPT_NPY_I32, 1, &n, v.data()), CTXPAR_OK);
+    };
+    write_assign(assign);
+    const std::string args = "audit --ranks 3 --layout custom --assign '" + a +
+                             "' --mask causal --json --sinks '" + WriteSinks(dir, m) +
+                             "' --shards '" + dir + "/{name}_{rank}.npy'";
+    Outcome o = Tool(args);
+    ASSERT_EQ(o.code, 0) << o.out << o.err;
+    json_error_t err;
+    json_t *root = json_loads(o.out.c_str(), 0, &err);
+    ASSERT_NE(root, nullptr) << o.out;
+    EXPECT_TRUE(json_is_true(json_object_get(root, "consistent"))) << o.out;
+    json_decref(root);
+    // The same counts per rank, positions swapped between two tokens of different ranks.
+    std::vector<int32_t> swapped = assign;
+    size_t i = 0, j = 1;
+    while (swapped[j] == swapped[i])
+        j++;
+    std::swap(swapped[i], swapped[j]);
+    write_assign(swapped);
+    o = Tool(args);
+    EXPECT_EQ(o.code, 1) << o.out << o.err;
+    write_assign(std::vector<int32_t>(assign.begin(), assign.end() - 1));
+    o = Tool(args);
+    EXPECT_EQ(o.code, 2) << o.out << o.err;
+    EXPECT_NE(o.err.find("hold 30 tokens, but the assignment (--assign) gives ranks to 29"),
+              std::string::npos)
+        << o.err;
 }
 
 } // namespace

@@ -498,9 +498,8 @@ static int load_assignment(const char *cmd, cpt_cli *cli, FILE *err) {
     }
     if (!cli->assign_path)
         return 1;
-    if (cli->shards_pattern || cli->sweep) {
-        fprintf(err, "ctxpar %s: --layout custom does not combine with %s\n", cmd,
-                cli->sweep ? "--sweep" : "--shards");
+    if (cli->sweep) { // a sweep varies --seq, an assignment fits one length
+        fprintf(err, "ctxpar %s: --layout custom does not combine with --sweep\n", cmd);
         return 0;
     }
     cpt_npy_array a;

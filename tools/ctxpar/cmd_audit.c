@@ -240,7 +240,8 @@ int cpt_audit_load(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
                                    NULL,
                                    0,
                                    cli->cfg.params.assignment,
-                                   0};
+                                   0,
+                                   cli->assign_len};
     const char *paths[N_IN + 1] = {cli->q_path, cli->k_path, cli->v_path, cli->dout_path,
                                    cli->cu_seqlens_path};
     for (int i = 0; i <= N_IN; i++)

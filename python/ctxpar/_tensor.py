@@ -87,8 +87,16 @@ def prepare(x, fmt):
     return x.contiguous() if is_torch(x) else np.ascontiguousarray(x)
 
 
+# The library wants a tensor's data set even when the tensor holds nothing (a rank with no
+# tokens, S < P); torch gives an empty tensor the address 0, so such a tensor points here
+# (nothing is read or written through it).
+_NOTHING = np.zeros(1, dtype=np.float64)
+
+
 def data_pointer(x):
-    return x.data_ptr() if is_torch(x) else x.ctypes.data
+    if is_torch(x):
+        return x.data_ptr() if x.numel() else _NOTHING.ctypes.data
+    return x.ctypes.data if x.size else _NOTHING.ctypes.data
 
 
 def view(x, fmt, dtype):

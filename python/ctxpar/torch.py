@@ -11,6 +11,7 @@ import threading
 
 import torch
 
+from . import _tensor as T
 from ._core import Context
 
 _default = threading.local()
@@ -22,29 +23,65 @@ def _default_context():
     return _default.ctx
 
 
+def _bshd(x, fmt):
+    return x if fmt == "bshd" else x.transpose(1, 2)
+
+
+def _local_dsinks(sinks, out, dout, lse, lse_lo, fmt):
+    """This rank's share of the sinks' gradient, -sum over its rows of e^(sink - lse) rowsum(dO o
+    O) (docs/numerics.md), in float64. The library's dsinks is the sum over every rank's rows, on
+    every rank; autograd adds each use of a parameter, and trainers sum (or average) gradients
+    over the context-parallel group as for every weight, so each rank returns its own rows'."""
+    delta = (_bshd(dout, fmt).double() * _bshd(out, fmt).double()).sum(-1)  # [B, S, H]
+    lse64 = (lse.double() + lse_lo.double()).transpose(1, 2)  # [B, S, H]
+    p_sink = torch.exp(sinks.detach().double() - lse64)
+    return -(p_sink * delta).sum((0, 1)).to(sinks.dtype)
+
+
 class Attention(torch.autograd.Function):
-    """forward(q, k, v, ctx, options) -> out; backward through ctxpar_attn_bwd."""
+    """forward(q, k, v, sinks, ctx, options) -> out; backward through ctxpar_attn_bwd. sinks may
+    be None; its gradient is this rank's share (see _local_dsinks)."""
 
     @staticmethod
-    def forward(fctx, q, k, v, ctx, options):
-        out, lse = ctx.attention(q, k, v, **options)
-        fctx.save_for_backward(q, k, v, out, lse)
+    def forward(fctx, q, k, v, sinks, ctx, options):
+        T.check_format(options["format"])
+        b, s, hq, _ = T.bshd_shape(q, options["format"])
+        lse_lo = torch.empty((b, hq, s), dtype=torch.float32)  # the backward reads lse + lse_lo
+        out, lse = ctx.attention(q, k, v, sinks=sinks, lse_lo=lse_lo, **options)
+        fctx.save_for_backward(q, k, v, out, lse, lse_lo, sinks)
         fctx.ctx, fctx.options = ctx, options
         return out
 
     @staticmethod
     def backward(fctx, dout):
-        q, k, v, out, lse = fctx.saved_tensors
-        dq, dk, dv = fctx.ctx.attention_backward(q, k, v, out, lse, dout, **fctx.options)
-        return dq, dk, dv, None, None
+        q, k, v, out, lse, lse_lo, sinks = fctx.saved_tensors
+        grads = fctx.ctx.attention_backward(q, k, v, out, lse, dout, sinks=sinks, lse_lo=lse_lo,
+                                            **fctx.options)
+        dsinks = None
+        if sinks is not None and fctx.needs_input_grad[3]:
+            dsinks = _local_dsinks(sinks, out, dout, lse, lse_lo, fctx.options["format"])
+        return grads[0], grads[1], grads[2], dsinks, None, None
 
 
 def attention(q, k, v, *, ctx=None, algo="ring", layout="zigzag", mask="causal", window=0,
-              cu_seqlens=None, scale=None, seq_len_global=0, format="bshd"):
-    """Context-parallel attention of this rank's shard, differentiable in q, k and v."""
+              cu_seqlens=None, scale=None, seq_len_global=0, assignment=None, ulysses=0,
+              sinks=None, softcap=0.0, format="bshd"):
+    """Context-parallel attention of this rank's shard, differentiable in q, k, v and sinks.
+
+    The options are Context.attention's: window W or (left, right); layout "custom" with
+    assignment (the rank of each global token); algo "hybrid" with ulysses; softcap C > 0;
+    seq_len_global for uneven shards. sinks: a float32 tensor [Hq] (one logit per query head,
+    added once to every row's softmax denominator); its gradient is the sum over this rank's
+    rows only, so that summing gradients over the ranks (autograd across in-process ranks, or
+    the trainer's all-reduce over the context-parallel group) gives the whole gradient once.
+    """
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        sinks = torch.as_tensor(sinks, dtype=torch.float32)
     options = dict(algo=algo, layout=layout, mask=mask, window=window, cu_seqlens=cu_seqlens,
-                   scale=scale, seq_len_global=seq_len_global, format=format)
-    return Attention.apply(q, k, v, ctx if ctx is not None else _default_context(), options)
+                   scale=scale, seq_len_global=seq_len_global, assignment=assignment,
+                   ulysses=ulysses, softcap=softcap, format=format)
+    return Attention.apply(q, k, v, sinks, ctx if ctx is not None else _default_context(),
+                           options)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,

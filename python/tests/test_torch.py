@@ -129,3 +129,95 @@ def test_audit_takes_torch_tensors_bf16_bhsd():
     assert not rep.consistent and rep.tensors["out"].consistent
     assert rep.tensors["dv"].worst.rank == 1
     assert rep.tensors["dv"].error_by_rank[0] <= 2 * rep.tensors["dv"].reference_error
+
+
+def attention64(q, k, v, *, causal, window=(0, 0), sinks=None, softcap=0.0):
+    """Attention written out in float64 torch ops (BSHD, GQA by repeating K/V heads), with the
+    features ctxpar.torch.attention takes; autograd gives the reference gradients."""
+    scale = 1.0 / np.sqrt(np.float32(q.shape[-1]))
+    group = q.shape[2] // k.shape[2]
+    kk, vv = (x.repeat_interleave(group, dim=2) for x in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q, kk) * float(np.float32(scale))
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(q.shape[1])[:, None]
+    j = torch.arange(k.shape[1])[None, :]
+    visible = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool)
+    if causal:
+        visible &= j <= i
+    if window[0]:
+        visible &= i - j < window[0]
+    if window[1]:
+        visible &= j - i <= window[1]
+    s = s.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.view(1, -1, 1, 1).expand(*s.shape[:3], 1)], dim=-1)
+    p = torch.softmax(s, dim=-1)[..., :k.shape[1]]
+    return torch.einsum("bhqk,bkhd->bqhd", p, vv)
+
+
+@pytest.mark.parametrize("layout,P,causal,window,softcap", [
+    ("custom", 3, True, (0, 0), 0.0),
+    ("zigzag", 3, False, (9, 5), 0.0),
+    ("contiguous", 4, True, (0, 0), 30.0),
+])
+def test_autograd_features_sinks_local_gradient(layout, P, causal, window, softcap):
+    """Uneven shards (S = 41), MLA (v's head_dim 8 beside 16), GQA, sinks with their gradient,
+    soft-capping, a two-sided window and a custom assignment (in which rank 2 holds no token: its
+    tensors are empty, and torch gives them the address 0) through ctxpar.torch.attention on P
+    in-process ranks, against attention64. Each rank's sinks.grad is its own rows' share: their
+    sum is the whole gradient."""
+    S, HQ, HK, D, DV = 41, 4, 2, 16, 8
+    g = torch.Generator().manual_seed(11)
+    q, k = torch.randn(1, S, HQ, D, generator=g), torch.randn(1, S, HK, D, generator=g)
+    v, do = torch.randn(1, S, HK, DV, generator=g), torch.randn(1, S, HQ, DV, generator=g)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    assignment = [(t * t + 3 * t) % 5 % P for t in range(S)] if layout == "custom" else None
+    got = {n: torch.zeros_like(x) for n, x in (("out", do), ("dq", q), ("dk", k), ("dv", v))}
+    shares = [None] * P
+
+    def rank(ctx):
+        r = ctx.rank
+        local = [ctxpar.shard(x, r, P, layout, assignment=assignment).requires_grad_()
+                 for x in (q, k, v)]
+        sk = sinks.clone().requires_grad_()
+        out = ctxpar.torch.attention(*local, ctx=ctx, algo="ring", layout=layout,
+                                     mask="causal" if causal else "none", window=window,
+                                     seq_len_global=S, assignment=assignment, sinks=sk,
+                                     softcap=softcap)
+        out.backward(ctxpar.shard(do, r, P, layout, assignment=assignment))
+        for name, t in zip(("out", "dq", "dk", "dv"), [out] + [x.grad for x in local]):
+            ctxpar.unshard(t.detach(), r, P, got[name], layout, assignment=assignment)
+        shares[r] = sk.grad
+
+    run_ranks(P, rank)
+    leaves = [x.double().requires_grad_() for x in (q, k, v, sinks)]
+    out64 = attention64(*leaves[:3], causal=causal, window=window, sinks=leaves[3],
+                        softcap=softcap)
+    out64.backward(do.double())
+    ref = {"out": out64.detach(), "dq": leaves[0].grad, "dk": leaves[1].grad,
+           "dv": leaves[2].grad, "dsinks": leaves[3].grad}
+    got["dsinks"] = sum(shares)
+    for name, want in ref.items():
+        assert max_error(got[name].numpy(), want.numpy()) <= 4e-6, name
+    # A share is not the whole: the ranks' rows split the gradient.
+    assert all(float((s - ref["dsinks"]).abs().max()) > 1e-3 for s in shares)
+
+
+def test_autograd_sinks_one_rank_and_no_grad():
+    """One rank: sinks.grad is the whole gradient; sinks that need no gradient get none (and
+    a list of floats is accepted)."""
+    q, k, v, do = (x.transpose(1, 2).contiguous()
+                   for x in bhsd_inputs(2, 2, 2, 24, 8, torch.float32, seed=5))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    sk = torch.tensor([1.0, -0.5], requires_grad=True)
+    ctxpar.torch.attention(*leaves, sinks=sk).backward(do)
+    ref = [x.double().requires_grad_() for x in (q, k, v, sk.detach())]
+    attention64(*ref[:3], causal=True, sinks=ref[3]).backward(do.double())
+    assert max_error(sk.grad.numpy(), ref[3].grad.numpy()) <= 4e-6
+    for x, r in zip(leaves, ref):
+        assert max_error(x.grad.numpy(), r.grad.numpy()) <= 4e-6
+    out = ctxpar.torch.attention(q, k, v, sinks=[1.0, -0.5])
+    ref_out = attention64(q.double(), k.double(), v.double(), causal=True,
+                          sinks=torch.tensor([1.0, -0.5], dtype=torch.float64))
+    assert max_error(out.numpy(), ref_out.numpy()) <= 4e-6

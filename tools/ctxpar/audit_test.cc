@@ -260,12 +260,17 @@ struct Verdict {
     }
 };
 
-void Judge(const std::string &args, Verdict *v) {
-    v->o = Tool("audit --ranks 4 --layout zigzag --mask causal --json " + args);
+// Runs the tool's command line cmd (which asks for --json) into v.
+void JudgeCommand(const std::string &cmd, Verdict *v) {
+    v->o = Tool(cmd);
     json_error_t err;
     v->root = json_loads(v->o.out.c_str(), 0, &err);
     ASSERT_NE(v->root, nullptr) << "stdout is not JSON: " << err.text << "\n"
                                 << v->o.out << v->o.err;
+}
+
+void Judge(const std::string &args, Verdict *v) {
+    JudgeCommand("audit --ranks 4 --layout zigzag --mask causal --json " + args, v);
 }
 
 // The tool's judgement of results r on problem p.
@@ -934,17 +939,17 @@ TEST(AuditFeatures, UnevenShards) {
     write(counts);
     const std::string args = "audit --ranks 4 --layout contiguous --mask causal --json --sinks '" +
                              WriteSinks(dir, m) + "' --shards '" + dir + "/{name}_{rank}.npy'";
-    Outcome o = Tool(args);
-    ASSERT_EQ(o.code, 0) << o.out << o.err;
-    json_error_t err;
-    json_t *root = json_loads(o.out.c_str(), 0, &err);
-    ASSERT_NE(root, nullptr) << o.out;
-    EXPECT_TRUE(json_is_true(json_object_get(root, "consistent"))) << o.out;
-    EXPECT_EQ(json_integer_value(json_object_get(json_object_get(root, "config"), "seq")), 30);
-    json_decref(root);
+    {
+        Verdict v;
+        JudgeCommand(args, &v);
+        ASSERT_EQ(v.o.code, 0) << v.o.out << v.o.err;
+        EXPECT_TRUE(v.Consistent()) << v.o.out;
+        EXPECT_EQ(json_integer_value(json_object_get(json_object_get(v.root, "config"), "seq")),
+                  30);
+    }
     const int64_t wrong[4] = {7, 8, 7, 8};
     write(wrong);
-    o = Tool(args);
+    Outcome o = Tool(args);
     EXPECT_EQ(o.code, 2) << o.out << o.err;
     EXPECT_NE(o.err.find("rank 0's shard of q has 7 rows, but the contiguous layout gives rank 0 "
                          "8 of the 30 tokens"),
@@ -958,15 +963,13 @@ TEST(AuditFeatures, ShardsOfFewerTokensThanRanks) {
     const std::string dir = Dir("empty_shard");
     const int64_t counts[4] = {1, 1, 1, 0};
     WriteContiguousShards(m, dir, counts);
-    Outcome o = Tool("audit --ranks 4 --layout contiguous --mask causal --json --sinks '" +
+    Verdict v;
+    JudgeCommand("audit --ranks 4 --layout contiguous --mask causal --json --sinks '" +
                      WriteSinks(dir, m) + "' --shards '" + dir + "/{name}_{rank}.npy' --save '" +
-                     dir + "/saved'");
-    ASSERT_EQ(o.code, 0) << o.out << o.err;
-    json_error_t err;
-    json_t *root = json_loads(o.out.c_str(), 0, &err);
-    ASSERT_NE(root, nullptr) << o.out;
-    EXPECT_TRUE(json_is_true(json_object_get(root, "consistent"))) << o.out;
-    json_decref(root);
+                     dir + "/saved'",
+                 &v);
+    ASSERT_EQ(v.o.code, 0) << v.o.out << v.o.err;
+    EXPECT_TRUE(v.Consistent()) << v.o.out;
     cpt_npy_array a;
     ASSERT_EQ(cpt_npy_read((dir + "/saved/out_3.npy").c_str(), &a), CTXPAR_OK);
     EXPECT_EQ(a.shape[1], 0);
@@ -994,13 +997,12 @@ TEST(AuditFeatures, CustomLayoutShards) {
     const std::string args = "audit --ranks 3 --layout custom --assign '" + a +
                              "' --mask causal --json --sinks '" + WriteSinks(dir, m) +
                              "' --shards '" + dir + "/{name}_{rank}.npy'";
-    Outcome o = Tool(args);
-    ASSERT_EQ(o.code, 0) << o.out << o.err;
-    json_error_t err;
-    json_t *root = json_loads(o.out.c_str(), 0, &err);
-    ASSERT_NE(root, nullptr) << o.out;
-    EXPECT_TRUE(json_is_true(json_object_get(root, "consistent"))) << o.out;
-    json_decref(root);
+    {
+        Verdict v;
+        JudgeCommand(args, &v);
+        ASSERT_EQ(v.o.code, 0) << v.o.out << v.o.err;
+        EXPECT_TRUE(v.Consistent()) << v.o.out;
+    }
     // The same counts per rank, positions swapped between two tokens of different ranks.
     std::vector<int32_t> swapped = assign;
     size_t i = 0, j = 1;
@@ -1008,7 +1010,7 @@ TEST(AuditFeatures, CustomLayoutShards) {
         j++;
     std::swap(swapped[i], swapped[j]);
     write_assign(swapped);
-    o = Tool(args);
+    Outcome o = Tool(args);
     EXPECT_EQ(o.code, 1) << o.out << o.err;
     write_assign(std::vector<int32_t>(assign.begin(), assign.end() - 1));
     o = Tool(args);

@@ -84,20 +84,25 @@ def median(times):
     return times[len(times) // 2]
 
 
-def to_torch(torch, a):
-    """BSHD numpy -> BHSD contiguous torch tensor."""
-    return torch.from_numpy(a).permute(0, 2, 1, 3).contiguous()
+def to_torch(torch, a, dtype=None):
+    """BSHD numpy -> BHSD contiguous torch tensor (in dtype when given: torch.bfloat16, which
+    NumPy lacks)."""
+    t = torch.from_numpy(a).permute(0, 2, 1, 3).contiguous()
+    return t if dtype is None else t.to(dtype)
 
 
 def to_numpy(t):
     """BHSD torch tensor -> BSHD contiguous numpy array."""
-    return t.detach().permute(0, 2, 1, 3).contiguous().numpy()
+    t = t.detach()
+    if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
+        t = t.float()  # NumPy has no bfloat16: half types come back as float32
+    return t.permute(0, 2, 1, 3).contiguous().numpy()
 
 
-def torch_forward(torch, q, k, v, causal, repeat, warmup):
+def torch_forward(torch, q, k, v, causal, repeat, warmup, dtype=None):
     """Median seconds of SDPA under no_grad, and its output (BSHD numpy)."""
     import torch.nn.functional as F
-    tq, tk, tv = (to_torch(torch, a) for a in (q, k, v))
+    tq, tk, tv = (to_torch(torch, a, dtype) for a in (q, k, v))
     gqa = {"enable_gqa": True} if tk.shape[1] != tq.shape[1] else {}
     times = []
     with torch.no_grad():
@@ -109,12 +114,12 @@ def torch_forward(torch, q, k, v, causal, repeat, warmup):
     return median(times), to_numpy(out)
 
 
-def torch_forward_backward(torch, q, k, v, dout, causal, repeat, warmup):
+def torch_forward_backward(torch, q, k, v, dout, causal, repeat, warmup, dtype=None):
     """Median seconds of SDPA forward + out.backward(dout), and {out, dq, dk, dv} (BSHD numpy)
     of the last call."""
     import torch.nn.functional as F
-    tq, tk, tv = (to_torch(torch, a).requires_grad_(True) for a in (q, k, v))
-    tdout = to_torch(torch, dout)
+    tq, tk, tv = (to_torch(torch, a, dtype).requires_grad_(True) for a in (q, k, v))
+    tdout = to_torch(torch, dout, dtype)
     gqa = {"enable_gqa": True} if tk.shape[1] != tq.shape[1] else {}
     times = []
     for i in range(warmup + repeat):

@@ -76,10 +76,10 @@ int ctxpar_bwd_row_masked(const ctxpar_bwd_args *a, int64_t b, int64_t h, int64_
 
 // Element (b, s, h, d) of a tensor the dispatch checked (F32, BF16 or F16).
 static double element(const ctxpar_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d) {
-    const int64_t off = b * t->stride[0] + s * t->stride[1] + h * t->stride[2] + d;
+    const void *row = ctxpar_cpu_row(t, b, s, h);
     if (t->dtype == CTXPAR_DTYPE_F32)
-        return ((const float *)t->data)[off];
-    const uint16_t x = ((const uint16_t *)t->data)[off];
+        return ((const float *)row)[d];
+    const uint16_t x = ((const uint16_t *)row)[d];
     return t->dtype == CTXPAR_DTYPE_BF16 ? ctxpar_bf16_to_f32(x) : ctxpar_f16_to_f32(x);
 }
 

@@ -404,29 +404,38 @@ TEST(Uarch, ClassifiesFakeCpuid) {
         const char *vendor;
         int family, model, avx512f, avx2;
         int (*probe)();
+        int hypervisor;
         ctxpar_cpu_uarch want;
         int probed;
     };
     const Case cases[] = {
-        {"AuthenticAMD", 0x19, 0x11, 1, 1, ProbeTwo, CTXPAR_CPU_UARCH_ZEN4, 0},    // Genoa
-        {"AuthenticAMD", 0x19, 0x61, 1, 1, ProbeTwo, CTXPAR_CPU_UARCH_ZEN4, 0},    // Raphael
-        {"AuthenticAMD", 0x1a, 0x02, 1, 1, ProbeOne, CTXPAR_CPU_UARCH_ZEN5, 0},    // Turin
-        {"AuthenticAMD", 0x19, 0x01, 0, 1, ProbeTwo, CTXPAR_CPU_UARCH_AVX2, 0},    // Milan
-        {"AuthenticAMD", 0x17, 0x31, 0, 1, ProbeTwo, CTXPAR_CPU_UARCH_AVX2, 0},    // Rome
-        {"GenuineIntel", 6, 0x8f, 1, 1, ProbeOne, CTXPAR_CPU_UARCH_INTEL_2FMA, 0}, // SPR
-        {"GenuineIntel", 6, 0xcf, 1, 1, ProbeOne, CTXPAR_CPU_UARCH_INTEL_2FMA, 0}, // EMR
-        {"GenuineIntel", 6, 0x6a, 1, 1, ProbeOne, CTXPAR_CPU_UARCH_INTEL_2FMA, 0}, // ICX
-        {"GenuineIntel", 6, 0x8c, 1, 1, ProbeTwo, CTXPAR_CPU_UARCH_INTEL_1FMA, 0}, // TGL
-        {"GenuineIntel", 6, 0x7e, 1, 1, ProbeTwo, CTXPAR_CPU_UARCH_INTEL_1FMA, 0}, // ICL
+        {"AuthenticAMD", 0x19, 0x11, 1, 1, ProbeTwo, 0, CTXPAR_CPU_UARCH_ZEN4, 0},    // Genoa
+        {"AuthenticAMD", 0x19, 0x61, 1, 1, ProbeTwo, 0, CTXPAR_CPU_UARCH_ZEN4, 0},    // Raphael
+        {"AuthenticAMD", 0x1a, 0x02, 1, 1, ProbeOne, 0, CTXPAR_CPU_UARCH_ZEN5, 0},    // Turin
+        {"AuthenticAMD", 0x19, 0x01, 0, 1, ProbeTwo, 0, CTXPAR_CPU_UARCH_AVX2, 0},    // Milan
+        {"AuthenticAMD", 0x17, 0x31, 0, 1, ProbeTwo, 0, CTXPAR_CPU_UARCH_AVX2, 0},    // Rome
+        {"GenuineIntel", 6, 0x8f, 1, 1, ProbeOne, 0, CTXPAR_CPU_UARCH_INTEL_2FMA, 0}, // SPR
+        {"GenuineIntel", 6, 0xcf, 1, 1, ProbeOne, 0, CTXPAR_CPU_UARCH_INTEL_2FMA, 0}, // EMR
+        {"GenuineIntel", 6, 0x6a, 1, 1, ProbeOne, 0, CTXPAR_CPU_UARCH_INTEL_2FMA, 0}, // ICX
+        {"GenuineIntel", 6, 0x8c, 1, 1, ProbeTwo, 0, CTXPAR_CPU_UARCH_INTEL_1FMA, 0}, // TGL
+        {"GenuineIntel", 6, 0x7e, 1, 1, ProbeTwo, 0, CTXPAR_CPU_UARCH_INTEL_1FMA, 0}, // ICL
         // Skylake-SP / Cascade Lake: one or two units under one model number: measured.
-        {"GenuineIntel", 6, 0x55, 1, 1, ProbeTwo, CTXPAR_CPU_UARCH_INTEL_2FMA, 1},
-        {"GenuineIntel", 6, 0x55, 1, 1, ProbeOne, CTXPAR_CPU_UARCH_INTEL_1FMA, 1},
-        {"GenuineIntel", 6, 0x55, 1, 1, nullptr, CTXPAR_CPU_UARCH_INTEL_1FMA, 0},
-        {"GenuineIntel", 6, 0xba, 0, 1, ProbeTwo, CTXPAR_CPU_UARCH_AVX2, 0},       // Raptor Lake
-        {"GenuineIntel", 6, 0x3f, 0, 1, ProbeTwo, CTXPAR_CPU_UARCH_AVX2, 0},       // Haswell
-        {"GenuineIntel", 6, 0x2a, 0, 0, ProbeTwo, CTXPAR_CPU_UARCH_GENERIC, 0},    // Sandy Bridge
-        {"CentaurHauls", 7, 0x3b, 1, 1, ProbeTwo, CTXPAR_CPU_UARCH_INTEL_2FMA, 1}, // unknown
-        {"", 0, 0, 0, 0, ProbeTwo, CTXPAR_CPU_UARCH_GENERIC, 0},                   // not x86
+        {"GenuineIntel", 6, 0x55, 1, 1, ProbeTwo, 0, CTXPAR_CPU_UARCH_INTEL_2FMA, 1},
+        {"GenuineIntel", 6, 0x55, 1, 1, ProbeOne, 0, CTXPAR_CPU_UARCH_INTEL_1FMA, 1},
+        {"GenuineIntel", 6, 0x55, 1, 1, nullptr, 0, CTXPAR_CPU_UARCH_INTEL_1FMA, 0},
+        {"GenuineIntel", 6, 0xba, 0, 1, ProbeTwo, 0, CTXPAR_CPU_UARCH_AVX2, 0},       // Raptor Lake
+        {"GenuineIntel", 6, 0x3f, 0, 1, ProbeTwo, 0, CTXPAR_CPU_UARCH_AVX2, 0},       // Haswell
+        {"GenuineIntel", 6, 0x2a, 0, 0, ProbeTwo, 0, CTXPAR_CPU_UARCH_GENERIC, 0},    // Sandy Bridge
+        {"CentaurHauls", 7, 0x3b, 1, 1, ProbeTwo, 0, CTXPAR_CPU_UARCH_INTEL_2FMA, 1}, // unknown
+        {"", 0, 0, 0, 0, ProbeTwo, 0, CTXPAR_CPU_UARCH_GENERIC, 0},                   // not x86
+        // Under a hypervisor the Intel model may be another core's: the probe decides (this
+        // machine's VM reports Rocket Lake, 0xa7, on a two-unit server core), or the model
+        // when there is no probe.
+        {"GenuineIntel", 6, 0xa7, 1, 1, ProbeTwo, 1, CTXPAR_CPU_UARCH_INTEL_2FMA, 1},
+        {"GenuineIntel", 6, 0x8f, 1, 1, ProbeOne, 1, CTXPAR_CPU_UARCH_INTEL_1FMA, 1},
+        {"GenuineIntel", 6, 0xa7, 1, 1, nullptr, 1, CTXPAR_CPU_UARCH_INTEL_1FMA, 0},
+        {"GenuineIntel", 6, 0x8f, 1, 1, nullptr, 1, CTXPAR_CPU_UARCH_INTEL_2FMA, 0},
+        {"AuthenticAMD", 0x19, 0x11, 1, 1, ProbeTwo, 1, CTXPAR_CPU_UARCH_ZEN4, 0},
     };
     for (const Case &c : cases) {
         ctxpar_cpu_id id;
@@ -436,6 +445,7 @@ TEST(Uarch, ClassifiesFakeCpuid) {
         id.model = c.model;
         id.avx512f = c.avx512f;
         id.avx2 = c.avx2;
+        id.hypervisor = c.hypervisor;
         g_probe_calls = 0;
         EXPECT_EQ(ctxpar_cpu_uarch_classify(&id, c.probe), c.want)
             << c.vendor << " family " << c.family << " model " << c.model;
@@ -480,12 +490,12 @@ TEST(Uarch, ParseOptionsAndPeakReport) {
     EXPECT_EQ(dev, nullptr);
     EXPECT_NE(std::string(ctxpar_last_error()).find("options->uarch"), std::string::npos);
 
-    // The peak names the class and the tile: 4 x 6 for two-unit AVX-512 cores, 2 x 8 for the
+    // The peak names the class and the tile: 4 x 4 for two-unit AVX-512 cores, 2 x 8 for the
     // others; AVX2 keeps 2 x 6 and generic 2 x 4 on every class.
     struct Want {
         const char *kernels, *uarch, *tiles;
     };
-    const Want wants[] = {{"avx512", "intel-2fma", "4x6"}, {"avx512", "zen5", "4x6"},
+    const Want wants[] = {{"avx512", "intel-2fma", "4x4"}, {"avx512", "zen5", "4x4"},
                           {"avx512", "zen4", "2x8"},       {"avx512", "intel-1fma", "2x8"},
                           {"avx2", "intel-2fma", "2x6"},   {"avx2", "avx2", "2x6"},
                           {"generic", "zen5", "2x4"}};

@@ -10,7 +10,7 @@
  * for each key tile of CTXPAR_CPU_TILE_K rows, in increasing order from the start of the K/V
  * block:
  *   S = Q^T-rows x K (register-tiled), mask if the tile is PARTIAL, online softmax in base 2
- *   (scale * log2(e) applied inside it), O^T += P V in F32 over a pair of tiles, then folded into
+ *   (scale * log2(e) applied inside it), O^T += P V in F32 over 4 key tiles, then folded into
  *   F64 running sums (docs/numerics.md),
  * where the P V of a PARTIAL tile selects the masked pairs away (a masked P is 0, but 0 times a
  * NaN or inf in V is NaN, and the oracle never touches masked pairs). Every step treats each lane
@@ -34,16 +34,22 @@
 #define TQ CTXPAR_CPU_TILE_Q
 #define TK CTXPAR_CPU_TILE_K
 
-// Per-thread workspace, in floats, each part a multiple of 16 (64 bytes). An item covers up to
-// CTXPAR_CPU_GROUP query tiles, so that each K/V tile is loaded once for all of them.
+// Query tiles per work item: each K/V tile is loaded once for all of them. 8 when there are items
+// enough for the threads (measured on an Intel server core: 3-4 % faster than 4, the K/V of a
+// head no longer fitting L2), else 4; which tiles share an item changes no bit.
+#define FWD_GROUP_MAX 8
+#define FWD_GROUP_MIN 4
+
+// Per-thread workspace, in floats, each part a multiple of 16 (64 bytes), for up to
+// FWD_GROUP_MAX query tiles.
 typedef struct fwd_ws {
-    float *qt[CTXPAR_CPU_GROUP];  // [D, lanes]  Q^T
-    float *ot[CTXPAR_CPU_GROUP];  // [D, lanes]  this key tile pair's part of O^T (F32, from 0)
-    double *od[CTXPAR_CPU_GROUP]; // [D, lanes]  unnormalised O^T: the tiles' parts, in F64
-    float *m[CTXPAR_CPU_GROUP];   // [lanes]     running max (base 2)
-    float *l[CTXPAR_CPU_GROUP];   // [lanes]     this key tile pair's row sum (F32, from 0)
-    float *a[CTXPAR_CPU_GROUP];   // [lanes]     the pair's rescale factors, multiplied
-    double *ld[CTXPAR_CPU_GROUP]; // [lanes]     running row sum, in F64
+    float *qt[FWD_GROUP_MAX];  // [D, lanes]  Q^T
+    float *ot[FWD_GROUP_MAX];  // [D, lanes]  this fold group's part of O^T (F32, from 0)
+    double *od[FWD_GROUP_MAX]; // [D, lanes]  unnormalised O^T: the tiles' parts, in F64
+    float *m[FWD_GROUP_MAX];   // [lanes]     running max (base 2)
+    float *l[FWD_GROUP_MAX];   // [lanes]     this fold group's row sum (F32, from 0)
+    float *a[FWD_GROUP_MAX];   // [lanes]     the group's rescale factors, multiplied
+    double *ld[FWD_GROUP_MAX]; // [lanes]     running row sum, in F64
     float *alpha;                // [lanes]     rescale factor of the current step
     float *s;                    // [TK, lanes] scores, then probabilities
     uint32_t *vis;               // [TK, lanes] visibility of a PARTIAL tile (cpu_kernels.h)
@@ -61,7 +67,7 @@ static fwd_ws fwd_ws_at(float *base, int64_t dim, int64_t dim_v, size_t *floats_
     size_t off = 0;
     fwd_ws w;
 #define TAKE(ptr, n) ((ptr) = base ? (void *)(base + off) : NULL, off += round16(n))
-    for (int g = 0; g < CTXPAR_CPU_GROUP; g++) {
+    for (int g = 0; g < FWD_GROUP_MAX; g++) {
         TAKE(w.qt[g], d * TQ);
         TAKE(w.ot[g], dv * TQ);
         TAKE(w.od[g], 2 * dv * TQ); // doubles, counted as 2 floats
@@ -110,10 +116,14 @@ static void fwd_begin(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, 
     memset(w->od[g], 0, (size_t)(p->dim_v * lanes) * sizeof(double));
 }
 
-// Key tiles are summed in F32 by pairs (0-1, 2-3, ...), each pair's part then folded into the F64
-// sums: which pair a tile belongs to depends on its index only, and a tile whose keys a row does
-// not see adds exact zeros at a rescale of exactly 1, so skipping it or not changes no bit.
-#define FOLD_TILES 2
+// Key tiles are summed in F32 by groups of four (0-3, 4-7, ...), each group's part then folded
+// into the F64 sums: which group a tile belongs to depends on its index only, and a tile whose
+// keys a row does not see adds exact zeros at a rescale of exactly 1, so skipping it or not
+// changes no bit. Four, not two: the fold's F64 pass over O^T is L2 traffic, and folding half
+// as often made the forward 3-4 % faster on an Intel server core (docs/performance.md) with
+// every accuracy_test entry still within naive float32's error (256 keys, 8 chains of 32, per
+// F32 part against naive's blocks of 256).
+#define FOLD_TILES 4
 
 static void fwd_fold(const ctxpar_cpu_kernels *kern, const fwd_ws *w, int g, int64_t dim,
                      int64_t lanes) {
@@ -157,8 +167,8 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
     const int64_t dim = p->dim, hk = h / p->group;
     const float *krows[TK], *vrows[TK];
     const double c = ctxpar_cpu_softmax_c(blk); // into base 2 inside the softmax
-    ctxpar_block_class cls[CTXPAR_CPU_GROUP];
-    int64_t pending[CTXPAR_CPU_GROUP]; // the tile pair ot[g] and l[g] hold, or -1
+    ctxpar_block_class cls[FWD_GROUP_MAX];
+    int64_t pending[FWD_GROUP_MAX]; // the fold group ot[g] and l[g] hold, or -1
     for (int g = 0; g < ng; g++) {
         fwd_begin(p, kern, w, g, b, h, qt0 + g);
         pending[g] = -1;
@@ -192,7 +202,7 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
                 ctxpar_cpu_softcap(kern, blk, w->s, NULL, vis, lanes, nk);
             kern->softmax_step(w->s, lanes, nk, lanes, c, w->m[g], w->l[g], w->alpha);
             kern->accum(w->ot[g], lanes, w->alpha, w->s, vis, lanes, vrows, nk, lanes, p->dim_v);
-            for (int64_t r = 0; r < lanes; r++) // the F64 sums get the pair's rescale at the fold
+            for (int64_t r = 0; r < lanes; r++) // the F64 sums get the group's rescale at the fold
                 w->a[g][r] *= w->alpha[r];
         }
     }
@@ -221,7 +231,11 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
     ctxpar_cpu_plan p;
     CTXPAR_CHECK(ctxpar_cpu_plan_init(blk, "attn_block_fwd", &p));
     ctxpar_status st = CTXPAR_OK; // the dispatch checked merge and the accumulators
-    const int64_t groups = (p.q_tiles + CTXPAR_CPU_GROUP - 1) / CTXPAR_CPU_GROUP;
+    const int nt = ctxpar_cpu_threads(cpu);
+    int group = FWD_GROUP_MAX;
+    if (p.batch * p.heads_q * ((p.q_tiles + group - 1) / group) < 2 * (int64_t)nt)
+        group = FWD_GROUP_MIN; // fewer, bigger items would leave threads idle
+    const int64_t groups = (p.q_tiles + group - 1) / group;
     const int64_t items = p.batch * p.heads_q * groups;
     if (items == 0)
         goto done;
@@ -229,7 +243,6 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
         fwd_empty(&p, out_acc, lse_acc, merge);
         goto done;
     }
-    const int nt = ctxpar_cpu_threads(cpu);
     size_t per_thread;
     (void)fwd_ws_at(NULL, p.dim, p.dim_v, &per_thread); // only measures
     float *ws = ctxpar_cpu_aligned_alloc((size_t)nt * per_thread * sizeof(float));
@@ -249,8 +262,8 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
 #pragma omp for schedule(static, 1)
         for (int64_t it = 0; it < items; it++) {
             int64_t grp = it % groups, h = (it / groups) % p.heads_q, b = it / (groups * p.heads_q);
-            int64_t qt0 = grp * CTXPAR_CPU_GROUP;
-            int ng = p.q_tiles - qt0 < CTXPAR_CPU_GROUP ? (int)(p.q_tiles - qt0) : CTXPAR_CPU_GROUP;
+            int64_t qt0 = grp * group;
+            int ng = p.q_tiles - qt0 < group ? (int)(p.q_tiles - qt0) : group;
             fwd_item(&p, kern, &w, b, h, qt0, ng, out_acc, lse_acc, merge);
         }
     }

@@ -29,6 +29,7 @@ void ctxpar_cpu_id_read(ctxpar_cpu_id *id) {
         id->family = base_family + (base_family == 0xf ? (int)((a >> 20) & 0xff) : 0);
         id->model = base_model |
                     (base_family == 0x6 || base_family == 0xf ? (int)((a >> 16) & 0xf) << 4 : 0);
+        id->hypervisor = (int)((c >> 31) & 1);
     }
     // GCC's checks include the OS's (XGETBV): a hypervisor may hide the registers' state.
     __builtin_cpu_init();
@@ -70,7 +71,10 @@ ctxpar_cpu_uarch ctxpar_cpu_uarch_classify(const ctxpar_cpu_id *id, int (*two_fm
         // 512-bit data paths.
         return id->family <= 0x19 ? CTXPAR_CPU_UARCH_ZEN4 : CTXPAR_CPU_UARCH_ZEN5;
     }
-    if (!strcmp(id->vendor, "GenuineIntel") && id->family == 6) {
+    // A hypervisor reports the model it is told to (seen: Rocket Lake's 0xa7, a one-unit client
+    // core, on a server core with AMX and two units): there the probe has the last word.
+    if (!strcmp(id->vendor, "GenuineIntel") && id->family == 6 &&
+        !(id->hypervisor && two_fma_units)) {
         if (in_list(intel_two_units, sizeof intel_two_units / sizeof *intel_two_units, id->model))
             return CTXPAR_CPU_UARCH_INTEL_2FMA;
         if (in_list(intel_one_unit, sizeof intel_one_unit / sizeof *intel_one_unit, id->model))
@@ -122,16 +126,18 @@ ctxpar_cpu_uarch ctxpar_cpu_uarch_detect(void) {
 //  - avx2: 2 x 6 (12 accumulators, 8 loads per 12 FMAs) on every class: on an AVX2-only
 //    core (Zen 3, measured: docs/performance.md) no other tile that fits was faster.
 //  - avx512: 2 x 8 where a 512-bit FMA is issued at most once per cycle (Zen 4's split units,
-//    one-unit Intel cores): 16 accumulators already cover the FMA latency. 4 x 6 (24
-//    accumulators, 10 loads per 24 FMAs instead of 10 per 16) where two full-width units issue
-//    two per cycle (Intel server cores, Zen 5): twice the FMAs in flight, and fewer loads and
-//    chunk stores per FMA so that the load ports and the front end keep up.
+//    one-unit Intel cores): 16 accumulators already cover the FMA latency. 4 x 4 (16
+//    accumulators, 8 loads per 16 FMAs, a lane block of one whole 64-row tile) where two
+//    full-width units issue two per cycle (Intel server cores, Zen 5). Measured on an Intel
+//    server core (docs/performance.md): 4 x 4 beat 2 x 8 by 2 % in the forward and 8 % in the
+//    backward, and 4 x 6 (24 accumulators) by as much: a 64-row tile is not a multiple of 6, so
+//    4 x 6 computed 66 rows for 64, and its accumulators left no registers for the loads.
 const ctxpar_cpu_kernels *ctxpar_cpu_kernels_for(const ctxpar_cpu_kernels *isa,
                                                  ctxpar_cpu_uarch uarch) {
 #ifdef CTXPAR_CPU_HAVE_X86_KERNELS
     if (isa == &ctxpar_cpu_kernels_avx512 &&
         (uarch == CTXPAR_CPU_UARCH_INTEL_2FMA || uarch == CTXPAR_CPU_UARCH_ZEN5))
-        return &ctxpar_cpu_kernels_avx512_4x6;
+        return &ctxpar_cpu_kernels_avx512_4x4;
 #endif
     (void)uarch;
     return isa;

@@ -17,13 +17,15 @@ typedef struct ctxpar_cpu_id {
     char vendor[13];   /* "GenuineIntel", "AuthenticAMD", ...; "" off x86 */
     int family, model; /* display family and model (base plus extended fields) */
     int avx512f, avx2; /* usable: the CPU has them and the OS saves their registers */
+    int hypervisor;    /* CPUID says it runs under a hypervisor, which may report any model */
 } ctxpar_cpu_id;
 
 /* This CPU's identity (all zero off x86). */
 void ctxpar_cpu_id_read(ctxpar_cpu_id *id);
 
 /* The class of core `id` describes. Where family and model do not say how many 512-bit FMA
- * units an AVX-512 core has, it calls two_fma_units() (1: two, 0: one); NULL means one. */
+ * units an AVX-512 core has, or may not be the core's own (an Intel model under a hypervisor),
+ * it calls two_fma_units() (1: two, 0: one); NULL means the model's word, else one. */
 ctxpar_cpu_uarch ctxpar_cpu_uarch_classify(const ctxpar_cpu_id *id, int (*two_fma_units)(void));
 
 /* This CPU's class: ctxpar_cpu_uarch_classify on CPUID with the FMA-rate probe below,

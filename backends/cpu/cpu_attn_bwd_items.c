@@ -189,15 +189,12 @@ void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_
     }
 }
 
-// dQ^T's F32 part (w->dqt [D, 64]) += dS K for one tile pair, dS given with the key rows as lanes
+// dQ^T (F64 tile [D, 64] at dq_tile) += dS K for one tile pair, dS given with the key rows as lanes
 // (ds [nq, kl], vis likewise or NULL): transposed first, so that the query rows are the lanes of
-// the sum, as in the dq item. Masked pairs are selected away (vis transposed with dS). The part
-// collects the item's key tiles (at most CTXPAR_CPU_GROUP) for one query tile and is folded
-// into the F64 tile once after them: folding after every tile pair was a pass over [D, 64]
-// doubles per 64 x 64 x D multiply-adds.
+// the sum, as in the dq item. Masked pairs are selected away (vis transposed with dS).
 static void add_dq(const ctxpar_cpu_kernels *kern, const ctxpar_bwd_ws *w, const float *ds,
                    const uint32_t *vis, int64_t kl, int64_t nq, int64_t nk,
-                   const float *const *krows, int64_t dim) {
+                   const float *const *krows, int64_t dim, double *dq_tile) {
     const int64_t ql = ctxpar_bwd_lanes(kern, nq);
     for (int64_t m = 0; m < nk; m++)
         for (int64_t l = 0; l < ql; l++)
@@ -207,20 +204,7 @@ static void add_dq(const ctxpar_cpu_kernels *kern, const ctxpar_bwd_ws *w, const
             for (int64_t l = 0; l < ql; l++)
                 w->vist[m * ql + l] = l < nq ? vis[l * kl + m] : 0xffffffffu;
     kern->accum(w->dqt, ql, NULL, w->dst, vis ? w->vist : NULL, ql, krows, nk, ql, dim);
-}
-
-// dK^T and dV^T collect their F32 parts over query tiles in groups of BWD_FOLD_Q (0-3, 4-7, ...
-// of one query head), folded into the F64 sums when the group changes: which group a tile
-// belongs to depends on its index only, and a skipped tile adds nothing either way, so the bits
-// are a function of the shapes. Folding after every tile pair was a pass over two [D, 64]
-// double tiles per 64 x 64 x D multiply-adds.
-#define BWD_FOLD_Q 4
-
-static void dkv_fold(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int g, int64_t lanes) {
-    if (a->dk)
-        a->kern->fold(w->acc[g][0], lanes, w->t[g][2], lanes, NULL, a->p->dim, lanes);
-    if (a->dv)
-        a->kern->fold(w->acc[g][1], lanes, w->t[g][3], lanes, NULL, a->p->dim_v, lanes);
+    kern->fold(dq_tile, 64, w->dqt, ql, NULL, dim, ql);
 }
 
 void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_t b,
@@ -236,7 +220,6 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
     float *lse2 = w->vec[0][0], *dl = w->vec[0][1], *lse2_lo = w->vec[0][2];
     const int need_ds = a->dk || dq_chunk;
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
-    int64_t pending[CTXPAR_CPU_GROUP]; // the fold group t[g][2], t[g][3] hold, or -1
     for (int g = 0; g < ng; g++) { // t[g] = K^T, V^T, dK^T, dV^T; krow[g] = K for dQ
         const int64_t j0 = (kt0 + g) * TK, nk = ctxpar_bwd_tile_rows(p->seq_k, kt0 + g, TK);
         const int64_t lanes = ctxpar_bwd_lanes(kern, nk);
@@ -249,9 +232,8 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
         memset(w->t[g][3], 0, (size_t)(dim_v * lanes) * sizeof(float));
         memset(w->acc[g][0], 0, (size_t)(dim * lanes) * sizeof(double));
         memset(w->acc[g][1], 0, (size_t)(dim_v * lanes) * sizeof(double));
-        pending[g] = -1;
     }
-    if (dq_chunk) // kept zero between query tiles by the fold
+    if (dq_chunk) // kept zero between tile pairs by the fold
         memset(w->dqt, 0, (size_t)(dim * 64) * sizeof(float));
     for (int64_t h = hk * p->group; h < (hk + 1) * p->group; h++) {
         for (int64_t qt = 0; qt < p->q_tiles; qt++) {
@@ -276,10 +258,6 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
                 const int64_t j0 = (kt0 + g) * TK, nk = ctxpar_bwd_tile_rows(p->seq_k, kt0 + g, TK);
                 const int64_t lanes = ctxpar_bwd_lanes(kern, nk);
                 const uint32_t *vis = NULL; // FULL: nothing masked, no select
-                const int64_t fold_group = h * p->q_tiles + qt / BWD_FOLD_Q;
-                if (pending[g] >= 0 && pending[g] != fold_group)
-                    dkv_fold(a, w, g, lanes);
-                pending[g] = fold_group;
                 kern->scores(w->s, lanes, w->t[g][0], lanes, qrows, nq, lanes, dim);
                 if (cls[g] == CTXPAR_BLOCK_PARTIAL) {
                     ctxpar_cpu_plan_mask(p, w->s, w->vis, lanes, i0, j0, nq, nk, 0);
@@ -288,31 +266,30 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
                 if (capped)
                     ctxpar_cpu_softcap(kern, blk, w->s, w->dcap, vis, lanes, nq);
                 kern->exp2_sub(w->s, lanes, nq, lanes, c, NULL, NULL, lse2, lse2_lo);
-                if (a->dv)
+                if (a->dv) {
                     kern->accum(w->t[g][3], lanes, NULL, w->s, vis, lanes, orows, nq, lanes,
                                 dim_v);
+                    kern->fold(w->acc[g][1], lanes, w->t[g][3], lanes, NULL, dim_v, lanes);
+                }
                 if (need_ds) {
                     kern->scores(w->dp, lanes, w->t[g][1], lanes, orows, nq, lanes, dim_v);
                     kern->dsoftmax(w->dp, w->s, vis, lanes, nq, lanes, NULL, dl);
                     if (capped)
                         scale_by(w->dp, w->dcap, lanes * nq);
                 }
-                if (a->dk)
+                if (a->dk) {
                     kern->accum(w->t[g][2], lanes, NULL, w->dp, vis, lanes, qrows, nq, lanes, dim);
+                    kern->fold(w->acc[g][0], lanes, w->t[g][2], lanes, NULL, dim, lanes);
+                }
                 if (dq_chunk)
-                    add_dq(kern, w, w->dp, vis, lanes, nq, nk, krows[g], dim);
+                    add_dq(kern, w, w->dp, vis, lanes, nq, nk, krows[g], dim,
+                           dq_chunk + ((b * p->heads_q + h) * p->q_tiles + qt) * dim * 64);
             }
-            if (dq_chunk)
-                kern->fold(dq_chunk + ((b * p->heads_q + h) * p->q_tiles + qt) * dim * 64, 64,
-                           w->dqt, ctxpar_bwd_lanes(kern, nq), NULL, dim,
-                           ctxpar_bwd_lanes(kern, nq));
         }
     }
     for (int g = 0; g < ng; g++) {
         const int64_t j0 = (kt0 + g) * TK, nk = ctxpar_bwd_tile_rows(p->seq_k, kt0 + g, TK);
         const int64_t lanes = ctxpar_bwd_lanes(kern, nk);
-        if (pending[g] >= 0)
-            dkv_fold(a, w, g, lanes);
         for (int64_t r = 0; r < nk; r++) {
             const int64_t row = (b * p->seq_k + j0 + r) * p->heads_kv + hk;
             for (int64_t d = 0; a->dk && d < dim; d++) // the F64 sums rounded once, then added

@@ -10,7 +10,7 @@
  * for each key tile of CTXPAR_CPU_TILE_K rows, in increasing order from the start of the K/V
  * block:
  *   S = Q^T-rows x K (register-tiled), mask if the tile is PARTIAL, online softmax in base 2
- *   (scale * log2(e) applied inside it), O^T += P V in F32 over 4 key tiles, then folded into
+ *   (scale * log2(e) applied inside it), O^T += P V in F32 over a pair of tiles, then folded into
  *   F64 running sums (docs/numerics.md),
  * where the P V of a PARTIAL tile selects the masked pairs away (a masked P is 0, but 0 times a
  * NaN or inf in V is NaN, and the oracle never touches masked pairs). Every step treats each lane
@@ -40,15 +40,15 @@
 #define FWD_GROUP_MAX 8
 #define FWD_GROUP_MIN 4
 
-// Per-thread workspace, in floats, each part a multiple of 16 (64 bytes), for up to
-// FWD_GROUP_MAX query tiles.
+// Per-thread workspace, in floats, each part a multiple of 16 (64 bytes), for the item's query
+// tiles (at most FWD_GROUP_MAX).
 typedef struct fwd_ws {
     float *qt[FWD_GROUP_MAX];  // [D, lanes]  Q^T
-    float *ot[FWD_GROUP_MAX];  // [D, lanes]  this fold group's part of O^T (F32, from 0)
+    float *ot[FWD_GROUP_MAX];  // [D, lanes]  this key tile pair's part of O^T (F32, from 0)
     double *od[FWD_GROUP_MAX]; // [D, lanes]  unnormalised O^T: the tiles' parts, in F64
     float *m[FWD_GROUP_MAX];   // [lanes]     running max (base 2)
-    float *l[FWD_GROUP_MAX];   // [lanes]     this fold group's row sum (F32, from 0)
-    float *a[FWD_GROUP_MAX];   // [lanes]     the group's rescale factors, multiplied
+    float *l[FWD_GROUP_MAX];   // [lanes]     this key tile pair's row sum (F32, from 0)
+    float *a[FWD_GROUP_MAX];   // [lanes]     the pair's rescale factors, multiplied
     double *ld[FWD_GROUP_MAX]; // [lanes]     running row sum, in F64
     float *alpha;                // [lanes]     rescale factor of the current step
     float *s;                    // [TK, lanes] scores, then probabilities
@@ -62,12 +62,12 @@ static size_t round16(size_t n) {
 }
 
 // Lays the workspace out from base; with base NULL it only measures (*floats_out).
-static fwd_ws fwd_ws_at(float *base, int64_t dim, int64_t dim_v, size_t *floats_out) {
+static fwd_ws fwd_ws_at(float *base, int64_t dim, int64_t dim_v, int group, size_t *floats_out) {
     const size_t d = (size_t)dim, dv = (size_t)dim_v;
     size_t off = 0;
     fwd_ws w;
 #define TAKE(ptr, n) ((ptr) = base ? (void *)(base + off) : NULL, off += round16(n))
-    for (int g = 0; g < FWD_GROUP_MAX; g++) {
+    for (int g = 0; g < group; g++) {
         TAKE(w.qt[g], d * TQ);
         TAKE(w.ot[g], dv * TQ);
         TAKE(w.od[g], 2 * dv * TQ); // doubles, counted as 2 floats
@@ -116,14 +116,13 @@ static void fwd_begin(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, 
     memset(w->od[g], 0, (size_t)(p->dim_v * lanes) * sizeof(double));
 }
 
-// Key tiles are summed in F32 by groups of four (0-3, 4-7, ...), each group's part then folded
-// into the F64 sums: which group a tile belongs to depends on its index only, and a tile whose
-// keys a row does not see adds exact zeros at a rescale of exactly 1, so skipping it or not
-// changes no bit. Four, not two: the fold's F64 pass over O^T is L2 traffic, and folding half
-// as often made the forward 3-4 % faster on an Intel server core (docs/performance.md) with
-// every accuracy_test entry still within naive float32's error (256 keys, 8 chains of 32, per
-// F32 part against naive's blocks of 256).
-#define FOLD_TILES 4
+// Key tiles are summed in F32 by pairs (0-1, 2-3, ...), each pair's part then folded into the F64
+// sums: which pair a tile belongs to depends on its index only, and a tile whose keys a row does
+// not see adds exact zeros at a rescale of exactly 1, so skipping it or not changes no bit.
+// Groups of four were 3-4 % faster on an Intel server core but took PyTorch's inputs (uniform
+// [0, 1)) at seq 4096 from 0.55x to 0.85x naive float32's `out` error and dq to 0.98x
+// (docs/performance.md): too close to the bound for the reference.
+#define FOLD_TILES 2
 
 static void fwd_fold(const ctxpar_cpu_kernels *kern, const fwd_ws *w, int g, int64_t dim,
                      int64_t lanes) {
@@ -168,7 +167,7 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
     const float *krows[TK], *vrows[TK];
     const double c = ctxpar_cpu_softmax_c(blk); // into base 2 inside the softmax
     ctxpar_block_class cls[FWD_GROUP_MAX];
-    int64_t pending[FWD_GROUP_MAX]; // the fold group ot[g] and l[g] hold, or -1
+    int64_t pending[FWD_GROUP_MAX]; // the tile pair ot[g] and l[g] hold, or -1
     for (int g = 0; g < ng; g++) {
         fwd_begin(p, kern, w, g, b, h, qt0 + g);
         pending[g] = -1;
@@ -202,7 +201,7 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
                 ctxpar_cpu_softcap(kern, blk, w->s, NULL, vis, lanes, nk);
             kern->softmax_step(w->s, lanes, nk, lanes, c, w->m[g], w->l[g], w->alpha);
             kern->accum(w->ot[g], lanes, w->alpha, w->s, vis, lanes, vrows, nk, lanes, p->dim_v);
-            for (int64_t r = 0; r < lanes; r++) // the F64 sums get the group's rescale at the fold
+            for (int64_t r = 0; r < lanes; r++) // the F64 sums get the pair's rescale at the fold
                 w->a[g][r] *= w->alpha[r];
         }
     }
@@ -244,7 +243,7 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
         goto done;
     }
     size_t per_thread;
-    (void)fwd_ws_at(NULL, p.dim, p.dim_v, &per_thread); // only measures
+    (void)fwd_ws_at(NULL, p.dim, p.dim_v, group, &per_thread); // only measures
     float *ws = ctxpar_cpu_aligned_alloc((size_t)nt * per_thread * sizeof(float));
     if (!ws) {
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY,
@@ -256,7 +255,7 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
 #pragma omp parallel num_threads(nt)
     {
         size_t unused;
-        fwd_ws w = fwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, p.dim, p.dim_v,
+        fwd_ws w = fwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, p.dim, p.dim_v, group,
                              &unused);
         // Round-robin items: causal items differ in cost, neighbours in the order cost alike.
 #pragma omp for schedule(static, 1)

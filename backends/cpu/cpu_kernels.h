@@ -53,11 +53,11 @@ typedef struct ctxpar_cpu_kernels {
                          float *l, float *alpha);
 
     /* The accurate half of every long sum (docs/numerics.md): a part summed in F32 from zero
-     * over up to four key tiles (at most 256 terms) is added into an F64 running sum, and
+     * over one or two key tiles (at most 128 terms) is added into an F64 running sum, and
      * cleared:
      *   acc[r*lda + l] = (alpha ? alpha[l] : 1) * acc[r*lda + l] + part[r*ldp + l]
      *   part[r*ldp + l] = 0                                        for r < R, l < L.
-     * One F64 add per 64 to 256 F32 multiply-adds: the rounding error of a row stops growing
+     * One F64 add per 64 or 128 F32 multiply-adds: the rounding error of a row stops growing
      * with the number of tiles. */
     void (*fold)(double *acc, int64_t lda, float *part, int64_t ldp, const float *alpha,
                  int64_t r, int64_t lanes);

@@ -135,7 +135,9 @@ typedef struct ctxpar_attn_params {
      * makes the band i - window_left < k <= i + window_right. */
     int64_t window_right;
     /* Attention sinks: one logit per query head, F32 [Hq] in the context's device memory, in score
-     * units (after softmax_scale), added once to every row's softmax denominator; NULL = none. */
+     * units (after softmax_scale), added once to every row's softmax denominator; NULL = none.
+     * The library reads exactly Hq floats and cannot see a pointer's length: callers holding an
+     * array (the tool's --sinks, Python) check it is [Hq] and get INVALID_ARG otherwise. */
     const float *sinks;
     /* Written by ctxpar_attn_bwd when sinks is set: F32 [Hq] in the context's device memory, the
      * gradient of the sinks summed over batch and rows; NULL = not wanted. */
@@ -143,7 +145,9 @@ typedef struct ctxpar_attn_params {
     /* Logit soft-capping: the score is softcap * tanh(scale * q.k / softcap); 0 = none. */
     float softcap;
     /* CTXPAR_LAYOUT_CUSTOM: the rank that holds each global token, int32 [global seq], host
-     * memory, the same on every rank; a rank holds its tokens in increasing position order. */
+     * memory, the same on every rank; a rank holds its tokens in increasing position order.
+     * Positions are derived from it, so they cannot be out of order; a rank out of [0, P) is
+     * INVALID_ARG naming the token. */
     const int32_t *assignment;
     /* CTXPAR_ALGO_HYBRID: ranks per all-to-all group (P = ulysses x ring length), consecutive
      * ranks; it must divide P and the q heads, and the k/v heads must divide by it or it by them;

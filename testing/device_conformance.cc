@@ -54,7 +54,7 @@ std::string Key(const Problem &p) {
     std::string k = std::to_string(p.B) + "," + std::to_string(p.Hq) + "," + std::to_string(p.Hkv) +
                     "," + std::to_string(p.D) + "," + std::to_string((int)p.dtype) + "," +
                     std::to_string(p.causal) + "," + std::to_string(p.window) + "," +
-                    std::to_string(p.Scale()) + "," + std::to_string(p.seed) + "," +
+                    std::to_string(p.window_right) + "," + std::to_string(p.Scale()) + "," + std::to_string(p.seed) + "," +
                     std::to_string(p.seq_global) + "," + std::to_string(p.DV()) + "," +
                     std::to_string(p.softcap) + "|";
     for (const auto *spans : {&p.qs, &p.ks}) {
@@ -375,6 +375,32 @@ INSTANTIATE_TEST_SUITE_P(Devices, Features,
                          ::testing::Combine(::testing::ValuesIn(FeatureCases()),
                                             ::testing::ValuesIn(DeviceFactories())),
                          FeatureName);
+
+// Two-sided windows (window_right, mask none): blocks that the right limit cuts through, alone
+// and with a left window, strided positions and documents, forward and backward.
+TEST_P(DeviceTest, TwoSidedWindowMatchesOracle) {
+    struct {
+        int64_t left, right;
+        std::vector<ctxpar_span> qs, ks;
+        bool docs;
+    } cases[] = {{0, 20, {{50, 90, 1}}, {{40, 120, 1}}, false},
+                 {48, 20, {{100, 70, 1}}, {{60, 150, 1}}, false},
+                 {30, 9, {{0, 40, 3}}, {{1, 60, 2}}, false},
+                 {0, 33, {{20, 100, 1}}, {{0, 150, 1}}, true}};
+    for (const auto &c : cases) {
+        Problem p;
+        p.window = c.left;
+        p.window_right = c.right;
+        p.qs = c.qs;
+        p.ks = c.ks;
+        if (c.docs)
+            p.cu = Docs();
+        p.Make();
+        CheckFwd(F(), dev(), p);
+        if (p.dtype == CTXPAR_DTYPE_F32)
+            CheckBwd(F(), dev(), p);
+    }
+}
 
 // ---------------------------------------------------------------- forward: scale, empty rows
 

@@ -191,7 +191,8 @@ struct Problem {
     std::vector<ctxpar_span> qs, ks;
     int causal = 0;
     int64_t window = 0;
-    std::vector<int32_t> cu; // empty: one document
+    int64_t window_right = 0; // two-sided window (mask none): k - q <= window_right; 0 = none
+    std::vector<int32_t> cu;  // empty: one document
     float scale = 0.0f;      // 0: 1/sqrt(D)
     int64_t Dv = 0;          // head_dim of v, out, dout, dv (MLA); 0: D
     float softcap = 0.0f;    // > 0: soft-capped scores
@@ -225,7 +226,7 @@ struct Problem {
     }
 
     ctxpar_mask_desc Mask() const {
-        ctxpar_mask_desc m = {causal, window, nullptr, 0, 0, 0};
+        ctxpar_mask_desc m = {causal, window, nullptr, 0, window_right, 0};
         if (!cu.empty()) {
             m.cu_seqlens = cu.data();
             m.num_docs = (int64_t)cu.size() - 1;

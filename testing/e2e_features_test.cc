@@ -2,9 +2,12 @@
 // beside q/k's 192, with MHA, GQA and MQA), attention sinks (with their gradient), logit
 // soft-capping, sinks with soft-capping under a sliding window and documents, and MLA with sinks
 // and documents per batch row (each batch row is computed on its own there). Every
-// algorithm and layout, F32 and BF16, P in {1, 2, 3, 4, 8}, forward and backward, against the
-// fp64 oracle (which implements each feature itself) with the per-element bound, and against
-// P = 1 (error ratio; all-gather's bits).
+// algorithm and layout, F32 and BF16, P in {1, 2, 3, 4, 8} (all-to-all at P = 3 with 6 query
+// heads), forward and backward, against the fp64 oracle (which implements each feature itself)
+// with the per-element bound, and against P = 1 (error ratio; all-gather's bits). Then each
+// feature (sinks, soft-capping, a two-sided window, MLA, empty documents, documents per row)
+// with each irregular sharding (uneven S, fewer tokens than ranks, a custom assignment) over
+// every algorithm, the hybrid included.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -107,6 +110,12 @@ cpt_run_config Config(const Case &c) {
     default:
         break;
     }
+    // All-to-all needs the query heads to divide by P, and its K/V heads to divide by P or P by
+    // them: at P = 3, 6 query heads with MHA (6), GQA (3, groups of 2) or MQA (1) K/V heads.
+    if (c.algo == CTXPAR_ALGO_ALLTOALL && c.ranks == 3) {
+        cfg.heads = 6;
+        cfg.kv_heads = cfg.kv_heads == 8 ? 6 : cfg.kv_heads == 1 ? 1 : 3;
+    }
     return cfg;
 }
 
@@ -151,10 +160,6 @@ std::vector<Case> AllCases() {
             for (ctxpar_layout l : layouts) {
                 block++;
                 for (int f = 0; f < kFeatures; f++) {
-                    // All-to-all needs the 8 query heads to divide by P, and its K/V heads to
-                    // divide by P or P by them.
-                    if (a == CTXPAR_ALGO_ALLTOALL && 8 % p != 0)
-                        continue;
                     // Both dtypes for every feature, rotating over the grid (keeps CI short).
                     cases.push_back({p, a, l, static_cast<Feature>(f), dtypes[(block + f) % 2]});
                 }
@@ -163,6 +168,185 @@ std::vector<Case> AllCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Features, testing::ValuesIn(AllCases()), CaseName);
+
+// Every feature with every kind of irregular sharding: S that no P or 2P divides, fewer tokens
+// than ranks (some ranks hold none), and a custom assignment of tokens to ranks, each over every
+// algorithm (the hybrid at P = 4, 6 and 8). Tiny problems (at most 53 tokens, head_dim 16), each
+// against the fp64 oracle and P = 1; P, the built-in layout and the dtype rotate over the grid.
+enum ShardFeature {
+    kSfSinks,     // sinks (and dsinks), causal
+    kSfSoftcap,   // soft-capping well off tanh's linear part, causal
+    kSfTwoSided,  // a two-sided window, no causal mask
+    kSfMla,       // v's head_dim (8) below q/k's (16), causal
+    kSfEmptyDocs, // documents with empty ones among them, causal
+    kSfRowDocs,   // documents per batch row (2 rows, empty documents too), no causal mask
+    kShardFeatures
+};
+const char *const kShardFeatureName[] = {"sinks", "softcap",    "two_sided_window",
+                                         "mla",   "empty_docs", "row_docs"};
+enum Sharding { kUnevenS, kFewerThanRanks, kCustomAssign, kShardings };
+const char *const kShardingName[] = {"uneven", "fewer_than_ranks", "custom"};
+
+struct ShardCase {
+    ShardFeature feature;
+    Sharding sharding;
+    ctxpar_algo algo;
+    int ranks;
+    ctxpar_layout layout; // of kUnevenS and kFewerThanRanks; CUSTOM for kCustomAssign
+    ctxpar_dtype dtype;
+};
+
+std::string ShardCaseName(const testing::TestParamInfo<ShardCase> &info) {
+    const ShardCase &c = info.param;
+    return std::string(ctxpar_algo_name(c.algo)) + "_P" + std::to_string(c.ranks) + "_" +
+           kShardingName[c.sharding] + "_" +
+           (c.sharding == kCustomAssign ? "" : std::string(ctxpar_layout_name(c.layout)) + "_") +
+           kShardFeatureName[c.feature] + "_" + ctxpar_dtype_name(c.dtype);
+}
+
+// 53 is prime: no P or 2P > 1 divides it. Fewer than ranks: P / 2 + 1 tokens (P >= 3). The
+// custom assignment covers 41 tokens.
+int64_t ShardSeq(const ShardCase &c) {
+    return c.sharding == kUnevenS ? 53 : c.sharding == kFewerThanRanks ? c.ranks / 2 + 1 : 41;
+}
+
+// Inputs the config points into; kept alive with it.
+struct ShardProblem {
+    cpt_run_config cfg;
+    std::vector<int32_t> cu;     // [rows, 5]
+    std::vector<int32_t> assign; // [S]
+};
+
+// Four documents with an empty one for any S >= 1 (and more empty ones for tiny S); row 1's
+// differ from row 0's.
+void ShardDocs(int64_t S, int64_t row, int32_t *cu) {
+    const int32_t s = static_cast<int32_t>(S);
+    const int32_t r0[5] = {0, s / 4, s / 4, s * 3 / 5, s};
+    const int32_t r1[5] = {0, 0, s / 2 + 1 > s ? s : s / 2 + 1, s, s};
+    for (int i = 0; i < 5; i++)
+        cu[i] = row == 0 ? r0[i] : r1[i];
+}
+
+void MakeShardProblem(const ShardCase &c, ShardProblem *s) {
+    cpt_run_config &cfg = s->cfg;
+    cpt_run_config_default(&cfg);
+    cfg.ranks = c.ranks;
+    cfg.seq = ShardSeq(c);
+    // All-to-all (and the hybrid's groups) need the query heads to divide by P (u) and the K/V
+    // heads to divide by it or it by them.
+    const bool three = c.ranks % 3 == 0;
+    cfg.heads = three ? 6 : 8;
+    cfg.kv_heads = three ? 3 : 2;
+    cfg.head_dim = 16;
+    cfg.dtype = c.dtype;
+    cfg.params.algo = c.algo;
+    if (c.algo == CTXPAR_ALGO_HYBRID) // groups of u, a ring of 2 groups across them
+        cfg.params.ulysses = c.ranks / 2;
+    cfg.params.layout = c.layout;
+    cfg.params.mask = CTXPAR_MASK_CAUSAL;
+    cfg.backward = 1;
+    cfg.threads = 1;
+    cfg.seed = 3000 + 10 * c.ranks + c.feature;
+    s->cu.resize(10);
+    ShardDocs(cfg.seq, 0, &s->cu[0]);
+    ShardDocs(cfg.seq, 1, &s->cu[5]);
+    switch (c.feature) {
+    case kSfSinks:
+        cfg.params.sinks = kSinkLogits;
+        break;
+    case kSfSoftcap:
+        cfg.params.softcap = 1.5f;
+        cfg.params.softmax_scale = 0.5f;
+        break;
+    case kSfTwoSided: // the band q - L < k <= q + R, narrower than most shards
+        cfg.params.mask = CTXPAR_MASK_NONE;
+        cfg.params.window_left = cfg.seq > 8 ? 9 : 2;
+        cfg.params.window_right = cfg.seq > 8 ? 5 : 1;
+        break;
+    case kSfMla:
+        cfg.head_dim_v = 8;
+        break;
+    case kSfEmptyDocs:
+        cfg.params.cu_seqlens = s->cu.data();
+        cfg.params.num_docs = 4;
+        break;
+    case kSfRowDocs:
+        cfg.batch = 2;
+        cfg.params.mask = CTXPAR_MASK_NONE;
+        cfg.params.cu_seqlens = s->cu.data();
+        cfg.params.num_docs = 4;
+        cfg.params.cu_seqlens_rows = 2;
+        break;
+    default:
+        break;
+    }
+    if (c.sharding == kCustomAssign) { // any token on any rank (the same on every rank)
+        s->assign.resize(static_cast<size_t>(cfg.seq));
+        uint64_t x = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(c.ranks * 131 + c.feature + 1);
+        for (auto &a : s->assign) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            a = static_cast<int32_t>(x % static_cast<uint64_t>(c.ranks));
+        }
+        cfg.params.assignment = s->assign.data();
+    }
+}
+
+class FeaturesSharding : public testing::TestWithParam<ShardCase> {};
+
+TEST_P(FeaturesSharding, MatchOracleAndSingleRank) {
+    const ShardCase &c = GetParam();
+    ShardProblem s;
+    MakeShardProblem(c, &s);
+    const cpt_run_config &cfg = s.cfg;
+    if (c.sharding == kFewerThanRanks) { // the premise: some rank holds no token
+        ASSERT_LT(cfg.seq, c.ranks);
+    }
+    if (c.sharding == kUnevenS) { // and here: the shards cannot all be equal
+        ASSERT_NE(cfg.seq % (c.layout == CTXPAR_LAYOUT_ZIGZAG ? 2 * c.ranks : c.ranks), 0);
+    }
+    cpt_run_result r;
+    ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+    EXPECT_EQ(r.algo, c.algo);
+    CptExpectTensorsMatch(r, c.ranks);
+    const bool sinks = cfg.params.sinks != nullptr;
+    ASSERT_EQ(r.has_dsinks, sinks ? 1 : 0);
+    if (sinks) {
+        EXPECT_LE(r.dsinks_bound_ratio, 1.0) << "dsinks error " << r.dsinks_error;
+        EXPECT_TRUE(r.dsinks_ratio_ok) << "dsinks error " << r.dsinks_error << " at P=" << c.ranks
+                                       << " vs " << r.dsinks_error_1 << " at P=1";
+        for (int h = 0; h < cfg.heads; h++)
+            EXPECT_NE(r.outputs.dsinks[h], 0.0f) << "head " << h;
+    }
+    CptExpectBitwisePromises(r, c.ranks, c.algo);
+    EXPECT_TRUE(r.ok);
+    cpt_run_result_free(&r);
+}
+
+std::vector<ShardCase> ShardCases() {
+    std::vector<ShardCase> cases;
+    const ctxpar_algo algos[] = {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL,
+                                 CTXPAR_ALGO_HYBRID};
+    const ctxpar_layout builtin[] = {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG,
+                                     CTXPAR_LAYOUT_STRIPED};
+    const int flat_ranks[] = {2, 3, 4, 8}, few_ranks[] = {3, 4, 8}, hybrid_ranks[] = {4, 6, 8};
+    for (int f = 0; f < kShardFeatures; f++)
+        for (int sh = 0; sh < kShardings; sh++)
+            for (int a = 0; a < 4; a++) {
+                const ctxpar_algo algo = algos[a];
+                const int k = f + a + sh; // rotates P over the features of each algorithm
+                const int p = algo == CTXPAR_ALGO_HYBRID ? hybrid_ranks[k % 3]
+                              : sh == kFewerThanRanks    ? few_ranks[k % 3]
+                                                         : flat_ranks[k % 4];
+                const ctxpar_layout l =
+                    sh == kCustomAssign ? CTXPAR_LAYOUT_CUSTOM : builtin[(f + 2 * a) % 3];
+                cases.push_back({static_cast<ShardFeature>(f), static_cast<Sharding>(sh), algo, p,
+                                 l, (f / 2 + a + sh) % 2 ? CTXPAR_DTYPE_BF16 : CTXPAR_DTYPE_F32});
+            }
+    return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, FeaturesSharding, testing::ValuesIn(ShardCases()), ShardCaseName);
 
 // A row that sees no key, with sinks. No mask can hide a query's own key from it, so the row is
 // made by the convention of docs/numerics.md: token 9 is a one-token document whose key scores

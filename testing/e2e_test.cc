@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "e2e_expect.h"
 #include "runner.h"
@@ -171,8 +172,117 @@ std::vector<Case> TwoSidedWindowCases() {
 INSTANTIATE_TEST_SUITE_P(TwoSidedWindow, EndToEnd, testing::ValuesIn(TwoSidedWindowCases()),
                          CaseName);
 
+// ---------------------------------------------------------------- ring traffic from the geometry
+
+// Global positions of each rank's tokens, written out here from the layouts' definitions (S
+// divisible by 2P for the built-in ones), or from a custom assignment.
+std::vector<std::vector<int64_t>> RankPositions(ctxpar_layout layout, int64_t S, int P,
+                                                const int32_t *assign = nullptr) {
+    std::vector<std::vector<int64_t>> pos(static_cast<size_t>(P));
+    const int64_t chunk = S / (2 * P);
+    for (int64_t t = 0; t < S; t++) {
+        int r = 0;
+        if (layout == CTXPAR_LAYOUT_CUSTOM) {
+            r = assign[t];
+        } else if (layout == CTXPAR_LAYOUT_CONTIGUOUS) {
+            r = static_cast<int>(t / (S / P));
+        } else if (layout == CTXPAR_LAYOUT_ZIGZAG) { // chunks r and 2P-1-r
+            const int c = static_cast<int>(t / chunk);
+            r = c < P ? c : 2 * P - 1 - c;
+        } else {
+            r = static_cast<int>(t % P);
+        }
+        pos[static_cast<size_t>(r)].push_back(t);
+    }
+    return pos;
+}
+
+// What the ring must move under the band q - left < k <= q + right (0: no limit on that side;
+// no causal mask), from the geometry alone: block j (rank j's K/V) travels j -> j+1 -> ...
+// around the ring, and the hops past its last user on that path carry nothing anyone needs.
+// reach[j] is that user's distance from j (0: no other rank's query sees any key of block j).
+struct RingTraffic {
+    int P = 0;
+    std::vector<int> reach;
+
+    static int Dist(int from, int to, int n) { return ((to - from) % n + n) % n; }
+
+    // K/V blocks rank r passes on (one forward; a backward moves the same K/V again).
+    uint64_t KvBlocks(int r) const {
+        uint64_t n = 0;
+        for (int j = 0; j < P; j++)
+            n += Dist(j, r, P) < reach[j];
+        return n;
+    }
+    // dK/dV partial sums rank r sends in a backward: block j's sum follows it to its last user
+    // (each of them adds to it and passes it on) and then goes home, either straight from the
+    // last user or on around the ring through every rank (`around`, bit j): both are the design
+    // (ring_plan.h chooses by its buffers). Nothing moves for a block nobody else needs.
+    uint64_t SumBlocks(int r, unsigned around) const {
+        uint64_t n = 0;
+        for (int j = 0; j < P; j++)
+            n += reach[j] > 0 && (((around >> j) & 1u) || Dist(j, r, P) <= reach[j]);
+        return n;
+    }
+};
+
+RingTraffic CountRingTraffic(const std::vector<std::vector<int64_t>> &pos, int64_t left,
+                             int64_t right) {
+    RingTraffic t;
+    t.P = static_cast<int>(pos.size());
+    t.reach.assign(pos.size(), 0);
+    auto sees = [&](int qi, int kj) { // brute force over the two shards' positions
+        for (int64_t q : pos[static_cast<size_t>(qi)])
+            for (int64_t k : pos[static_cast<size_t>(kj)])
+                if ((left == 0 || q - k < left) && (right == 0 || k - q <= right))
+                    return true;
+        return false;
+    };
+    for (int j = 0; j < t.P; j++)
+        for (int d = 1; d < t.P; d++)
+            if (sees((j + d) % t.P, j))
+                t.reach[j] = d;
+    return t;
+}
+
+// Forward: each rank's bytes sent are exactly its K/V hops.
+void ExpectRingFwdBytes(const cpt_run_result &r, const RingTraffic &t, uint64_t kv_block) {
+    for (int rank = 0; rank < t.P; rank++)
+        EXPECT_EQ(r.rank[rank].bytes_sent, t.KvBlocks(rank) * kv_block) << "rank " << rank;
+}
+
+// Forward + backward: the K/V hops twice and the partial sums, for one of the ways home the
+// design allows (the same choice on every rank: a sum goes around or it does not).
+void ExpectRingFwdBwdBytes(const cpt_run_result &r, const RingTraffic &t, uint64_t kv_block,
+                           uint64_t dkv_block) {
+    unsigned choosable = 0; // blocks whose last user is neither nobody nor the last rank
+    for (int j = 0; j < t.P; j++)
+        if (t.reach[j] > 0 && t.reach[j] < t.P - 1)
+            choosable |= 1u << j;
+    bool matched = false;
+    std::string wanted;
+    for (unsigned around = 0; around < (1u << t.P) && !matched; around++) {
+        if ((around & ~choosable) != 0)
+            continue;
+        bool all = true;
+        wanted += "\n  ";
+        for (int rank = 0; rank < t.P; rank++) {
+            const uint64_t want =
+                2 * t.KvBlocks(rank) * kv_block + t.SumBlocks(rank, around) * dkv_block;
+            wanted += std::to_string(want) + " ";
+            all = all && r.rank[rank].bytes_sent == want;
+        }
+        matched = all;
+    }
+    std::string got;
+    for (int rank = 0; rank < t.P; rank++)
+        got += std::to_string(r.rank[rank].bytes_sent) + " ";
+    EXPECT_TRUE(matched) << "bytes sent per rank: " << got << "; want one of:" << wanted;
+}
+
 // A narrow two-sided window: each rank computes its own block and its two neighbours' only
-// (the ends one neighbour), and the FLOPs count the band's pairs exactly.
+// (the ends one neighbour), the FLOPs count the band's pairs exactly, and each rank sends only
+// the ring hops some window still needs (counted from the geometry).
 TEST(EndToEndWindow, TwoSidedWindowComputesNeighboursOnly) {
     cpt_run_config cfg;
     cpt_run_config_default(&cfg);
@@ -197,6 +307,16 @@ TEST(EndToEndWindow, TwoSidedWindowComputesNeighboursOnly) {
         flops += r.rank[rank].work.flops;
     }
     EXPECT_EQ(flops, 4.0 * cfg.head_dim * cfg.batch * cfg.heads * pairs);
+    // The bytes each rank sent, counted from the geometry: blocks 1..3 are each needed by their
+    // left neighbour, the last rank on their path (the right window reaches it), so they go all
+    // the way round; block 0 by rank 1 alone (no window reaches it from ranks 2 and 3), so it
+    // makes one hop. Ranks 1 and 2 then send 2 blocks instead of 3.
+    const RingTraffic traffic =
+        CountRingTraffic(RankPositions(CTXPAR_LAYOUT_CONTIGUOUS, cfg.seq, 4), 64, 32);
+    const std::vector<int> reach = {1, 3, 3, 3};
+    EXPECT_EQ(traffic.reach, reach);
+    const uint64_t block = 2ull * cfg.batch * (cfg.seq / 4) * cfg.kv_heads * cfg.head_dim * 4;
+    ExpectRingFwdBytes(r, traffic, block);
     cpt_run_result_free(&r);
 
     cfg.backward = 1;
@@ -204,7 +324,83 @@ TEST(EndToEndWindow, TwoSidedWindowComputesNeighboursOnly) {
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
     for (int i = 0; i < CPT_RUN_TENSORS; i++)
         EXPECT_LE(r.error[i], 1e-5) << cpt_run_tensor_name((cpt_run_tensor)i);
+    ExpectRingFwdBwdBytes(r, traffic, block, block); // F32: dK/dV blocks as large as K/V's
     cpt_run_result_free(&r);
+}
+
+// A ring step that no window reaches moves nothing, for either side of a two-sided window: the
+// bytes each rank sends, forward and forward + backward, are what the geometry says (counted
+// here by brute force over the layout's positions), on layouts where the right window decides
+// it. With chunks owned by ranks 0, 2, 1, 3 in position order, the ring's last user of block 1
+// (rank 0) and of block 3 (rank 2) sit left of the block, beyond a narrow right window: those
+// blocks stop one hop short; with no right limit they go all the way round.
+TEST(EndToEndWindow, RingMovesABlockOnlyAsFarAsAWindowReaches) {
+    struct Geometry {
+        const char *name;
+        int P;
+        ctxpar_layout layout;
+        std::vector<int> chunk_rank; // custom: the rank of each of P equal chunks
+        int64_t left, right;
+    };
+    const Geometry geometries[] = {
+        {"contiguous, narrow band", 4, CTXPAR_LAYOUT_CONTIGUOUS, {}, 10, 6},
+        {"zigzag, narrow band", 4, CTXPAR_LAYOUT_ZIGZAG, {}, 5, 3},
+        {"chunks 0 2 1 3, narrow band", 4, CTXPAR_LAYOUT_CUSTOM, {0, 2, 1, 3}, 10, 6},
+        {"chunks 0 2 1 3, right window alone", 4, CTXPAR_LAYOUT_CUSTOM, {0, 2, 1, 3}, 0, 6},
+        {"chunks 0 2 1 3, no right limit", 4, CTXPAR_LAYOUT_CUSTOM, {0, 2, 1, 3}, 10, 0},
+        {"chunks 0 3 1 4 2, narrow band", 5, CTXPAR_LAYOUT_CUSTOM, {0, 3, 1, 4, 2}, 4, 7},
+    };
+    for (const Geometry &g : geometries) {
+        SCOPED_TRACE(g.name);
+        cpt_run_config cfg;
+        cpt_run_config_default(&cfg);
+        cfg.ranks = g.P;
+        cfg.seq = 40 * g.P; // 40 tokens a rank (chunks of 20 for zigzag)
+        cfg.heads = 2;
+        cfg.kv_heads = 1;
+        cfg.head_dim = 16;
+        cfg.params.layout = g.layout;
+        cfg.params.mask = CTXPAR_MASK_NONE;
+        cfg.params.window_left = g.left;
+        cfg.params.window_right = g.right;
+        std::vector<int32_t> assign;
+        for (int64_t t = 0; t < cfg.seq && g.layout == CTXPAR_LAYOUT_CUSTOM; t++)
+            assign.push_back(g.chunk_rank[static_cast<size_t>(t / 40)]);
+        cfg.params.assignment = assign.empty() ? nullptr : assign.data();
+        cfg.threads = 1;
+        cfg.compare_single = 0;
+        const RingTraffic traffic = CountRingTraffic(
+            RankPositions(g.layout, cfg.seq, g.P, assign.empty() ? nullptr : assign.data()), g.left,
+            g.right);
+        const uint64_t block = 2ull * cfg.batch * 40 * cfg.kv_heads * cfg.head_dim * 4;
+        for (int backward = 0; backward < 2; backward++) {
+            cfg.backward = backward;
+            cpt_run_result r;
+            ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+            ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+            for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+                if (r.has[i]) {
+                    EXPECT_LE(r.bound_ratio[i], 1.0) << cpt_run_tensor_name((cpt_run_tensor)i);
+                }
+            }
+            EXPECT_EQ(r.has[CPT_T_DQ], backward);
+            if (backward)
+                ExpectRingFwdBwdBytes(r, traffic, block, block);
+            else
+                ExpectRingFwdBytes(r, traffic, block);
+            cpt_run_result_free(&r);
+        }
+    }
+    // The count can tell the cases apart: the narrow right window saves two hops of K/V that
+    // the unlimited one needs (blocks 1 and 3 stop at distance 2).
+    const auto custom = [](int64_t left, int64_t right) {
+        std::vector<int32_t> a;
+        for (int t = 0; t < 160; t++)
+            a.push_back(std::vector<int>{0, 2, 1, 3}[static_cast<size_t>(t / 40)]);
+        return CountRingTraffic(RankPositions(CTXPAR_LAYOUT_CUSTOM, 160, 4, a.data()), left, right);
+    };
+    EXPECT_EQ(custom(10, 6).reach, (std::vector<int>{2, 2, 3, 2}));
+    EXPECT_EQ(custom(10, 0).reach, (std::vector<int>{2, 3, 3, 3}));
 }
 
 // The end-to-end figures at a realistic size: seq 4096, 4 heads, dim 64.

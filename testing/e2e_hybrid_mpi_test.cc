@@ -1,8 +1,9 @@
 // End to end under MPI: the hybrid algorithm with one MPI process per rank (mpi_run.sh runs it
 // with -np 4, 6 and 8: the grids u x r = 2x2, 3x2, 2x3, 4x2, 2x4), forward and backward against
 // the fp64 oracle (the per-element bound) and P = 1; rank 0 checks, every rank learns the verdict.
-// The sub-comms are MPI_Comm_split's (comm/mpi). Beside every layout and mask: uneven shards, a
-// custom assignment, MLA and sinks with soft-capping.
+// The sub-comms are MPI_Comm_split's (comm/mpi). Beside every layout and mask (none, causal,
+// causal with a window, documents, a two-sided window): uneven shards, a custom assignment, MLA
+// and sinks with soft-capping.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -55,7 +56,7 @@ void RunAndCheck(cpt_run_config *cfg) {
 struct MpiHybridCase {
     int u;
     ctxpar_layout layout;
-    int mask; // 0 causal, 1 causal + window, 2 documents + causal
+    int mask; // 0 causal, 1 causal + window, 2 documents + causal, 3 none, 4 two-sided window
     ctxpar_dtype dtype;
     int64_t kv_heads; // of 12 query heads
 };
@@ -75,8 +76,10 @@ TEST_P(HybridMpi, MatchesOracleAndSingleRank) {
     cfg.params.algo = CTXPAR_ALGO_HYBRID;
     cfg.params.ulysses = c.u;
     cfg.params.layout = c.layout;
-    cfg.params.mask = CTXPAR_MASK_CAUSAL;
-    cfg.params.window_left = c.mask == 1 ? 30 : 0;
+    cfg.params.mask = c.mask >= 3 ? CTXPAR_MASK_NONE : CTXPAR_MASK_CAUSAL;
+    cfg.params.window_left = c.mask == 1 || c.mask == 4 ? 30 : 0;
+    // The band q - 30 < k <= q + 17: narrower than a group's rows, so ring steps are skipped.
+    cfg.params.window_right = c.mask == 4 ? 17 : 0;
     if (c.mask == 2) {
         cfg.params.cu_seqlens = kDocs;
         cfg.params.num_docs = 4;
@@ -95,7 +98,7 @@ std::vector<MpiHybridCase> Cases() {
         const int64_t kv[] = {12, u, 1};
         for (ctxpar_layout l :
              {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED})
-            for (int m = 0; m < 3; m++) {
+            for (int m = 0; m < 5; m++) {
                 v.push_back({u, l, m, n % 2 ? CTXPAR_DTYPE_BF16 : CTXPAR_DTYPE_F32, kv[n % 3]});
                 n++;
             }
@@ -105,7 +108,7 @@ std::vector<MpiHybridCase> Cases() {
 
 std::string Name(const testing::TestParamInfo<MpiHybridCase> &info) {
     const MpiHybridCase &c = info.param;
-    const char *mask[] = {"causal", "causal_window", "docs_causal"};
+    const char *mask[] = {"causal", "causal_window", "docs_causal", "none", "two_sided_window"};
     return "u" + std::to_string(c.u) + "_" + ctxpar_layout_name(c.layout) + "_" + mask[c.mask] +
            "_" + ctxpar_dtype_name(c.dtype) + "_KV" + std::to_string(c.kv_heads);
 }

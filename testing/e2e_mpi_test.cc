@@ -1,6 +1,7 @@
 // End to end under MPI: every process is one rank (run by testing/mpi_run.sh with -np 4 and 3).
 // Ring, all-gather and all-to-all forward and backward against the fp64 oracle and P = 1 (rank 0
-// gathers and checks; every rank learns the verdict); all-gather bitwise equal to P = 1; ranks
+// gathers and checks; every rank learns the verdict), every mask kind (two-sided windows too),
+// uneven and custom shards and fewer tokens than ranks; all-gather bitwise equal to P = 1; ranks
 // with mismatched settings all fail; a rank that never calls makes the others time out.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -41,6 +42,7 @@ struct MpiCase {
     ctxpar_layout layout;
     ctxpar_mask mask;
     int64_t window;
+    int64_t window_right; // > 0: a two-sided window (with mask none)
     bool docs;
     ctxpar_dtype dtype;
     int64_t kv_heads; // of 12 query heads: 12, 3 (groups of 4) or 1
@@ -67,6 +69,7 @@ TEST_P(EndToEndMpi, MatchesOracleAndSingleRank) {
     cfg.params.layout = c.layout;
     cfg.params.mask = c.mask;
     cfg.params.window_left = c.window;
+    cfg.params.window_right = c.window_right;
     if (c.docs) {
         cfg.params.cu_seqlens = kDocs;
         cfg.params.num_docs = 4;
@@ -92,9 +95,13 @@ std::vector<MpiCase> Cases() {
     for (ctxpar_algo a : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL})
         for (ctxpar_layout l :
              {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED})
-            for (int m = 0; m < 4; m++) { // none, causal, causal + window, documents + causal
-                v.push_back({a, l, m == 0 ? CTXPAR_MASK_NONE : CTXPAR_MASK_CAUSAL,
-                             m == 2 ? 30 : 0, m == 3, dtypes[n % 3], kv[(n / 3) % 3]});
+            // none, causal, causal + window, documents + causal, and two-sided windows (the band
+            // q - 30 < k <= q + 17, narrower than a shard), alone and with documents
+            for (int m = 0; m < 6; m++) {
+                const bool two_sided = m >= 4;
+                v.push_back({a, l, m == 0 || two_sided ? CTXPAR_MASK_NONE : CTXPAR_MASK_CAUSAL,
+                             m == 2 || two_sided ? 30 : 0, two_sided ? 17 : 0, m == 3 || m == 5,
+                             dtypes[n % 3], kv[(n / 3) % 3]});
                 n++;
             }
     return v;
@@ -103,8 +110,12 @@ std::vector<MpiCase> Cases() {
 std::string Name(const testing::TestParamInfo<MpiCase> &info) {
     const MpiCase &c = info.param;
     return std::string(ctxpar_algo_name(c.algo)) + "_" + ctxpar_layout_name(c.layout) + "_" +
-           ctxpar_mask_name(c.mask) + (c.window ? "_window" : "") + (c.docs ? "_docs" : "") +
-           "_" + ctxpar_dtype_name(c.dtype) + "_KV" + std::to_string(c.kv_heads);
+           ctxpar_mask_name(c.mask) +
+           (c.window_right ? "_two_sided_window"
+            : c.window     ? "_window"
+                           : "") +
+           (c.docs ? "_docs" : "") + "_" + ctxpar_dtype_name(c.dtype) + "_KV" +
+           std::to_string(c.kv_heads);
 }
 
 INSTANTIATE_TEST_SUITE_P(Mpi, EndToEndMpi, testing::ValuesIn(Cases()), Name);
@@ -152,6 +163,67 @@ TEST(EndToEndMpiLayout, UnevenCustomAndPerRowDocuments) {
         const std::string what = std::string(ctxpar_algo_name(var.algo)) + " " +
                                  ctxpar_layout_name(var.layout) +
                                  (var.row_docs ? " with documents per row" : "");
+        cpt_run_result r;
+        ASSERT_EQ(cpt_run_mpi(&cfg, &r), CTXPAR_OK) << what << ": " << ctxpar_last_error();
+        ASSERT_EQ(r.status, CTXPAR_OK) << what << ": " << r.message;
+        EXPECT_TRUE(r.ok) << what;
+        if (Rank() == 0) {
+            SCOPED_TRACE(what);
+            CptExpectTensorsMatch(r, Size());
+            CptExpectBitwisePromises(r, Size(), var.algo);
+        }
+        cpt_run_result_free(&r);
+    }
+}
+
+// Fewer tokens than processes (P - 1: some process holds none; with the custom assignment
+// rank 0 holds none and the others one token each, in reverse order of rank): every algorithm,
+// causal and a two-sided window (mask none), built-in and custom layouts, documents with an
+// empty one; against the oracle and P = 1.
+TEST(EndToEndMpiLayout, FewerTokensThanRanks) {
+    const int P = Size();
+    const int64_t S = P - 1;
+    std::vector<int32_t> assign, cu = {0, 1, 1, static_cast<int32_t>(S)};
+    for (int64_t t = 0; t < S; t++)
+        assign.push_back(static_cast<int32_t>(P - 1 - t));
+    struct Variant {
+        ctxpar_algo algo;
+        ctxpar_layout layout;
+        bool two_sided, docs;
+    };
+    for (const Variant &var : {Variant{CTXPAR_ALGO_RING, CTXPAR_LAYOUT_CONTIGUOUS, false, false},
+                               Variant{CTXPAR_ALGO_RING, CTXPAR_LAYOUT_CUSTOM, true, false},
+                               Variant{CTXPAR_ALGO_ALLGATHER, CTXPAR_LAYOUT_ZIGZAG, true, true},
+                               Variant{CTXPAR_ALGO_ALLGATHER, CTXPAR_LAYOUT_CUSTOM, false, true},
+                               Variant{CTXPAR_ALGO_ALLTOALL, CTXPAR_LAYOUT_STRIPED, true, false},
+                               Variant{CTXPAR_ALGO_ALLTOALL, CTXPAR_LAYOUT_CUSTOM, false, true}}) {
+        cpt_run_config cfg;
+        cpt_run_config_default(&cfg);
+        cfg.ranks = P;
+        cfg.batch = 2;
+        cfg.seq = S;
+        cfg.heads = 12;
+        cfg.kv_heads = P == 3 ? 3 : 4;
+        cfg.head_dim = 32;
+        cfg.dtype = CTXPAR_DTYPE_F32;
+        cfg.params.algo = var.algo;
+        cfg.params.layout = var.layout;
+        cfg.params.mask = var.two_sided ? CTXPAR_MASK_NONE : CTXPAR_MASK_CAUSAL;
+        if (var.two_sided) { // query q sees keys q and q + 1 only
+            cfg.params.window_left = 1;
+            cfg.params.window_right = 1;
+        }
+        if (var.layout == CTXPAR_LAYOUT_CUSTOM)
+            cfg.params.assignment = assign.data();
+        if (var.docs) {
+            cfg.params.cu_seqlens = cu.data();
+            cfg.params.num_docs = 3;
+        }
+        cfg.backward = 1;
+        cfg.threads = 1;
+        const std::string what =
+            std::string(ctxpar_algo_name(var.algo)) + " " + ctxpar_layout_name(var.layout) +
+            (var.two_sided ? " two-sided window" : " causal") + (var.docs ? " with documents" : "");
         cpt_run_result r;
         ASSERT_EQ(cpt_run_mpi(&cfg, &r), CTXPAR_OK) << what << ": " << ctxpar_last_error();
         ASSERT_EQ(r.status, CTXPAR_OK) << what << ": " << r.message;

@@ -7,6 +7,8 @@
 //  - bench --json: every field, sane values, the FLOP count of the convention;
 //  - --trace: valid JSON, one track per rank, exactly one compute slice per ring step that the
 //    mask leaves alive (counted here from the layout's positions, not from the library);
+//  - check and audit with two-sided windows (--window-right), --softcap and the hybrid
+//    (--algo hybrid --ulysses) against the oracle; their bad values are usage errors;
 //  - --help for every subcommand, --version.
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -955,6 +957,137 @@ TEST(Check, MlaSinksAndSoftcap) {
     o = Tool("check --seq 64 --ranks 2 --heads 3 --sinks " + sinks);
     EXPECT_EQ(o.code, 2);
     EXPECT_NE(o.err.find("want float32 [3]"), std::string::npos) << o.err;
+}
+
+// ---------------------------------------------------------------- windows, soft-capping, hybrid
+
+// --window-right with --mask none in check, alone and with --window, on the ring and the
+// all-to-all: the run passes against the oracle (every tensor within its per-element bound),
+// and the config says what ran.
+TEST(Check, TwoSidedWindow) {
+    struct Run {
+        const char *args;
+        int64_t left, right;
+    };
+    for (const Run &run :
+         {Run{"--ranks 4 --heads 4 --kv-heads 2 --layout zigzag --algo ring --window 20 "
+              "--window-right 9",
+              20, 9},
+          Run{"--ranks 4 --heads 4 --kv-heads 2 --layout striped --algo alltoall --window 20 "
+              "--window-right 9",
+              20, 9},
+          Run{"--ranks 3 --heads 2 --layout contiguous --algo ring --window-right 5", 0, 5}}) {
+        SCOPED_TRACE(run.args);
+        Outcome o =
+            Tool(std::string("check --seq 96 --dim 16 --mask none --backward --json ") + run.args);
+        ASSERT_EQ(o.code, 0) << o.err << o.out;
+        Json j;
+        ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+        EXPECT_TRUE(j["ok"].b) << o.out;
+        EXPECT_EQ(j["config"]["mask"].str, "none");
+        EXPECT_EQ(j["config"]["window"].num, run.left);
+        EXPECT_EQ(j["config"]["window_right"].num, run.right);
+        for (const char *t : {"out", "lse", "dq", "dk", "dv"}) {
+            ASSERT_TRUE(j["bound_ratio"].Has(t)) << t << ": " << o.out;
+            EXPECT_LE(j["bound_ratio"][t].num, 1.0) << t;
+        }
+    }
+}
+
+// Oracle with a two-sided window and soft-capping: mask none (or causal), window_left,
+// window_right, softcap (0: none) and the scale the library resolves from --scale.
+Expected OracleBand(const Shape &sh, const AuditFiles &f, bool causal, int64_t left, int64_t right,
+                    double softcap, float scale) {
+    Expected e;
+    e.out.resize(f.q.v.size());
+    e.lse.resize(static_cast<size_t>(sh.b * sh.h * sh.s));
+    e.dq.resize(f.q.v.size());
+    e.dk.resize(f.k.v.size());
+    e.dv.resize(f.k.v.size());
+    cpt_oracle_shape os = {sh.b, sh.s, sh.s, sh.h, sh.hkv, sh.d};
+    ctxpar_mask_desc mask = {causal ? 1 : 0, left, nullptr, 0, right, 0};
+    cpt_oracle_features feat = {};
+    feat.softcap = softcap;
+    cpt_oracle_fwd_ex(&os, f.q.v.data(), f.k.v.data(), f.v.v.data(), nullptr, nullptr, &mask, &feat,
+                      static_cast<double>(scale), e.out.data(), e.lse.data());
+    cpt_oracle_bwd_ex(&os, f.q.v.data(), f.k.v.data(), f.v.v.data(), nullptr, nullptr, &mask, &feat,
+                      static_cast<double>(scale), f.dout.v.data(), e.dq.data(), e.dk.data(),
+                      e.dv.data(), nullptr);
+    return e;
+}
+
+// audit with --window-right (and --window), --softcap and --algo hybrid --ulysses: exit 0, the
+// verdict OK, and the saved out, lse, dq, dk, dv match float64 attention computed here with
+// that band and cap. The saved out is also far from attention without the feature, so the
+// option was not dropped on the way.
+TEST(AuditFeatures, TwoSidedWindowSoftcapAndHybridMatchFloat64Attention) {
+    struct Run {
+        const char *name, *args;
+        bool causal;
+        int64_t left, right;
+        double softcap;
+        float scale; // 0: 1/sqrt(D) in float
+        const char *algo;
+        int64_t ulysses;
+    };
+    const Run runs[] = {
+        {"audit_window_right",
+         "--ranks 4 --algo ring --layout zigzag --mask none --window 20 "
+         "--window-right 9",
+         false, 20, 9, 0.0, 0.0f, "ring", 0},
+        {"audit_softcap",
+         "--ranks 3 --algo allgather --layout contiguous --mask causal "
+         "--softcap 1.5 --scale 1",
+         true, 0, 0, 1.5, 1.0f, "allgather", 0},
+        {"audit_hybrid",
+         "--ranks 4 --algo hybrid --ulysses 2 --layout zigzag --mask none "
+         "--window 12 --window-right 7 --softcap 2 --scale 1",
+         false, 12, 7, 2.0, 1.0f, "hybrid", 2},
+    };
+    for (const Run &run : runs) {
+        SCOPED_TRACE(run.args);
+        AuditFiles f = MakeAuditFiles(run.name, CTXPAR_DTYPE_F32, false);
+        Outcome o = Tool("audit " + f.args + " " + run.args + " --json");
+        ASSERT_EQ(o.code, 0) << o.err << o.out;
+        Json j;
+        ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+        EXPECT_TRUE(j["ok"].b) << o.out;
+        EXPECT_EQ(j["config"]["algo_resolved"].str, run.algo);
+        EXPECT_EQ(j["config"]["ulysses"].num, run.ulysses);
+        EXPECT_EQ(j["config"]["window"].num, run.left);
+        EXPECT_EQ(j["config"]["window_right"].num, run.right);
+        EXPECT_EQ(j["config"]["softcap"].num, run.softcap);
+        const float scale =
+            run.scale != 0.0f ? run.scale : 1.0f / std::sqrt(static_cast<float>(f.sh.d));
+        ExpectSavedMatch(f, CTXPAR_DTYPE_F32,
+                         OracleBand(f.sh, f, run.causal, run.left, run.right, run.softcap, scale));
+        // Without the band's right side, or without the cap, the saved out would be wrong.
+        const Expected plain =
+            OracleBand(f.sh, f, run.causal, run.left, 0, run.right ? run.softcap : 0.0, scale);
+        EXPECT_GT(SavedError(f.dir + "/saved/out.npy", CPT_NPY_F32,
+                             {f.sh.b, f.sh.s, f.sh.h, f.sh.d}, plain.out),
+                  10 * cpt_tolerance(CTXPAR_DTYPE_F32, "out"));
+    }
+}
+
+// Bad values of --window-right and --softcap in check and audit: exit 2 (a usage error, before
+// any run) and one line naming the option and the value.
+TEST(AuditFeatures, BadWindowRightAndSoftcapAreUsageErrors) {
+    AuditFiles f = MakeAuditFiles("audit_bad_values", CTXPAR_DTYPE_F32, false);
+    for (const std::string &cmd : {std::string("check --seq 64 --ranks 2 --mask none"),
+                                   "audit " + f.args + " --ranks 2 --mask none"}) {
+        for (const char *bad : {"--window-right -1", "--window-right -7", "--window-right x",
+                                "--softcap 0", "--softcap nan", "--softcap -1", "--softcap inf"}) {
+            SCOPED_TRACE(cmd + " " + bad);
+            Outcome o = Tool(cmd + " " + bad);
+            EXPECT_EQ(o.code, 2) << o.err << o.out;
+            const std::string opt = std::string(bad).substr(0, std::string(bad).find(' '));
+            const std::string val = std::string(bad).substr(opt.size() + 1);
+            EXPECT_NE(o.err.find("bad value '" + val + "' for " + opt), std::string::npos) << o.err;
+            EXPECT_EQ(Lines(o.err), 1) << o.err;
+            EXPECT_EQ(o.out, "");
+        }
+    }
 }
 
 // --cu-seqlens for check and bench, [docs + 1] (every row) or [batch, docs + 1] (each row its

@@ -29,7 +29,7 @@ struct Case {
     MaskKind mask;
     ctxpar_dtype dtype;
     int64_t head_dim;
-    int64_t kv_heads; // of 8 query heads: 8 (MHA), 2 (GQA, groups of 4), 1 (MQA)
+    int64_t kv_heads; // of 8 query heads: 8 (MHA), 2 (GQA, groups of 4), 1 (MQA); or of 6
     int64_t heads = 8;
     int64_t batch = 1;
     float scale = 0.0f; // 0: the default 1/sqrt(head_dim)
@@ -99,17 +99,20 @@ std::vector<Case> AllCases() {
     const MaskKind masks[] = {kNone, kCausal, kCausalWindow, kDocsCausal};
     const ctxpar_dtype dtypes[] = {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16, CTXPAR_DTYPE_F16};
     const int64_t dims[] = {32, 64, 128};
-    const int64_t kv_heads[] = {8, 2, 1};
+    const int64_t kv_heads[] = {8, 2, 1}, kv_heads_of_six[] = {6, 3, 1};
     int n = 0;
     for (int p : ranks)
         for (ctxpar_algo a : algos)
             for (ctxpar_layout l : layouts) {
-                if (a == CTXPAR_ALGO_ALLTOALL && 8 % p != 0)
-                    continue; // 8 query heads do not divide by 3 ranks (tested below)
+                // All-to-all splits the heads over the ranks: 8 do not divide by 3 (refused,
+                // tested below), so P = 3 runs 6 query heads with 6, 3 or 1 K/V heads.
+                const bool six = a == CTXPAR_ALGO_ALLTOALL && 8 % p != 0;
                 for (MaskKind m : masks)
                     for (ctxpar_dtype d : dtypes) {
                         // Every head_dim and every GQA ratio, rotating (coprime periods).
-                        cases.push_back({p, a, l, m, d, dims[n % 3], kv_heads[(n / 3) % 3], 8,
+                        const int64_t r = (n / 3) % 3;
+                        cases.push_back({p, a, l, m, d, dims[n % 3],
+                                         six ? kv_heads_of_six[r] : kv_heads[r], six ? 6 : 8,
                                          1 + n % 2});
                         n++;
                     }
@@ -158,11 +161,10 @@ std::vector<Case> TwoSidedWindowCases() {
         for (ctxpar_algo a : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL})
             for (ctxpar_layout l :
                  {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED}) {
-                if (a == CTXPAR_ALGO_ALLTOALL && 8 % p != 0)
-                    continue;
+                const bool six = a == CTXPAR_ALGO_ALLTOALL && 8 % p != 0; // as AllCases
                 for (MaskKind m : {kTwoSided, kTwoSidedDocs}) {
                     cases.push_back({p, a, l, m, n % 2 ? CTXPAR_DTYPE_BF16 : CTXPAR_DTYPE_F32,
-                                     n % 3 ? 64 : 32, 2});
+                                     n % 3 ? 64 : 32, six ? 3 : 2, six ? 6 : 8});
                     n++;
                 }
             }

@@ -12,13 +12,13 @@
 #include "transfer.h"
 
 static int next_rank(const ctxpar_problem *pb) {
-    return (pb->rank + 1) % pb->nranks;
+    return ctxpar_ring_dist(-1, pb->rank, pb->nranks);
 }
 static int prev_rank(const ctxpar_problem *pb) {
-    return (pb->rank + pb->nranks - 1) % pb->nranks;
+    return ctxpar_ring_dist(1, pb->rank, pb->nranks);
 }
 static int block_at(const ctxpar_problem *pb, int step) {
-    return (pb->rank - step + pb->nranks) % pb->nranks;
+    return ctxpar_ring_dist(step, pb->rank, pb->nranks);
 }
 
 // Posts step s's K/V transfer: the held block onward, the next block in; either half may be
@@ -41,11 +41,12 @@ static float *dv_part(const ctxpar_problem *pb, float *dkv, int j) {
 }
 
 // The block of query rows x the K/V held at step s, if any of it is visible.
-static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_spans qp,
-                          int s, const ctxpar_tensor *q, void *kv, ctxpar_attn_block *blk) {
+static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb,
+                          const ctxpar_ring_plan *plan, ctxpar_spans qp, int s,
+                          const ctxpar_tensor *q, void *kv, ctxpar_attn_block *blk) {
     const int j = block_at(pb, s);
     ctxpar_spans kp = ctxpar_problem_spans(pb, j);
-    if (!ctxpar_block_account(run, pb, qp, kp))
+    if (!ctxpar_ring_may_see(plan, pb, j) || !ctxpar_block_account(run, pb, qp, kp))
         return 0;
     const int64_t n = ctxpar_problem_count(pb, j);
     ctxpar_attn_block b = {*q,
@@ -94,7 +95,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
     const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_max);
     const size_t out_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim_v);
     const size_t lse_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
-    ctxpar_ring_plan plan = {0, NULL, NULL, 0};
+    ctxpar_ring_plan plan = {0, NULL, NULL, 0, NULL};
     ctxpar_xfer x = {0};
     ring_fwd_ws w;
     void *base = NULL;
@@ -116,7 +117,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
                           done);
         ctxpar_attn_block blk;
         if (ctxpar_ring_holds(&plan, pb->rank, s) &&
-            block_for_step(run, pb, qs, s, q, cur, &blk)) {
+            block_for_step(run, pb, &plan, qs, s, q, cur, &blk)) {
             blk.lse_lo = w.lse_lo;
             double t0 = ctxpar_now();
             CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc, have,
@@ -211,7 +212,7 @@ static ctxpar_status bwd_step(const ctxpar_run *run, const ctxpar_problem *pb, r
         if (s == 0) // this rank's own block: the first contribution to its sum
             CTXPAR_CHECK(ctxpar_dev_fill(run->dev, acc, 0.0f, w->dkv_n, run->stream));
         ctxpar_attn_block blk;
-        if (holds && block_for_step(run, pb, qs, s, q, cur, &blk)) {
+        if (holds && block_for_step(run, pb, &w->plan, qs, s, q, cur, &blk)) {
             blk.lse_lo = pb->lse_lo;
             double t0 = ctxpar_now();
             CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc,

@@ -12,6 +12,7 @@ ctxpar_status ctxpar_ring_plan_make(const ctxpar_problem *pb, ctxpar_ring_plan *
     const int P = pb->nranks;
     plan->nranks = P;
     plan->borrowed = 0;
+    plan->seen = NULL;
     plan->last = malloc((size_t)P * sizeof *plan->last);
     plan->sum_last = malloc((size_t)P * sizeof *plan->sum_last);
     if (!plan->last || !plan->sum_last) {
@@ -78,9 +79,49 @@ static int hop(const ctxpar_ring_plan *plan, const int *last, int from, int step
     const int P = plan->nranks;
     if (step >= P - 1)
         return 0;
-    int j = ((from - step) % P + P) % P;
+    int j = ctxpar_ring_dist(step, from, P); // block from - step
     // The receiver, step + 1 hops from the owner, is still on the path.
     return step + 1 <= ctxpar_ring_dist(j, last[j], P);
+}
+
+// Whether every key of block k lies outside the documents of each query span (bounds d0, d1):
+// then no query shares a document with any key, an exact SKIP found without classifying.
+static int outside_docs(const ctxpar_problem *pb, int k, int n, const int64_t *d0,
+                        const int64_t *d1) {
+    const ctxpar_spans ks = ctxpar_problem_spans(pb, k);
+    for (int j = 0; j < ks.count; j++) {
+        int64_t kmin, kmax;
+        ctxpar_spans_range((ctxpar_spans){&ks.span[j], 1}, &kmin, &kmax);
+        for (int i = 0; i < n; i++)
+            if (kmax >= d0[i] && kmin <= d1[i])
+                return 0;
+    }
+    return 1;
+}
+
+int ctxpar_ring_may_see(const ctxpar_ring_plan *plan, const ctxpar_problem *pb, int j) {
+    ctxpar_ring_seen *c = plan->seen;
+    if (!c || c->nranks != pb->nranks)
+        return 1;
+    if (c->rank != pb->rank) {
+        // The documents of this rank's query spans (one row of documents, a few spans): most
+        // blocks of a long packed sequence fall outside them.
+        const ctxpar_spans qs = ctxpar_problem_spans(pb, pb->rank);
+        int64_t d0[4], d1[4];
+        const int n = pb->mask.cu_seqlens && pb->mask.doc_rows == 0 && qs.count <= 4 ? qs.count : 0;
+        for (int i = 0; i < n; i++) {
+            int64_t qmin, qmax;
+            ctxpar_spans_range((ctxpar_spans){&qs.span[i], 1}, &qmin, &qmax);
+            d0[i] = pb->mask.cu_seqlens[ctxpar_mask_doc_of(&pb->mask, qmin)];
+            d1[i] = pb->mask.cu_seqlens[ctxpar_mask_doc_of(&pb->mask, qmax) + 1] - 1;
+        }
+        for (int k = 0; k < pb->nranks; k++)
+            c->row[k] = n > 0 && outside_docs(pb, k, n, d0, d1)
+                            ? 0
+                            : (unsigned char)ctxpar_shards_interact(pb, pb->rank, k);
+        c->rank = pb->rank;
+    }
+    return c->row[j];
 }
 
 int ctxpar_ring_sum_hop(const ctxpar_ring_plan *plan, int from, int step) {
@@ -91,7 +132,7 @@ int ctxpar_ring_has_sum(const ctxpar_ring_plan *plan, int r, int step) {
     const int P = plan->nranks;
     if (step == 0)
         return P == 1 || plan->sum_last[r] != r;
-    return ctxpar_ring_sum_hop(plan, (r + P - 1) % P, step - 1);
+    return ctxpar_ring_sum_hop(plan, ctxpar_ring_dist(1, r, P), step - 1);
 }
 
 int ctxpar_ring_kv_hop(const ctxpar_ring_plan *plan, int from, int step) {
@@ -102,5 +143,5 @@ int ctxpar_ring_holds(const ctxpar_ring_plan *plan, int r, int step) {
     if (step == 0)
         return 1;
     const int P = plan->nranks;
-    return ctxpar_ring_kv_hop(plan, (r + P - 1) % P, step - 1);
+    return ctxpar_ring_kv_hop(plan, ctxpar_ring_dist(1, r, P), step - 1);
 }

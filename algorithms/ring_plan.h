@@ -19,6 +19,17 @@
 extern "C" {
 #endif
 
+/* A dry run's cache of ctxpar_shards_interact for one query rank against every block: the
+ * planner runs the ranks' calls one after another (a hybrid group's members on the same ring
+ * rank), so a ring step skips a block its queries cannot see without classifying it again, and
+ * each (rank, block) pair is classified once, not once per step, call and group member (P ranks
+ * x P steps made ctxpar plan quadratic in classifications). Real runs have none. */
+typedef struct ctxpar_ring_seen {
+    int rank;           /* the query rank whose row this is, or -1 */
+    int nranks;
+    unsigned char *row; /* [nranks] */
+} ctxpar_ring_seen;
+
 typedef struct ctxpar_ring_plan {
     int nranks;
     int *last; /* [P]: the last rank along block j's path that needs it (j itself if none) */
@@ -27,6 +38,7 @@ typedef struct ctxpar_ring_plan {
      * then computes its own block after the ring, with no transfer). */
     int *sum_last;
     int borrowed; /* the arrays belong to run->ring_plan: free leaves them */
+    ctxpar_ring_seen *seen; /* the dry run's (run->ring_plan), or NULL */
 } ctxpar_ring_plan;
 
 /* The run's plan (run->ring_plan, made once by a dry run for every rank) when it is for this
@@ -41,8 +53,16 @@ void ctxpar_ring_plan_free(ctxpar_ring_plan *plan);
 /* Whether any query of rank q_rank may see any key of rank k_rank's shard. */
 int ctxpar_shards_interact(const ctxpar_problem *pb, int q_rank, int k_rank);
 
-/* Steps from rank a forward to rank b around the ring. */
-static inline int ctxpar_ring_dist(int a, int b, int P) { return ((b - a) % P + P) % P; }
+/* Steps from rank a forward to rank b around the ring (no division for ranks in [0, P): a dry
+ * run takes this P^2 times). */
+static inline int ctxpar_ring_dist(int a, int b, int P) {
+    const int d = b - a;
+    return d >= 0 && d < P ? d : d < 0 && d >= -P ? d + P : (d % P + P) % P;
+}
+
+/* Whether rank pb->rank's queries may see any key of block j: ctxpar_shards_interact, from the
+ * plan's cache when it has one (else 1: the block's own accounting decides). */
+int ctxpar_ring_may_see(const ctxpar_ring_plan *plan, const ctxpar_problem *pb, int j);
 
 /* Whether rank `from`, at step s, passes the block it holds (block from - s) on to from + 1. */
 int ctxpar_ring_kv_hop(const ctxpar_ring_plan *plan, int from, int step);

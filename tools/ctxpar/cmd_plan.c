@@ -18,17 +18,18 @@ typedef struct plan_args {
     const char *dist, *cu_path, *model;
     double sigma;
     uint64_t seed;
-    int json, explain, group_size_set;
+    int json, explain, per_rank, group_size_set;
 } plan_args;
 
 static const char *const usage_text =
     "usage: ctxpar plan [options]\n"
     "What one attention call does on every rank, without computing it: the library's own\n"
     "algorithms run rank by rank on a device and comm that hold no data. Per rank: visible\n"
-    "(query, key) pairs and FLOPs, bytes sent inside the all-to-all group / node and across,\n"
-    "the workspace; the imbalance (max/mean - 1 of per-rank FLOPs); a coverage proof (every\n"
-    "visible pair computed exactly once, counted per query position against the mask); the\n"
-    "predicted time of a hardware model.\n"
+    "(query, key) pairs and FLOPs, bytes sent and received inside the all-to-all group / node\n"
+    "and across, the peak workspace; the imbalance (max/mean - 1 of per-rank FLOPs); a coverage\n"
+    "proof (every visible pair computed exactly once: per query position, the count, sum and\n"
+    "sum of squares of the keys computed against the mask's); the predicted time of a hardware\n"
+    "model.\n"
     "  --ranks P  --seq S  --batch B  --heads H  --kv-heads K  --dim D  --dtype f32|f16|bf16\n"
     "  --mask none|causal  --window W  --window-right R  --layout contiguous|zigzag|striped\n"
     "  --algo auto|ring|allgather|alltoall|hybrid  --ulysses U  --backward\n"
@@ -36,8 +37,11 @@ static const char *const usage_text =
     "  --cu-seqlens FILE   document boundaries, whitespace-separated, 0 ... seq\n"
     "  --model h200|cpu|FILE  hardware model (docs/performance.md); default h200\n"
     "  --group-size N      ranks per node for the link classes (default: the model's)\n"
-    "  --no-coverage       skip the coverage proof (it keeps two int64 per token)\n"
+    "  --no-coverage       skip the coverage proof (it keeps three uint64 per token: 24 bytes)\n"
     "  --explain           every algorithm's check and cost, and AUTO's choice\n"
+    "  --per-rank          the per-rank table in the text output (shown up to 16 ranks)\n"
+    "  --share-members     the hybrid: the first member of a group stands for the others (the\n"
+    "                      same plan, u times faster; by default every member is dry-run)\n"
     "  --json              one JSON object\n";
 
 static int bad(const char *what, const char *val) {
@@ -100,6 +104,14 @@ static int parse(int argc, char **argv, plan_args *a) {
         }
         if (!strcmp(o, "--explain")) {
             a->explain = 1;
+            continue;
+        }
+        if (!strcmp(o, "--per-rank")) {
+            a->per_rank = 1;
+            continue;
+        }
+        if (!strcmp(o, "--share-members")) {
+            c->share_members = 1;
             continue;
         }
         if (!strcmp(o, "--no-coverage")) {
@@ -179,6 +191,10 @@ static double get_flops(const cpt_plan_rank *r, const cpt_plan_model *m, int ran
     (void)m, (void)ranks;
     return r->flops_fwd + r->flops_bwd;
 }
+static double get_pairs(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    (void)m, (void)ranks;
+    return r->pairs;
+}
 static double get_bytes(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
     (void)m, (void)ranks;
     return (double)r->bytes_sent;
@@ -191,9 +207,60 @@ static double get_across(const cpt_plan_rank *r, const cpt_plan_model *m, int ra
     (void)m, (void)ranks;
     return (double)(r->traffic.p2p_bytes[CPT_LINK_ACROSS] + r->traffic.coll_bytes[CPT_LINK_ACROSS]);
 }
+static double get_received(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    (void)m, (void)ranks;
+    return (double)r->bytes_received;
+}
+static double get_group_received(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    (void)m, (void)ranks;
+    return (double)(r->traffic.p2p_recv_bytes[CPT_LINK_GROUP] +
+                    r->traffic.coll_recv_bytes[CPT_LINK_GROUP]);
+}
+static double get_across_received(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    (void)m, (void)ranks;
+    return (double)(r->traffic.p2p_recv_bytes[CPT_LINK_ACROSS] +
+                    r->traffic.coll_recv_bytes[CPT_LINK_ACROSS]);
+}
+static double get_workspace(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
+    (void)m, (void)ranks;
+    return (double)r->workspace_bytes;
+}
 static double get_time(const cpt_plan_rank *r, const cpt_plan_model *m, int ranks) {
     return cpt_plan_rank_time(m, r, ranks);
 }
+
+typedef double (*rank_getter)(const cpt_plan_rank *, const cpt_plan_model *, int);
+
+// The largest and the mean of one per-rank value.
+static void max_mean(const cpt_plan_result *r, rank_getter get, const cpt_plan_model *m,
+                     double *max, double *mean) {
+    double hi = 0, sum = 0;
+    for (int i = 0; i < r->nranks; i++) {
+        const double v = get(&r->rank[i], m, r->nranks);
+        sum += v;
+        hi = v > hi ? v : hi;
+    }
+    *max = hi;
+    *mean = sum / r->nranks;
+}
+
+// The per-rank arrays, JSON key and getter (the text table prints the same columns).
+static const struct {
+    const char *key, *column;
+    rank_getter get;
+} columns[] = {
+    {"pairs_per_rank", "pairs", get_pairs},
+    {"flops_per_rank", "FLOPs", get_flops},
+    {"bytes_per_rank", "sent", get_bytes},
+    {"bytes_group_per_rank", "sent grp", get_group},
+    {"bytes_across_per_rank", "sent acr", get_across},
+    {"bytes_received_per_rank", "recv", get_received},
+    {"bytes_group_received_per_rank", "recv grp", get_group_received},
+    {"bytes_across_received_per_rank", "recv acr", get_across_received},
+    {"workspace_per_rank", "workspace", get_workspace},
+    {"time_per_rank_s", "time s", get_time},
+};
+#define COLUMNS (sizeof columns / sizeof columns[0])
 
 // AUTO's reasons: each algorithm's check (with the device's limits left out) and its cost.
 static void explain(FILE *f, const plan_args *a, int json) {
@@ -239,14 +306,9 @@ static void explain(FILE *f, const plan_args *a, int json) {
 
 static void print_json(const plan_args *a, const cpt_plan_result *r, const cpt_plan_model *m) {
     FILE *f = stdout;
-    double fmax = 0, fsum = 0, bmax = 0, bsum = 0;
-    for (int i = 0; i < r->nranks; i++) {
-        const double fl = get_flops(&r->rank[i], m, r->nranks), b = (double)r->rank[i].bytes_sent;
-        fsum += fl;
-        bsum += b;
-        fmax = fl > fmax ? fl : fmax;
-        bmax = b > bmax ? b : bmax;
-    }
+    double fmax, fmean, bmax, bmean;
+    max_mean(r, get_flops, m, &fmax, &fmean);
+    max_mean(r, get_bytes, m, &bmax, &bmean);
     fprintf(f, "{\"algo\":\"%s\",\"ulysses\":%d,\"ranks\":%d,\"seq\":%lld,\"backward\":%s,",
             ctxpar_algo_name(r->algo), r->ulysses, r->nranks, (long long)a->cfg.seq,
             a->cfg.backward ? "true" : "false");
@@ -260,39 +322,28 @@ static void print_json(const plan_args *a, const cpt_plan_result *r, const cpt_p
     fprintf(f, ",\"flops_max\":");
     cpt_json_num(f, fmax);
     fprintf(f, ",\"flops_mean\":");
-    cpt_json_num(f, fsum / r->nranks);
+    cpt_json_num(f, fmean);
     fprintf(f, ",\"bytes_max\":");
     cpt_json_num(f, bmax);
     fprintf(f, ",\"bytes_mean\":");
-    cpt_json_num(f, bsum / r->nranks);
+    cpt_json_num(f, bmean);
     fprintf(f, ",\"workspace_bytes\":%zu,\"predicted_time_s\":", r->workspace_bytes);
     cpt_json_num(f, cpt_plan_time(m, r));
     fprintf(f, ",\"model\":");
     cpt_json_string(f, m->name);
     fprintf(f, ",\"plan_seconds\":");
     cpt_json_num(f, r->seconds);
-    json_array(f, "flops_per_rank", r, get_flops, m);
-    json_array(f, "bytes_per_rank", r, get_bytes, m);
-    json_array(f, "bytes_group_per_rank", r, get_group, m);
-    json_array(f, "bytes_across_per_rank", r, get_across, m);
-    json_array(f, "time_per_rank_s", r, get_time, m);
+    for (size_t c = 0; c < COLUMNS; c++)
+        json_array(f, columns[c].key, r, columns[c].get, m);
     if (a->explain)
         explain(f, a, 1);
     fputs("}\n", f);
 }
 
 static void print_table(const plan_args *a, const cpt_plan_result *r, const cpt_plan_model *m) {
-    double fmax = 0, fsum = 0, bmax = 0, gmax = 0, xmax = 0;
-    for (int i = 0; i < r->nranks; i++) {
-        const double fl = get_flops(&r->rank[i], m, r->nranks);
-        fsum += fl;
-        fmax = fl > fmax ? fl : fmax;
-        bmax = (double)r->rank[i].bytes_sent > bmax ? (double)r->rank[i].bytes_sent : bmax;
-        gmax = get_group(&r->rank[i], m, r->nranks) > gmax ? get_group(&r->rank[i], m, r->nranks)
-                                                           : gmax;
-        xmax = get_across(&r->rank[i], m, r->nranks) > xmax ? get_across(&r->rank[i], m, r->nranks)
-                                                            : xmax;
-    }
+    double v[COLUMNS][2]; // max, mean of each column, in the order of columns[]
+    for (size_t c = 0; c < COLUMNS; c++)
+        max_mean(r, columns[c].get, m, &v[c][0], &v[c][1]);
     printf("plan: %s on %d ranks, seq %lld, %s (dry run %.2f s)\n", ctxpar_algo_name(r->algo),
            r->nranks, (long long)a->cfg.seq, a->cfg.backward ? "forward + backward" : "forward",
            r->seconds);
@@ -304,11 +355,25 @@ static void print_table(const plan_args *a, const cpt_plan_result *r, const cpt_
                                                              : "FAILED");
     if (r->coverage_checked && !r->coverage_ok)
         printf("  first bad position %lld\n", (long long)r->coverage_bad_position);
-    printf("  FLOPs per rank     max %.4g, mean %.4g (imbalance %.2f%%)\n", fmax, fsum / r->nranks,
+    printf("  pairs per rank     max %.4g, mean %.4g (x heads x batch)\n", v[0][0], v[0][1]);
+    printf("  FLOPs per rank     max %.4g, mean %.4g (imbalance %.2f%%)\n", v[1][0], v[1][1],
            100.0 * r->imbalance);
-    printf("  bytes per rank     max %.4g (group %.4g, across %.4g)\n", bmax, gmax, xmax);
-    printf("  workspace per rank %zu bytes\n", r->workspace_bytes);
+    printf("  sent per rank      max %.4g (group %.4g, across %.4g)\n", v[2][0], v[3][0], v[4][0]);
+    printf("  received per rank  max %.4g (group %.4g, across %.4g)\n", v[5][0], v[6][0], v[7][0]);
+    printf("  workspace per rank max %zu bytes\n", r->workspace_bytes);
     printf("  predicted time     %.4g s (model %s)\n", cpt_plan_time(m, r), m->name);
+    if (a->per_rank || r->nranks <= 16) {
+        printf("  %6s", "rank");
+        for (size_t c = 0; c < COLUMNS; c++)
+            printf(" %10s", columns[c].column);
+        printf("\n");
+        for (int i = 0; i < r->nranks; i++) {
+            printf("  %6d", i);
+            for (size_t c = 0; c < COLUMNS; c++)
+                printf(" %10.4g", columns[c].get(&r->rank[i], m, r->nranks));
+            printf("\n");
+        }
+    }
     if (a->explain)
         explain(stdout, a, 0);
 }

@@ -18,30 +18,45 @@ static int link_of(ctxpar_comm *c, int peer) {
 static ctxpar_status pc_sendrecv(ctxpar_comm *c, const void *sendbuf, size_t send_bytes, int dst,
                                  void *recvbuf, size_t recv_bytes, int src, int tag,
                                  ctxpar_stream *stream, ctxpar_request **req_out) {
-    (void)sendbuf, (void)recvbuf, (void)recv_bytes, (void)src, (void)tag, (void)stream;
+    (void)sendbuf, (void)recvbuf, (void)tag, (void)stream;
     plan_comm *p = c->impl;
     if (dst >= 0) {
         p->t->p2p_bytes[link_of(c, dst)] += send_bytes;
         p->t->p2p_msgs[link_of(c, dst)]++;
     }
+    if (src >= 0)
+        p->t->p2p_recv_bytes[link_of(c, src)] += recv_bytes;
     *req_out = NULL; // complete: wait has nothing to do
     return CTXPAR_OK;
 }
 
-// A collective sending `bytes` to every other rank.
-static void to_every_peer(ctxpar_comm *c, size_t bytes) {
+// A collective exchanging with every other rank: `sent` bytes to each, `received` from each.
+// Peers are counted per link class in O(1) (a loop over them made an all-gather plan O(P^2)).
+static void with_every_peer(ctxpar_comm *c, size_t sent, size_t received) {
     plan_comm *p = c->impl;
-    for (int r = 0; r < c->size; r++)
-        if (r != c->rank) {
-            p->t->coll_bytes[link_of(c, r)] += bytes;
-            p->t->coll_msgs[link_of(c, r)]++;
-        }
+    uint64_t peers[CPT_LINKS] = {0, 0};
+    if (p->link >= 0) {
+        peers[p->link] = (uint64_t)(c->size - 1);
+    } else {
+        const int g0 = c->rank / p->group_size * p->group_size;
+        const int g1 = g0 + p->group_size < c->size ? g0 + p->group_size : c->size;
+        peers[CPT_LINK_GROUP] = (uint64_t)(g1 - g0 - 1);
+        peers[CPT_LINK_ACROSS] = (uint64_t)(c->size - 1) - peers[CPT_LINK_GROUP];
+    }
+    for (int l = 0; l < CPT_LINKS; l++) {
+        p->t->coll_bytes[l] += peers[l] * sent;
+        p->t->coll_msgs[l] += peers[l];
+        p->t->coll_recv_bytes[l] += peers[l] * received;
+    }
 }
 
+// Per peer: an all-gather sends this rank's block and receives the peer's (recvbuf holds size
+// blocks); a reduce-scatter sends the peer's part and receives this rank's part of the peer's
+// block; an all-to-all one block each way.
 static ctxpar_status pc_allgather(ctxpar_comm *c, const void *sendbuf, void *recvbuf, size_t bytes,
                                   ctxpar_stream *stream, ctxpar_request **req_out) {
     (void)sendbuf, (void)recvbuf, (void)stream;
-    to_every_peer(c, bytes);
+    with_every_peer(c, bytes, bytes);
     *req_out = NULL;
     return CTXPAR_OK;
 }
@@ -50,7 +65,7 @@ static ctxpar_status pc_reduce_scatter(ctxpar_comm *c, const float *sendbuf, flo
                                        size_t count, ctxpar_stream *stream,
                                        ctxpar_request **req_out) {
     (void)sendbuf, (void)recvbuf, (void)stream;
-    to_every_peer(c, count * sizeof(float));
+    with_every_peer(c, count * sizeof(float), count * sizeof(float));
     *req_out = NULL;
     return CTXPAR_OK;
 }
@@ -58,7 +73,7 @@ static ctxpar_status pc_reduce_scatter(ctxpar_comm *c, const float *sendbuf, flo
 static ctxpar_status pc_alltoall(ctxpar_comm *c, const void *sendbuf, void *recvbuf, size_t bytes,
                                  ctxpar_stream *stream, ctxpar_request **req_out) {
     (void)sendbuf, (void)recvbuf, (void)stream;
-    to_every_peer(c, bytes);
+    with_every_peer(c, bytes, bytes);
     *req_out = NULL;
     return CTXPAR_OK;
 }

@@ -1,9 +1,11 @@
 /*
  * plan_comm.h - the planner's comm: every op completes at once and moves nothing (the planner's
  * device holds no data), but the dispatch counts its bytes as for a real comm, and it sorts what
- * this rank sends by link class: inside the all-to-all group (a node's fast links) or across
- * groups. Point-to-point traffic (the ring's, which overlaps compute) and collectives (which do
- * not) are kept apart.
+ * this rank sends and receives by link class: inside the all-to-all group (a node's fast links)
+ * or across groups. Received bytes are counted on the receiving rank, from the sizes its own
+ * calls post (a sendrecv's recv_bytes from src; a collective's block from every peer), not taken
+ * from what peers send. Point-to-point traffic (the ring's, which overlaps compute) and
+ * collectives (which do not) are kept apart.
  */
 #ifndef CPT_PLAN_COMM_H
 #define CPT_PLAN_COMM_H
@@ -19,8 +21,9 @@ extern "C" {
 enum { CPT_LINK_GROUP = 0, CPT_LINK_ACROSS = 1, CPT_LINKS = 2 };
 
 typedef struct cpt_plan_traffic {
-    uint64_t p2p_bytes[CPT_LINKS], p2p_msgs[CPT_LINKS];
-    uint64_t coll_bytes[CPT_LINKS], coll_msgs[CPT_LINKS];
+    uint64_t p2p_bytes[CPT_LINKS], p2p_msgs[CPT_LINKS];   /* sent */
+    uint64_t coll_bytes[CPT_LINKS], coll_msgs[CPT_LINKS]; /* sent */
+    uint64_t p2p_recv_bytes[CPT_LINKS], coll_recv_bytes[CPT_LINKS];
 } cpt_plan_traffic;
 
 /* Rank `rank` of `size`. A peer is in this rank's group when peer / group_size equals

@@ -1,5 +1,5 @@
 // The planner's device (see plan_device.h): every op succeeds at once and touches nothing; the
-// forward block op counts what it would compute for the coverage proof.
+// forward block op records what it would compute for the coverage proof.
 #include <stdlib.h>
 
 #include "algorithms.h"
@@ -8,55 +8,192 @@
 typedef struct plan_dev {
     uintptr_t next; // the next address alloc hands out (never dereferenced)
     cpt_plan_cover *cover;
+    uint64_t copies;
 } plan_dev;
+
+// sum of i and of i^2 for i in [0, t] (t >= -1), modulo 2^64: the divisions are exact on the
+// factors, before the product wraps.
+static uint64_t sum_to(int64_t t) {
+    int64_t a = t, b = t + 1;
+    if (a % 2 == 0)
+        a /= 2;
+    else
+        b /= 2;
+    return (uint64_t)a * (uint64_t)b;
+}
+static uint64_t sumsq_to(int64_t t) {
+    int64_t f[3] = {t, t + 1, 2 * t + 1};
+    for (int i = 0; i < 2; i++)
+        if (f[i] % 2 == 0) {
+            f[i] /= 2;
+            break;
+        }
+    for (int i = 0; i < 3; i++)
+        if (f[i] % 3 == 0) {
+            f[i] /= 3;
+            break;
+        }
+    return (uint64_t)f[0] * (uint64_t)f[1] * (uint64_t)f[2];
+}
+
+// Keys k->start + t * k->stride for t in [t0, t1] (arithmetic series).
+static cpt_plan_keys series(const ctxpar_span *k, int64_t t0, int64_t t1) {
+    cpt_plan_keys r = {0, 0, 0};
+    if (t1 < t0)
+        return r;
+    const uint64_t n = (uint64_t)(t1 - t0 + 1), a = (uint64_t)k->start, d = (uint64_t)k->stride;
+    const uint64_t s1 = sum_to(t1) - sum_to(t0 - 1), s2 = sumsq_to(t1) - sumsq_to(t0 - 1);
+    r.count = n;
+    r.sum = n * a + d * s1;
+    r.sumsq = n * a * a + 2 * a * d * s1 + d * d * s2;
+    return r;
+}
+
+static int64_t floor_div(int64_t a, int64_t b) {
+    return a / b - (a % b != 0 && (a < 0) != (b < 0));
+}
+
+// The document holding a position, [d0, d1] (the whole sequence without documents): found once
+// per document a run of rows crosses, not once per row.
+typedef struct doc_cursor {
+    int64_t d0, d1;
+} doc_cursor;
+
+static void doc_at(const ctxpar_mask_desc *m, int64_t pos, int64_t seq, doc_cursor *d) {
+    if (pos >= d->d0 && pos <= d->d1)
+        return;
+    d->d0 = 0;
+    d->d1 = seq - 1;
+    if (m->cu_seqlens) {
+        const int64_t i = ctxpar_mask_doc_of(m, pos);
+        d->d0 = m->cu_seqlens[i];
+        d->d1 = m->cu_seqlens[i + 1] - 1;
+    }
+}
+#define NO_DOC ((doc_cursor){1, 0})
+
+// The mask's rules (ctxpar_mask_visible) for one query make an interval of key positions: the
+// planner reads them itself, so that the blocks' accounting it checks is not also its measure.
+// The keys of span k in it.
+static cpt_plan_keys keys_seen(const ctxpar_mask_desc *m, int64_t pos, const doc_cursor *d,
+                               const ctxpar_span *k) {
+    int64_t lo = d->d0, hi = d->d1;
+    if (m->causal && pos < hi)
+        hi = pos;
+    if (m->window_left > 0 && pos - m->window_left + 1 > lo)
+        lo = pos - m->window_left + 1;
+    if (m->window_right > 0 && pos + m->window_right < hi)
+        hi = pos + m->window_right;
+    int64_t t0 = -floor_div(k->start - lo, k->stride), t1 = floor_div(hi - k->start, k->stride);
+    if (t0 < 0)
+        t0 = 0;
+    if (t1 > k->len - 1)
+        t1 = k->len - 1;
+    return series(k, t0, t1);
+}
+
+cpt_plan_keys cpt_plan_mask_keys(const ctxpar_mask_desc *m, int64_t pos, const ctxpar_span *k,
+                                 int64_t seq) {
+    doc_cursor d = NO_DOC;
+    doc_at(m, pos, seq, &d);
+    return keys_seen(m, pos, &d, k);
+}
 
 ctxpar_status cpt_plan_cover_init(cpt_plan_cover *c, int64_t seq) {
     c->seq = seq;
-    c->count = calloc((size_t)seq, sizeof *c->count);
-    c->diff = calloc((size_t)seq + 1, sizeof *c->diff);
-    if (!c->count || !c->diff) {
-        cpt_plan_cover_free(c);
+    c->settled = 0;
+    c->row = calloc((size_t)seq + 1, sizeof *c->row);
+    if (!c->row)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "plan: no memory for %lld positions",
                             (long long)seq);
-    }
     return CTXPAR_OK;
 }
 
 void cpt_plan_cover_settle(cpt_plan_cover *c) {
-    int64_t run = 0;
+    if (c->settled)
+        return;
+    cpt_plan_keys run = {0, 0, 0};
     for (int64_t i = 0; i < c->seq; i++) {
-        run += c->diff[i];
-        c->diff[i] = 0;
-        c->count[i] += run;
+        run.count += c->row[i].count;
+        run.sum += c->row[i].sum;
+        run.sumsq += c->row[i].sumsq;
+        c->row[i] = run;
     }
-    c->diff[c->seq] = 0;
+    c->settled = 1;
 }
 
 void cpt_plan_cover_free(cpt_plan_cover *c) {
-    free(c->count);
-    free(c->diff);
-    c->count = c->diff = NULL;
+    free(c->row);
+    c->row = NULL;
 }
 
-// One (query span, key span) pair of a block: a whole block adds the same number of keys to
-// every query row (a range add for contiguous rows), a partial one counts row by row.
+// Adds mult x v to positions [at, end) (as differences).
+static void add_range(cpt_plan_cover *c, int64_t at, int64_t end, cpt_plan_keys v, uint64_t mult) {
+    c->row[at].count += mult * v.count;
+    c->row[at].sum += mult * v.sum;
+    c->row[at].sumsq += mult * v.sumsq;
+    c->row[end].count -= mult * v.count;
+    c->row[end].sum -= mult * v.sum;
+    c->row[end].sumsq -= mult * v.sumsq;
+}
+
+int cpt_plan_cover_check(cpt_plan_cover *c, const ctxpar_mask_desc *m, int64_t batch, int64_t heads,
+                         int64_t *bad_out, double *computed, double *visible) {
+    cpt_plan_cover_settle(c);
+    const ctxpar_span all = {0, c->seq, 1};
+    const int64_t rows = m->doc_rows > 0 ? m->doc_rows : 1;
+    const uint64_t mult = (uint64_t)heads * (uint64_t)(m->doc_rows > 0 ? 1 : batch);
+    doc_cursor d = NO_DOC;
+    int ok = 1;
+    *bad_out = -1;
+    for (int64_t pos = 0; pos < c->seq; pos++) {
+        cpt_plan_keys want = {0, 0, 0};
+        for (int64_t b = 0; b < rows; b++) {
+            const ctxpar_mask_desc mr = ctxpar_mask_row(m, b);
+            if (rows > 1) // each batch row its own documents
+                d = NO_DOC;
+            doc_at(&mr, pos, c->seq, &d);
+            const cpt_plan_keys v = keys_seen(&mr, pos, &d, &all);
+            want.count += mult * v.count;
+            want.sum += mult * v.sum;
+            want.sumsq += mult * v.sumsq;
+        }
+        const cpt_plan_keys got = c->row[pos];
+        *visible += (double)want.count;
+        *computed += (double)got.count;
+        if (ok && (got.count != want.count || got.sum != want.sum || got.sumsq != want.sumsq)) {
+            ok = 0;
+            *bad_out = pos;
+        }
+    }
+    return ok;
+}
+
+// One (query span, key span) pair of a block: a whole block adds the same keys to every query
+// row (a range add for contiguous rows), a partial one row by row.
 static void cover_pair(cpt_plan_cover *c, const ctxpar_mask_desc *m, const ctxpar_span *q,
-                       const ctxpar_span *k, int64_t mult) {
+                       const ctxpar_span *k, uint64_t mult) {
     int64_t qmin, qmax, kmin, kmax;
     ctxpar_spans_range((ctxpar_spans){q, 1}, &qmin, &qmax);
     ctxpar_spans_range((ctxpar_spans){k, 1}, &kmin, &kmax);
     const ctxpar_block_class cls = ctxpar_mask_classify(m, qmin, qmax, kmin, kmax);
     if (cls == CTXPAR_BLOCK_SKIP)
         return;
-    if (cls == CTXPAR_BLOCK_FULL && q->stride == 1) {
-        c->diff[q->start] += mult * k->len;
-        c->diff[q->start + q->len] -= mult * k->len;
+    if (cls == CTXPAR_BLOCK_FULL) {
+        const cpt_plan_keys all = series(k, 0, k->len - 1);
+        if (q->stride == 1) {
+            add_range(c, q->start, q->start + q->len, all, mult);
+            return;
+        }
+        for (int64_t i = 0; i < q->len; i++)
+            add_range(c, q->start + i * q->stride, q->start + i * q->stride + 1, all, mult);
         return;
     }
+    doc_cursor d = NO_DOC;
     for (int64_t i = 0; i < q->len; i++) {
         const int64_t pos = q->start + i * q->stride;
-        c->count[pos] +=
-            mult * (cls == CTXPAR_BLOCK_FULL ? k->len : ctxpar_visible_keys(m, pos, k, c->seq));
+        doc_at(m, pos, c->seq, &d);
+        add_range(c, pos, pos + 1, keys_seen(m, pos, &d, k), mult);
     }
 }
 
@@ -66,7 +203,8 @@ static ctxpar_status pd_fwd(ctxpar_device *dev, const ctxpar_attn_block *blk, fl
     plan_dev *p = dev->impl;
     if (!p->cover)
         return CTXPAR_OK;
-    const int64_t mult = blk->q.shape[0] * blk->q.shape[2]; // batch x heads
+    const uint64_t mult =
+        p->copies * (uint64_t)(blk->q.shape[0] * blk->q.shape[2]); // batch x heads
     for (int i = 0; i < blk->q_pos.count; i++)
         for (int j = 0; j < blk->k_pos.count; j++)
             cover_pair(p->cover, &blk->mask, &blk->q_pos.span[i], &blk->k_pos.span[j], mult);
@@ -171,6 +309,7 @@ ctxpar_status cpt_plan_device_create(ctxpar_device **dev_out) {
     return st;
 }
 
-void cpt_plan_device_record(ctxpar_device *dev, cpt_plan_cover *cover) {
+void cpt_plan_device_record(ctxpar_device *dev, cpt_plan_cover *cover, uint64_t copies) {
     ((plan_dev *)dev->impl)->cover = cover;
+    ((plan_dev *)dev->impl)->copies = copies;
 }

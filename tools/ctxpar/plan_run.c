@@ -18,6 +18,7 @@ typedef struct plan_ctx {
     ctxpar_workspace ws;
     ctxpar_ring_plan ring_plan; // made once
     int have_plan;
+    ctxpar_ring_seen seen;   // the ring's cache of which blocks a rank sees (ring_plan.h)
     ctxpar_hybrid_rows rows; // the hybrid's groups, made once
     ctxpar_tensor q, k, v;
 } plan_ctx;
@@ -55,7 +56,7 @@ ctxpar_status cpt_plan_problem(const cpt_plan_config *cfg, ctxpar_problem *pb) {
 
 // One rank's calls: forward (with the coverage recorded when asked), then backward.
 static ctxpar_status run_rank(plan_ctx *c, const ctxpar_algorithm *algo, ctxpar_problem *pb, int u,
-                              cpt_plan_cover *cover, cpt_plan_rank *out) {
+                              cpt_plan_cover *cover, uint64_t copies, cpt_plan_rank *out) {
     const cpt_plan_config *cfg = c->cfg;
     memset(out, 0, sizeof *out);
     ctxpar_comm *comm = NULL;
@@ -84,10 +85,13 @@ static ctxpar_status run_rank(plan_ctx *c, const ctxpar_algorithm *algo, ctxpar_
                       u > 0 ? &c->rows : NULL};
     // The tensors are never read: any non-NULL buffers of the right shapes.
     ctxpar_tensor out_t = c->q, dq = c->q, dk = c->k, dv = c->v;
+    // Each rank's workspace from nothing, so that what it grows to is this rank's peak.
+    if (st == CTXPAR_OK)
+        st = ctxpar_workspace_release(&c->ws);
     if (st == CTXPAR_OK) {
-        cpt_plan_device_record(c->dev, cover);
+        cpt_plan_device_record(c->dev, cover, copies);
         st = algo->forward(&run, pb, &c->q, &c->k, &c->v, &out_t, NULL);
-        cpt_plan_device_record(c->dev, NULL);
+        cpt_plan_device_record(c->dev, NULL, 0);
         out->flops_fwd = work.flops;
     }
     if (st == CTXPAR_OK && cfg->backward) {
@@ -96,34 +100,29 @@ static ctxpar_status run_rank(plan_ctx *c, const ctxpar_algorithm *algo, ctxpar_
     }
     if (st == CTXPAR_OK)
         st = ctxpar_workspace_finish(&c->ws, NULL);
+    out->pairs = out->flops_fwd / (2.0 * (double)(pb->head_dim + pb->head_dim_v));
     out->bytes_sent = comm->bytes_sent;
+    for (int l = 0; l < CPT_LINKS; l++)
+        out->bytes_received += out->traffic.p2p_recv_bytes[l] + out->traffic.coll_recv_bytes[l];
+    out->workspace_bytes = c->ws.bytes; // grown to this rank's largest call since its release
     ctxpar_grid_release(&grid);
     ctxpar_comm_destroy(comm);
     return st;
 }
 
-// Every position's computed triples against the mask's, counted independently of the blocks.
 static void check_coverage(const ctxpar_problem *pb, cpt_plan_cover *cover, cpt_plan_result *res) {
-    cpt_plan_cover_settle(cover);
-    const ctxpar_span all = {0, pb->seq_global, 1};
-    const int64_t mult = pb->batch * pb->heads_q;
     res->coverage_checked = 1;
-    res->coverage_ok = 1;
-    res->coverage_bad_position = -1;
-    for (int64_t pos = 0; pos < pb->seq_global; pos++) {
-        const int64_t want = mult * ctxpar_visible_keys(&pb->mask, pos, &all, pb->seq_global);
-        res->pairs_visible += (double)want;
-        res->pairs_computed += (double)cover->count[pos];
-        if (cover->count[pos] != want && res->coverage_ok) {
-            res->coverage_ok = 0;
-            res->coverage_bad_position = pos;
-        }
-    }
+    res->coverage_ok =
+        cpt_plan_cover_check(cover, &pb->mask, pb->batch, pb->heads_q, &res->coverage_bad_position,
+                             &res->pairs_computed, &res->pairs_visible);
 }
 
-static void imbalance(cpt_plan_result *res) {
+// The imbalance of per-rank FLOPs and the largest rank's workspace.
+static void summarize(cpt_plan_result *res) {
     double max = 0, sum = 0;
     for (int r = 0; r < res->nranks; r++) {
+        if (res->rank[r].workspace_bytes > res->workspace_bytes)
+            res->workspace_bytes = res->rank[r].workspace_bytes;
         const double f = res->rank[r].flops_fwd + res->rank[r].flops_bwd;
         sum += f;
         if (f > max)
@@ -156,13 +155,12 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
     res->nranks = cfg->ranks;
     const int u = algo->id == CTXPAR_ALGO_HYBRID ? ctxpar_hybrid_ulysses(&pb) : 0;
     res->ulysses = u;
-    res->workspace_bytes = algo->workspace_bytes(&pb);
     res->rank = calloc((size_t)cfg->ranks, sizeof *res->rank);
     st = res->rank
              ? cpt_plan_device_create(&c.dev)
              : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "plan: no memory for %d ranks", cfg->ranks);
     c.ws.dev = c.dev;
-    cpt_plan_cover cover = {0, NULL, NULL};
+    cpt_plan_cover cover = {0, NULL, 0};
     if (st == CTXPAR_OK && cfg->coverage)
         st = cpt_plan_cover_init(&cover, cfg->seq);
     // The ring's plan once (the hybrid's ring is over its groups).
@@ -176,18 +174,36 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
         if (st == CTXPAR_OK)
             st = ctxpar_ring_plan_make(&rp, &c.ring_plan);
         c.have_plan = st == CTXPAR_OK;
+        c.seen = (ctxpar_ring_seen){-1, rp.nranks, malloc((size_t)rp.nranks)};
+        if (c.have_plan && c.seen.row)
+            c.ring_plan.seen = &c.seen;
     }
+    // A hybrid group's members run the same ring on the same rows with as many heads each and
+    // exchange blocks of one size (hybrid.c): the first member's counts stand for the others' and
+    // its blocks are recorded once for each (u times fewer ring steps), when share_members asks for
+    // it; by default every member runs, so that the coverage proof counts what each one computes
+    // (plan_test asserts both give the same plan and every member a real run's counts). Only
+    // the backward's workspace has a part sized by the member's own rows: the registry's size
+    // (the larger direction's) is what a member's calls acquire then.
+    const int share = u > 1 && cfg->share_members;
     for (int r = 0; r < cfg->ranks && st == CTXPAR_OK; r++) {
         ctxpar_problem rpb = pb;
         rpb.rank = r;
         rpb.seq_local = map.count[r];
+        if (share && r % u != 0) {
+            res->rank[r] = res->rank[r - r % u];
+            if (cfg->backward)
+                res->rank[r].workspace_bytes = algo->workspace_bytes(&rpb);
+            continue;
+        }
         tensors_of(cfg, rpb.seq_local, &c);
-        st = run_rank(&c, algo, &rpb, u, cfg->coverage ? &cover : NULL, &res->rank[r]);
+        st = run_rank(&c, algo, &rpb, u, cfg->coverage ? &cover : NULL, share ? (uint64_t)u : 1,
+                      &res->rank[r]);
     }
     if (st == CTXPAR_OK && cfg->coverage)
         check_coverage(&pb, &cover, res);
     if (st == CTXPAR_OK)
-        imbalance(res);
+        summarize(res);
     cpt_plan_cover_free(&cover);
     if (c.have_plan)
         ctxpar_ring_plan_free(&c.ring_plan);
@@ -196,6 +212,7 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
         ctxpar_device_destroy(c.dev);
     }
     ctxpar_hybrid_rows_free(&c.rows);
+    free(c.seen.row);
     ctxpar_layout_map_free(&map);
     res->seconds = ctxpar_now() - t0;
     return st;

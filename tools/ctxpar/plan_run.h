@@ -26,23 +26,31 @@ typedef struct cpt_plan_config {
     int backward;              /* also the backward call */
     int group_size;            /* ranks sharing the fast links (a node), for the link classes of the
                                   algorithms other than the hybrid (whose groups are its own) */
-    int coverage;              /* run the coverage proof (O(S) memory) */
+    int coverage;              /* run the coverage proof (24 bytes per token) */
+    int share_members;         /* the hybrid: the first member of a group stands for the others
+                                  (the same plan, u times fewer ring steps; plan_run.c) instead
+                                  of every member's own dry run */
 } cpt_plan_config;
 
 typedef struct cpt_plan_rank {
     double flops_fwd, flops_bwd; /* as ctxpar_work_stats counts them (4·D per visible pair) */
-    uint64_t bytes_sent;         /* as ctxpar_context_bytes_sent counts them */
-    cpt_plan_traffic traffic;    /* by link class, point-to-point and collective */
+    /* Visible (query, key) pairs x heads x batch the forward computes: its FLOPs over 2 (D + Dv),
+     * the work statistics' count (over ranks: the coverage proof's pairs_computed). */
+    double pairs;
+    uint64_t bytes_sent;      /* as ctxpar_context_bytes_sent counts them */
+    uint64_t bytes_received;  /* counted where the data lands (plan_comm.h) */
+    size_t workspace_bytes;   /* the largest workspace this rank's calls acquire */
+    cpt_plan_traffic traffic; /* by link class, point-to-point and collective */
 } cpt_plan_rank;
 
 typedef struct cpt_plan_result {
-    ctxpar_algo algo; /* what AUTO resolved to */
-    int ulysses;      /* the hybrid's group size (0 for the others) */
-    size_t workspace_bytes;
+    ctxpar_algo algo;       /* what AUTO resolved to */
+    int ulysses;            /* the hybrid's group size (0 for the others) */
+    size_t workspace_bytes; /* the largest rank's */
     int nranks;
     cpt_plan_rank *rank; /* [ranks] */
-    /* Coverage: every query position's computed (key, head, batch) triples against the mask's
-     * visible keys x heads x batch. */
+    /* Coverage (cpt_plan_cover_check): every query position's computed (key, head, batch)
+     * triples - count, sum and sum of squares of key positions - against the mask's. */
     int coverage_checked, coverage_ok;
     int64_t coverage_bad_position;        /* the first position that differs, or -1 */
     double pairs_computed, pairs_visible; /* x heads x batch, over all positions */

@@ -2,11 +2,15 @@
 // kinds (none, causal, window, documents) in turn,
 // the per-rank FLOPs and bytes `ctxpar plan` predicts equal what the library's work statistics
 // and comm counted in a real run (in-process ranks, CPU device) - exactly, both being counts;
-// the coverage proof holds, and a problem the library refuses is refused by the plan too. Any
-// length: uneven shards (a prime length) and fewer tokens than ranks as well.
+// the bytes each rank receives equal what the real run's trace shows its peers sending it; the
+// per-rank pairs equal a pair-by-pair count against the mask; the coverage proof holds, and a
+// problem the library refuses is refused by the plan too. Any length: uneven shards (a prime
+// length) and fewer tokens than ranks as well.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -52,6 +56,77 @@ ctxpar_attn_params Params(const PlanCase &c) {
     return p;
 }
 
+// Whether query q sees key k: the mask's definition, pair by pair.
+bool Visible(const ctxpar_attn_params &p, int64_t q, int64_t k) {
+    if (p.mask == CTXPAR_MASK_CAUSAL && k > q)
+        return false;
+    if (p.window_left > 0 && q - k >= p.window_left)
+        return false;
+    if (!p.cu_seqlens)
+        return true;
+    auto doc = [&](int64_t x) {
+        int64_t d = 0;
+        while (d + 1 < p.num_docs && !(x < p.cu_seqlens[d + 1]))
+            d++;
+        return d;
+    };
+    return doc(q) == doc(k);
+}
+
+// Positions rank r of P holds when 2P divides S: the layouts' definitions (docs/algorithms.md).
+std::vector<int64_t> Positions(ctxpar_layout l, int64_t S, int P, int r) {
+    std::vector<int64_t> pos;
+    const int64_t n = S / P, c = S / (2 * P);
+    for (int64_t t = 0; t < S; t++)
+        if ((l == CTXPAR_LAYOUT_CONTIGUOUS && t / n == r) ||
+            (l == CTXPAR_LAYOUT_ZIGZAG && (t / c == r || t / c == 2 * P - 1 - r)) ||
+            (l == CTXPAR_LAYOUT_STRIPED && t % P == r))
+            pos.push_back(t);
+    return pos;
+}
+
+// What the real run's trace shows each rank receiving, by link class (plan_comm.h; link groups
+// of 2 ranks, as the plan below): a transfer event of the sender names its peer (for the
+// hybrid, the peer's index in the ring of equal group members, whose traffic crosses groups);
+// a collective (peer -1) exchanges one block with every other member, all blocks alike, so a
+// member receives what it sends.
+struct Trace {
+    std::vector<std::vector<ctxpar_trace_event>> events;
+};
+
+void OnEvent(void *user, int rank, const ctxpar_trace_event *ev) {
+    if (ev->kind == CTXPAR_EVENT_TRANSFER) // each rank writes its own vector
+        static_cast<Trace *>(user)->events[static_cast<size_t>(rank)].push_back(*ev);
+}
+
+struct Received {
+    uint64_t link[2] = {0, 0}; // inside a link group / across
+    uint64_t sent = 0;         // the same events' bytes sent
+};
+
+std::vector<Received> ReceivedFromTrace(const Trace &t, int P, int u) {
+    std::vector<Received> rx(static_cast<size_t>(P));
+    auto link = [](int a, int b) { return a / 2 == b / 2 ? 0 : 1; };
+    for (int r = 0; r < P; r++)
+        for (const ctxpar_trace_event &ev : t.events[static_cast<size_t>(r)]) {
+            rx[static_cast<size_t>(r)].sent += ev.bytes;
+            if (ev.bytes == 0) // a receive alone: its sender's event counts it
+                continue;
+            if (ev.peer >= 0) {
+                const int dst = u > 0 ? ev.peer * u + r % u : ev.peer;
+                rx[static_cast<size_t>(dst)].link[u > 0 ? 1 : link(r, dst)] += ev.bytes;
+            } else if (u > 0) {
+                rx[static_cast<size_t>(r)].link[0] += ev.bytes; // the group's all-to-all
+            } else {
+                const uint64_t block = ev.bytes / static_cast<uint64_t>(P - 1);
+                for (int j = 0; j < P; j++)
+                    if (j != r)
+                        rx[static_cast<size_t>(r)].link[link(r, j)] += block;
+            }
+        }
+    return rx;
+}
+
 class PlanMatchesRun : public testing::TestWithParam<PlanCase> {};
 
 TEST_P(PlanMatchesRun, FlopsAndBytesPerRank) {
@@ -70,6 +145,10 @@ TEST_P(PlanMatchesRun, FlopsAndBytesPerRank) {
     cfg.threads = 1;
     cfg.compare_oracle = 0;
     cfg.compare_single = 0;
+    Trace trace;
+    trace.events.resize(static_cast<size_t>(c.ranks));
+    cfg.trace = OnEvent;
+    cfg.trace_user = &trace;
     cpt_run_result run;
     ASSERT_EQ(cpt_run(&cfg, &run), CTXPAR_OK) << ctxpar_last_error();
 
@@ -99,14 +178,68 @@ TEST_P(PlanMatchesRun, FlopsAndBytesPerRank) {
         EXPECT_EQ(plan.algo, run.algo);
         EXPECT_TRUE(plan.coverage_ok) << "first bad position " << plan.coverage_bad_position;
         EXPECT_GT(plan.pairs_visible, 0);
+        const int u = plan.algo == CTXPAR_ALGO_HYBRID ? plan.ulysses : 0;
+        const std::vector<Received> rx = ReceivedFromTrace(trace, c.ranks, u);
+        uint64_t sent[2][2] = {}, received[2][2] = {}; // [p2p, collective][link]
+        double pairs = 0;
         for (int r = 0; r < c.ranks; r++) {
             SCOPED_TRACE("rank " + std::to_string(r));
-            EXPECT_EQ(plan.rank[r].flops_fwd + plan.rank[r].flops_bwd, run.rank[r].work.flops);
-            EXPECT_EQ(plan.rank[r].bytes_sent, run.rank[r].bytes_sent);
-            const cpt_plan_traffic &t = plan.rank[r].traffic;
+            const cpt_plan_rank &pr = plan.rank[r];
+            EXPECT_EQ(pr.flops_fwd + pr.flops_bwd, run.rank[r].work.flops);
+            EXPECT_EQ(pr.bytes_sent, run.rank[r].bytes_sent);
+            const cpt_plan_traffic &t = pr.traffic;
             EXPECT_EQ(t.p2p_bytes[0] + t.p2p_bytes[1] + t.coll_bytes[0] + t.coll_bytes[1],
-                      plan.rank[r].bytes_sent)
+                      pr.bytes_sent)
                 << "every byte has a link class";
+            EXPECT_EQ(rx[static_cast<size_t>(r)].sent, run.rank[r].bytes_sent)
+                << "the trace shows every byte the run sent";
+            EXPECT_EQ(t.p2p_recv_bytes[0] + t.coll_recv_bytes[0],
+                      rx[static_cast<size_t>(r)].link[0]);
+            EXPECT_EQ(t.p2p_recv_bytes[1] + t.coll_recv_bytes[1],
+                      rx[static_cast<size_t>(r)].link[1]);
+            EXPECT_EQ(pr.bytes_received,
+                      rx[static_cast<size_t>(r)].link[0] + rx[static_cast<size_t>(r)].link[1]);
+            // The workspace is part of what the real run's library allocated (with the
+            // kernels' scratch), and the plan's largest is the largest rank's.
+            EXPECT_GT(pr.workspace_bytes, 0u);
+            EXPECT_LE(pr.workspace_bytes, run.rank[r].peak_bytes);
+            EXPECT_LE(pr.workspace_bytes, plan.workspace_bytes);
+            for (int l = 0; l < 2; l++) {
+                sent[0][l] += t.p2p_bytes[l];
+                sent[1][l] += t.coll_bytes[l];
+                received[0][l] += t.p2p_recv_bytes[l];
+                received[1][l] += t.coll_recv_bytes[l];
+            }
+            pairs += pr.pairs;
+        }
+        for (int k = 0; k < 2; k++)
+            for (int l = 0; l < 2; l++)
+                EXPECT_EQ(received[k][l], sent[k][l])
+                    << (k ? "collective" : "p2p") << " link " << l;
+        EXPECT_EQ(pairs, plan.pairs_computed);
+        if (c.seq % (2 * c.ranks) == 0) {
+            // Each rank's pairs, pair by pair: its rows (its own; all-to-all: every position;
+            // the hybrid: its group's) x its heads x the batch.
+            for (int r = 0; r < c.ranks; r++) {
+                std::vector<int64_t> rows;
+                int64_t heads = cfg.heads;
+                if (plan.algo == CTXPAR_ALGO_ALLTOALL) {
+                    rows = Positions(CTXPAR_LAYOUT_CONTIGUOUS, c.seq, 1, 0);
+                    heads /= c.ranks;
+                } else {
+                    const int g = u > 0 ? u : 1;
+                    for (int j = r / g * g; j < r / g * g + g; j++)
+                        for (int64_t q : Positions(c.layout, c.seq, c.ranks, j))
+                            rows.push_back(q);
+                    heads /= g;
+                }
+                double want = 0;
+                for (int64_t q : rows)
+                    for (int64_t k = 0; k < c.seq; k++)
+                        want += Visible(cfg.params, q, k);
+                EXPECT_EQ(plan.rank[r].pairs, want * static_cast<double>(heads * cfg.batch))
+                    << "rank " << r;
+            }
         }
     }
     if (st == CTXPAR_OK)
@@ -155,6 +288,69 @@ std::vector<PlanCase> UnevenCases() {
 
 INSTANTIATE_TEST_SUITE_P(Uneven, PlanMatchesRun, testing::ValuesIn(UnevenCases()), Name);
 
+// The hybrid's first member standing for its group gives the plan of running every member:
+// per rank, every count and link class; the coverage proof alike (its sums too). Groups of 2, 4
+// and 8, K/V heads split and replicated, every layout and mask kind, uneven shards, forward alone
+// and with backward.
+TEST(PlanSharedMembers, SameAsEveryMember) {
+    int n = 0;
+    for (int backward : {0, 1})
+        for (int u : {2, 4, 8})
+            for (int64_t seq : {192, 197})
+                for (ctxpar_layout l :
+                     {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED}) {
+                    const int64_t kv[] = {12, 3, 1, 2};
+                    PlanCase c = {CTXPAR_ALGO_HYBRID, 8, l, n % 4, kv[n % 4], u, seq};
+                    n++;
+                    if (kv[(n - 1) % 4] % u != 0 && u % kv[(n - 1) % 4] != 0)
+                        continue;
+                    cpt_plan_config pc = {};
+                    pc.ranks = c.ranks;
+                    pc.batch = 2;
+                    pc.seq = c.seq;
+                    pc.heads = 24;
+                    pc.kv_heads = c.kv_heads;
+                    pc.head_dim = 16;
+                    pc.dtype = CTXPAR_DTYPE_BF16;
+                    pc.params = Params(c);
+                    pc.backward = backward;
+                    pc.group_size = 2;
+                    pc.coverage = 1;
+                    cpt_plan_result shared, every;
+                    ASSERT_EQ(cpt_plan_run(&pc, &every), CTXPAR_OK) << ctxpar_last_error();
+                    pc.share_members = 1;
+                    ASSERT_EQ(cpt_plan_run(&pc, &shared), CTXPAR_OK) << ctxpar_last_error();
+                    SCOPED_TRACE("u " + std::to_string(u) + " seq " + std::to_string(seq) + " " +
+                                 ctxpar_layout_name(l) + " mask " + std::to_string(c.mask));
+                    EXPECT_EQ(shared.ulysses, u);
+                    EXPECT_TRUE(every.coverage_ok);
+                    EXPECT_EQ(shared.coverage_ok, every.coverage_ok);
+                    EXPECT_EQ(shared.pairs_computed, every.pairs_computed);
+                    EXPECT_EQ(shared.workspace_bytes, every.workspace_bytes);
+                    for (int r = 0; r < c.ranks; r++) {
+                        const cpt_plan_rank &a = shared.rank[r], &b = every.rank[r];
+                        EXPECT_EQ(a.flops_fwd, b.flops_fwd) << r;
+                        EXPECT_EQ(a.flops_bwd, b.flops_bwd) << r;
+                        EXPECT_EQ(a.pairs, b.pairs) << r;
+                        EXPECT_EQ(a.bytes_sent, b.bytes_sent) << r;
+                        EXPECT_EQ(a.bytes_received, b.bytes_received) << r;
+                        EXPECT_EQ(a.workspace_bytes, b.workspace_bytes) << r;
+                        for (int k = 0; k < 2; k++) {
+                            EXPECT_EQ(a.traffic.p2p_bytes[k], b.traffic.p2p_bytes[k]) << r;
+                            EXPECT_EQ(a.traffic.p2p_msgs[k], b.traffic.p2p_msgs[k]) << r;
+                            EXPECT_EQ(a.traffic.coll_bytes[k], b.traffic.coll_bytes[k]) << r;
+                            EXPECT_EQ(a.traffic.coll_msgs[k], b.traffic.coll_msgs[k]) << r;
+                            EXPECT_EQ(a.traffic.p2p_recv_bytes[k], b.traffic.p2p_recv_bytes[k])
+                                << r;
+                            EXPECT_EQ(a.traffic.coll_recv_bytes[k], b.traffic.coll_recv_bytes[k])
+                                << r;
+                        }
+                    }
+                    cpt_plan_result_free(&shared);
+                    cpt_plan_result_free(&every);
+                }
+}
+
 // The hybrid's ring positions (ctxpar_layout_map_group): each group holds exactly its members'
 // positions, in increasing order, and each member span's first row in the group's rows
 // (span_row) holds that span's positions; a zigzag group of any size is at most two spans (what
@@ -199,31 +395,125 @@ TEST(GroupMap, PositionOrderAndEachSpansRows) {
             }
 }
 
-// The coverage count can fail: a block computed twice shows in its query rows.
-TEST(PlanCoverage, CountsABlockComputedTwice) {
-    ctxpar_device *dev = nullptr;
-    ASSERT_EQ(cpt_plan_device_create(&dev), CTXPAR_OK);
-    cpt_plan_cover cover;
-    ASSERT_EQ(cpt_plan_cover_init(&cover, 64), CTXPAR_OK);
-    cpt_plan_device_record(dev, &cover);
-    const ctxpar_span q = {16, 16, 1}, k = {0, 32, 1};
+// A block through the planner's device: queries q x keys k, causal, 2 heads.
+void Block(ctxpar_device *dev, ctxpar_span q, ctxpar_span k) {
     ctxpar_mask_desc mask = {1, 0, nullptr, 0, 0, 0};
     ctxpar_tensor t =
-        ctxpar_tensor_bshd(reinterpret_cast<void *>(4096), CTXPAR_DTYPE_F32, 1, 16, 2, 8);
+        ctxpar_tensor_bshd(reinterpret_cast<void *>(4096), CTXPAR_DTYPE_F32, 1, q.len, 2, 8);
     ctxpar_tensor tk =
-        ctxpar_tensor_bshd(reinterpret_cast<void *>(4096), CTXPAR_DTYPE_F32, 1, 32, 2, 8);
+        ctxpar_tensor_bshd(reinterpret_cast<void *>(4096), CTXPAR_DTYPE_F32, 1, k.len, 2, 8);
     ctxpar_attn_block blk = {t, tk, tk, {&q, 1}, {&k, 1}, mask, 1.0f, 0.0f, nullptr};
     float *acc = reinterpret_cast<float *>(8192); // never touched by the planner's device
     ASSERT_EQ(ctxpar_dev_attn_block_fwd(dev, &blk, acc, acc, 0, nullptr), CTXPAR_OK);
-    cpt_plan_cover_settle(&cover);
-    for (int64_t pos = 16; pos < 32; pos++) // causal: keys 0..pos, 2 heads
-        EXPECT_EQ(cover.count[pos], 2 * (pos + 1)) << pos;
-    ASSERT_EQ(ctxpar_dev_attn_block_fwd(dev, &blk, acc, acc, 0, nullptr), CTXPAR_OK);
-    cpt_plan_cover_settle(&cover);
-    EXPECT_EQ(cover.count[20], 4 * 21);
-    EXPECT_EQ(cover.count[40], 0);
-    cpt_plan_cover_free(&cover);
-    ctxpar_device_destroy(dev);
+}
+
+struct Cover {
+    ctxpar_device *dev = nullptr;
+    cpt_plan_cover cover = {};
+    explicit Cover(int64_t seq) {
+        EXPECT_EQ(cpt_plan_device_create(&dev), CTXPAR_OK);
+        EXPECT_EQ(cpt_plan_cover_init(&cover, seq), CTXPAR_OK);
+        cpt_plan_device_record(dev, &cover, 1);
+    }
+    ~Cover() {
+        cpt_plan_cover_free(&cover);
+        ctxpar_device_destroy(dev);
+    }
+    // The proof against a causal mask, 2 heads, batch 1: the first bad position, or -1.
+    int64_t Check() {
+        ctxpar_mask_desc mask = {1, 0, nullptr, 0, 0, 0};
+        int64_t bad = 0;
+        double computed = 0, visible = 0;
+        const int ok = cpt_plan_cover_check(&cover, &mask, 1, 2, &bad, &computed, &visible);
+        EXPECT_EQ(ok, bad < 0);
+        return bad;
+    }
+};
+
+// The coverage records what blocks compute: a block computed twice shows in its query rows.
+TEST(PlanCoverage, CountsABlockComputedTwice) {
+    for (int times : {1, 2}) {
+        Cover c(64);
+        for (int i = 0; i < times; i++)
+            Block(c.dev, {16, 16, 1}, {0, 32, 1});
+        cpt_plan_cover_settle(&c.cover);
+        for (int64_t pos = 16; pos < 32; pos++) { // causal: keys 0..pos, 2 heads
+            EXPECT_EQ(c.cover.row[pos].count, static_cast<uint64_t>(times * 2 * (pos + 1))) << pos;
+            EXPECT_EQ(c.cover.row[pos].sum, static_cast<uint64_t>(times * pos * (pos + 1)));
+        }
+        EXPECT_EQ(c.cover.row[40].count, 0u);
+    }
+}
+
+// Row 10 of a causal 16-token sequence gets a key computed twice and a visible key missed:
+// every row's count is the mask's (a check of counts alone passes), the proof fails at row 10.
+// Then two keys twice and two missed with the same total: the sums agree, the squares do not.
+TEST(PlanCoverage, SumsCatchWhatCountsCancel) {
+    const struct {
+        std::vector<ctxpar_span> row10; // the key spans row 10 is computed with
+    } faults[] = {
+        {{{0, 10, 1}, {3, 1, 1}}},                      // key 3 twice, key 10 missed
+        {{{0, 2, 1}, {4, 7, 1}, {1, 1, 1}, {4, 1, 1}}}, // keys 1 and 4 twice, 2 and 3 missed
+    };
+    for (const auto &f : faults) {
+        Cover c(16);
+        Block(c.dev, {0, 10, 1}, {0, 16, 1});
+        Block(c.dev, {11, 5, 1}, {0, 16, 1});
+        for (const ctxpar_span &k : f.row10)
+            Block(c.dev, {10, 1, 1}, k);
+        cpt_plan_cover_settle(&c.cover);
+        for (int64_t pos = 0; pos < 16; pos++)
+            EXPECT_EQ(c.cover.row[pos].count, static_cast<uint64_t>(2 * (pos + 1))) << pos;
+        EXPECT_EQ(c.Check(), 10);
+    }
+    Cover ok(16);
+    Block(ok.dev, {0, 16, 1}, {0, 16, 1});
+    EXPECT_EQ(ok.Check(), -1);
+}
+
+// The mask's keys of a span for one query, against a pair-by-pair count and sums, for random
+// masks (causal, windows left and right, documents) and strided spans; at the longest sequence
+// a flag allows too, where the sums of squares wrap around 2^64.
+TEST(PlanCoverage, MaskKeysMatchPairByPair) {
+    std::mt19937_64 rng(18);
+    auto below = [&](int64_t n) { return static_cast<int64_t>(rng() % static_cast<uint64_t>(n)); };
+    for (int64_t S : {int64_t{97}, int64_t{INT32_MAX}})
+        for (int trial = 0; trial < 2000; trial++) {
+            const int64_t scale = S / 97; // documents and windows in proportion
+            std::vector<int32_t> cu = {0};
+            const bool docs = below(2);
+            while (docs && cu.back() < S)
+                cu.push_back(static_cast<int32_t>(std::min(S, cu.back() + below(30) * scale)));
+            if (!docs)
+                cu.push_back(static_cast<int32_t>(S));
+            ctxpar_mask_desc m = {
+                static_cast<int>(below(2)),       below(3) ? 0 : below(20) * scale,
+                docs ? cu.data() : nullptr,       static_cast<int64_t>(cu.size() - 1),
+                below(3) ? 0 : below(20) * scale, 0};
+            const int64_t pos = below(S);
+            ctxpar_span k = {below(S), 0, 1 + below(5) * scale};
+            k.len = 1 + below(std::min<int64_t>((S - 1 - k.start) / k.stride + 1, 400));
+            uint64_t n = 0, sum = 0, sumsq = 0;
+            for (int64_t t = 0; t < k.len; t++) {
+                const int64_t key = k.start + t * k.stride;
+                int64_t dq = 0, dk = 0;
+                for (size_t d = 0; docs && d + 1 < cu.size(); d++) {
+                    if (cu[d] <= pos && pos < cu[d + 1])
+                        dq = static_cast<int64_t>(d);
+                    if (cu[d] <= key && key < cu[d + 1])
+                        dk = static_cast<int64_t>(d);
+                }
+                if (ctxpar_mask_visible(&m, pos, key, dq, dk)) {
+                    n++;
+                    sum += static_cast<uint64_t>(key);
+                    sumsq += static_cast<uint64_t>(key) * static_cast<uint64_t>(key);
+                }
+            }
+            const cpt_plan_keys got = cpt_plan_mask_keys(&m, pos, &k, S);
+            ASSERT_EQ(got.count, n) << S << " " << trial;
+            ASSERT_EQ(got.sum, sum) << S << " " << trial;
+            ASSERT_EQ(got.sumsq, sumsq) << S << " " << trial;
+        }
 }
 
 } // namespace

@@ -37,6 +37,11 @@ int Size() {
 // Documents of arbitrary lengths (50, 1, 149, 136) over seq 336.
 const int32_t kDocs[] = {0, 50, 51, 200, 336};
 
+// Query heads that every rank count here divides (all-to-all splits them): 12, or 24 at P = 8.
+int64_t QueryHeads(int P) {
+    return 12 % P == 0 ? 12 : 24;
+}
+
 struct MpiCase {
     ctxpar_algo algo;
     ctxpar_layout layout;
@@ -45,7 +50,7 @@ struct MpiCase {
     int64_t window_right; // > 0: a two-sided window (with mask none)
     bool docs;
     ctxpar_dtype dtype;
-    int64_t kv_heads; // of 12 query heads: 12, 3 (groups of 4) or 1
+    int64_t kv_heads; // of 12 query heads (QueryHeads): 12, 3 (groups of 4) or 1
 };
 
 class EndToEndMpi : public testing::TestWithParam<MpiCase> {};
@@ -57,8 +62,8 @@ TEST_P(EndToEndMpi, MatchesOracleAndSingleRank) {
     cpt_run_config_default(&cfg);
     cfg.ranks = P;
     cfg.batch = 1;
-    cfg.seq = 48 * 7; // 336: divides by 2P for P in {1, 2, 3, 4}; not a power of two
-    cfg.heads = 12;
+    cfg.seq = 48 * 7; // 336: divides by 2P for P in {1, 2, 3, 4, 8}; not a power of two
+    cfg.heads = QueryHeads(P);
     cfg.kv_heads = c.kv_heads;
     // All-to-all needs the K/V heads to divide by P or P by them: MQA where 3 heads do not.
     if (c.algo == CTXPAR_ALGO_ALLTOALL && c.kv_heads % P != 0 && P % c.kv_heads != 0)
@@ -144,7 +149,7 @@ TEST(EndToEndMpiLayout, UnevenCustomAndPerRowDocuments) {
         cfg.ranks = P;
         cfg.batch = 2;
         cfg.seq = 53;
-        cfg.heads = 12;
+        cfg.heads = QueryHeads(P);
         cfg.kv_heads = P == 3 ? 3 : 4;
         cfg.head_dim = 32;
         cfg.dtype = CTXPAR_DTYPE_F32;
@@ -202,7 +207,7 @@ TEST(EndToEndMpiLayout, FewerTokensThanRanks) {
         cfg.ranks = P;
         cfg.batch = 2;
         cfg.seq = S;
-        cfg.heads = 12;
+        cfg.heads = QueryHeads(P);
         cfg.kv_heads = P == 3 ? 3 : 4;
         cfg.head_dim = 32;
         cfg.dtype = CTXPAR_DTYPE_F32;
@@ -313,15 +318,16 @@ std::vector<float> CleanRingOut() {
 // MLA, sinks (dsinks gathered from every process and compared bit for bit) and soft-capping
 // together, each algorithm, against the oracle and P = 1.
 TEST(MpiFeatures, MlaSinksSoftcapMatchOracle) {
-    static const float kSinkLogits[12] = {-2.0f, 0.5f, 3.0f, 6.5f, -0.25f, 1.75f,
-                                          4.0f,  9.0f, 0.0f, 2.5f, -1.0f,  5.0f};
+    static const float kSinkLogits[24] = {-2.0f, 0.5f,  3.0f, 6.5f, -0.25f, 1.75f, 4.0f,  9.0f,
+                                          0.0f,  2.5f,  -1.0f, 5.0f, 1.0f,  -3.0f, 7.5f, 0.25f,
+                                          2.0f,  -0.5f, 8.0f, 3.5f, -1.5f, 6.0f,  0.75f, 4.5f};
     for (ctxpar_algo algo : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL}) {
         SCOPED_TRACE(ctxpar_algo_name(algo));
         cpt_run_config cfg;
         cpt_run_config_default(&cfg);
         cfg.ranks = Size();
         cfg.seq = 48 * 7;
-        cfg.heads = 12;
+        cfg.heads = QueryHeads(Size());
         cfg.kv_heads = 1; // MQA: all-to-all takes it for any P
         cfg.head_dim = 48;
         cfg.head_dim_v = 32;

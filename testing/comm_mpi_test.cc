@@ -256,6 +256,48 @@ TEST_F(MpiComm, SplitWithAMissingRankTimesOut) {
     ctxpar_comm_destroy(sub);
 }
 
+// A rank that aborts: the others' split fails with REMOTE promptly (not after the 60 s timeout),
+// naming the rank, and leaves comm_out as it was.
+TEST_F(MpiComm, SplitAfterAPeerAbortedFailsRemote) {
+    if (p_ < 2)
+        GTEST_SKIP() << "needs two ranks";
+    EXPECT_OK(ctxpar_comm_set_timeout(comm_, 60));
+    if (rank_ == p_ - 1) {
+        ctxpar_comm_abort(comm_);
+    } else {
+        ctxpar_comm *sub = reinterpret_cast<ctxpar_comm *>(&rank_); // must stay as it is
+        const double t0 = MPI_Wtime();
+        EXPECT_EQ(ctxpar_comm_split(comm_, 0, rank_, &sub), CTXPAR_ERR_REMOTE)
+            << ctxpar_last_error();
+        EXPECT_LT(MPI_Wtime() - t0, 30.0);
+        std::string msg = ctxpar_last_error();
+        EXPECT_NE(msg.find("rank " + std::to_string(p_ - 1) + " aborted"), std::string::npos)
+            << msg;
+        EXPECT_EQ(sub, reinterpret_cast<ctxpar_comm *>(&rank_));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    ASSERT_NO_FATAL_FAILURE(FreshComm());
+}
+
+// A sub-communicator keeps the parent's timeout: a member that never joins an op makes the
+// others' wait end with TIMEOUT after the parent's 0.2 s.
+TEST_F(MpiComm, SplitKeepsTheParentTimeout) {
+    if (p_ < 2)
+        GTEST_SKIP() << "needs two ranks";
+    EXPECT_OK(ctxpar_comm_set_timeout(comm_, 0.2));
+    ctxpar_comm *sub = nullptr;
+    ASSERT_EQ(ctxpar_comm_split(comm_, 0, rank_, &sub), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_NE(sub, nullptr);
+    if (rank_ != 0) { // rank 0 never joins this barrier
+        const double t0 = MPI_Wtime();
+        EXPECT_EQ(ctxpar_comm_barrier(sub), CTXPAR_ERR_TIMEOUT) << ctxpar_last_error();
+        EXPECT_LT(MPI_Wtime() - t0, 10.0);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    ctxpar_comm_destroy(sub);
+    ASSERT_NO_FATAL_FAILURE(FreshComm());
+}
+
 TEST_F(MpiComm, SendrecvTimeoutNamesThePeer) {
     if (p_ < 2)
         GTEST_SKIP() << "needs two ranks";

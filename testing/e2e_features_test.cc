@@ -2,7 +2,7 @@
 // beside q/k's 192, with MHA, GQA and MQA), attention sinks (with their gradient), logit
 // soft-capping, sinks with soft-capping under a sliding window and documents, and MLA with sinks
 // and documents per batch row (each batch row is computed on its own there). Every
-// algorithm and layout, F32 and BF16, P in {1, 2, 3, 4, 8} (all-to-all at P = 3 with 6 query
+// algorithm and layout, F32, BF16 and F16, P in {1, 2, 3, 4, 8} (all-to-all at P = 3 with 6 query
 // heads), forward and backward, against the fp64 oracle (which implements each feature itself)
 // with the per-element bound, and against P = 1 (error ratio; all-gather's bits). Then each
 // feature (sinks, soft-capping, a two-sided window, MLA, empty documents, documents per row)
@@ -153,15 +153,15 @@ std::vector<Case> AllCases() {
     const ctxpar_algo algos[] = {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL};
     const ctxpar_layout layouts[] = {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG,
                                      CTXPAR_LAYOUT_STRIPED};
-    const ctxpar_dtype dtypes[] = {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16};
+    const ctxpar_dtype dtypes[] = {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16, CTXPAR_DTYPE_F16};
     int block = 0;
     for (int p : ranks)
         for (ctxpar_algo a : algos)
             for (ctxpar_layout l : layouts) {
                 block++;
                 for (int f = 0; f < kFeatures; f++) {
-                    // Both dtypes for every feature, rotating over the grid (keeps CI short).
-                    cases.push_back({p, a, l, static_cast<Feature>(f), dtypes[(block + f) % 2]});
+                    // Every dtype for every feature, rotating over the grid (keeps CI short).
+                    cases.push_back({p, a, l, static_cast<Feature>(f), dtypes[(block + f) % 3]});
                 }
             }
     return cases;
@@ -330,6 +330,7 @@ std::vector<ShardCase> ShardCases() {
     const ctxpar_layout builtin[] = {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG,
                                      CTXPAR_LAYOUT_STRIPED};
     const int flat_ranks[] = {2, 3, 4, 8}, few_ranks[] = {3, 4, 8}, hybrid_ranks[] = {4, 6, 8};
+    const ctxpar_dtype dtypes[] = {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16, CTXPAR_DTYPE_F16};
     for (int f = 0; f < kShardFeatures; f++)
         for (int sh = 0; sh < kShardings; sh++)
             for (int a = 0; a < 4; a++) {
@@ -340,8 +341,9 @@ std::vector<ShardCase> ShardCases() {
                                                          : flat_ranks[k % 4];
                 const ctxpar_layout l =
                     sh == kCustomAssign ? CTXPAR_LAYOUT_CUSTOM : builtin[(f + 2 * a) % 3];
+                // Every dtype for each feature with each sharding and with each algorithm.
                 cases.push_back({static_cast<ShardFeature>(f), static_cast<Sharding>(sh), algo, p,
-                                 l, (f / 2 + a + sh) % 2 ? CTXPAR_DTYPE_BF16 : CTXPAR_DTYPE_F32});
+                                 l, dtypes[(f / 2 + a + sh) % 3]});
             }
     return cases;
 }

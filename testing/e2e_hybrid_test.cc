@@ -5,6 +5,7 @@
 // with soft-capping, the LSE's low part).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <thread>
@@ -375,6 +376,113 @@ TEST(HybridChoice, ChosenGroupSizeAndSameWorkAsTheRing) {
     EXPECT_GT(ring_flops, 0);
     EXPECT_EQ(hybrid_flops, ring_flops);
     cpt_run_result_free(&r);
+}
+
+// The hybrid's ring skips the steps no window reaches. P = 8 in groups of u = 2 (a ring of 4
+// groups), 96 tokens in 8 chunks of 12 whose groups along the sequence are 0 1 3 2 2 3 1 0
+// (each group a front and a back chunk, like zigzag, with groups 2 and 3 swapped on the ring),
+// each chunk's first half on the group's first member. A window narrower than a chunk lets a
+// group see only its neighbours' chunks, so every block stops short of going all the way round
+// and every ring rank passes on fewer K/V blocks than without the window (on a contiguous or
+// zigzag layout some ring rank passes on as many either way). The all-to-alls move the same
+// with and without a window, so the bytes each rank sends differ by exactly the K/V blocks its
+// ring rank no longer passes on, counted here from the geometry: block j travels j -> j+1 ...
+// up to the farthest ring rank whose queries see any of its keys (brute force over positions).
+TEST(HybridWindow, RingStepsNoWindowReachesMoveNothing) {
+    constexpr int kU = 2, kP = 8, kGroups = kP / kU;
+    constexpr int64_t kS = 96, kChunk = 12;
+    const int chunk_group[kS / kChunk] = {0, 1, 3, 2, 2, 3, 1, 0};
+    std::vector<int32_t> assign;
+    for (int64_t t = 0; t < kS; t++)
+        assign.push_back(
+            static_cast<int32_t>(chunk_group[t / kChunk] * kU + (t % kChunk) / (kChunk / 2)));
+    struct Window {
+        const char *name;
+        ctxpar_mask mask;
+        int64_t left, right; // 0: no limit on that side
+    };
+    const Window windows[] = {{"causal, window_left 8", CTXPAR_MASK_CAUSAL, 8, 0},
+                              {"no mask, window 8 left and 5 right", CTXPAR_MASK_NONE, 8, 5}};
+    // K/V blocks ring rank g passes on for the mask (windowed or not), from the positions alone.
+    auto kv_blocks = [&](const Window &w, bool windowed) {
+        auto visible = [&](int64_t q, int64_t k) {
+            if (w.mask == CTXPAR_MASK_CAUSAL && k > q)
+                return false;
+            return !windowed ||
+                   ((w.left == 0 || q - k < w.left) && (w.right == 0 || k - q <= w.right));
+        };
+        auto dist = [](int from, int to) { return ((to - from) % kGroups + kGroups) % kGroups; };
+        std::vector<int> reach(kGroups, 0); // block j's farthest user along its path
+        for (int64_t q = 0; q < kS; q++)
+            for (int64_t k = 0; k < kS; k++)
+                if (visible(q, k)) {
+                    const int j = chunk_group[k / kChunk], g = chunk_group[q / kChunk];
+                    reach[j] = std::max(reach[j], dist(j, g));
+                }
+        std::vector<uint64_t> n(kGroups, 0);
+        for (int g = 0; g < kGroups; g++)
+            for (int j = 0; j < kGroups; j++)
+                n[g] += dist(j, g) < reach[j];
+        return n;
+    };
+    for (const Window &w : windows) {
+        SCOPED_TRACE(w.name);
+        // The premise: without the window every ring rank passes on 3 blocks, with it 2.
+        EXPECT_EQ(kv_blocks(w, false), std::vector<uint64_t>(kGroups, 3));
+        EXPECT_EQ(kv_blocks(w, true), std::vector<uint64_t>(kGroups, 2));
+        cpt_run_config cfg;
+        cpt_run_config_default(&cfg);
+        cfg.ranks = kP;
+        cfg.seq = kS;
+        cfg.heads = 4;
+        cfg.kv_heads = 2; // 1 per group member
+        cfg.head_dim = 16;
+        cfg.params.algo = CTXPAR_ALGO_HYBRID;
+        cfg.params.ulysses = kU;
+        cfg.params.layout = CTXPAR_LAYOUT_CUSTOM;
+        cfg.params.assignment = assign.data();
+        cfg.params.mask = w.mask;
+        cfg.threads = 1;
+        cfg.compare_single = 0;
+        cfg.seed = 2100;
+        // One hop of a block: K and V of a group's rows (u x 12), the member's K/V heads, F32.
+        const int64_t member_kv_heads = cfg.kv_heads / kU;
+        const uint64_t block =
+            2ull * cfg.batch * kU * (kS / kP) * member_kv_heads * cfg.head_dim * 4;
+        const std::vector<uint64_t> all_round = kv_blocks(w, false), stopped = kv_blocks(w, true);
+        for (int backward = 0; backward < 2; backward++) {
+            cfg.backward = backward;
+            uint64_t sent[2][kP]; // [windowed][rank]
+            for (int windowed = 0; windowed < 2; windowed++) {
+                cfg.params.window_left = windowed ? w.left : 0;
+                cfg.params.window_right = windowed ? w.right : 0;
+                cpt_run_result r;
+                ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+                ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+                EXPECT_EQ(r.algo, CTXPAR_ALGO_HYBRID);
+                for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+                    if (r.has[i]) {
+                        EXPECT_LE(r.bound_ratio[i], 1.0)
+                            << cpt_run_tensor_name((cpt_run_tensor)i) << " backward " << backward
+                            << " windowed " << windowed;
+                    }
+                }
+                EXPECT_EQ(r.has[CPT_T_DQ], backward);
+                for (int p = 0; p < kP; p++)
+                    sent[windowed][p] = r.rank[p].bytes_sent;
+                cpt_run_result_free(&r);
+            }
+            for (int p = 0; p < kP; p++) {
+                EXPECT_LT(sent[1][p], sent[0][p]) << "rank " << p << " backward " << backward;
+                if (!backward) { // forward: exactly the K/V hops saved
+                    EXPECT_EQ(sent[0][p] - sent[1][p],
+                              (all_round[p / kU] - stopped[p / kU]) * block)
+                        << "rank " << p << ": " << sent[0][p] << " bytes without the window, "
+                        << sent[1][p] << " with it";
+                }
+            }
+        }
+    }
 }
 
 // Group sizes that cannot work are refused before any rank communicates, naming the field.

@@ -335,10 +335,14 @@ TEST(Lifecycle, DestroyNullIsANoOpAndCreateChecksArguments) {
 }
 
 // Ranks called with different settings all fail, naming the difference, instead of hanging.
+// Each rank's own arguments are valid; `both` (when set) is applied on every rank first, and a
+// case marked backward calls the backward (where dsinks is computed) instead of the forward.
 TEST(Agreement, RanksThatDisagreeAllReturnInvalidUsage) {
     struct Spoil {
         const char *names;
         std::function<void(Fixture &)> f;
+        std::function<void(Fixture &)> both = nullptr;
+        bool backward = false;
     };
     const Spoil spoils[] = {
         {"global sequence length", [](Fixture &f) { f.Reshape(1, 8); }},
@@ -349,6 +353,19 @@ TEST(Agreement, RanksThatDisagreeAllReturnInvalidUsage) {
         {"algorithm", [](Fixture &f) { f.params.algo = CTXPAR_ALGO_ALLGATHER; }},
         {"softcap", [](Fixture &f) { f.params.softcap = 2.0f; }},
         {"sinks contents", [](Fixture &f) { f.params.sinks = f.sinks; }},
+        {"window_right", [](Fixture &f) { f.params.window_right = 3; }},
+        {"ulysses", [](Fixture &f) { f.params.ulysses = 2; }, // groups of 2 against 1
+         [](Fixture &f) {
+             f.params.algo = CTXPAR_ALGO_HYBRID;
+             f.params.ulysses = 1;
+         }},
+        {"v head_dim", // MLA: v (and out, which follows it) 4 wide instead of 8
+         [](Fixture &f) {
+             f.tv = ctxpar_tensor_bshd(f.v.data(), CTXPAR_DTYPE_F32, f.B, f.S, f.H, 4);
+             f.tout = ctxpar_tensor_bshd(f.out.data(), CTXPAR_DTYPE_F32, f.B, f.S, f.H, 4);
+         }},
+        {"dsinks wanted", [](Fixture &f) { f.params.dsinks = f.dsinks; },
+         [](Fixture &f) { f.params.sinks = f.sinks; }, true},
     };
     for (const Spoil &sp : spoils) {
         ctxpar_local_group *group = nullptr;
@@ -361,9 +378,11 @@ TEST(Agreement, RanksThatDisagreeAllReturnInvalidUsage) {
             f.JoinGroup(group, r);
             if (::testing::Test::HasFatalFailure())
                 return;
+            if (sp.both)
+                sp.both(f);
             if (r == 1)
                 sp.f(f);
-            st[r] = f.Fwd();
+            st[r] = sp.backward ? f.Bwd() : f.Fwd();
             msg[r] = ctxpar_last_error();
             untouched[r] = f.OutputsUntouched();
         };

@@ -31,6 +31,8 @@ static const char *const usage_text =
     "sum of squares of the keys computed against the mask's); the predicted time of a hardware\n"
     "model.\n"
     "  --ranks P  --seq S  --batch B  --heads H  --kv-heads K  --dim D  --dtype f32|f16|bf16\n"
+    "  --v-dim DV          v's head_dim (MLA; default D)\n"
+    "  --sinks             attention sinks (with --backward: their gradient's all-gather)\n"
     "  --mask none|causal  --window W  --window-right R  --layout contiguous|zigzag|striped\n"
     "  --algo auto|ring|allgather|alltoall|hybrid  --ulysses U  --backward\n"
     "  --docs N [--doc-dist uniform|lognormal] [--doc-sigma X] [--seed N]\n"
@@ -114,6 +116,11 @@ static int parse(int argc, char **argv, plan_args *a) {
             c->share_members = 1;
             continue;
         }
+        if (!strcmp(o, "--sinks")) { // never read: only whether there are sinks matters
+            static const float none;
+            c->params.sinks = &none;
+            continue;
+        }
         if (!strcmp(o, "--no-coverage")) {
             c->coverage = 0;
             continue;
@@ -139,6 +146,8 @@ static int parse(int argc, char **argv, plan_args *a) {
             c->kv_heads = n;
         else if (!strcmp(o, "--dim") && num && n >= 1)
             c->head_dim = n;
+        else if (!strcmp(o, "--v-dim") && num && n >= 1)
+            c->head_dim_v = n;
         else if (!strcmp(o, "--window") && num)
             c->params.window_left = n;
         else if (!strcmp(o, "--window-right") && num)

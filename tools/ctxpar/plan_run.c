@@ -20,7 +20,7 @@ typedef struct plan_ctx {
     int have_plan;
     ctxpar_ring_seen seen;   // the ring's cache of which blocks a rank sees (ring_plan.h)
     ctxpar_hybrid_rows rows; // the hybrid's groups, made once
-    ctxpar_tensor q, k, v;
+    ctxpar_tensor q, k, v, out; // out: also dout
 } plan_ctx;
 
 // Rank r's local tensors: its count of rows of the global sequence (never read).
@@ -28,7 +28,9 @@ static void tensors_of(const cpt_plan_config *cfg, int64_t rows, plan_ctx *c) {
     c->q = ctxpar_tensor_bshd(FAKE_DATA, cfg->dtype, cfg->batch, rows, cfg->heads, cfg->head_dim);
     c->k =
         ctxpar_tensor_bshd(FAKE_DATA, cfg->dtype, cfg->batch, rows, cfg->kv_heads, cfg->head_dim);
-    c->v = c->k;
+    const int64_t dv = cfg->head_dim_v > 0 ? cfg->head_dim_v : cfg->head_dim;
+    c->v = ctxpar_tensor_bshd(FAKE_DATA, cfg->dtype, cfg->batch, rows, cfg->kv_heads, dv);
+    c->out = ctxpar_tensor_bshd(FAKE_DATA, cfg->dtype, cfg->batch, rows, cfg->heads, dv);
 }
 
 ctxpar_status cpt_plan_problem(const cpt_plan_config *cfg, ctxpar_problem *pb) {
@@ -38,6 +40,8 @@ ctxpar_status cpt_plan_problem(const cpt_plan_config *cfg, ctxpar_problem *pb) {
     ctxpar_attn_params p;
     CTXPAR_CHECK(ctxpar_params_normalize(&cfg->params, &p));
     p.seq_len_global = cfg->seq; // any length: shards differ as the layout makes them
+    if (p.sinks && cfg->backward && !p.dsinks)
+        p.dsinks = FAKE_DATA; // a training step wants the sinks' gradient
     const int custom = p.layout == CTXPAR_LAYOUT_CUSTOM;
     plan_ctx c;
     tensors_of(cfg,
@@ -84,7 +88,7 @@ static ctxpar_status run_rank(plan_ctx *c, const ctxpar_algorithm *algo, ctxpar_
                       c->have_plan ? &c->ring_plan : NULL,
                       u > 0 ? &c->rows : NULL};
     // The tensors are never read: any non-NULL buffers of the right shapes.
-    ctxpar_tensor out_t = c->q, dq = c->q, dk = c->k, dv = c->v;
+    ctxpar_tensor out_t = c->out, dq = c->q, dk = c->k, dv = c->v;
     // Each rank's workspace from nothing, so that what it grows to is this rank's peak.
     if (st == CTXPAR_OK)
         st = ctxpar_workspace_release(&c->ws);
@@ -95,7 +99,10 @@ static ctxpar_status run_rank(plan_ctx *c, const ctxpar_algorithm *algo, ctxpar_
         out->flops_fwd = work.flops;
     }
     if (st == CTXPAR_OK && cfg->backward) {
-        st = algo->backward(&run, pb, &c->q, &c->k, &c->v, &out_t, FAKE_DATA, &c->q, &dq, &dk, &dv);
+        st = algo->backward(&run, pb, &c->q, &c->k, &c->v, &out_t, FAKE_DATA, &c->out, &dq, &dk,
+                            &dv);
+        if (st == CTXPAR_OK && pb->dsinks) // as ctxpar_attn_bwd: the gradient's all-gather
+            st = ctxpar_sinks_backward(&run, pb, &out_t, &c->out, FAKE_DATA);
         out->flops_bwd = work.flops - out->flops_fwd;
     }
     if (st == CTXPAR_OK)

@@ -21,8 +21,11 @@ extern "C" {
 typedef struct cpt_plan_config {
     int ranks;
     int64_t batch, seq, heads, kv_heads, head_dim; /* seq: global */
+    int64_t head_dim_v;        /* of v, out, dout, dv (MLA); 0 = head_dim */
     ctxpar_dtype dtype;
-    ctxpar_attn_params params; /* algo (or AUTO), layout, mask, window, documents, ulysses */
+    ctxpar_attn_params params; /* algo (or AUTO), layout, mask, window, documents, ulysses;
+                                  sinks (any non-NULL pointer: never read) and, with backward,
+                                  their gradient's exchange as the front door makes it */
     int backward;              /* also the backward call */
     int group_size;            /* ranks sharing the fast links (a node), for the link classes of the
                                   algorithms other than the hybrid (whose groups are its own) */

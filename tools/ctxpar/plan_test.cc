@@ -1,6 +1,6 @@
 // The planner against real runs: for every algorithm, rank count up to 8 and layout, the mask
-// kinds (none, causal, window, documents) in turn,
-// the per-rank FLOPs and bytes `ctxpar plan` predicts equal what the library's work statistics
+// kinds (none, causal, window, documents, two-sided window) in turn, the hybrid's groups of 2, 3
+// and 4, attention sinks (their gradient's all-gather too) and MLA, the per-rank FLOPs and bytes `ctxpar plan` predicts equal what the library's work statistics
 // and comm counted in a real run (in-process ranks, CPU device) - exactly, both being counts;
 // the bytes each rank receives equal what the real run's trace shows its peers sending it; the
 // per-rank pairs equal a pair-by-pair count against the mask; the coverage proof holds, and a
@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,26 +29,43 @@ struct PlanCase {
     ctxpar_algo algo;
     int ranks;
     ctxpar_layout layout;
-    int mask; // 0 none, 1 causal, 2 causal + window, 3 documents + causal
+    int mask; // 0 none, 1 causal, 2 causal + window, 3 documents + causal, 4 two-sided window
     int64_t kv_heads;
     int64_t ulysses;
     int64_t seq = 192;
+    int64_t heads = 12;
+    int64_t head_dim_v = 0; // MLA when set (head_dim is 16)
+    bool sinks = false;
 };
+
+// Whether the library refuses the case: only the head rules of all-to-all and of the hybrid's
+// explicit groups (any length runs).
+bool Refused(const PlanCase &c) {
+    const int64_t P = c.ranks, u = c.ulysses;
+    if (c.algo == CTXPAR_ALGO_ALLTOALL)
+        return c.heads % P != 0 || (c.kv_heads % P != 0 && P % c.kv_heads != 0);
+    if (c.algo == CTXPAR_ALGO_HYBRID && u > 0)
+        return P % u != 0 || c.heads % u != 0 || (c.kv_heads % u != 0 && u % c.kv_heads != 0);
+    return false;
+}
 
 std::string Name(const testing::TestParamInfo<PlanCase> &info) {
     const PlanCase &c = info.param;
-    const char *mask[] = {"none", "causal", "window", "docs"};
+    const char *mask[] = {"none", "causal", "window", "docs", "window2"};
     return std::string(ctxpar_algo_name(c.algo)) + "_P" + std::to_string(c.ranks) + "_" +
            ctxpar_layout_name(c.layout) + "_" + mask[c.mask] + "_KV" + std::to_string(c.kv_heads) +
-           "_U" + std::to_string(c.ulysses) + (c.seq == 192 ? "" : "_S" + std::to_string(c.seq));
+           "_U" + std::to_string(c.ulysses) + (c.seq == 192 ? "" : "_S" + std::to_string(c.seq)) +
+           (c.heads == 12 ? "" : "_H" + std::to_string(c.heads)) +
+           (c.head_dim_v ? "_DV" + std::to_string(c.head_dim_v) : "") + (c.sinks ? "_sinks" : "");
 }
 
 ctxpar_attn_params Params(const PlanCase &c) {
     ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
     p.algo = c.algo;
     p.layout = c.layout;
-    p.mask = c.mask ? CTXPAR_MASK_CAUSAL : CTXPAR_MASK_NONE;
-    p.window_left = c.mask == 2 ? 40 : 0;
+    p.mask = c.mask == 0 || c.mask == 4 ? CTXPAR_MASK_NONE : CTXPAR_MASK_CAUSAL;
+    p.window_left = c.mask == 2 ? 40 : c.mask == 4 ? 30 : 0;
+    p.window_right = c.mask == 4 ? 17 : 0;
     if (c.mask == 3 && (c.seq == 192 || c.seq == 197)) {
         p.cu_seqlens = c.seq == 192 ? kDocs : kDocsUneven;
         p.num_docs = 5;
@@ -61,6 +79,8 @@ bool Visible(const ctxpar_attn_params &p, int64_t q, int64_t k) {
     if (p.mask == CTXPAR_MASK_CAUSAL && k > q)
         return false;
     if (p.window_left > 0 && q - k >= p.window_left)
+        return false;
+    if (p.window_right > 0 && k - q > p.window_right)
         return false;
     if (!p.cu_seqlens)
         return true;
@@ -89,14 +109,22 @@ std::vector<int64_t> Positions(ctxpar_layout l, int64_t S, int P, int r) {
 // of 2 ranks, as the plan below): a transfer event of the sender names its peer (for the
 // hybrid, the peer's index in the ring of equal group members, whose traffic crosses groups);
 // a collective (peer -1) exchanges one block with every other member, all blocks alike, so a
-// member receives what it sends.
+// member receives what it sends. The front door's all-gather of the sinks' gradient
+// (ctxpar_sinks_backward, after the algorithm's backward) runs on the whole comm, for the hybrid
+// too.
 struct Trace {
     std::vector<std::vector<ctxpar_trace_event>> events;
 };
 
+bool IsDsinksAllgather(const ctxpar_trace_event &ev) {
+    return ev.name && std::strcmp(ev.name, "allgather_dsinks") == 0;
+}
+
 void OnEvent(void *user, int rank, const ctxpar_trace_event *ev) {
-    if (ev->kind == CTXPAR_EVENT_TRANSFER) // each rank writes its own vector
-        static_cast<Trace *>(user)->events[static_cast<size_t>(rank)].push_back(*ev);
+    Trace *t = static_cast<Trace *>(user);
+    if (ev->kind != CTXPAR_EVENT_TRANSFER)
+        return;
+    t->events[static_cast<size_t>(rank)].push_back(*ev); // each rank its own vector
 }
 
 struct Received {
@@ -115,7 +143,7 @@ std::vector<Received> ReceivedFromTrace(const Trace &t, int P, int u) {
             if (ev.peer >= 0) {
                 const int dst = u > 0 ? ev.peer * u + r % u : ev.peer;
                 rx[static_cast<size_t>(dst)].link[u > 0 ? 1 : link(r, dst)] += ev.bytes;
-            } else if (u > 0) {
+            } else if (u > 0 && !IsDsinksAllgather(ev)) {
                 rx[static_cast<size_t>(r)].link[0] += ev.bytes; // the group's all-to-all
             } else {
                 const uint64_t block = ev.bytes / static_cast<uint64_t>(P - 1);
@@ -136,11 +164,17 @@ TEST_P(PlanMatchesRun, FlopsAndBytesPerRank) {
     cfg.ranks = c.ranks;
     cfg.batch = 2;
     cfg.seq = c.seq;
-    cfg.heads = 12;
+    cfg.heads = c.heads;
     cfg.kv_heads = c.kv_heads;
     cfg.head_dim = 16;
+    cfg.head_dim_v = c.head_dim_v;
     cfg.dtype = CTXPAR_DTYPE_BF16;
     cfg.params = Params(c);
+    std::vector<float> sinks(static_cast<size_t>(c.heads));
+    for (size_t h = 0; h < sinks.size(); h++)
+        sinks[h] = 0.25f * static_cast<float>(h % 5) - 0.5f;
+    if (c.sinks)
+        cfg.params.sinks = sinks.data(); // host memory for the runner; the plan never reads it
     cfg.backward = 1;
     cfg.threads = 1;
     cfg.compare_oracle = 0;
@@ -159,6 +193,7 @@ TEST_P(PlanMatchesRun, FlopsAndBytesPerRank) {
     pc.heads = cfg.heads;
     pc.kv_heads = cfg.kv_heads;
     pc.head_dim = cfg.head_dim;
+    pc.head_dim_v = cfg.head_dim_v;
     pc.dtype = cfg.dtype;
     pc.params = cfg.params;
     pc.backward = 1;
@@ -166,13 +201,9 @@ TEST_P(PlanMatchesRun, FlopsAndBytesPerRank) {
     pc.coverage = 1;
     cpt_plan_result plan;
     const ctxpar_status st = cpt_plan_run(&pc, &plan);
-    // Any length runs: only the head rules of all-to-all and of the hybrid's groups refuse.
-    const bool head_rule = c.algo == CTXPAR_ALGO_ALLTOALL ||
-                           (c.algo == CTXPAR_ALGO_HYBRID && c.ulysses > 0 &&
-                            c.kv_heads % c.ulysses != 0 && c.ulysses % c.kv_heads != 0);
-    if (!head_rule) {
-        EXPECT_EQ(st, CTXPAR_OK) << ctxpar_last_error();
-    }
+    // Any length runs: only the head rules of all-to-all and of the hybrid's groups refuse
+    // (PlanMatchesRunCases.RefusedOnlyWhereIntended counts them).
+    EXPECT_EQ(st == CTXPAR_OK, !Refused(c)) << ctxpar_last_error();
     EXPECT_EQ(st, run.status) << "plan: " << ctxpar_last_error() << "; run: " << run.message;
     if (st == CTXPAR_OK && run.status == CTXPAR_OK) {
         EXPECT_EQ(plan.algo, run.algo);
@@ -185,24 +216,25 @@ TEST_P(PlanMatchesRun, FlopsAndBytesPerRank) {
         for (int r = 0; r < c.ranks; r++) {
             SCOPED_TRACE("rank " + std::to_string(r));
             const cpt_plan_rank &pr = plan.rank[r];
-            EXPECT_EQ(pr.flops_fwd + pr.flops_bwd, run.rank[r].work.flops);
-            EXPECT_EQ(pr.bytes_sent, run.rank[r].bytes_sent);
+            EXPECT_EQ(rx[static_cast<size_t>(r)].sent, run.rank[r].bytes_sent)
+                << "the trace shows every byte the run sent";
             const cpt_plan_traffic &t = pr.traffic;
             EXPECT_EQ(t.p2p_bytes[0] + t.p2p_bytes[1] + t.coll_bytes[0] + t.coll_bytes[1],
                       pr.bytes_sent)
                 << "every byte has a link class";
-            EXPECT_EQ(rx[static_cast<size_t>(r)].sent, run.rank[r].bytes_sent)
-                << "the trace shows every byte the run sent";
+            EXPECT_EQ(pr.flops_fwd + pr.flops_bwd, run.rank[r].work.flops);
+            EXPECT_EQ(pr.bytes_sent, run.rank[r].bytes_sent);
             EXPECT_EQ(t.p2p_recv_bytes[0] + t.coll_recv_bytes[0],
                       rx[static_cast<size_t>(r)].link[0]);
             EXPECT_EQ(t.p2p_recv_bytes[1] + t.coll_recv_bytes[1],
                       rx[static_cast<size_t>(r)].link[1]);
             EXPECT_EQ(pr.bytes_received,
                       rx[static_cast<size_t>(r)].link[0] + rx[static_cast<size_t>(r)].link[1]);
-            // The workspace is part of what the real run's library allocated (with the
-            // kernels' scratch), and the plan's largest is the largest rank's.
-            EXPECT_GT(pr.workspace_bytes, 0u);
+            // The workspace is part of what the real run's library allocated (with the kernels'
+            // scratch).
             EXPECT_LE(pr.workspace_bytes, run.rank[r].peak_bytes);
+            // The plan's largest workspace is the largest rank's.
+            EXPECT_GT(pr.workspace_bytes, 0u);
             EXPECT_LE(pr.workspace_bytes, plan.workspace_bytes);
             for (int l = 0; l < 2; l++) {
                 sent[0][l] += t.p2p_bytes[l];
@@ -247,20 +279,28 @@ TEST_P(PlanMatchesRun, FlopsAndBytesPerRank) {
     cpt_run_result_free(&run);
 }
 
+const ctxpar_algo kAlgos[] = {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL,
+                              CTXPAR_ALGO_HYBRID, CTXPAR_ALGO_AUTO};
+
+// Case n of a grid: every mask kind and GQA ratio in turn (periods 5 and 4, coprime with each
+// other and with the 3 layouts), so that each algorithm meets each of them. All-to-all splits the
+// query heads over the ranks: where 12 do not divide by P (8), 24 with K/V heads 24, 8, 1, 2.
+// The hybrid: groups of 2 where they fit, else the library's choice.
+PlanCase GridCase(int n, ctxpar_algo a, int p, ctxpar_layout l, int64_t seq) {
+    const int64_t kv[] = {12, 3, 1, 2}, kv_of_24[] = {24, 8, 1, 2};
+    const bool h24 = a == CTXPAR_ALGO_ALLTOALL && 12 % p != 0;
+    const int64_t u = a == CTXPAR_ALGO_HYBRID && p % 2 == 0 ? 2 : 0;
+    return {a, p, l, n % 5, h24 ? kv_of_24[n % 4] : kv[n % 4], u, seq, h24 ? 24 : 12};
+}
+
 std::vector<PlanCase> Cases() {
     std::vector<PlanCase> v;
     int n = 0;
-    for (ctxpar_algo a : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL,
-                          CTXPAR_ALGO_HYBRID, CTXPAR_ALGO_AUTO})
+    for (ctxpar_algo a : kAlgos)
         for (int p : {1, 2, 3, 4, 6, 8})
             for (ctxpar_layout l :
                  {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED}) {
-                // Every mask kind and GQA ratio in turn (periods 4 and 5, coprime with the 3
-                // layouts), so that each algorithm meets each of them.
-                const int64_t kv[] = {12, 3, 1, 2, 6};
-                // The hybrid: groups of 2 where they fit, else the library's choice.
-                const int64_t u = a == CTXPAR_ALGO_HYBRID && p % 2 == 0 ? 2 : 0;
-                v.push_back({a, p, l, n % 4, kv[n % 5], u});
+                v.push_back(GridCase(n, a, p, l, 192));
                 n++;
             }
     return v;
@@ -273,20 +313,86 @@ INSTANTIATE_TEST_SUITE_P(All, PlanMatchesRun, testing::ValuesIn(Cases()), Name);
 std::vector<PlanCase> UnevenCases() {
     std::vector<PlanCase> v;
     int n = 0;
-    for (ctxpar_algo a : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL,
-                          CTXPAR_ALGO_HYBRID, CTXPAR_ALGO_AUTO})
+    for (ctxpar_algo a : kAlgos)
         for (int p : {3, 4, 8})
             for (ctxpar_layout l :
                  {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG, CTXPAR_LAYOUT_STRIPED}) {
-                const int64_t kv[] = {12, 3, 1, 2, 6};
-                const int64_t u = a == CTXPAR_ALGO_HYBRID && p % 2 == 0 ? 2 : 0;
-                v.push_back({a, p, l, n % 4, kv[n % 5], u, n % 7 == 6 ? p / 2 + 1 : 197});
+                v.push_back(GridCase(n, a, p, l, n % 7 == 6 ? p / 2 + 1 : 197));
                 n++;
             }
     return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(Uneven, PlanMatchesRun, testing::ValuesIn(UnevenCases()), Name);
+
+// The hybrid's larger groups: u = 3 at P = 6 and u = 4 at P = 8, every layout, K/V heads split,
+// replicated and shared, one uneven length each.
+std::vector<PlanCase> GroupCases() {
+    std::vector<PlanCase> v;
+    const ctxpar_layout layouts[] = {CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_LAYOUT_ZIGZAG,
+                                     CTXPAR_LAYOUT_STRIPED};
+    const int64_t kv3[] = {3, 12, 1}, kv4[] = {2, 12, 1};
+    for (int i = 0; i < 3; i++) {
+        const int64_t seq = i == 2 ? 197 : 192;
+        v.push_back({CTXPAR_ALGO_HYBRID, 6, layouts[i], (i + 1) % 5, kv3[i], 3, seq});
+        v.push_back({CTXPAR_ALGO_HYBRID, 8, layouts[i], (i + 3) % 5, kv4[i], 4, seq});
+    }
+    return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, PlanMatchesRun, testing::ValuesIn(GroupCases()), Name);
+
+// Attention sinks, and MLA (head_dim_v 8 against head_dim 16) with sinks: one case of each per
+// algorithm, P = 4, zigzag, causal, GQA.
+std::vector<PlanCase> FeatureCases() {
+    std::vector<PlanCase> v;
+    for (ctxpar_algo a : kAlgos)
+        for (int64_t dv : {0, 8}) {
+            const int64_t u = a == CTXPAR_ALGO_HYBRID ? 2 : 0;
+            v.push_back({a, 4, CTXPAR_LAYOUT_ZIGZAG, 1, 2, u, 192, 12, dv, true});
+        }
+    return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Features, PlanMatchesRun, testing::ValuesIn(FeatureCases()), Name);
+
+// Refused by both: 12 query heads over 8 ranks (all-to-all), groups of 3 and 4 that do not fit.
+std::vector<PlanCase> RefusalCases() {
+    return {{CTXPAR_ALGO_ALLTOALL, 8, CTXPAR_LAYOUT_ZIGZAG, 1, 12, 0},
+            {CTXPAR_ALGO_HYBRID, 8, CTXPAR_LAYOUT_ZIGZAG, 1, 12, 3},
+            {CTXPAR_ALGO_HYBRID, 8, CTXPAR_LAYOUT_ZIGZAG, 1, 3, 4}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Refusals, PlanMatchesRun, testing::ValuesIn(RefusalCases()), Name);
+
+// The refusals above are only the intended ones (FlopsAndBytesPerRank asserts each case is
+// refused exactly when Refused says so): RefusalCases, and in the others all-to-all's K/V heads
+// that neither divide by P nor divide it and the hybrid's groups of 2 with 3 K/V heads; every
+// algorithm is compared (runs) at every P of the grids.
+TEST(PlanMatchesRunCases, RefusedOnlyWhereIntended) {
+    for (const PlanCase &c : RefusalCases())
+        EXPECT_TRUE(Refused(c)) << Name({c, 0});
+    int refused = 0, total = 0;
+    std::vector<int> compared(5 * 9, 0); // [algo][P]
+    for (const auto &cases : {Cases(), UnevenCases(), GroupCases(), FeatureCases()})
+        for (const PlanCase &c : cases) {
+            total++;
+            if (Refused(c)) {
+                refused++;
+                EXPECT_TRUE((c.algo == CTXPAR_ALGO_ALLTOALL && c.heads % c.ranks == 0) ||
+                            (c.algo == CTXPAR_ALGO_HYBRID && c.ulysses == 2 && c.kv_heads == 3))
+                    << Name({c, 0});
+            } else {
+                compared[static_cast<size_t>(static_cast<int>(c.algo) * 9 + c.ranks)]++;
+            }
+        }
+    EXPECT_EQ(total, 151);
+    EXPECT_EQ(refused, 9);
+    for (ctxpar_algo a : kAlgos)
+        for (int p : {1, 2, 3, 4, 6, 8})
+            EXPECT_GT(compared[static_cast<size_t>(static_cast<int>(a) * 9 + p)], 0)
+                << ctxpar_algo_name(a) << " P " << p;
+}
 
 // The hybrid's first member standing for its group gives the plan of running every member:
 // per rank, every count and link class; the coverage proof alike (its sums too). Groups of 2, 4

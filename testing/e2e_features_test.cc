@@ -119,6 +119,28 @@ cpt_run_config Config(const Case &c) {
     return cfg;
 }
 
+// Every tensor (and dsinks, with sinks) against the oracle and P = 1, the bitwise promises and
+// the run's own verdict.
+void ExpectFeatureRun(const cpt_run_config &cfg, const cpt_run_result &r, int ranks,
+                      ctxpar_algo algo) {
+    CptExpectTensorsMatch(r, ranks);
+    const bool sinks = cfg.params.sinks != nullptr;
+    ASSERT_EQ(r.has_dsinks, sinks ? 1 : 0);
+    if (sinks) {
+        // Every rank returned the same bits (else they are NaN here) within the bound.
+        EXPECT_LE(r.dsinks_bound_ratio, 1.0) << "dsinks error " << r.dsinks_error;
+        if (ranks > 1) {
+            EXPECT_TRUE(r.dsinks_ratio_ok) << "dsinks error " << r.dsinks_error << " at P=" << ranks
+                                           << " vs " << r.dsinks_error_1 << " at P=1";
+        }
+        // The sinks matter: a gradient of exactly zero would mean they were never folded in.
+        for (int h = 0; h < cfg.heads; h++)
+            EXPECT_NE(r.outputs.dsinks[h], 0.0f) << "head " << h;
+    }
+    CptExpectBitwisePromises(r, ranks, algo);
+    EXPECT_TRUE(r.ok);
+}
+
 class Features : public testing::TestWithParam<Case> {};
 
 TEST_P(Features, MatchOracleAndSingleRank) {
@@ -127,23 +149,7 @@ TEST_P(Features, MatchOracleAndSingleRank) {
     cpt_run_result r;
     ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
-    CptExpectTensorsMatch(r, c.ranks);
-    const bool sinks = cfg.params.sinks != nullptr;
-    ASSERT_EQ(r.has_dsinks, sinks ? 1 : 0);
-    if (sinks) {
-        // Every rank returned the same bits (else they are NaN here) within the bound.
-        EXPECT_LE(r.dsinks_bound_ratio, 1.0) << "dsinks error " << r.dsinks_error;
-        if (c.ranks > 1) {
-            EXPECT_TRUE(r.dsinks_ratio_ok)
-                << "dsinks error " << r.dsinks_error << " at P=" << c.ranks << " vs "
-                << r.dsinks_error_1 << " at P=1";
-        }
-        // The sinks matter: a gradient of exactly zero would mean they were never folded in.
-        for (int h = 0; h < cfg.heads; h++)
-            EXPECT_NE(r.outputs.dsinks[h], 0.0f) << "head " << h;
-    }
-    CptExpectBitwisePromises(r, c.ranks, c.algo);
-    EXPECT_TRUE(r.ok);
+    ExpectFeatureRun(cfg, r, c.ranks, c.algo);
     cpt_run_result_free(&r);
 }
 
@@ -308,18 +314,7 @@ TEST_P(FeaturesSharding, MatchOracleAndSingleRank) {
     ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
     EXPECT_EQ(r.algo, c.algo);
-    CptExpectTensorsMatch(r, c.ranks);
-    const bool sinks = cfg.params.sinks != nullptr;
-    ASSERT_EQ(r.has_dsinks, sinks ? 1 : 0);
-    if (sinks) {
-        EXPECT_LE(r.dsinks_bound_ratio, 1.0) << "dsinks error " << r.dsinks_error;
-        EXPECT_TRUE(r.dsinks_ratio_ok) << "dsinks error " << r.dsinks_error << " at P=" << c.ranks
-                                       << " vs " << r.dsinks_error_1 << " at P=1";
-        for (int h = 0; h < cfg.heads; h++)
-            EXPECT_NE(r.outputs.dsinks[h], 0.0f) << "head " << h;
-    }
-    CptExpectBitwisePromises(r, c.ranks, c.algo);
-    EXPECT_TRUE(r.ok);
+    ExpectFeatureRun(cfg, r, c.ranks, c.algo);
     cpt_run_result_free(&r);
 }
 

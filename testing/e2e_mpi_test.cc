@@ -125,6 +125,21 @@ std::string Name(const testing::TestParamInfo<MpiCase> &info) {
 
 INSTANTIATE_TEST_SUITE_P(Mpi, EndToEndMpi, testing::ValuesIn(Cases()), Name);
 
+// One run across the processes: every rank gets rank 0's verdict; rank 0 checks every tensor
+// against the oracle and P = 1, and the bitwise promises.
+void RunAndExpect(const cpt_run_config &cfg, ctxpar_algo algo, const std::string &what) {
+    SCOPED_TRACE(what);
+    cpt_run_result r;
+    ASSERT_EQ(cpt_run_mpi(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+    EXPECT_TRUE(r.ok);
+    if (Rank() == 0) {
+        CptExpectTensorsMatch(r, Size());
+        CptExpectBitwisePromises(r, Size(), algo);
+    }
+    cpt_run_result_free(&r);
+}
+
 // Any length and any sharding across processes: 53 tokens (no P or 2P > 1 divides it), a
 // custom random assignment, documents per batch row; against the oracle and P = 1.
 TEST(EndToEndMpiLayout, UnevenCustomAndPerRowDocuments) {
@@ -165,19 +180,10 @@ TEST(EndToEndMpiLayout, UnevenCustomAndPerRowDocuments) {
         }
         cfg.backward = 1;
         cfg.threads = 1;
-        const std::string what = std::string(ctxpar_algo_name(var.algo)) + " " +
-                                 ctxpar_layout_name(var.layout) +
-                                 (var.row_docs ? " with documents per row" : "");
-        cpt_run_result r;
-        ASSERT_EQ(cpt_run_mpi(&cfg, &r), CTXPAR_OK) << what << ": " << ctxpar_last_error();
-        ASSERT_EQ(r.status, CTXPAR_OK) << what << ": " << r.message;
-        EXPECT_TRUE(r.ok) << what;
-        if (Rank() == 0) {
-            SCOPED_TRACE(what);
-            CptExpectTensorsMatch(r, Size());
-            CptExpectBitwisePromises(r, Size(), var.algo);
-        }
-        cpt_run_result_free(&r);
+        RunAndExpect(cfg, var.algo,
+                     std::string(ctxpar_algo_name(var.algo)) + " " +
+                         ctxpar_layout_name(var.layout) +
+                         (var.row_docs ? " with documents per row" : ""));
     }
 }
 
@@ -226,19 +232,11 @@ TEST(EndToEndMpiLayout, FewerTokensThanRanks) {
         }
         cfg.backward = 1;
         cfg.threads = 1;
-        const std::string what =
-            std::string(ctxpar_algo_name(var.algo)) + " " + ctxpar_layout_name(var.layout) +
-            (var.two_sided ? " two-sided window" : " causal") + (var.docs ? " with documents" : "");
-        cpt_run_result r;
-        ASSERT_EQ(cpt_run_mpi(&cfg, &r), CTXPAR_OK) << what << ": " << ctxpar_last_error();
-        ASSERT_EQ(r.status, CTXPAR_OK) << what << ": " << r.message;
-        EXPECT_TRUE(r.ok) << what;
-        if (Rank() == 0) {
-            SCOPED_TRACE(what);
-            CptExpectTensorsMatch(r, Size());
-            CptExpectBitwisePromises(r, Size(), var.algo);
-        }
-        cpt_run_result_free(&r);
+        RunAndExpect(cfg, var.algo,
+                     std::string(ctxpar_algo_name(var.algo)) + " " +
+                         ctxpar_layout_name(var.layout) +
+                         (var.two_sided ? " two-sided window" : " causal") +
+                         (var.docs ? " with documents" : ""));
     }
 }
 

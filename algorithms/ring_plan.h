@@ -25,7 +25,7 @@ extern "C" {
  * each (rank, block) pair is classified once, not once per step, call and group member (P ranks
  * x P steps made ctxpar plan quadratic in classifications). Real runs have none. */
 typedef struct ctxpar_ring_seen {
-    int rank;           /* the query rank whose row this is, or -1 */
+    int rank; /* the query rank whose row this is, or -1 */
     int nranks;
     unsigned char *row; /* [nranks] */
 } ctxpar_ring_seen;

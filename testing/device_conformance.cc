@@ -54,9 +54,9 @@ std::string Key(const Problem &p) {
     std::string k = std::to_string(p.B) + "," + std::to_string(p.Hq) + "," + std::to_string(p.Hkv) +
                     "," + std::to_string(p.D) + "," + std::to_string((int)p.dtype) + "," +
                     std::to_string(p.causal) + "," + std::to_string(p.window) + "," +
-                    std::to_string(p.window_right) + "," + std::to_string(p.Scale()) + "," + std::to_string(p.seed) + "," +
-                    std::to_string(p.seq_global) + "," + std::to_string(p.DV()) + "," +
-                    std::to_string(p.softcap) + "|";
+                    std::to_string(p.window_right) + "," + std::to_string(p.Scale()) + "," +
+                    std::to_string(p.seed) + "," + std::to_string(p.seq_global) + "," +
+                    std::to_string(p.DV()) + "," + std::to_string(p.softcap) + "|";
     for (const auto *spans : {&p.qs, &p.ks}) {
         for (const ctxpar_span &x : *spans)
             k += std::to_string(x.start) + ":" + std::to_string(x.len) + ":" +

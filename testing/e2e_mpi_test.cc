@@ -316,9 +316,9 @@ std::vector<float> CleanRingOut() {
 // MLA, sinks (dsinks gathered from every process and compared bit for bit) and soft-capping
 // together, each algorithm, against the oracle and P = 1.
 TEST(MpiFeatures, MlaSinksSoftcapMatchOracle) {
-    static const float kSinkLogits[24] = {-2.0f, 0.5f,  3.0f, 6.5f, -0.25f, 1.75f, 4.0f,  9.0f,
-                                          0.0f,  2.5f,  -1.0f, 5.0f, 1.0f,  -3.0f, 7.5f, 0.25f,
-                                          2.0f,  -0.5f, 8.0f, 3.5f, -1.5f, 6.0f,  0.75f, 4.5f};
+    static const float kSinkLogits[24] = {-2.0f, 0.5f,  3.0f,  6.5f, -0.25f, 1.75f, 4.0f,  9.0f,
+                                          0.0f,  2.5f,  -1.0f, 5.0f, 1.0f,   -3.0f, 7.5f,  0.25f,
+                                          2.0f,  -0.5f, 8.0f,  3.5f, -1.5f,  6.0f,  0.75f, 4.5f};
     for (ctxpar_algo algo : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL}) {
         SCOPED_TRACE(ctxpar_algo_name(algo));
         cpt_run_config cfg;

@@ -21,7 +21,7 @@ extern "C" {
 typedef struct cpt_plan_config {
     int ranks;
     int64_t batch, seq, heads, kv_heads, head_dim; /* seq: global */
-    int64_t head_dim_v;        /* of v, out, dout, dv (MLA); 0 = head_dim */
+    int64_t head_dim_v;                            /* of v, out, dout, dv (MLA); 0 = head_dim */
     ctxpar_dtype dtype;
     ctxpar_attn_params params; /* algo (or AUTO), layout, mask, window, documents, ulysses;
                                   sinks (any non-NULL pointer: never read) and, with backward,

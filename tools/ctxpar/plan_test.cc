@@ -1,11 +1,11 @@
 // The planner against real runs: for every algorithm, rank count up to 8 and layout, the mask
 // kinds (none, causal, window, documents, two-sided window) in turn, the hybrid's groups of 2, 3
-// and 4, attention sinks (their gradient's all-gather too) and MLA, the per-rank FLOPs and bytes `ctxpar plan` predicts equal what the library's work statistics
-// and comm counted in a real run (in-process ranks, CPU device) - exactly, both being counts;
-// the bytes each rank receives equal what the real run's trace shows its peers sending it; the
-// per-rank pairs equal a pair-by-pair count against the mask; the coverage proof holds, and a
-// problem the library refuses is refused by the plan too. Any length: uneven shards (a prime
-// length) and fewer tokens than ranks as well.
+// and 4, attention sinks (their gradient's all-gather too) and MLA, the per-rank FLOPs and bytes
+// `ctxpar plan` predicts equal what the library's work statistics and comm counted in a real run
+// (in-process ranks, CPU device) - exactly, both being counts; the bytes each rank receives equal
+// what the real run's trace shows its peers sending it; the per-rank pairs equal a pair-by-pair
+// count against the mask; the coverage proof holds, and a problem the library refuses is refused by
+// the plan too. Any length: uneven shards (a prime length) and fewer tokens than ranks as well.
 #include <gtest/gtest.h>
 
 #include <algorithm>

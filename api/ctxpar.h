@@ -131,8 +131,9 @@ typedef struct ctxpar_attn_params {
      * local seq must be its share of it (ctxpar_shard_count); the ranks must agree on it. */
     int64_t seq_len_global;
     /* Right side of a two-sided window: a query at position i sees keys k with k - i <=
-     * window_right; 0 = no limit (a right limit of 0 is CTXPAR_MASK_CAUSAL). With window_left it
-     * makes the band i - window_left < k <= i + window_right. */
+     * window_right; 0 = no limit (a right limit of 0 is CTXPAR_MASK_CAUSAL, and a limit > 0 with
+     * the causal mask is INVALID_ARG). With window_left it makes the band
+     * i - window_left < k <= i + window_right. */
     int64_t window_right;
     /* Attention sinks: one logit per query head, F32 [Hq] in the context's device memory, in score
      * units (after softmax_scale), added once to every row's softmax denominator; NULL = none.

@@ -192,6 +192,12 @@ ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_gl
     if (p->window_right < 0)
         return BAD("params.window_right (%lld) must be >= 0 (0 = no limit)",
                    (long long)p->window_right);
+    // A causal mask already hides every key right of its query: a right limit asked for with it
+    // is a look-ahead the caller would silently not get.
+    if (p->window_right > 0 && p->mask == CTXPAR_MASK_CAUSAL)
+        return BAD("params.window_right (%lld) needs CTXPAR_MASK_NONE: under the causal mask no "
+                   "key right of its query is visible",
+                   (long long)p->window_right);
     if (!isfinite(p->softmax_scale))
         return BAD("params.softmax_scale (%g) must be finite (0 = 1/sqrt(head_dim))",
                    (double)p->softmax_scale);

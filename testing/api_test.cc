@@ -238,6 +238,12 @@ const BadCase kBadCases[] = {
      "window_left"},
     {"negative_window_right", [](Fixture &f) { f.params.window_right = -3; },
      CTXPAR_ERR_INVALID_ARG, "window_right"},
+    {"window_right_with_causal",
+     [](Fixture &f) {
+         f.params.mask = CTXPAR_MASK_CAUSAL;
+         f.params.window_right = 4;
+     },
+     CTXPAR_ERR_INVALID_ARG, "window_right"},
     {"nan_scale", [](Fixture &f) { f.params.softmax_scale = NAN; }, CTXPAR_ERR_INVALID_ARG,
      "softmax_scale"},
     {"wrong_seq_len_global", [](Fixture &f) { f.params.seq_len_global = 17; },

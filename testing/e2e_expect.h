@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "runner.h"
 #include "tolerance.h"
@@ -43,6 +44,23 @@ inline void CptExpectBitwisePromises(const cpt_run_result &r, int ranks, ctxpar_
         for (int i = 0; i < CPT_RUN_TENSORS; i++)
             EXPECT_TRUE(r.bitwise_single[i]) << cpt_run_tensor_name((cpt_run_tensor)i);
     }
+}
+
+// A run's configuration and the inputs it points into, kept alive with it.
+struct CptShardedRun {
+    cpt_run_config cfg;
+    std::vector<int32_t> cu;     // [rows, 5]: CptTestDocs of rows 0 and 1
+    std::vector<int32_t> assign; // [S]: a custom layout's assignment
+};
+
+// Four documents of a row of S >= 1 tokens, with an empty one (two equal boundaries; more for
+// tiny S); row 1's differ from row 0's.
+inline void CptTestDocs(int64_t S, int64_t row, int32_t *cu) {
+    const int32_t s = static_cast<int32_t>(S);
+    const int32_t r0[5] = {0, s / 4, s / 4, s * 3 / 5, s};
+    const int32_t r1[5] = {0, 0, s / 2 + 1 > s ? s : s / 2 + 1, s, s};
+    for (int i = 0; i < 5; i++)
+        cu[i] = row == 0 ? r0[i] : r1[i];
 }
 
 #endif // CPT_TESTING_E2E_EXPECT_H

@@ -216,24 +216,7 @@ int64_t ShardSeq(const ShardCase &c) {
     return c.sharding == kUnevenS ? 53 : c.sharding == kFewerThanRanks ? c.ranks / 2 + 1 : 41;
 }
 
-// Inputs the config points into; kept alive with it.
-struct ShardProblem {
-    cpt_run_config cfg;
-    std::vector<int32_t> cu;     // [rows, 5]
-    std::vector<int32_t> assign; // [S]
-};
-
-// Four documents with an empty one for any S >= 1 (and more empty ones for tiny S); row 1's
-// differ from row 0's.
-void ShardDocs(int64_t S, int64_t row, int32_t *cu) {
-    const int32_t s = static_cast<int32_t>(S);
-    const int32_t r0[5] = {0, s / 4, s / 4, s * 3 / 5, s};
-    const int32_t r1[5] = {0, 0, s / 2 + 1 > s ? s : s / 2 + 1, s, s};
-    for (int i = 0; i < 5; i++)
-        cu[i] = row == 0 ? r0[i] : r1[i];
-}
-
-void MakeShardProblem(const ShardCase &c, ShardProblem *s) {
+void MakeShardProblem(const ShardCase &c, CptShardedRun *s) {
     cpt_run_config &cfg = s->cfg;
     cpt_run_config_default(&cfg);
     cfg.ranks = c.ranks;
@@ -254,8 +237,8 @@ void MakeShardProblem(const ShardCase &c, ShardProblem *s) {
     cfg.threads = 1;
     cfg.seed = 3000 + 10 * c.ranks + c.feature;
     s->cu.resize(10);
-    ShardDocs(cfg.seq, 0, &s->cu[0]);
-    ShardDocs(cfg.seq, 1, &s->cu[5]);
+    CptTestDocs(cfg.seq, 0, &s->cu[0]);
+    CptTestDocs(cfg.seq, 1, &s->cu[5]);
     switch (c.feature) {
     case kSfSinks:
         cfg.params.sinks = kSinkLogits;
@@ -301,7 +284,7 @@ class FeaturesSharding : public testing::TestWithParam<ShardCase> {};
 
 TEST_P(FeaturesSharding, MatchOracleAndSingleRank) {
     const ShardCase &c = GetParam();
-    ShardProblem s;
+    CptShardedRun s;
     MakeShardProblem(c, &s);
     const cpt_run_config &cfg = s.cfg;
     if (c.sharding == kFewerThanRanks) { // the premise: some rank holds no token

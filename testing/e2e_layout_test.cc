@@ -44,22 +44,6 @@ int64_t SeqOf(const Case &c) {
     return c.length == kUneven ? 53 : (c.ranks + 1) / 2;
 }
 
-// Inputs the config points into; kept alive with it.
-struct Problem {
-    cpt_run_config cfg;
-    std::vector<int32_t> cu;     // [rows, 5]
-    std::vector<int32_t> assign; // [S]
-};
-
-// Four documents with an empty one (two equal boundaries) for any S >= 1; row 1 differs.
-void Docs(int64_t S, int64_t row, int32_t *cu) {
-    const int32_t s = static_cast<int32_t>(S);
-    const int32_t r0[5] = {0, s / 4, s / 4, s * 3 / 5, s};
-    const int32_t r1[5] = {0, 0, s / 2 + 1 > s ? s : s / 2 + 1, s, s};
-    for (int i = 0; i < 5; i++)
-        cu[i] = row == 0 ? r0[i] : r1[i];
-}
-
 // Per-document head-tail (PyTorch's context-parallel load balancing of packed documents): each
 // document is cut into 2P chunks as evenly as possible, rank r taking chunks r and 2P-1-r.
 void HeadTail(const int32_t *cu, int docs, int P, int32_t *assign) {
@@ -72,7 +56,7 @@ void HeadTail(const int32_t *cu, int docs, int P, int32_t *assign) {
     }
 }
 
-void Make(const Case &c, Problem *s) {
+void Make(const Case &c, CptShardedRun *s) {
     cpt_run_config &cfg = s->cfg;
     cpt_run_config_default(&cfg);
     cfg.ranks = c.ranks;
@@ -87,8 +71,8 @@ void Make(const Case &c, Problem *s) {
     cfg.params.mask = c.mask == kNone || c.mask == kRowDocsNone ? CTXPAR_MASK_NONE
                                                                 : CTXPAR_MASK_CAUSAL;
     s->cu.resize(10);
-    Docs(cfg.seq, 0, &s->cu[0]);
-    Docs(cfg.seq, 1, &s->cu[5]);
+    CptTestDocs(cfg.seq, 0, &s->cu[0]);
+    CptTestDocs(cfg.seq, 1, &s->cu[5]);
     if (c.mask == kDocsCausal || c.mask == kRowDocsCausal || c.mask == kRowDocsNone) {
         cfg.params.cu_seqlens = s->cu.data();
         cfg.params.num_docs = 4;
@@ -122,7 +106,7 @@ class EndToEndLayout : public testing::TestWithParam<Case> {};
 
 TEST_P(EndToEndLayout, MatchesOracleAndSingleRank) {
     const Case &c = GetParam();
-    Problem s;
+    CptShardedRun s;
     Make(c, &s);
     cpt_run_result r;
     ASSERT_EQ(cpt_run(&s.cfg, &r), CTXPAR_OK) << ctxpar_last_error();
@@ -185,7 +169,7 @@ TEST(EndToEndLayoutWork, FlopsCountEveryVisiblePairOnce) {
             for (LayoutKind l : {kZigzag, kCustomRandom, kCustomHeadTail})
                 for (Length len : {kUneven, kFewerThanRanks})
                     for (MaskKind m : {kCausal, kRowDocsCausal, kRowDocsNone}) {
-                        Problem s;
+                        CptShardedRun s;
                         Make({p, a, l, len, m, CTXPAR_DTYPE_F32}, &s);
                         s.cfg.backward = 0;
                         s.cfg.head_dim_v = n++ % 2 ? 16 : 0; // MLA, rotating (0: Dv = D)

@@ -1,7 +1,9 @@
 // cpu_bench: GFLOP/s of the CPU block kernels (forward and backward) on F32 inputs.
-//   bazel run -c opt //backends/cpu:cpu_bench -- [seq] [heads] [threads] [reps] [window]
-// CTXPAR_CPU_UARCH=zen4|... in the environment forces a core class (its register tiles).
+//   bazel run -c opt //backends/cpu:cpu_bench -- [seq] [heads] [threads] [reps] [window] [dim]
+// CTXPAR_CPU_UARCH=zen4|... in the environment forces a core class (its register tiles),
+// CTXPAR_CPU_KERNELS=generic|avx2|avx512 an instruction set.
 // window: 0 = no mask (default), -1 = causal, W > 0 = causal with a left window of W.
+// dim: 0 = head_dim 64 and 128 (default), else that head_dim only.
 // Forward FLOPs = 4*D per visible (query, key) pair (two matrix products: 4*B*H*Sq*Sk*D without
 // a mask); backward = 10*D per pair (five; the kernel recomputes S and dP in its second pass, so
 // it does 14), bwd_prep included.
@@ -105,11 +107,17 @@ int main(int argc, char **argv) {
     int threads = argc > 3 ? atoi(argv[3]) : 1;
     int reps = argc > 4 ? atoi(argv[4]) : 3;
     int64_t window = argc > 5 ? atoll(argv[5]) : 0;
+    int64_t dim = argc > 6 ? atoll(argv[6]) : 0;
     ctxpar_cpu_options opt = CTXPAR_CPU_OPTIONS_INIT;
     opt.num_threads = threads;
     const char *uarch = getenv("CTXPAR_CPU_UARCH"); // to compare tiles on one machine
     if (uarch && *uarch && ctxpar_cpu_uarch_parse(uarch, &opt.uarch) != CTXPAR_OK) {
         fprintf(stderr, "cpu_bench: CTXPAR_CPU_UARCH: %s\n", ctxpar_last_error());
+        return 1;
+    }
+    const char *isa = getenv("CTXPAR_CPU_KERNELS"); // to compare instruction sets on one machine
+    if (isa && *isa && ctxpar_cpu_isa_parse(isa, &opt.kernels) != CTXPAR_OK) {
+        fprintf(stderr, "cpu_bench: CTXPAR_CPU_KERNELS: %s\n", ctxpar_last_error());
         return 1;
     }
     ctxpar_device *dev = NULL;
@@ -125,7 +133,9 @@ int main(int argc, char **argv) {
         printf("measured FP32 FMA peak (%s, %d lanes): %.1f GFLOP/s per core-second\n",
                peak.kernels, peak.vector_lanes, peak.flops_per_core * 1e-9);
     printf("mask: %s\n", window == 0 ? "none" : window < 0 ? "causal" : "causal + window");
-    int rc = run(dev, seq, heads, 64, reps, window) || run(dev, seq, heads, 128, reps, window);
+    int rc =
+        dim > 0 ? run(dev, seq, heads, dim, reps, window)
+                : run(dev, seq, heads, 64, reps, window) || run(dev, seq, heads, 128, reps, window);
     ctxpar_device_destroy(dev);
     return rc;
 }

@@ -632,6 +632,52 @@ TEST(Softcap, VectorisedTanhWithinItsBound) {
     }
 }
 
+// ---------------------------------------------------------------- the backward's transpose
+
+// kern->transpose against the definition, word for word: whole register blocks, edges of every
+// size (rows and columns not multiples of the vector, fewer than one vector), padding lanes, and
+// nothing written outside cols x lanes. The source outside rows x cols is poisoned, so a word
+// taken from there would show.
+void CheckTranspose(const ctxpar_cpu_kernels *kern) {
+    const int64_t lds = 70, ldd = 72;
+    std::vector<uint32_t> src(64 * lds), dst(64 * ldd);
+    for (int64_t rows : {1, 3, 8, 15, 16, 17, 40, 63, 64})
+        for (int64_t cols : {1, 5, 16, 31, 33, 64}) {
+            const int64_t vl = kern->vector_lanes;
+            const int64_t lanes = (rows + vl - 1) / vl * vl;
+            for (int64_t i = 0; i < (int64_t)src.size(); i++) {
+                const bool inside = i / lds < rows && i % lds < cols;
+                src[i] = inside ? (uint32_t)(i * 2654435761u) : 0x7fc0dead; // a NaN outside
+            }
+            std::fill(dst.begin(), dst.end(), 0x12345678u);
+            kern->transpose(dst.data(), ldd, src.data(), lds, rows, cols, lanes, 0xffffffffu);
+            for (int64_t m = 0; m < 64; m++)
+                for (int64_t l = 0; l < ldd; l++) {
+                    const uint32_t want = m >= cols || l >= lanes ? 0x12345678u // not written
+                                          : l < rows              ? src[l * lds + m]
+                                                                  : 0xffffffffu;
+                    ASSERT_EQ(dst[m * ldd + l], want)
+                        << "rows " << rows << " cols " << cols << " at m " << m << " l " << l;
+                }
+        }
+}
+
+TEST(Transpose, EveryTableMatchesTheDefinition) {
+    for (const char *name : {"generic", "avx2", "avx512"}) {
+        Device d(1, name);
+        if (d.st != CTXPAR_OK) {
+            std::printf("skipped: this CPU cannot run the %s kernels\n", name);
+            continue;
+        }
+        SCOPED_TRACE(name);
+        CheckTranspose(ctxpar_cpu_device_of(d.dev)->kern);
+    }
+#ifdef CTXPAR_CPU_HAVE_X86_KERNELS
+    if (KernelsAvailable("avx512")) // the 4 x 4 tile's table: the same code, its own compile
+        CheckTranspose(&ctxpar_cpu_kernels_avx512_4x4);
+#endif
+}
+
 // ---------------------------------------------------------------- elementwise
 
 // Values that exercise rounding: random, ties, subnormals of F16, overflow, specials.

@@ -196,13 +196,9 @@ static void add_dq(const ctxpar_cpu_kernels *kern, const ctxpar_bwd_ws *w, const
                    const uint32_t *vis, int64_t kl, int64_t nq, int64_t nk,
                    const float *const *krows, int64_t dim, double *dq_tile) {
     const int64_t ql = ctxpar_bwd_lanes(kern, nq);
-    for (int64_t m = 0; m < nk; m++)
-        for (int64_t l = 0; l < ql; l++)
-            w->dst[m * ql + l] = l < nq ? ds[l * kl + m] : 0.0f;
+    kern->transpose(w->dst, ql, ds, kl, nq, nk, ql, 0); // padding lanes: dS = +0.0f
     if (vis)
-        for (int64_t m = 0; m < nk; m++)
-            for (int64_t l = 0; l < ql; l++)
-                w->vist[m * ql + l] = l < nq ? vis[l * kl + m] : 0xffffffffu;
+        kern->transpose(w->vist, ql, vis, kl, nq, nk, ql, 0xffffffffu);
     kern->accum(w->dqt, ql, NULL, w->dst, vis ? w->vist : NULL, ql, krows, nk, ql, dim);
     kern->fold(dq_tile, 64, w->dqt, ql, NULL, dim, ql);
 }

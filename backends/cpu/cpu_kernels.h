@@ -56,7 +56,7 @@ typedef struct ctxpar_cpu_kernels {
      * over one or two key tiles (at most 128 terms) is added into an F64 running sum, and
      * cleared:
      *   acc[r*lda + l] = (alpha ? alpha[l] : 1) * acc[r*lda + l] + part[r*ldp + l]
-     *   part[r*ldp + l] = 0                                        for r < R, l < L.
+     *   part[r*ldp + l] = 0                                        for r < R, l < L <= 64.
      * One F64 add per 64 or 128 F32 multiply-adds: the rounding error of a row stops growing
      * with the number of tiles. */
     void (*fold)(double *acc, int64_t lda, float *part, int64_t ldp, const float *alpha,
@@ -93,6 +93,12 @@ typedef struct ctxpar_cpu_kernels {
      * where vis[i] == 0 (vis may be NULL) s[i] is left alone and dcap[i] = 0. */
     void (*softcap)(float *s, float *dcap, const uint32_t *vis, int64_t n, double cap,
                     double mul);
+
+    /* 32-bit words (F32 or visibility words, copied bit for bit):
+     *   dst[m*ldd + l] = l < rows ? src[l*lds + m] : pad      for m < cols, l < lanes,
+     * lanes a multiple of vector_lanes. Reads nothing of src outside rows x cols. */
+    void (*transpose)(void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows,
+                      int64_t cols, int64_t lanes, uint32_t pad);
 } ctxpar_cpu_kernels;
 
 /* Independent chains in the peak probe: enough to cover the FMA latency times the FMA units of

@@ -96,7 +96,7 @@ CPU_INLINE vf v_keep(vi m, vf a, vf b) {
 #define SCORE_CHUNK 16
 CPU_INLINE void scores_tile(float *c, int64_t ldc, const float *at, int64_t lda,
                             const float *const *b, int nb, int64_t dim) {
-    vf acc[MR][NR];
+    vf acc[MR][NR], tot[MR][NR];
     const float *bp[NR];
     for (int j = 0; j < NR; j++)
         bp[j] = b[j < nb ? j : nb - 1]; // past the end: recompute the last row, never stored
@@ -115,15 +115,13 @@ CPU_INLINE void scores_tile(float *c, int64_t ldc, const float *at, int64_t lda,
                     acc[r][j] = v_fma(a[r], bb, acc[r][j]);
             }
         }
-        for (int j = 0; j < nb; j++)
-            for (int r = 0; r < MR; r++) {
-                float *cp = c + j * ldc + r * VL;
-                vf sum = acc[r][j];
-                if (d0 > 0)
-                    sum = v_load(cp) + sum;
-                v_store(cp, sum);
-            }
+        for (int j = 0; j < NR; j++)
+            for (int r = 0; r < MR; r++)
+                tot[r][j] = d0 > 0 ? (vf)(tot[r][j] + acc[r][j]) : acc[r][j];
     }
+    for (int j = 0; j < nb; j++)
+        for (int r = 0; r < MR; r++)
+            v_store(c + j * ldc + r * VL, tot[r][j]);
 }
 
 static void scores(float *c, int64_t ldc, const float *at, int64_t lda, const float *const *b,
@@ -151,21 +149,22 @@ static void scores(float *c, int64_t ldc, const float *at, int64_t lda, const fl
 CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const float *a,
                            const uint32_t *vis, int64_t lda, const float *const *b, int64_t m,
                            int64_t d0, int nd, int full, int masked) {
-    vf acc[MR][NR];
+    vf acc[MR][NR], tot[MR][NR];
     int64_t off[NR];
     for (int j = 0; j < NR; j++)
         off[j] = d0 + (j < nd ? j : nd - 1);
     // The first chunk starts from alpha * ct (the forward's rescale), the others from zero.
     const int64_t chunk = alpha ? ACCUM_CHUNK_FWD : ACCUM_CHUNK;
+    for (int j = 0; j < NR; j++)
+        for (int r = 0; r < MR; r++)
+            tot[r][j] = j < nd ? v_load(ct + (d0 + j) * ldc + r * VL) : v_set1(0.0f);
     int64_t i0 = 0;
     do {
         const int64_t i1 = m - i0 < chunk ? m : i0 + chunk;
         for (int j = 0; j < NR; j++)
-            for (int r = 0; r < MR; r++) {
-                acc[r][j] = v_set1(0.0f);
-                if (alpha && i0 == 0 && j < nd)
-                    acc[r][j] = v_load(ct + (d0 + j) * ldc + r * VL) * v_load(alpha + r * VL);
-            }
+            for (int r = 0; r < MR; r++)
+                acc[r][j] =
+                    alpha && i0 == 0 ? (vf)(tot[r][j] * v_load(alpha + r * VL)) : v_set1(0.0f);
         for (int64_t i = i0; i < i1; i++) {
             const float *bm = b[i];
             vf av[MR];
@@ -183,13 +182,14 @@ CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const flo
                 }
             }
         }
-        for (int j = 0; j < nd; j++)
-            for (int r = 0; r < MR; r++) {
-                float *cp = ct + (d0 + j) * ldc + r * VL;
-                v_store(cp, alpha && i0 == 0 ? acc[r][j] : (vf)(v_load(cp) + acc[r][j]));
-            }
+        for (int j = 0; j < NR; j++)
+            for (int r = 0; r < MR; r++)
+                tot[r][j] = alpha && i0 == 0 ? acc[r][j] : (vf)(tot[r][j] + acc[r][j]);
         i0 = i1;
     } while (i0 < m);
+    for (int j = 0; j < nd; j++)
+        for (int r = 0; r < MR; r++)
+            v_store(ct + (d0 + j) * ldc + r * VL, tot[r][j]);
 }
 
 // All the column tiles of one lane block; `masked` a constant, as in accum_tile.
@@ -219,9 +219,16 @@ static void softmax_step(float *s, int64_t lds, int64_t n, int64_t lanes, double
     const float chi = (float)c;
     const vf cv = v_set1(chi), clo = v_set1((float)(c - chi));
     for (int64_t l0 = 0; l0 < lanes; l0 += VL) {
-        vf mt = v_set1(-INFINITY);
-        for (int64_t i = 0; i < n; i++)
-            mt = v_max(mt, v_load(s + i * lds + l0));
+        // The tile's max in 4 independent chains: one chain is 64 dependent maxima, a wait of
+        // 4 x 64 cycles per lane block that nothing else fills (the exponentials need it).
+        vf mc[4] = {v_set1(-INFINITY), v_set1(-INFINITY), v_set1(-INFINITY), v_set1(-INFINITY)};
+        int64_t i = 0;
+        for (; i + 4 <= n; i += 4)
+            for (int c = 0; c < 4; c++)
+                mc[c] = v_max(mc[c], v_load(s + (i + c) * lds + l0));
+        for (; i < n; i++)
+            mc[0] = v_max(mc[0], v_load(s + i * lds + l0));
+        vf mt = v_max(v_max(mc[0], mc[1]), v_max(mc[2], mc[3]));
         vf mo = v_load(m + l0);
         // c > 0: (float)c * max s is within an ulp or two of the largest c * s (an exponent
         // of 2^-23 above 0 is harmless); m only has to be the same in p and in the lse. It is
@@ -232,7 +239,7 @@ static void softmax_step(float *s, int64_t lds, int64_t n, int64_t lanes, double
         vf k0 = v_round(mn), r = mn - k0; // m = k0 + r, exactly, for exp2_split
         vf al = v_exp2(mo - mn);
         vf sum = v_load(l + l0) * al;
-        for (int64_t i = 0; i < n; i++) {
+        for (i = 0; i < n; i++) {
             vf p = exp2_split(v_load(s + i * lds + l0), cv, clo, k0, r);
             v_store(s + i * lds + l0, p);
             sum = sum + p;
@@ -246,12 +253,15 @@ static void softmax_step(float *s, int64_t lds, int64_t n, int64_t lanes, double
 // Plain loops: the compiler vectorises them for the table's instruction set.
 static void fold(double *acc, int64_t lda, float *part, int64_t ldp, const float *alpha,
                  int64_t rows, int64_t lanes) {
+    double al[64]; // alpha in F64 once, not once per row (lanes <= 64: the drivers' tiles)
+    for (int64_t l = 0; alpha && l < lanes; l++)
+        al[l] = (double)alpha[l];
     for (int64_t r = 0; r < rows; r++) {
         double *restrict a = acc + r * lda;
         float *restrict p = part + r * ldp;
         if (alpha)
             for (int64_t l = 0; l < lanes; l++)
-                a[l] = a[l] * (double)alpha[l] + (double)p[l];
+                a[l] = a[l] * al[l] + (double)p[l];
         else
             for (int64_t l = 0; l < lanes; l++)
                 a[l] += (double)p[l];
@@ -287,6 +297,56 @@ static void dsoftmax(float *dp, const float *p, const uint32_t *vis, int64_t lds
             if (vis) // a masked dP may be NaN (from dO or V): select 0, never multiply by it
                 ds = v_keep(v_load_mask(vis + i * lds + l0), ds, v_set1(0.0f));
             v_store(dp + i * lds + l0, ds);
+        }
+}
+
+// The lane indices 0 .. VL-1 as a vector.
+CPU_INLINE vi v_iota(void) {
+    uint32_t a[VL];
+    for (int l = 0; l < VL; l++)
+        a[l] = (uint32_t)l;
+    vi v;
+    memcpy(&v, a, sizeof v);
+    return v;
+}
+
+// 32-bit words (floats or visibility words: moved, never computed on)
+//   dst[m * ldd + l] = l < rows ? src[l * lds + m] : pad    for m < cols, l < lanes,
+// lanes a multiple of VL. A VL x VL block whose source is all inside rows x cols goes through
+// registers: log2(VL) rounds, each swapping the off-diagonal w x w blocks of every 2w x 2w block
+// with two-vector shuffles. The edges go one word at a time (and never read past rows x cols).
+static void transpose(void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows,
+                      int64_t cols, int64_t lanes, uint32_t pad) {
+    char *d = dst;
+    const char *s = src;
+    const vi idx = v_iota();
+    for (int64_t l0 = 0; l0 < lanes; l0 += VL)
+        for (int64_t m0 = 0; m0 < cols; m0 += VL) {
+            if (l0 + VL <= rows && m0 + VL <= cols) {
+                vi r[VL];
+                for (int i = 0; i < VL; i++)
+                    memcpy(&r[i], s + ((l0 + i) * lds + m0) * 4, sizeof r[i]);
+                for (uint32_t w = 1; w < VL; w <<= 1) {
+                    const vi upper = (vi)((idx & w) != 0) & (VL - w); // VL - w where l & w
+                    const vi lo = idx + upper, hi = idx + w + upper;
+                    for (int i = 0; i < VL; i++)
+                        if (!(i & w)) {
+                            const vi a = r[i], b = r[i + w];
+                            r[i] = __builtin_shuffle(a, b, lo);
+                            r[i + w] = __builtin_shuffle(a, b, hi);
+                        }
+                }
+                for (int j = 0; j < VL; j++)
+                    memcpy(d + ((m0 + j) * ldd + l0) * 4, &r[j], sizeof r[j]);
+                continue;
+            }
+            for (int64_t m = m0; m < m0 + VL && m < cols; m++)
+                for (int64_t l = l0; l < l0 + VL; l++) {
+                    uint32_t x = pad;
+                    if (l < rows)
+                        memcpy(&x, s + (l * lds + m) * 4, 4);
+                    memcpy(d + (m * ldd + l) * 4, &x, 4);
+                }
         }
 }
 
@@ -398,6 +458,18 @@ static float fma_chains(int64_t iters) {
 #define CPU_STR_(x) #x
 #define CPU_STR(x) CPU_STR_(x)
 const ctxpar_cpu_kernels KERNELS_TABLE = {
-    KERNELS_LABEL, MR *VL, scores, accum, softmax_step, fold, exp2_sub, dsoftmax, to_f32,
-    VL, fma_chains, CPU_STR(MR) "x" CPU_STR(NR), softcap,
+    .name = KERNELS_LABEL,
+    .lane_block = MR * VL,
+    .scores = scores,
+    .accum = accum,
+    .softmax_step = softmax_step,
+    .fold = fold,
+    .exp2_sub = exp2_sub,
+    .dsoftmax = dsoftmax,
+    .to_f32 = to_f32,
+    .vector_lanes = VL,
+    .fma_chains = fma_chains,
+    .tiles = CPU_STR(MR) "x" CPU_STR(NR),
+    .softcap = softcap,
+    .transpose = transpose,
 };

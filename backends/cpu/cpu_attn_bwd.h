@@ -39,13 +39,12 @@ typedef struct ctxpar_bwd_args {
 } ctxpar_bwd_args;
 
 /* Per-thread workspace. An item covers up to CTXPAR_CPU_GROUP tiles of its own side, each with
- * up to 4 transposed [D, 64] tiles, two [64] vectors and (fused items) its K rows; every tile of
- * the other side is loaded once for the whole group. */
+ * two transposed [D, 64] tiles, their F64 gradient sums, three [64] vectors and (fused items)
+ * its K rows; every tile of the other side is loaded once for the whole group. */
 typedef struct ctxpar_bwd_ws {
-    float *t[CTXPAR_CPU_GROUP][4];   /* [D, 64] */
-    double *acc[CTXPAR_CPU_GROUP][2]; /* [D, 64] the running gradient sums in F64 (t's parts
-                                         are folded in after every tile pair) */
-    float *dqt;                      /* [D, 64] one tile pair's part of dQ^T (fused) */
+    float *t[CTXPAR_CPU_GROUP][2];    /* [D, 64] Q^T and dO^T (dq items), K^T and V^T (dk/dv) */
+    double *acc[CTXPAR_CPU_GROUP][2]; /* [D, 64] the running gradient sums in F64: each tile
+                                         pair's part is summed in F32 and added in (accum_f64) */
     float *vec[CTXPAR_CPU_GROUP][3]; /* [64] lse in base 2 (high part), delta, its low part */
     float *krow[CTXPAR_CPU_GROUP];   /* [64, D] the key tile's rows, unscaled (fused) */
     float *s, *dp, *dst;             /* [64, 64]; dst: dS transposed (fused) */

@@ -20,7 +20,7 @@ ctxpar_bwd_ws ctxpar_bwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
     ctxpar_bwd_ws w;
 #define TAKE(ptr, n) ((ptr) = base ? (void *)(base + off) : NULL, off += round16(n))
     for (int g = 0; g < CTXPAR_CPU_GROUP; g++) {
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 2; i++)
             TAKE(w.t[g][i], d * 64);
         TAKE(w.acc[g][0], 2 * d * 64); // doubles, counted as 2 floats
         TAKE(w.acc[g][1], 2 * d * 64);
@@ -35,7 +35,6 @@ ctxpar_bwd_ws ctxpar_bwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
     TAKE(w.dcap, 64 * 64);
     TAKE(w.vis, 64 * 64); // 32-bit words, counted as floats
     TAKE(w.vist, 64 * 64);
-    TAKE(w.dqt, 64 * d);
     TAKE(w.buf0, 64 * d);
     TAKE(w.buf1, 64 * d);
     TAKE(w.row, d);
@@ -123,13 +122,12 @@ void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
     const double c = ctxpar_cpu_softmax_c(blk);
     const int capped = blk->softcap > 0.0f;
-    for (int g = 0; g < ng; g++) { // t[g] = Q^T, dO^T, dQ^T; vec[g] = lse2, delta
+    for (int g = 0; g < ng; g++) { // t[g] = Q^T, dO^T; vec[g] = lse2, delta
         const int64_t i0 = (qt0 + g) * TQ, nq = ctxpar_bwd_tile_rows(p->seq_q, qt0 + g, TQ);
         const int64_t lanes = ctxpar_bwd_lanes(kern, nq);
         ctxpar_bwd_pack_t(kern, &blk->q, b, i0, nq, h, lanes, ctxpar_cpu_score_sign(blk->scale),
                           w->row, w->t[g][0]);
         ctxpar_bwd_pack_t(kern, a->dout, b, i0, nq, h, lanes, 1.0f, w->row, w->t[g][1]);
-        memset(w->t[g][2], 0, (size_t)(dim * lanes) * sizeof(float));
         memset(w->acc[g][0], 0, (size_t)(dim * lanes) * sizeof(double));
         for (int64_t r = 0; r < lanes; r++) {
             int64_t li = (b * p->heads_q + h) * p->seq_q + i0 + r;
@@ -167,8 +165,7 @@ void ctxpar_bwd_dq_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_
             kern->dsoftmax(w->dp, w->s, vis, lanes, nk, lanes, w->vec[g][1], NULL);
             if (capped)
                 scale_by(w->dp, w->dcap, lanes * nk);
-            kern->accum(w->t[g][2], lanes, NULL, w->dp, vis, lanes, krows, nk, lanes, dim);
-            kern->fold(w->acc[g][0], lanes, w->t[g][2], lanes, NULL, dim, lanes);
+            kern->accum_f64(w->acc[g][0], lanes, w->dp, vis, lanes, krows, nk, lanes, dim);
         }
     }
     for (int g = 0; g < ng; g++) {
@@ -199,8 +196,7 @@ static void add_dq(const ctxpar_cpu_kernels *kern, const ctxpar_bwd_ws *w, const
     kern->transpose(w->dst, ql, ds, kl, nq, nk, ql, 0); // padding lanes: dS = +0.0f
     if (vis)
         kern->transpose(w->vist, ql, vis, kl, nq, nk, ql, 0xffffffffu);
-    kern->accum(w->dqt, ql, NULL, w->dst, vis ? w->vist : NULL, ql, krows, nk, ql, dim);
-    kern->fold(dq_tile, 64, w->dqt, ql, NULL, dim, ql);
+    kern->accum_f64(dq_tile, 64, w->dst, vis ? w->vist : NULL, ql, krows, nk, ql, dim);
 }
 
 void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64_t b,
@@ -216,7 +212,7 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
     float *lse2 = w->vec[0][0], *dl = w->vec[0][1], *lse2_lo = w->vec[0][2];
     const int need_ds = a->dk || dq_chunk;
     ctxpar_block_class cls[CTXPAR_CPU_GROUP];
-    for (int g = 0; g < ng; g++) { // t[g] = K^T, V^T, dK^T, dV^T; krow[g] = K for dQ
+    for (int g = 0; g < ng; g++) { // t[g] = K^T, V^T; krow[g] = K for dQ
         const int64_t j0 = (kt0 + g) * TK, nk = ctxpar_bwd_tile_rows(p->seq_k, kt0 + g, TK);
         const int64_t lanes = ctxpar_bwd_lanes(kern, nk);
         ctxpar_bwd_pack_t(kern, &blk->k, b, j0, nk, hk, lanes, ctxpar_cpu_score_sign(blk->scale),
@@ -224,13 +220,9 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
         if (dq_chunk)
             ctxpar_cpu_load_rows(kern, &blk->k, b, j0, nk, hk, w->krow[g], krows[g]);
         ctxpar_bwd_pack_t(kern, &blk->v, b, j0, nk, hk, lanes, 1.0f, w->row, w->t[g][1]);
-        memset(w->t[g][2], 0, (size_t)(dim * lanes) * sizeof(float));
-        memset(w->t[g][3], 0, (size_t)(dim_v * lanes) * sizeof(float));
         memset(w->acc[g][0], 0, (size_t)(dim * lanes) * sizeof(double));
         memset(w->acc[g][1], 0, (size_t)(dim_v * lanes) * sizeof(double));
     }
-    if (dq_chunk) // kept zero between tile pairs by the fold
-        memset(w->dqt, 0, (size_t)(dim * 64) * sizeof(float));
     for (int64_t h = hk * p->group; h < (hk + 1) * p->group; h++) {
         for (int64_t qt = 0; qt < p->q_tiles; qt++) {
             int any = 0;
@@ -263,9 +255,7 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
                     ctxpar_cpu_softcap(kern, blk, w->s, w->dcap, vis, lanes, nq);
                 kern->exp2_sub(w->s, lanes, nq, lanes, c, NULL, NULL, lse2, lse2_lo);
                 if (a->dv) {
-                    kern->accum(w->t[g][3], lanes, NULL, w->s, vis, lanes, orows, nq, lanes,
-                                dim_v);
-                    kern->fold(w->acc[g][1], lanes, w->t[g][3], lanes, NULL, dim_v, lanes);
+                    kern->accum_f64(w->acc[g][1], lanes, w->s, vis, lanes, orows, nq, lanes, dim_v);
                 }
                 if (need_ds) {
                     kern->scores(w->dp, lanes, w->t[g][1], lanes, orows, nq, lanes, dim_v);
@@ -274,8 +264,7 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
                         scale_by(w->dp, w->dcap, lanes * nq);
                 }
                 if (a->dk) {
-                    kern->accum(w->t[g][2], lanes, NULL, w->dp, vis, lanes, qrows, nq, lanes, dim);
-                    kern->fold(w->acc[g][0], lanes, w->t[g][2], lanes, NULL, dim, lanes);
+                    kern->accum_f64(w->acc[g][0], lanes, w->dp, vis, lanes, qrows, nq, lanes, dim);
                 }
                 if (dq_chunk)
                     add_dq(kern, w, w->dp, vis, lanes, nq, nk, krows[g], dim,

@@ -20,6 +20,11 @@
 
 #define CPU_INLINE static inline __attribute__((always_inline))
 
+// F64 lanes as many as the F32 vector's, and their integer view (the F64 sums of accum_f64,
+// soft-capping's tanh).
+typedef double vd __attribute__((vector_size(VL * sizeof(double))));
+typedef int64_t vl __attribute__((vector_size(VL * sizeof(int64_t))));
+
 // 2^x for a vector, about 1 ulp. Arguments below -127 give exactly 0 (no subnormals: the
 // softmax never needs weights that small), so -inf gives 0; 2^0 is exactly 1, which makes a
 // skipped tile and a fully masked one give the same bits. The polynomial approximates 2^f on
@@ -144,9 +149,11 @@ static void scores(float *c, int64_t ldc, const float *at, int64_t lda, const fl
 // with dO = 1 is a sum of positive terms that grows along the tile: its 64-term chain was most
 // of dv's error), 32 for the forward's P V (one chain over the tile was 1.12x naive float32's
 // `out` error on short documents at P = 8; 16 cost 5-7 % of the forward, 32 costs 2-4 %).
+// With c64 (then ct is NULL and alpha too) the sum starts from +0 and is added, converted, into
+// the F64 sums at c64 instead of being stored: a part summed from zero and folded, in one pass.
 #define ACCUM_CHUNK 16
 #define ACCUM_CHUNK_FWD 32
-CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const float *a,
+CPU_INLINE void accum_tile(float *ct, double *c64, int64_t ldc, const float *alpha, const float *a,
                            const uint32_t *vis, int64_t lda, const float *const *b, int64_t m,
                            int64_t d0, int nd, int full, int masked) {
     vf acc[MR][NR], tot[MR][NR];
@@ -157,7 +164,7 @@ CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const flo
     const int64_t chunk = alpha ? ACCUM_CHUNK_FWD : ACCUM_CHUNK;
     for (int j = 0; j < NR; j++)
         for (int r = 0; r < MR; r++)
-            tot[r][j] = j < nd ? v_load(ct + (d0 + j) * ldc + r * VL) : v_set1(0.0f);
+            tot[r][j] = j < nd && !c64 ? v_load(ct + (d0 + j) * ldc + r * VL) : v_set1(0.0f);
     int64_t i0 = 0;
     do {
         const int64_t i1 = m - i0 < chunk ? m : i0 + chunk;
@@ -188,19 +195,28 @@ CPU_INLINE void accum_tile(float *ct, int64_t ldc, const float *alpha, const flo
         i0 = i1;
     } while (i0 < m);
     for (int j = 0; j < nd; j++)
-        for (int r = 0; r < MR; r++)
-            v_store(ct + (d0 + j) * ldc + r * VL, tot[r][j]);
+        for (int r = 0; r < MR; r++) {
+            if (!c64) {
+                v_store(ct + (d0 + j) * ldc + r * VL, tot[r][j]);
+                continue;
+            }
+            double *cp = c64 + (d0 + j) * ldc + r * VL;
+            vd sum;
+            memcpy(&sum, cp, sizeof sum);
+            sum += __builtin_convertvector(tot[r][j], vd);
+            memcpy(cp, &sum, sizeof sum);
+        }
 }
 
 // All the column tiles of one lane block; `masked` a constant, as in accum_tile.
-CPU_INLINE void accum_lanes(float *ct, int64_t ldc, const float *alpha, const float *a,
+CPU_INLINE void accum_lanes(float *ct, double *c64, int64_t ldc, const float *alpha, const float *a,
                             const uint32_t *vis, int64_t lda, const float *const *b, int64_t m,
                             int64_t dim, int masked) {
     int64_t d0 = 0;
     for (; d0 + NR <= dim; d0 += NR)
-        accum_tile(ct, ldc, alpha, a, vis, lda, b, m, d0, NR, 1, masked);
+        accum_tile(ct, c64, ldc, alpha, a, vis, lda, b, m, d0, NR, 1, masked);
     if (d0 < dim)
-        accum_tile(ct, ldc, alpha, a, vis, lda, b, m, d0, (int)(dim - d0), 0, masked);
+        accum_tile(ct, c64, ldc, alpha, a, vis, lda, b, m, d0, (int)(dim - d0), 0, masked);
 }
 
 static void accum(float *ct, int64_t ldc, const float *alpha, const float *a, const uint32_t *vis,
@@ -208,9 +224,19 @@ static void accum(float *ct, int64_t ldc, const float *alpha, const float *a, co
     for (int64_t l0 = 0; l0 < lanes; l0 += MR * VL) {
         const float *al = alpha ? alpha + l0 : NULL;
         if (vis)
-            accum_lanes(ct + l0, ldc, al, a + l0, vis + l0, lda, b, m, dim, 1);
+            accum_lanes(ct + l0, NULL, ldc, al, a + l0, vis + l0, lda, b, m, dim, 1);
         else
-            accum_lanes(ct + l0, ldc, al, a + l0, NULL, lda, b, m, dim, 0);
+            accum_lanes(ct + l0, NULL, ldc, al, a + l0, NULL, lda, b, m, dim, 0);
+    }
+}
+
+static void accum_f64(double *acc, int64_t ldacc, const float *a, const uint32_t *vis, int64_t lda,
+                      const float *const *b, int64_t m, int64_t lanes, int64_t dim) {
+    for (int64_t l0 = 0; l0 < lanes; l0 += MR * VL) {
+        if (vis)
+            accum_lanes(NULL, acc + l0, ldacc, NULL, a + l0, vis + l0, lda, b, m, dim, 1);
+        else
+            accum_lanes(NULL, acc + l0, ldacc, NULL, a + l0, NULL, lda, b, m, dim, 0);
     }
 }
 
@@ -350,10 +376,6 @@ static void transpose(void *dst, int64_t ldd, const void *src, int64_t lds, int6
         }
 }
 
-// F64 lanes as many as the F32 vector's, and their integer view (soft-capping's tanh below).
-typedef double vd __attribute__((vector_size(VL * sizeof(double))));
-typedef int64_t vl __attribute__((vector_size(VL * sizeof(int64_t))));
-
 // *x = tanh(*x) in F64, VL lanes, without a library call (libm's scalar tanh made a soft-capped
 // forward ~4x slower than a plain one). tanh |x| = e / (e + 2) with e = expm1(2|x|)
 // = 2^k (1 + p) - 1, k = round(2|x| / ln 2), p = expm1(r) for the remainder |r| <= ln(2) / 2
@@ -462,6 +484,7 @@ const ctxpar_cpu_kernels KERNELS_TABLE = {
     .lane_block = MR * VL,
     .scores = scores,
     .accum = accum,
+    .accum_f64 = accum_f64,
     .softmax_step = softmax_step,
     .fold = fold,
     .exp2_sub = exp2_sub,

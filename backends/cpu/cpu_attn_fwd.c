@@ -124,12 +124,14 @@ static void fwd_begin(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, 
 // (docs/performance.md): too close to the bound for the reference.
 #define FOLD_TILES 2
 
-static void fwd_fold(const ctxpar_cpu_kernels *kern, const fwd_ws *w, int g, int64_t dim,
-                     int64_t lanes) {
-    kern->fold(w->od[g], lanes, w->ot[g], lanes, w->a[g], dim, lanes);
-    kern->fold(w->ld[g], lanes, w->l[g], lanes, w->a[g], 1, lanes);
-    for (int64_t r = 0; r < lanes; r++)
-        w->a[g][r] = 1.0f;
+// Whether key tile kt is the last tile of its group of FOLD_TILES that query tile qt visits:
+// then its P V also folds the group's part into the F64 sums, in the same pass.
+static int fold_group_ends(const ctxpar_cpu_plan *p, int64_t qt, int64_t kt) {
+    const int64_t end = (kt / FOLD_TILES + 1) * FOLD_TILES;
+    for (int64_t k = kt + 1; k < end && k < p->k_tiles; k++)
+        if (ctxpar_cpu_plan_classify(p, qt, k) != CTXPAR_BLOCK_SKIP)
+            return 0;
+    return 1;
 }
 
 // Writes (or merges) the finished rows of query tile qt.
@@ -167,11 +169,8 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
     const float *krows[TK], *vrows[TK];
     const double c = ctxpar_cpu_softmax_c(blk); // into base 2 inside the softmax
     ctxpar_block_class cls[FWD_GROUP_MAX];
-    int64_t pending[FWD_GROUP_MAX]; // the tile pair ot[g] and l[g] hold, or -1
-    for (int g = 0; g < ng; g++) {
+    for (int g = 0; g < ng; g++)
         fwd_begin(p, kern, w, g, b, h, qt0 + g);
-        pending[g] = -1;
-    }
     for (int64_t kt = 0; kt < p->k_tiles; kt++) {
         int any = 0;
         for (int g = 0; g < ng; g++) {
@@ -189,9 +188,6 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
             const int64_t i0 = (qt0 + g) * TQ, nq = tile_rows(p->seq_q, qt0 + g, TQ);
             const int64_t lanes = lanes_for(kern, nq);
             const uint32_t *vis = NULL; // FULL: nothing masked, no select
-            if (pending[g] >= 0 && pending[g] != kt / FOLD_TILES)
-                fwd_fold(kern, w, g, p->dim_v, lanes);
-            pending[g] = kt / FOLD_TILES;
             kern->scores(w->s, lanes, w->qt[g], lanes, krows, nk, lanes, dim);
             if (cls[g] == CTXPAR_BLOCK_PARTIAL) {
                 ctxpar_cpu_plan_mask(p, w->s, w->vis, lanes, i0, j0, nk, nq, 1);
@@ -200,16 +196,22 @@ static void fwd_item(const ctxpar_cpu_plan *p, const ctxpar_cpu_kernels *kern, c
             if (blk->softcap > 0.0f)
                 ctxpar_cpu_softcap(kern, blk, w->s, NULL, vis, lanes, nk);
             kern->softmax_step(w->s, lanes, nk, lanes, c, w->m[g], w->l[g], w->alpha);
-            kern->accum(w->ot[g], lanes, w->alpha, w->s, vis, lanes, vrows, nk, lanes, p->dim_v);
-            for (int64_t r = 0; r < lanes; r++) // the F64 sums get the pair's rescale at the fold
+            for (int64_t r = 0; r < lanes; r++) // the F64 sums get the group's rescale at the fold
                 w->a[g][r] *= w->alpha[r];
+            if (!fold_group_ends(p, qt0 + g, kt)) {
+                kern->accum(w->ot[g], lanes, w->alpha, w->s, vis, lanes, vrows, nk, lanes,
+                            p->dim_v);
+                continue;
+            }
+            kern->accum_fold(w->ot[g], w->od[g], lanes, w->alpha, w->a[g], w->s, vis, lanes, vrows,
+                             nk, lanes, p->dim_v);
+            kern->fold(w->ld[g], lanes, w->l[g], lanes, w->a[g], 1, lanes);
+            for (int64_t r = 0; r < lanes; r++)
+                w->a[g][r] = 1.0f;
         }
     }
-    for (int g = 0; g < ng; g++) {
-        if (pending[g] >= 0)
-            fwd_fold(kern, w, g, p->dim_v, lanes_for(kern, tile_rows(p->seq_q, qt0 + g, TQ)));
+    for (int g = 0; g < ng; g++)
         fwd_end(p, kern, w, g, b, h, qt0 + g, out_acc, lse_acc, merge);
-    }
 }
 
 // The whole block pair is masked: every row is empty (out 0, lse -inf), which merges to nothing.

@@ -49,6 +49,12 @@ typedef struct ctxpar_cpu_kernels {
     void (*accum_f64)(double *acc, int64_t ldacc, const float *a, const uint32_t *vis, int64_t lda,
                       const float *const *b, int64_t m, int64_t lanes, int64_t d);
 
+    /* accum (alpha not NULL: the forward's) and then fold (below) of ct into acc with
+     * fold_alpha, in one pass and with the same bits as the two calls: ct is left zero. */
+    void (*accum_fold)(float *ct, double *acc, int64_t ldc, const float *alpha,
+                       const float *fold_alpha, const float *a, const uint32_t *vis, int64_t lda,
+                       const float *const *b, int64_t m, int64_t lanes, int64_t d);
+
     /* One online-softmax step in base 2 over a tile s [N, L] (lds) of raw scores q.k, with
      * c = scale * log2(e) (F64): per lane, m' = max(m, (float)(c * max_n s)), alpha = 2^(m - m'),
      * s = 2^(c s - m') in place (the exponent split exactly into n + f, only f rounded: exp2_split

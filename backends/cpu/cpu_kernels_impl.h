@@ -149,13 +149,15 @@ static void scores(float *c, int64_t ldc, const float *at, int64_t lda, const fl
 // with dO = 1 is a sum of positive terms that grows along the tile: its 64-term chain was most
 // of dv's error), 32 for the forward's P V (one chain over the tile was 1.12x naive float32's
 // `out` error on short documents at P = 8; 16 cost 5-7 % of the forward, 32 costs 2-4 %).
-// With c64 (then ct is NULL and alpha too) the sum starts from +0 and is added, converted, into
-// the F64 sums at c64 instead of being stored: a part summed from zero and folded, in one pass.
+// With c64 the tile is then folded (`fold`) into the F64 sums at c64 (times c64_alpha[l] when
+// given), in the same pass, instead of being stored: ct (if any) is left zero. Without ct the
+// sum starts from +0 (and alpha is NULL).
 #define ACCUM_CHUNK 16
 #define ACCUM_CHUNK_FWD 32
-CPU_INLINE void accum_tile(float *ct, double *c64, int64_t ldc, const float *alpha, const float *a,
-                           const uint32_t *vis, int64_t lda, const float *const *b, int64_t m,
-                           int64_t d0, int nd, int full, int masked) {
+CPU_INLINE void accum_tile(float *ct, double *c64, const double *c64_alpha, int64_t ldc,
+                           const float *alpha, const float *a, const uint32_t *vis, int64_t lda,
+                           const float *const *b, int64_t m, int64_t d0, int nd, int full,
+                           int masked) {
     vf acc[MR][NR], tot[MR][NR];
     int64_t off[NR];
     for (int j = 0; j < NR; j++)
@@ -164,7 +166,7 @@ CPU_INLINE void accum_tile(float *ct, double *c64, int64_t ldc, const float *alp
     const int64_t chunk = alpha ? ACCUM_CHUNK_FWD : ACCUM_CHUNK;
     for (int j = 0; j < NR; j++)
         for (int r = 0; r < MR; r++)
-            tot[r][j] = j < nd && !c64 ? v_load(ct + (d0 + j) * ldc + r * VL) : v_set1(0.0f);
+            tot[r][j] = j < nd && ct ? v_load(ct + (d0 + j) * ldc + r * VL) : v_set1(0.0f);
     int64_t i0 = 0;
     do {
         const int64_t i1 = m - i0 < chunk ? m : i0 + chunk;
@@ -203,20 +205,28 @@ CPU_INLINE void accum_tile(float *ct, double *c64, int64_t ldc, const float *alp
             double *cp = c64 + (d0 + j) * ldc + r * VL;
             vd sum;
             memcpy(&sum, cp, sizeof sum);
+            if (c64_alpha) {
+                vd al;
+                memcpy(&al, c64_alpha + r * VL, sizeof al);
+                sum *= al;
+            }
             sum += __builtin_convertvector(tot[r][j], vd);
             memcpy(cp, &sum, sizeof sum);
+            if (ct)
+                v_store(ct + (d0 + j) * ldc + r * VL, v_set1(0.0f));
         }
 }
 
 // All the column tiles of one lane block; `masked` a constant, as in accum_tile.
-CPU_INLINE void accum_lanes(float *ct, double *c64, int64_t ldc, const float *alpha, const float *a,
-                            const uint32_t *vis, int64_t lda, const float *const *b, int64_t m,
-                            int64_t dim, int masked) {
+CPU_INLINE void accum_lanes(float *ct, double *c64, const double *c64_alpha, int64_t ldc,
+                            const float *alpha, const float *a, const uint32_t *vis, int64_t lda,
+                            const float *const *b, int64_t m, int64_t dim, int masked) {
     int64_t d0 = 0;
     for (; d0 + NR <= dim; d0 += NR)
-        accum_tile(ct, c64, ldc, alpha, a, vis, lda, b, m, d0, NR, 1, masked);
+        accum_tile(ct, c64, c64_alpha, ldc, alpha, a, vis, lda, b, m, d0, NR, 1, masked);
     if (d0 < dim)
-        accum_tile(ct, c64, ldc, alpha, a, vis, lda, b, m, d0, (int)(dim - d0), 0, masked);
+        accum_tile(ct, c64, c64_alpha, ldc, alpha, a, vis, lda, b, m, d0, (int)(dim - d0), 0,
+                   masked);
 }
 
 static void accum(float *ct, int64_t ldc, const float *alpha, const float *a, const uint32_t *vis,
@@ -224,9 +234,9 @@ static void accum(float *ct, int64_t ldc, const float *alpha, const float *a, co
     for (int64_t l0 = 0; l0 < lanes; l0 += MR * VL) {
         const float *al = alpha ? alpha + l0 : NULL;
         if (vis)
-            accum_lanes(ct + l0, NULL, ldc, al, a + l0, vis + l0, lda, b, m, dim, 1);
+            accum_lanes(ct + l0, NULL, NULL, ldc, al, a + l0, vis + l0, lda, b, m, dim, 1);
         else
-            accum_lanes(ct + l0, NULL, ldc, al, a + l0, NULL, lda, b, m, dim, 0);
+            accum_lanes(ct + l0, NULL, NULL, ldc, al, a + l0, NULL, lda, b, m, dim, 0);
     }
 }
 
@@ -234,9 +244,25 @@ static void accum_f64(double *acc, int64_t ldacc, const float *a, const uint32_t
                       const float *const *b, int64_t m, int64_t lanes, int64_t dim) {
     for (int64_t l0 = 0; l0 < lanes; l0 += MR * VL) {
         if (vis)
-            accum_lanes(NULL, acc + l0, ldacc, NULL, a + l0, vis + l0, lda, b, m, dim, 1);
+            accum_lanes(NULL, acc + l0, NULL, ldacc, NULL, a + l0, vis + l0, lda, b, m, dim, 1);
         else
-            accum_lanes(NULL, acc + l0, ldacc, NULL, a + l0, NULL, lda, b, m, dim, 0);
+            accum_lanes(NULL, acc + l0, NULL, ldacc, NULL, a + l0, NULL, lda, b, m, dim, 0);
+    }
+}
+
+static void accum_fold(float *ct, double *acc, int64_t ldc, const float *alpha,
+                       const float *fold_alpha, const float *a, const uint32_t *vis, int64_t lda,
+                       const float *const *b, int64_t m, int64_t lanes, int64_t dim) {
+    double fa[64]; // fold_alpha in F64 once (lanes <= 64), as fold does
+    for (int64_t l = 0; l < lanes; l++)
+        fa[l] = (double)fold_alpha[l];
+    for (int64_t l0 = 0; l0 < lanes; l0 += MR * VL) {
+        if (vis)
+            accum_lanes(ct + l0, acc + l0, fa + l0, ldc, alpha + l0, a + l0, vis + l0, lda, b, m,
+                        dim, 1);
+        else
+            accum_lanes(ct + l0, acc + l0, fa + l0, ldc, alpha + l0, a + l0, NULL, lda, b, m, dim,
+                        0);
     }
 }
 
@@ -485,6 +511,7 @@ const ctxpar_cpu_kernels KERNELS_TABLE = {
     .scores = scores,
     .accum = accum,
     .accum_f64 = accum_f64,
+    .accum_fold = accum_fold,
     .softmax_step = softmax_step,
     .fold = fold,
     .exp2_sub = exp2_sub,

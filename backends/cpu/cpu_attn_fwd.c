@@ -34,11 +34,23 @@
 #define TQ CTXPAR_CPU_TILE_Q
 #define TK CTXPAR_CPU_TILE_K
 
-// Query tiles per work item: each K/V tile is loaded once for all of them. 8 when there are items
-// enough for the threads (measured on an Intel server core: 3-4 % faster than 4, the K/V of a
-// head no longer fitting L2), else 4; which tiles share an item changes no bit.
-#define FWD_GROUP_MAX 8
+// Query tiles per work item: each K/V tile is loaded once for all of them. As many as keep the
+// item's running state (Q^T, the F32 part and the F64 sums of O^T: 64 x (4 D + 12 Dv) bytes a
+// tile) within FWD_GROUP_BYTES, 8 at head_dim 128 (measured on an Intel server core: 3-4 %
+// faster than 4), 16 at 64; 4 when there are too few items for the threads. Which tiles share
+// an item changes no bit.
+#define FWD_GROUP_MAX 16
 #define FWD_GROUP_MIN 4
+#define FWD_GROUP_BYTES (1 << 20)
+
+static int fwd_group(const ctxpar_cpu_plan *p, int threads) {
+    int group = FWD_GROUP_MAX;
+    while (group > FWD_GROUP_MIN && group * 64 * (4 * p->dim + 12 * p->dim_v) > FWD_GROUP_BYTES)
+        group /= 2;
+    if (p->batch * p->heads_q * ((p->q_tiles + group - 1) / group) < 2 * (int64_t)threads)
+        group = FWD_GROUP_MIN; // fewer, bigger items would leave threads idle
+    return group;
+}
 
 // Per-thread workspace, in floats, each part a multiple of 16 (64 bytes), for the item's query
 // tiles (at most FWD_GROUP_MAX).
@@ -233,9 +245,7 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
     CTXPAR_CHECK(ctxpar_cpu_plan_init(blk, "attn_block_fwd", &p));
     ctxpar_status st = CTXPAR_OK; // the dispatch checked merge and the accumulators
     const int nt = ctxpar_cpu_threads(cpu);
-    int group = FWD_GROUP_MAX;
-    if (p.batch * p.heads_q * ((p.q_tiles + group - 1) / group) < 2 * (int64_t)nt)
-        group = FWD_GROUP_MIN; // fewer, bigger items would leave threads idle
+    const int group = fwd_group(&p, nt);
     const int64_t groups = (p.q_tiles + group - 1) / group;
     const int64_t items = p.batch * p.heads_q * groups;
     if (items == 0)

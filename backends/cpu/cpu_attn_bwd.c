@@ -44,9 +44,9 @@ static int64_t ws_dim(const ctxpar_cpu_plan *p) {
     return p->dim > p->dim_v ? p->dim : p->dim_v;
 }
 
-static ctxpar_bwd_ws thread_ws(float *ws, size_t per_thread, int64_t dim) {
+static ctxpar_bwd_ws thread_ws(float *ws, size_t per_thread, int64_t dim, int groups) {
     size_t unused;
-    return ctxpar_bwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, dim, &unused);
+    return ctxpar_bwd_ws_at(ws + (size_t)omp_get_thread_num() * per_thread, dim, groups, &unused);
 }
 
 // dq += scale * (sum of the chunks' partial sums, in chunk order), for query tile qt of (b, h).
@@ -85,7 +85,7 @@ static void run_fused(const ctxpar_bwd_args *a, float *ws, size_t per_thread, in
     const int64_t q_items = a->dq ? p->batch * p->heads_q * p->q_tiles : 0;
 #pragma omp parallel num_threads(nt)
     {
-        ctxpar_bwd_ws w = thread_ws(ws, per_thread, ws_dim(p));
+        ctxpar_bwd_ws w = thread_ws(ws, per_thread, ws_dim(p), a->group);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             const int64_t bh = it % (p->batch * p->heads_kv), c = it / (p->batch * p->heads_kv);
@@ -108,7 +108,7 @@ static void run_two_pass(const ctxpar_bwd_args *a, float *ws, size_t per_thread,
     const int64_t dkv_items = a->dk || a->dv ? p->batch * p->heads_kv * k_groups : 0;
 #pragma omp parallel num_threads(nt)
     {
-        ctxpar_bwd_ws w = thread_ws(ws, per_thread, ws_dim(p));
+        ctxpar_bwd_ws w = thread_ws(ws, per_thread, ws_dim(p), CTXPAR_CPU_GROUP);
 #pragma omp for schedule(static, 1)
         for (int64_t it = 0; it < dq_items; it++) {
             int64_t grp = it % q_groups, h = (it / q_groups) % p->heads_q;
@@ -143,11 +143,14 @@ ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
     if (st != CTXPAR_OK || p.whole == CTXPAR_BLOCK_SKIP || p.seq_q == 0 || p.seq_k == 0 ||
         p.batch * p.heads_q == 0 || (!dq_acc && !dk_acc && !dv_acc))
         goto done; // nothing visible: every gradient contribution is zero
-    ctxpar_bwd_args a = {&p,     cpu->kern, dout,   lse,  delta, blk->lse_lo,
-                         dq_acc, dk_acc,    dv_acc, NULL, 0,     0};
+    ctxpar_bwd_args a = {&p,     cpu->kern, dout, lse, delta, blk->lse_lo,     dq_acc,
+                         dk_acc, dv_acc,    NULL, 0,   0,     CTXPAR_CPU_GROUP};
     // Fused only when it saves work (dk or dv wanted: dq alone is the dq pass).
     a.chunks = dk_acc || dv_acc ? fused_chunks(&p, cpu->bwd) : 0;
     if (a.chunks > 0) {
+        // Chunks are whole CTXPAR_CPU_GROUPs of key tiles whatever a.group is: the dQ partial
+        // sums' boundaries (and so dq's bits) do not depend on it.
+        a.group = ctxpar_bwd_fused_group(ws_dim(&p));
         const int64_t k_groups = (p.k_tiles + CTXPAR_CPU_GROUP - 1) / CTXPAR_CPU_GROUP;
         a.chunk_tiles = (k_groups + a.chunks - 1) / a.chunks * CTXPAR_CPU_GROUP;
         a.chunks = (p.k_tiles + a.chunk_tiles - 1) / a.chunk_tiles; // none left empty
@@ -163,7 +166,7 @@ ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
     }
     const int nt = ctxpar_cpu_threads(cpu);
     size_t per_thread;
-    (void)ctxpar_bwd_ws_at(NULL, ws_dim(&p), &per_thread); // only measures
+    (void)ctxpar_bwd_ws_at(NULL, ws_dim(&p), a.group, &per_thread); // only measures
     ws = ctxpar_cpu_aligned_alloc((size_t)nt * per_thread * sizeof(float));
     if (!ws) {
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY,

@@ -36,17 +36,28 @@ typedef struct ctxpar_bwd_args {
      * dq_part + ((((c * B + b) * Hq + h) * q_tiles + qt) * D) * 64, [D, 64]. */
     double *dq_part;
     int64_t chunks, chunk_tiles; /* key chunks, and key tiles per chunk (the last may be short) */
+    int group; /* key tiles per dk/dv item of the fused schedule (ctxpar_bwd_fused_group) */
 } ctxpar_bwd_args;
 
-/* Per-thread workspace. An item covers up to CTXPAR_CPU_GROUP tiles of its own side, each with
- * two transposed [D, 64] tiles, their F64 gradient sums, three [64] vectors and (fused items)
- * its K rows; every tile of the other side is loaded once for the whole group. */
+/* Most key tiles a fused dk/dv item covers: its workspace is laid out for this many. */
+#define CTXPAR_BWD_GROUP_MAX 8
+
+/* Key tiles per fused dk/dv item: as many as keep the item's per-tile state (K^T, V^T, K, the
+ * two F64 sums: 64 x (12 D + 16 D) bytes a tile at head_dim D) within 1 MiB, between
+ * CTXPAR_CPU_GROUP and CTXPAR_BWD_GROUP_MAX: 8 at head_dim 64, 4 at 128. Each Q and dO tile is
+ * then loaded once per group. Which key tiles share an item changes no bit. */
+int ctxpar_bwd_fused_group(int64_t dim);
+
+/* Per-thread workspace. An item covers up to `groups` (at most CTXPAR_BWD_GROUP_MAX) tiles of
+ * its own side, each with two transposed [D, 64] tiles, their F64 gradient sums, three [64]
+ * vectors and (fused items) its K rows; every tile of the other side is loaded once for the whole
+ * group. */
 typedef struct ctxpar_bwd_ws {
-    float *t[CTXPAR_CPU_GROUP][2];    /* [D, 64] Q^T and dO^T (dq items), K^T and V^T (dk/dv) */
-    double *acc[CTXPAR_CPU_GROUP][2]; /* [D, 64] the running gradient sums in F64: each tile
+    float *t[CTXPAR_BWD_GROUP_MAX][2];    /* [D, 64] Q^T and dO^T (dq items), K^T and V^T (dk/dv) */
+    double *acc[CTXPAR_BWD_GROUP_MAX][2]; /* [D, 64] the running gradient sums in F64: each tile
                                          pair's part is summed in F32 and added in (accum_f64) */
-    float *vec[CTXPAR_CPU_GROUP][3]; /* [64] lse in base 2 (high part), delta, its low part */
-    float *krow[CTXPAR_CPU_GROUP];   /* [64, D] the key tile's rows, unscaled (fused) */
+    float *vec[CTXPAR_BWD_GROUP_MAX][3];  /* [64] lse in base 2 (high part), delta, its low part */
+    float *krow[CTXPAR_BWD_GROUP_MAX];    /* [64, D] the key tile's rows, unscaled (fused) */
     float *s, *dp, *dst;             /* [64, 64]; dst: dS transposed (fused) */
     float *dcap;                     /* [64, 64] the soft-cap's derivative (softcap > 0) */
     uint32_t *vis, *vist;            /* [64, 64] visibility of a PARTIAL tile, and transposed */
@@ -54,9 +65,9 @@ typedef struct ctxpar_bwd_ws {
     float *row;                      /* [D] */
 } ctxpar_bwd_ws;
 
-/* Lays the workspace out from base; with base NULL it only measures (*floats_out). dim: the
- * larger of the q/k and v head_dims. */
-ctxpar_bwd_ws ctxpar_bwd_ws_at(float *base, int64_t dim, size_t *floats_out);
+/* Lays the workspace out from base for `groups` tiles; with base NULL it only measures
+ * (*floats_out). dim: the larger of the q/k and v head_dims. */
+ctxpar_bwd_ws ctxpar_bwd_ws_at(float *base, int64_t dim, int groups, size_t *floats_out);
 
 /* Rows in tile t of a side of `seq` rows; the lanes a kernel runs for `rows` rows. */
 int64_t ctxpar_bwd_tile_rows(int64_t seq, int64_t t, int64_t tile);

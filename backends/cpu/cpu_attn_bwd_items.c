@@ -14,12 +14,13 @@ static size_t round16(size_t n) {
 }
 
 // Lays the workspace out from base; with base NULL it only measures (*floats_out).
-ctxpar_bwd_ws ctxpar_bwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
+ctxpar_bwd_ws ctxpar_bwd_ws_at(float *base, int64_t dim, int groups, size_t *floats_out) {
     const size_t d = (size_t)dim;
     size_t off = 0;
     ctxpar_bwd_ws w;
+    memset(&w, 0, sizeof w);
 #define TAKE(ptr, n) ((ptr) = base ? (void *)(base + off) : NULL, off += round16(n))
-    for (int g = 0; g < CTXPAR_CPU_GROUP; g++) {
+    for (int g = 0; g < groups; g++) {
         for (int i = 0; i < 2; i++)
             TAKE(w.t[g][i], d * 64);
         TAKE(w.acc[g][0], 2 * d * 64); // doubles, counted as 2 floats
@@ -47,6 +48,13 @@ ctxpar_bwd_ws ctxpar_bwd_ws_at(float *base, int64_t dim, size_t *floats_out) {
 static void scale_by(float *ds, const float *dcap, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         ds[i] *= dcap[i];
+}
+
+int ctxpar_bwd_fused_group(int64_t dim) {
+    int group = CTXPAR_BWD_GROUP_MAX;
+    while (group > CTXPAR_CPU_GROUP && (int64_t)group * 64 * 28 * dim > (1 << 20))
+        group /= 2;
+    return group;
 }
 
 int64_t ctxpar_bwd_tile_rows(int64_t seq, int64_t t, int64_t tile) {
@@ -205,13 +213,13 @@ void ctxpar_bwd_dkv_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int64
     const ctxpar_cpu_kernels *kern = a->kern;
     const ctxpar_attn_block *blk = p->blk;
     const int64_t dim = p->dim;
-    const float *qrows[TQ], *orows[TQ], *krows[CTXPAR_CPU_GROUP][TK];
+    const float *qrows[TQ], *orows[TQ], *krows[CTXPAR_BWD_GROUP_MAX][TK];
     const double c = ctxpar_cpu_softmax_c(blk);
     const int64_t dim_v = p->dim_v;
     const int capped = blk->softcap > 0.0f;
     float *lse2 = w->vec[0][0], *dl = w->vec[0][1], *lse2_lo = w->vec[0][2];
     const int need_ds = a->dk || dq_chunk;
-    ctxpar_block_class cls[CTXPAR_CPU_GROUP];
+    ctxpar_block_class cls[CTXPAR_BWD_GROUP_MAX];
     for (int g = 0; g < ng; g++) { // t[g] = K^T, V^T; krow[g] = K for dQ
         const int64_t j0 = (kt0 + g) * TK, nk = ctxpar_bwd_tile_rows(p->seq_k, kt0 + g, TK);
         const int64_t lanes = ctxpar_bwd_lanes(kern, nk);
@@ -297,8 +305,8 @@ void ctxpar_bwd_fused_item(const ctxpar_bwd_args *a, const ctxpar_bwd_ws *w, int
     }
     const int64_t end = (c + 1) * a->chunk_tiles < p->k_tiles ? (c + 1) * a->chunk_tiles
                                                                : p->k_tiles;
-    for (int64_t kt0 = c * a->chunk_tiles; kt0 < end; kt0 += CTXPAR_CPU_GROUP) {
-        const int ng = end - kt0 < CTXPAR_CPU_GROUP ? (int)(end - kt0) : CTXPAR_CPU_GROUP;
+    for (int64_t kt0 = c * a->chunk_tiles; kt0 < end; kt0 += a->group) {
+        const int ng = end - kt0 < a->group ? (int)(end - kt0) : a->group;
         ctxpar_bwd_dkv_item(a, w, b, hk, kt0, ng, dq_chunk);
     }
 }

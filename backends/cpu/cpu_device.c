@@ -64,7 +64,7 @@ static int kernels_supported(const ctxpar_cpu_kernels *k) {
 #ifdef CTXPAR_CPU_HAVE_X86_KERNELS
     __builtin_cpu_init(); // harmless if done; needed when called before constructors ran
     if (k == &ctxpar_cpu_kernels_avx512)
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+        return __builtin_cpu_supports("avx512f");
     if (k == &ctxpar_cpu_kernels_avx2)
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                __builtin_cpu_supports("f16c");

@@ -25,15 +25,6 @@
 typedef double vd __attribute__((vector_size(VL * sizeof(double))));
 typedef int64_t vl __attribute__((vector_size(VL * sizeof(int64_t))));
 
-// x limited to [-lim, lim] (lim > 0), NaN kept: sign(x) min(|x|, lim). A table may define it
-// as one instruction (AVX-512 DQ's VRANGEPS) with the same results.
-#ifndef v_clamp
-CPU_INLINE vf v_clamp_(vf x, float lim) {
-    return v_min(v_set1(lim), v_max(v_set1(-lim), x));
-}
-#define v_clamp v_clamp_
-#endif
-
 // 2^x for a vector, about 1 ulp. Arguments below -127 give exactly 0 (no subnormals: the
 // softmax never needs weights that small), so -inf gives 0; 2^0 is exactly 1, which makes a
 // skipped tile and a fully masked one give the same bits. The polynomial approximates 2^f on
@@ -55,7 +46,8 @@ CPU_INLINE vf v_exp2_nf(vf t, vf f) {
 #define EXP2_ROUND_MAGIC 0x1.8p23f // adding it rounds to an integer in the low bits
 
 CPU_INLINE vf v_exp2(vf x) {
-    x = v_clamp(x, 127.0f);
+    x = v_max(v_set1(-127.0f), x);
+    x = v_min(v_set1(127.0f), x);
     vf t = x + v_set1(EXP2_ROUND_MAGIC);
     return v_exp2_nf(t, x - (t - v_set1(EXP2_ROUND_MAGIC)));
 }
@@ -69,14 +61,16 @@ CPU_INLINE vf v_exp2(vf x) {
 // in F32 operations only. f is kept in [-1, 1] so that a score of -inf (masked) or a large k0
 // (an empty row) gives 2^-127 p(-1) = 0, and a NaN stays NaN.
 CPU_INLINE vf exp2_split(vf s, vf chi, vf clo, vf k0, vf r) {
-    vf x = v_clamp(v_fma(chi, s, -(k0 + r)), 127.0f); // only to pick n
+    vf x = v_fma(chi, s, -(k0 + r)); // only to pick n
+    x = v_max(v_set1(-127.0f), x);
+    x = v_min(v_set1(127.0f), x);
     vf t = x + v_set1(EXP2_ROUND_MAGIC);
     vf n = t - v_set1(EXP2_ROUND_MAGIC);
     vf f = v_fma(chi, s, -(k0 + n)) - r;
     // clo times an infinite score would be inf - inf (or 0 * inf) next to f's own -inf: the
     // score is bounded here (a NaN has already made f NaN).
-    f = v_fma(clo, v_clamp(s, 0x1p64f), f);
-    f = v_clamp(f, 1.0f);
+    f = v_fma(clo, v_min(v_set1(0x1p64f), v_max(v_set1(-0x1p64f), s)), f);
+    f = v_min(v_set1(1.0f), v_max(v_set1(-1.0f), f));
     return v_exp2_nf(t, f);
 }
 

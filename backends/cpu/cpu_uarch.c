@@ -88,8 +88,8 @@ ctxpar_cpu_uarch ctxpar_cpu_uarch_classify(const ctxpar_cpu_id *id, int (*two_fm
 int ctxpar_cpu_two_fma512_probe(void) {
 #ifdef CTXPAR_CPU_HAVE_X86_KERNELS
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") ||
-        !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx2") ||
+        !__builtin_cpu_supports("fma"))
         return 0;
     // Alternated and best-of, per second of the thread's CPU time: another process taking the
     // core slows a round, never speeds one, so the best rounds compare the units themselves.

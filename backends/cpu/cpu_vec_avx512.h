@@ -1,6 +1,6 @@
 /*
- * cpu_vec_avx512.h - the vector vocabulary of cpu_kernels_impl.h on AVX-512 F and DQ (16 lanes),
- * for the AVX-512 kernel tables (one per register tile). It turns the AVX-512 target on with
+ * cpu_vec_avx512.h - the vector vocabulary of cpu_kernels_impl.h on AVX-512 (16 lanes), for the
+ * AVX-512 kernel tables (one per register tile). It turns the AVX-512 target on with
  * `#pragma GCC push_options`; the including file pops it after the kernels.
  */
 #ifndef CTXPAR_CPU_VEC_AVX512_H
@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx2,fma,f16c")
 
 typedef __m512 vf;
 typedef uint32_t vi __attribute__((vector_size(64)));
@@ -37,8 +37,5 @@ static inline vf v_f16_to_f32_(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 #define v_f16_to_f32 v_f16_to_f32_
-// sign(x) min(|x|, lim) in one instruction (VRANGEPS: the smaller magnitude, x's sign): the
-// same value as the two-instruction clamp to [-lim, lim], NaN included.
-#define v_clamp(x, lim) _mm512_range_ps((x), _mm512_set1_ps(lim), 0x02)
 
 #endif /* CTXPAR_CPU_VEC_AVX512_H */

@@ -18,8 +18,6 @@ int cpt_fuzz_cpu_supports(const char *feature) {
     }
     if (strcmp(feature, "avx512f") == 0)
         return __builtin_cpu_supports("avx512f");
-    if (strcmp(feature, "avx512dq") == 0)
-        return __builtin_cpu_supports("avx512dq");
     if (strcmp(feature, "avx2") == 0)
         return __builtin_cpu_supports("avx2");
     if (strcmp(feature, "fma") == 0)

@@ -43,7 +43,7 @@ file_flags() {
     case "$1" in
     # `#pragma GCC target` is GCC-only: give clang the same instruction sets on the command line.
     backends/cpu/cpu_kernels_avx2.c) echo "-mavx2 -mfma -mf16c" ;;
-    backends/cpu/cpu_kernels_avx512*.c) echo "-mavx512f -mavx512dq -mavx2 -mfma -mf16c" ;;
+    backends/cpu/cpu_kernels_avx512*.c) echo "-mavx512f -mavx2 -mfma -mf16c" ;;
     # clang 14's __builtin_cpu_supports lacks "f16c": see cpu_supports_shim.c.
     backends/cpu/cpu_device.c)
         echo "-include testing/fuzz/cpu_supports_shim.h"

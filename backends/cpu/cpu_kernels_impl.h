@@ -352,6 +352,23 @@ static void dsoftmax(float *dp, const float *p, const uint32_t *vis, int64_t lds
         }
 }
 
+// Lanes of the pair (a, b) picked by idx: idx[l] < VL is a[idx[l]], else b[idx[l] - VL] (GCC's
+// two-vector __builtin_shuffle). clang has no shuffle with indices known only at run time, so
+// it gets a loop over lanes; a table may define it as an instruction (AVX-512's VPERMT2D).
+#ifndef v_shuffle2
+#ifdef __clang__
+CPU_INLINE vi v_shuffle2_(vi a, vi b, vi idx) {
+    vi r;
+    for (int l = 0; l < VL; l++)
+        r[l] = idx[l] < VL ? a[idx[l]] : b[idx[l] - VL];
+    return r;
+}
+#define v_shuffle2 v_shuffle2_
+#else
+#define v_shuffle2(a, b, idx) __builtin_shuffle((a), (b), (idx))
+#endif
+#endif
+
 // The lane indices 0 .. VL-1 as a vector.
 CPU_INLINE vi v_iota(void) {
     uint32_t a[VL];
@@ -384,8 +401,8 @@ static void transpose(void *dst, int64_t ldd, const void *src, int64_t lds, int6
                     for (int i = 0; i < VL; i++)
                         if (!(i & w)) {
                             const vi a = r[i], b = r[i + w];
-                            r[i] = __builtin_shuffle(a, b, lo);
-                            r[i + w] = __builtin_shuffle(a, b, hi);
+                            r[i] = v_shuffle2(a, b, lo);
+                            r[i + w] = v_shuffle2(a, b, hi);
                         }
                 }
                 for (int j = 0; j < VL; j++)

@@ -37,5 +37,8 @@ static inline vf v_f16_to_f32_(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 #define v_f16_to_f32 v_f16_to_f32_
+// VPERMT2D: index bit 4 picks b, as in cpu_kernels_impl.h's v_shuffle2 (and for clang too).
+#define v_shuffle2(a, b, idx) \
+    ((vi)_mm512_permutex2var_epi32((__m512i)(a), (__m512i)(idx), (__m512i)(b)))
 
 #endif /* CTXPAR_CPU_VEC_AVX512_H */

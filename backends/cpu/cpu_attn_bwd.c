@@ -20,7 +20,7 @@
 
 // Fused items wanted: enough for a few dozen threads with dynamic balancing.
 #define FUSED_ITEMS 32
-// Most key chunks, each one dQ-sized F32 partial sum: 4 ran no faster than 2 on the benchmark
+// Most key chunks, each one dQ-sized F64 partial sum: 4 ran no faster than 2 on the benchmark
 // shapes (seq 4096-8192, 4 K/V heads) and held twice the memory (a long-sequence audit feels it).
 #define FUSED_MAX_CHUNKS 2
 // Fewest items the fused schedule accepts; below, the two-pass one keeps more threads busy.

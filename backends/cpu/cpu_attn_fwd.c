@@ -188,15 +188,11 @@ static int by_cost(const void *a, const void *b) {
     return (x->grp > y->grp) - (x->grp < y->grp);
 }
 
-// order[i]: the i-th group to hand out; NULL when it cannot be allocated.
-static int64_t *group_order(const ctxpar_cpu_plan *p, int group, int64_t groups) {
+// The groups sorted into the order they are handed out in; NULL when they cannot be allocated.
+static group_cost *group_order(const ctxpar_cpu_plan *p, int group, int64_t groups) {
     group_cost *c = malloc((size_t)groups * sizeof *c);
-    int64_t *order = malloc((size_t)groups * sizeof *order);
-    if (!c || !order) {
-        free(c);
-        free(order);
+    if (!c)
         return NULL;
-    }
     for (int64_t grp = 0; grp < groups; grp++) {
         c[grp] = (group_cost){0, grp};
         for (int64_t qt = grp * group; qt < p->q_tiles && qt < (grp + 1) * group; qt++)
@@ -204,10 +200,7 @@ static int64_t *group_order(const ctxpar_cpu_plan *p, int group, int64_t groups)
                 c[grp].tiles += ctxpar_cpu_plan_classify(p, qt, kt) != CTXPAR_BLOCK_SKIP;
     }
     qsort(c, (size_t)groups, sizeof *c, by_cost);
-    for (int64_t i = 0; i < groups; i++)
-        order[i] = c[i].grp;
-    free(c);
-    return order;
+    return c;
 }
 
 // One work item: query tiles qt0 .. qt0+ng-1 of (b, h) against every key tile in order.
@@ -301,11 +294,11 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
                           per_thread * sizeof(float));
         goto done;
     }
-    int64_t *order = group_order(&p, group, groups);
+    group_cost *order = group_order(&p, group, groups);
     if (!order) {
         free(ws);
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY,
-                          "attn_block_fwd: cannot allocate the order of %lld work items",
+                          "attn_block_fwd: cannot allocate the order of %lld query tile groups",
                           (long long)groups);
         goto done;
     }
@@ -318,7 +311,7 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
                              &unused);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
-            int64_t grp = order[it / bh], h = (it % bh) % p.heads_q, b = (it % bh) / p.heads_q;
+            int64_t grp = order[it / bh].grp, h = (it % bh) % p.heads_q, b = (it % bh) / p.heads_q;
             int64_t qt0 = grp * group;
             int ng = p.q_tiles - qt0 < group ? (int)(p.q_tiles - qt0) : group;
             fwd_item(&p, kern, &w, b, h, qt0, ng, out_acc, lse_acc, merge);

@@ -11,6 +11,7 @@
 #include "data.h"
 #include "metrics.h"
 #include "oracle.h"
+#include "reference.h"
 #include "runner_internal.h"
 #include "tolerance.h"
 
@@ -226,6 +227,12 @@ static void oracle_free(oracle_result *o) {
     free(o->mag16_dsinks);
 }
 
+// The reference's progress, as the runner's (work steps; the callback takes ints).
+static void reference_progress(void *user, int64_t done, int64_t total) {
+    const double f = total > 0 ? (double)done / (double)total : 0.0;
+    cpt_run_progress(user, "fp64 reference", (int)(f * 10000.0), 10000);
+}
+
 static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
     memset(o, 0, sizeof *o);
     size_t nq = global_count(cfg, CPT_T_DQ), nk = global_count(cfg, CPT_T_DK);
@@ -239,7 +246,6 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
         o->mag16_dsinks = malloc((size_t)cfg->heads * sizeof(double));
     }
     int64_t *pos = malloc((size_t)cfg->seq * sizeof *pos);
-    double *row_ds = NULL; // documents per row with sinks: one row's dsinks and magnitudes
     ctxpar_status st = CTXPAR_OK;
     // Results judged at a 16-bit dtype need the 16-bit magnitudes (audit may judge any dtype).
     const int want16 = cfg->dtype != CTXPAR_DTYPE_F32 || cfg->keep_oracle;
@@ -258,7 +264,7 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the oracle's tensors");
         goto done;
     }
-    cpt_run_progress(cfg, "fp64 oracle", 0, 0);
+    cpt_run_progress(cfg, "fp64 reference", 0, 0);
     cpt_run_fill_global_f64(cfg, CPT_RUN_ID_Q, q);
     cpt_run_fill_global_f64(cfg, CPT_RUN_ID_K, k);
     cpt_run_fill_global_f64(cfg, CPT_RUN_ID_V, v);
@@ -274,56 +280,24 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
     // MLA, soft-capping and sinks as the library was asked for them (the sinks' F32 values).
     for (int64_t h = 0; sinks && h < cfg->heads; h++)
         sinks[h] = (double)cfg->params.sinks[h];
-    const int64_t D = cfg->head_dim, Dv = cpt_run_dim_v(cfg), H = cfg->heads, Hkv = cfg->kv_heads;
-    const cpt_oracle_features feat = {Dv, (double)cfg->params.softcap, sinks, NULL, 0};
-    // Documents per batch row: the oracle runs row by row, each with its row's documents; dsinks
-    // (summed over the batch) and its magnitudes add up the rows'.
     const int per_row = cfg->params.cu_seqlens && cfg->params.cu_seqlens_rows > 0;
-    const int64_t rows = per_row ? cfg->batch : 1, S = cfg->seq;
-    const int sum_rows = per_row && o->dsinks;
-    row_ds = sum_rows ? malloc(3 * (size_t)H * sizeof *row_ds) : NULL;
-    if (sum_rows && !row_ds) {
-        st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate the oracle's dsinks");
-        goto done;
-    }
-    for (int64_t h = 0; sum_rows && h < H; h++)
-        o->dsinks[h] = o->mag_dsinks[h] = o->mag16_dsinks[h] = 0.0;
-    for (int64_t b = 0; st == CTXPAR_OK && b < rows; b++) {
-        cpt_oracle_shape shape = {per_row ? 1 : cfg->batch, S, S, H, Hkv, D};
-        ctxpar_mask_desc mask = cpt_oracle_mask(&cfg->params);
-        if (per_row)
-            mask.cu_seqlens += b * (cfg->params.num_docs + 1);
-        // Offsets of row b in each global tensor: [B, S, H, D or Dv] and lse [B, H, S].
-        const size_t qo = (size_t)(b * S * H * D), ko = (size_t)(b * S * Hkv * D),
-                     oo = (size_t)(b * S * H * Dv), vo = (size_t)(b * S * Hkv * Dv),
-                     lo = (size_t)(b * S * H);
-        const size_t off[CPT_RUN_TENSORS] = {oo, lo, qo, ko, vo};
-        double *t[CPT_RUN_TENSORS], *m[CPT_RUN_TENSORS], *m16[CPT_RUN_TENSORS];
-        for (int i = 0; i < CPT_RUN_TENSORS; i++) {
-            t[i] = o->t[i] ? o->t[i] + off[i] : NULL;
-            m[i] = o->mag[i] ? o->mag[i] + off[i] : NULL;
-            m16[i] = o->mag16[i] ? o->mag16[i] + off[i] : NULL;
-        }
-        double *ds = sum_rows ? row_ds : o->dsinks, *mds = sum_rows ? row_ds + H : o->mag_dsinks,
-               *mds16 = sum_rows ? row_ds + 2 * H : o->mag16_dsinks;
-        const double *dr = dout ? dout + oo : NULL;
-        cpt_oracle_fwd_ex(&shape, q + qo, k + ko, v + vo, pos, pos, &mask, &feat, scale,
-                          t[CPT_T_OUT], t[CPT_T_LSE]);
-        if (cfg->backward)
-            cpt_oracle_bwd_ex(&shape, q + qo, k + ko, v + vo, pos, pos, &mask, &feat, scale, dr,
-                              t[CPT_T_DQ], t[CPT_T_DK], t[CPT_T_DV], ds);
-        cpt_magnitudes mag = {{m[0], m[1], m[2], m[3], m[4]},
-                              {m16[0], m16[1], m16[2], m16[3], m16[4]}};
-        st = cpt_bound_magnitudes_ex(&shape, q + qo, k + ko, v + vo, dr, pos, pos, &mask, &feat,
-                                     scale, &mag, mds, mds16);
-        for (int64_t h = 0; sum_rows && h < H; h++) {
-            o->dsinks[h] += ds[h];
-            o->mag_dsinks[h] += mds[h];
-            o->mag16_dsinks[h] += mds16[h];
-        }
-    }
+    const cpt_oracle_features feat = {cpt_run_dim_v(cfg), (double)cfg->params.softcap, sinks,
+                                      per_row ? cfg->params.cu_seqlens : NULL,
+                                      per_row ? cfg->params.num_docs : 0};
+    const cpt_oracle_shape shape = {cfg->batch, cfg->seq, cfg->seq, cfg->heads, cfg->kv_heads,
+                                    cfg->head_dim};
+    ctxpar_mask_desc mask = cpt_oracle_mask(&cfg->params);
+    if (per_row) // the features carry them
+        mask.cu_seqlens = NULL;
+    cpt_ref_out ro = {{o->t[0], o->t[1], o->t[2], o->t[3], o->t[4]},
+                      {o->mag[0], o->mag[1], o->mag[2], o->mag[3], o->mag[4]},
+                      {o->mag16[0], o->mag16[1], o->mag16[2], o->mag16[3], o->mag16[4]},
+                      o->dsinks,
+                      o->mag_dsinks,
+                      o->mag16_dsinks};
+    const cpt_ref_progress prog = {reference_progress, (void *)cfg};
+    st = cpt_reference(&shape, q, k, v, dout, pos, pos, &mask, &feat, scale, NULL, &prog, &ro);
 done:
-    free(row_ds);
     free(sinks);
     free(q);
     free(k);
@@ -445,8 +419,11 @@ ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs 
     oracle_result o;
     ctxpar_status st_dsinks;
     memset(&o, 0, sizeof o);
-    if (cfg->compare_oracle)
+    if (cfg->compare_oracle) {
+        const double t0 = ctxpar_now();
         CTXPAR_CHECK(run_oracle(cfg, &o));
+        res->reference_time_s = ctxpar_now() - t0;
+    }
     res->ok = res->status == CTXPAR_OK;
     for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         res->has[i] = has_tensor(cfg, i);

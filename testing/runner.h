@@ -157,6 +157,7 @@ typedef struct cpt_run_result {
                                rank */
     double time_fwd_s;      /* the same for the forward alone */
     double time_single_s;   /* time_s at P = 1 */
+    double reference_time_s; /* wall time of the fp64 reference and its bound (0: not run) */
     size_t peak_bytes_per_rank;     /* max over ranks */
     size_t single_rank_peak_bytes;
     cpt_run_rank_stats rank[64]; /* first min(ranks, 64) */

@@ -233,10 +233,15 @@ static void reference_progress(void *user, int64_t done, int64_t total) {
     cpt_run_progress(user, "fp64 reference", (int)(f * 10000.0), 10000);
 }
 
-static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
+// With a sample, the oracle's tensors hold the sampled rows only (sizes of a run of seq n).
+static ctxpar_status run_oracle(const cpt_run_config *cfg, const cpt_run_sample *smp,
+                                oracle_result *o) {
     memset(o, 0, sizeof *o);
     size_t nq = global_count(cfg, CPT_T_DQ), nk = global_count(cfg, CPT_T_DK);
     size_t no = global_count(cfg, CPT_T_OUT), nv = global_count(cfg, CPT_T_DV);
+    cpt_run_config cc = *cfg; // the results' sizes
+    if (smp->rows)
+        cc.seq = smp->n;
     double *q = malloc(nq * sizeof *q), *k = malloc(nk * sizeof *k), *v = malloc(nv * sizeof *v);
     double *dout = cfg->backward ? malloc(no * sizeof *dout) : NULL;
     double *sinks = cfg->params.sinks ? malloc((size_t)cfg->heads * sizeof *sinks) : NULL;
@@ -251,10 +256,10 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
     const int want16 = cfg->dtype != CTXPAR_DTYPE_F32 || cfg->keep_oracle;
     for (int i = 0; i < CPT_RUN_TENSORS; i++)
         if (has_tensor(cfg, i)) {
-            o->t[i] = malloc(global_count(cfg, i) * sizeof(double));
-            o->mag[i] = malloc(global_count(cfg, i) * sizeof(double));
+            o->t[i] = malloc(global_count(&cc, i) * sizeof(double));
+            o->mag[i] = malloc(global_count(&cc, i) * sizeof(double));
             if (want16)
-                o->mag16[i] = malloc(global_count(cfg, i) * sizeof(double));
+                o->mag16[i] = malloc(global_count(&cc, i) * sizeof(double));
         }
     int ok = q && k && v && pos && (!cfg->backward || dout) && (!cfg->params.sinks || sinks) &&
              (!has_dsinks(cfg) || (o->dsinks && o->mag_dsinks && o->mag16_dsinks));
@@ -296,7 +301,9 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, oracle_result *o) {
                       o->mag_dsinks,
                       o->mag16_dsinks};
     const cpt_ref_progress prog = {reference_progress, (void *)cfg};
-    st = cpt_reference(&shape, q, k, v, dout, pos, pos, &mask, &feat, scale, NULL, &prog, &ro);
+    const cpt_ref_select sel = {smp->rows, smp->n, cfg->backward ? smp->rows : NULL, smp->n};
+    st = cpt_reference(&shape, q, k, v, dout, pos, pos, &mask, &feat, scale,
+                       smp->rows ? &sel : NULL, &prog, &ro);
 done:
     free(sinks);
     free(q);
@@ -340,7 +347,8 @@ static double tensor_row_error(const cpt_run_config *cfg, const cpt_run_outputs 
 
 // The largest error-to-bound ratio of tensor i and where it is: position, head and the rank that
 // held the row under the layout.
-static ctxpar_status bound_verdict(const cpt_run_config *cfg, const cpt_run_outputs *outs, int i,
+static ctxpar_status bound_verdict(const cpt_run_config *full, const cpt_run_config *cfg,
+                                   const cpt_run_sample *smp, const cpt_run_outputs *outs, int i,
                                    const oracle_result *o, double *ratio, cpt_run_where *w) {
     const size_t n = global_count(cfg, i);
     cpt_bound_stats bs;
@@ -368,12 +376,15 @@ static ctxpar_status bound_verdict(const cpt_run_config *cfg, const cpt_run_outp
     }
     w->bound = cpt_bound_elem(cfg->dtype, i == CPT_T_LSE, o->mag[i][x],
                                  o->mag16[i] ? o->mag16[i][x] : 0.0, o->t[i][x]);
-    int64_t *pos = malloc((size_t)S * sizeof *pos);
+    if (smp->rows) // a sampled row's global position
+        w->position = smp->rows[w->position];
+    cfg = full;
+    int64_t *pos = malloc((size_t)cfg->seq * sizeof *pos);
     if (!pos)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate positions");
     ctxpar_status st = CTXPAR_OK;
     for (int r = 0; st == CTXPAR_OK && w->rank < 0 && r < cfg->ranks; r++) {
-        st = ctxpar_positions_assigned(cfg->params.layout, cfg->params.assignment, S, r,
+        st = ctxpar_positions_assigned(cfg->params.layout, cfg->params.assignment, cfg->seq, r,
                                        cfg->ranks, pos);
         const int64_t n = cpt_run_local_seq(cfg, r, cfg->ranks);
         for (int64_t s = 0; st == CTXPAR_OK && s < n; s++)
@@ -414,14 +425,43 @@ static ctxpar_status evaluate_dsinks(const cpt_run_config *cfg, const cpt_run_ou
     return CTXPAR_OK;
 }
 
+// The comparison of cpt_run_evaluate on the judged rows: cfg's sizes are theirs (seq = n with
+// a sample), outs and single hold them, full is the run's own configuration.
+static ctxpar_status evaluate_rows(const cpt_run_config *full, const cpt_run_config *cfg,
+                                  const cpt_run_outputs *outs, const cpt_run_outputs *single,
+                                  cpt_run_result *res);
+
 ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs *single,
+                                  cpt_run_result *res) {
+    if (!cfg->compare_oracle || cfg->rows <= 0 || cfg->rows >= cfg->seq)
+        return evaluate_rows(cfg, cfg, &res->outputs, single, res);
+    CTXPAR_CHECK(cpt_run_sample_rows(cfg, &res->sample));
+    cpt_run_config cc = *cfg;
+    cc.seq = res->sample.n;
+    cpt_run_outputs outs = {{0}, NULL}, one = {{0}, NULL};
+    ctxpar_status st = cpt_run_outputs_compact(cfg, &res->sample, &res->outputs, &outs);
+    if (st == CTXPAR_OK && single)
+        st = cpt_run_outputs_compact(cfg, &res->sample, single, &one);
+    if (st == CTXPAR_OK)
+        st = evaluate_rows(cfg, &cc, &outs, single ? &one : NULL, res);
+    // Bits against P = 1: over every row, not only the judged ones.
+    for (int i = 0; st == CTXPAR_OK && single && i < CPT_RUN_TENSORS; i++)
+        if (res->has[i])
+            res->bitwise_single[i] = bitwise_equal(cfg, &res->outputs, single, i);
+    cpt_run_outputs_free(&outs);
+    cpt_run_outputs_free(&one);
+    return st;
+}
+
+static ctxpar_status evaluate_rows(const cpt_run_config *full, const cpt_run_config *cfg,
+                                  const cpt_run_outputs *outs, const cpt_run_outputs *single,
                                   cpt_run_result *res) {
     oracle_result o;
     ctxpar_status st_dsinks;
     memset(&o, 0, sizeof o);
     if (cfg->compare_oracle) {
         const double t0 = ctxpar_now();
-        CTXPAR_CHECK(run_oracle(cfg, &o));
+        CTXPAR_CHECK(run_oracle(full, &res->sample, &o));
         res->reference_time_s = ctxpar_now() - t0;
     }
     res->ok = res->status == CTXPAR_OK;
@@ -430,18 +470,18 @@ ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs 
         res->error[i] = res->row_error[i] = res->error_1[i] = res->ratio[i] =
             res->bound_ratio[i] = NAN;
         res->tolerance[i] = cpt_tolerance_for_seq(cfg->dtype, cpt_run_tensor_name(i),
-                                                     cfg->seq);
+                                                     full->seq);
         res->within_tol[i] = res->ratio_ok[i] = 1;
         if (!res->has[i])
             continue;
         if (single)
-            res->bitwise_single[i] = bitwise_equal(cfg, &res->outputs, single, i);
+            res->bitwise_single[i] = bitwise_equal(cfg, outs, single, i);
         if (!cfg->compare_oracle)
             continue;
-        res->error[i] = tensor_error(cfg, &res->outputs, i, o.t[i]);
-        res->row_error[i] = tensor_row_error(cfg, &res->outputs, i, o.t[i]);
-        ctxpar_status st =
-            bound_verdict(cfg, &res->outputs, i, &o, &res->bound_ratio[i], &res->bound_worst[i]);
+        res->error[i] = tensor_error(cfg, outs, i, o.t[i]);
+        res->row_error[i] = tensor_row_error(cfg, outs, i, o.t[i]);
+        ctxpar_status st = bound_verdict(full, cfg, &res->sample, outs, i, &o,
+                                         &res->bound_ratio[i], &res->bound_worst[i]);
         if (st != CTXPAR_OK) {
             oracle_free(&o);
             return st;
@@ -587,6 +627,7 @@ ctxpar_status cpt_run(const cpt_run_config *cfg_in, cpt_run_result *res) {
 
 void cpt_run_result_free(cpt_run_result *res) {
     cpt_run_outputs_free(&res->outputs);
+    cpt_run_sample_free(&res->sample);
     for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         free(res->oracle[i]);
         free(res->oracle_mag[i]);

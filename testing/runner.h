@@ -92,6 +92,9 @@ typedef struct cpt_run_config {
     /* > 0 with params.cu_seqlens NULL: pack that many documents of generated lengths
      * (cpt_run_docs) into the sequence. */
     int64_t docs;
+    /* > 0 and < seq: judge only this many query rows, and the same key rows for dk and dv
+     * (cpt_run_sample_rows); 0: every row. */
+    int64_t rows;
     /* Optional: every trace event of the timed calls, on the rank's own thread. */
     void (*trace)(void *user, int rank, const ctxpar_trace_event *event);
     void *trace_user;
@@ -130,6 +133,18 @@ typedef struct cpt_run_where {
     double got, ref, bound; /* the element, the oracle's value, its per-element bound */
 } cpt_run_where;
 
+/* The rows a sampled run judges (cfg->rows): the first and last row of every rank's shard and
+ * of every run of consecutive positions in it (a layout chunk), then uniform random rows from
+ * cfg->seed; sorted positions. More boundaries than cfg->rows: an even spread of them. */
+typedef struct cpt_run_sample {
+    int64_t *rows;      /* NULL: every row is judged */
+    int64_t n;          /* rows judged */
+    int64_t boundaries; /* how many of them are boundaries */
+} cpt_run_sample;
+
+ctxpar_status cpt_run_sample_rows(const cpt_run_config *cfg, cpt_run_sample *out);
+void cpt_run_sample_free(cpt_run_sample *s);
+
 typedef struct cpt_run_result {
     ctxpar_status status;   /* first failing rank's status, or OK */
     char message[600];      /* its message, "rank R: ..." */
@@ -162,6 +177,9 @@ typedef struct cpt_run_result {
     size_t single_rank_peak_bytes;
     cpt_run_rank_stats rank[64]; /* first min(ranks, 64) */
     cpt_run_outputs outputs;     /* owned; freed by cpt_run_result_free */
+    /* With cfg->rows: the rows judged. Errors, ratios, bounds and the kept oracle below then
+     * cover those rows only, the oracle's tensors compact ([B, n, H, D], lse [B, H, n]). */
+    cpt_run_sample sample;
     /* With keep_oracle: the fp64 oracle's global tensors (the layout of outputs), else NULL;
      * owned, freed by cpt_run_result_free. */
     double *oracle[CPT_RUN_TENSORS];

@@ -73,6 +73,10 @@ ctxpar_status cpt_run_outputs_place(const cpt_run_config *cfg, int rank, int nra
                                        const cpt_rank_outputs *local,
                                        cpt_run_outputs *global);
 
+/* The sampled rows of each global output, compact: out as for a run of seq = smp->n. */
+ctxpar_status cpt_run_outputs_compact(const cpt_run_config *cfg, const cpt_run_sample *smp,
+                                      const cpt_run_outputs *full, cpt_run_outputs *out);
+
 /* Runs cfg on `ranks` threads of this process and collects the global outputs and reports. */
 ctxpar_status cpt_run_threads(const cpt_run_config *cfg, int ranks,
                                  cpt_run_outputs *global, cpt_rank_report *reports);

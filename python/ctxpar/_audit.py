@@ -169,7 +169,8 @@ def _choice(kind, allowed, value):
 def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, ranks,
           algo="ring", layout="zigzag", mask="causal", window=0, cu_seqlens=None, scale=None,
           softcap=0.0, sinks=None, dsinks=None, format="bshd", lse_base="e", lse_layout="bhs",
-          dtype=None, max_ratio=None, num_threads=0, folder=None, tool=None, timeout=None):
+          dtype=None, max_ratio=None, rows=None, seed=None, num_threads=0, folder=None,
+          tool=None, timeout=None):
     """Judges results computed elsewhere on the inputs q, k, v (and dout): an AuditReport.
 
     out, lse, dq, dk, dv: any of the results to judge (dq, dk, dv need dout), as computed by the
@@ -183,6 +184,9 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
     mask, window, algo: the attention and ctxpar's algorithm for its own reference run. dtype:
     the dtype ctxpar's own run uses (default: the results'). max_ratio: also require each error at most
     max_ratio x ctxpar's own (the tool's --max-ratio; None: the per-element bound alone).
+    rows: judge only this many query rows (and key rows for dk, dv; the tool's --rows): the first
+    and last row of every rank's shard and layout chunk, then random rows from `seed`; the report
+    then covers those rows (json["rows_judged"]) and the reference costs O(rows x seq).
     scale: the softmax scale (None: 1/sqrt(head_dim)), the tool's --scale. softcap: the logit
     soft-capping the results were made with (0: none). sinks: float32 [Hq] attention sinks
     (written to sinks.npy for --sinks); dsinks: their gradient as the other implementation
@@ -217,6 +221,8 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
         raise ValueError(f"max_ratio ({max_ratio}) must be >= 1")
     if scale is not None and not (math.isfinite(float(scale)) and float(scale) != 0.0):
         raise ValueError(f"scale ({scale}) must be finite and non-zero")
+    if rows is not None and int(rows) < 1:
+        raise ValueError(f"rows ({rows}) must be >= 1")
     exe = tool_path(tool)
     if exe is None:
         raise FileNotFoundError("ctxpar audit needs the ctxpar tool: set CTXPAR_TOOL to it, "
@@ -239,6 +245,10 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
         command += ["--scale", repr(float(scale))]
     if max_ratio is not None:
         command += ["--max-ratio", repr(float(max_ratio))]
+    if rows is not None:
+        command += ["--rows", str(int(rows))]
+    if seed is not None:
+        command += ["--seed", str(int(seed))]
     if softcap:
         command += ["--softcap", repr(float(softcap))]
     sinks32 = None

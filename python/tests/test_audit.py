@@ -230,3 +230,25 @@ def test_mla_sinks_softcap_and_dsinks_are_judged(tool):
     assert rep.tensors["out"].consistent
     with pytest.raises(ValueError, match="dsinks"):
         ctxpar.audit(q, k, v, ranks=4, sinks=sinks, tool=tool, dsinks=res["dsinks"])
+
+
+def test_sampled_rows_still_name_the_rank_of_a_lost_ring_step(tool):
+    # rows=24 of 256: the report covers 24 rows, every rank's first and last among them, and a
+    # block of rows lost on one rank (its first rows included) is still found and named.
+    P, S, bad_rank = 4, 256, 2
+    (q, k, v, do), res, _ = case("f32", s=S)
+    mine = ctxpar.positions("contiguous", S, bad_rank, P)
+    res["out"] = res["out"].copy()
+    res["out"][:, mine[:16]] = 0
+    rep = ctxpar.audit(q, k, v, do, **res, ranks=P, layout="contiguous", rows=24, seed=3)
+    assert rep.json["rows_judged"] == 24 and rep.json["rows_total"] == S
+    assert rep.json["rows_boundaries"] >= 2 * P
+    out = rep.tensors["out"]
+    assert not rep.consistent and not out.consistent and out.worst.rank == bad_rank
+    assert out.worst.position in mine[:16]
+    assert all(rep.tensors[n].consistent for n in ("lse", "dq", "dk", "dv"))
+    # The same correct results, sampled, are consistent.
+    (q, k, v, do), res, _ = case("f32", s=S)
+    assert ctxpar.audit(q, k, v, do, **res, ranks=P, rows=24).consistent
+    with pytest.raises(ValueError, match="rows"):
+        ctxpar.audit(q, k, v, do, **res, ranks=P, rows=0)

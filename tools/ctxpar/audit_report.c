@@ -31,6 +31,25 @@ static ctxpar_status judge_dsinks(const cpt_cli *cli, const cpt_audit_state *a,
     return CTXPAR_OK;
 }
 
+// The judged rows of a result read from --against: t's rows (positions smp->rows) into out,
+// dims {B, n, H, D}, lse {B, H, n, 1}. t->data NULL when out of memory.
+static void sample_tensor(const cpt_audit_tensor *t, int lse, const cpt_run_sample *smp,
+                          cpt_audit_tensor *out) {
+    *out = *t;
+    ctxpar_dtype dt = CTXPAR_DTYPE_F32;
+    cpt_dtype_of_npy(t->dtype, &dt);
+    const size_t es = lse ? sizeof(float) : ctxpar_dtype_size(dt);
+    const int64_t outer = lse ? t->dims[0] * t->dims[1] : t->dims[0];
+    const int64_t S = lse ? t->dims[2] : t->dims[1], n = smp->n;
+    const size_t row = (size_t)(lse ? 1 : t->dims[2] * t->dims[3]) * es;
+    out->dims[lse ? 2 : 1] = n;
+    out->data = malloc((size_t)(outer * n) * row + 1);
+    for (int64_t o = 0; out->data && o < outer; o++)
+        for (int64_t x = 0; x < n; x++)
+            memcpy((char *)out->data + (size_t)(o * n + x) * row,
+                   (const char *)t->data + (size_t)(o * S + smp->rows[x]) * row, row);
+}
+
 ctxpar_status cpt_audit_judge_all(const cpt_cli *cli, const cpt_audit_state *a,
                                      const cpt_run_result *r, cpt_audit_report *rep) {
     const cpt_run_config *c = &cli->cfg;
@@ -41,11 +60,24 @@ ctxpar_status cpt_audit_judge_all(const cpt_cli *cli, const cpt_audit_state *a,
                             (long long)c->seq);
     ctxpar_status st = cpt_audit_owners(&a->lay, c->seq, owner);
     cpt_audit_bound bound = {cli->max_ratio};
+    const cpt_run_sample *smp = &r->sample; // --rows: the oracle holds the judged rows only
+    for (int64_t x = 0; smp->rows && x < smp->n; x++)
+        owner[x] = owner[smp->rows[x]]; // rows are sorted: x <= rows[x]
     rep->consistent = 1;
     for (int i = 0; st == CTXPAR_OK && i < CPT_RUN_TENSORS; i++) {
+        cpt_audit_tensor sampled;
         const cpt_audit_tensor *t = &a->res[i];
         if (!t->data)
             continue;
+        if (smp->rows) {
+            sample_tensor(t, i == CPT_T_LSE, smp, &sampled);
+            if (!sampled.data) {
+                st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot sample %s",
+                                  cpt_run_tensor_name((cpt_run_tensor)i));
+                break;
+            }
+            t = &sampled;
+        }
         if (!r->oracle[i] || !r->oracle_mag[i] || !r->oracle_mag16[i]) {
             st = CTXPAR_ERROR(CTXPAR_ERR_INTERNAL, "no oracle for %s",
                               cpt_run_tensor_name((cpt_run_tensor)i));
@@ -60,6 +92,10 @@ ctxpar_status cpt_audit_judge_all(const cpt_cli *cli, const cpt_audit_state *a,
                                 r->oracle_mag[i], r->oracle_mag16[i], r->error[i], owner,
                                 c->ranks, &bound,
                                 &rep->v[i]);
+        for (int w = 0; st == CTXPAR_OK && smp->rows && w < rep->v[i].n_worst; w++)
+            rep->v[i].worst[w].position = smp->rows[rep->v[i].worst[w].position];
+        if (smp->rows)
+            free(sampled.data);
         rep->consistent = rep->consistent && rep->v[i].consistent;
     }
     if (st == CTXPAR_OK && a->dsinks)

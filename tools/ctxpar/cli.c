@@ -18,7 +18,7 @@ typedef enum opt_id {
     O_LAYOUT, O_DOCS, O_BACKWARD, O_SEED, O_Q, O_K, O_V, O_DOUT, O_CU_SEQLENS, O_SAVE, O_THREADS,
     O_WARMUP, O_REPEAT, O_CHECK, O_NO_CHECK, O_SWEEP, O_PEAK, O_VERIFY, O_COMM, O_BACKEND, O_JSON,
     O_TRACE, O_INPUTS, O_AGAINST, O_SHARDS, O_FORMAT, O_LSE_BASE, O_LSE_LAYOUT, O_MAX_RATIO,
-    O_ASSIGN, O_V_DIM, O_SOFTCAP, O_SINKS,
+    O_ASSIGN, O_V_DIM, O_SOFTCAP, O_SINKS, O_ROWS,
 } opt_id;
 
 enum { C = CPT_CMD_CHECK, A = CPT_CMD_AUDIT, B = CPT_CMD_BENCH };
@@ -79,7 +79,10 @@ static const opt options[] = {
     {"--docs", O_DOCS, C | B, 0, "N",
      "pack N documents of varied lengths; attention stays inside each"},
     {"--backward", O_BACKWARD, C | B, 1, NULL, "also run the backward pass (dq, dk, dv)"},
-    {"--seed", O_SEED, C | B, 0, "N", "seed of the generated inputs"},
+    {"--seed", O_SEED, C | A | B, 0, "N", "seed of the generated inputs and of --rows' random rows"},
+    {"--rows", O_ROWS, C | A, 0, "N",
+     "judge N query rows (and key rows): each rank's and layout chunk's first and last, then "
+     "random ones; the reference then costs O(N S)"},
     {"--threads", O_THREADS, C | A | B, 0, "N", "OpenMP threads per rank (0: cores / ranks)"},
     {"--warmup", O_WARMUP, C | A | B, 0, "N", "untimed calls before the timed ones"},
     {"--repeat", O_REPEAT, C | A | B, 0, "N", "timed calls; the median is reported"},
@@ -179,6 +182,7 @@ static void default_text(const opt *o, const cpt_cli *d, char *buf, size_t n) {
     case O_ALGO: snprintf(buf, n, "%s", ctxpar_algo_name(c->params.algo)); break;
     case O_LAYOUT: snprintf(buf, n, "%s", layout_names[c->params.layout]); break;
     case O_SEED: snprintf(buf, n, "%llu", (unsigned long long)c->seed); break;
+    case O_ROWS: snprintf(buf, n, "0 = every row"); break;
     case O_THREADS: snprintf(buf, n, "0"); break;
     case O_WARMUP: snprintf(buf, n, "%d", c->warmup); break;
     case O_REPEAT: snprintf(buf, n, "%d", c->repeat > 0 ? c->repeat : 1); break;
@@ -432,6 +436,7 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
     case O_WINDOW_RIGHT: c->params.window_right = v; break;
     case O_ULYSSES: c->params.ulysses = v; break;
     case O_DOCS: c->docs = v; break;
+    case O_ROWS: c->rows = v; break;
     case O_THREADS: c->threads = (int)v; break;
     case O_WARMUP: c->warmup = (int)v; break;
     case O_REPEAT:

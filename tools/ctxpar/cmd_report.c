@@ -99,6 +99,10 @@ void cpt_report_json_members(FILE *f, const cpt_run_config *c, const cpt_run_res
     cpt_json_num(f, r->time_single_s);
     fprintf(f, ",\"reference_time_s\":");
     cpt_json_num(f, r->reference_time_s);
+    // --rows: which rows the errors and bounds cover.
+    fprintf(f, ",\"rows_judged\":%lld,\"rows_total\":%lld,\"rows_boundaries\":%lld",
+            (long long)(r->sample.rows ? r->sample.n : c->seq), (long long)c->seq,
+            (long long)(r->sample.rows ? r->sample.boundaries : c->seq));
     fprintf(f, ",\"peak_bytes_per_rank\":%zu,\"single_rank_peak_bytes\":%zu,",
             r->peak_bytes_per_rank, r->single_rank_peak_bytes);
     fprintf(f, "\"per_rank\":[");
@@ -166,6 +170,12 @@ void cpt_report_table(FILE *f, const char *cmd, const cpt_run_config *c,
             c->backward ? "forward + backward" : "forward",
             cpt_run_backend_name(c->backend));
     cpt_report_rows(f, r);
+    if (r->sample.rows)
+        fprintf(f,
+                "  judged %lld of %lld rows (query rows, and key rows for dk, dv): %lld first or "
+                "last of a rank's shard or layout chunk, %lld random (--seed %llu)\n",
+                (long long)r->sample.n, (long long)c->seq, (long long)r->sample.boundaries,
+                (long long)(r->sample.n - r->sample.boundaries), (unsigned long long)c->seed);
     fprintf(f,
             "\n  time %.3f s (P=1: %.3f s; fp64 reference: %.3f s)   peak memory per rank %.2f MiB "
             "(P=1: %.2f MiB)\n",

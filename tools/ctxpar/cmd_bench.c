@@ -311,7 +311,7 @@ static void print_sweep_header(const cpt_run_config *c, const char *comm,
                peak->core.uarch, peak->core.tiles);
     printf("| seq | ranks | threads/rank | fwd ms | fwd GFLOP/s | fwd %% of peak |%s tokens/s | "
            "speedup | peak MiB/rank | MiB sent/rank | hidden |\n",
-           c->backward ? " fwd+bwd ms | fwd+bwd GFLOP/s | fwd+bwd %% of peak |" : "");
+           c->backward ? " fwd+bwd ms | fwd+bwd GFLOP/s | fwd+bwd % of peak |" : "");
     printf("|---:|---:|---:|---:|---:|---:|%s---:|---:|---:|---:|---:|\n",
            c->backward ? "---:|---:|---:|" : "");
 }
@@ -344,9 +344,12 @@ typedef struct baseline {
 } baseline;
 
 static int run_baseline(cpt_session *s, const cpt_run_config *cfg, baseline *b,
-                        const cpt_peak_info *peak) {
+                        const cpt_peak_info *peak, const char *of) {
     if (b->have)
         return CPT_EXIT_OK;
+    char stage[96];
+    snprintf(stage, sizeof stage, "seq %lld%s, baseline: ", (long long)cfg->seq, of);
+    cpt_session_stage(s, stage);
     cpt_run_config c1 = cpt_run_config_one_rank(cfg);
     c1.threads = cfg->threads > 0 ? cfg->threads * cfg->ranks : 0;
     c1.compare_oracle = c1.compare_single = 0;
@@ -364,15 +367,20 @@ static int run_baseline(cpt_session *s, const cpt_run_config *cfg, baseline *b,
 
 // One measurement: the baseline (if not yet), then cfg's ranks, unless that is one rank with no
 // oracle to compare, which the baseline already measured. Prints the table, a sweep row or a JSON
-// object (`sep` before it). Returns the exit code.
-static int bench_one(cpt_session *s, const cpt_cli *cli, const cpt_run_config *cfg,
-                     baseline *base, const cpt_peak_info *peak, const char *sep) {
-    int rc = run_baseline(s, cfg, base, peak);
+// object (`sep` before it). `of` ends the progress line's configuration (" (3 of 8)" or "").
+// Returns the exit code.
+static int bench_one(cpt_session *s, const cpt_cli *cli, const cpt_run_config *cfg, baseline *base,
+                     const cpt_peak_info *peak, const char *sep, const char *of) {
+    int rc = run_baseline(s, cfg, base, peak, of);
     if (rc != CPT_EXIT_OK)
         return rc;
     cpt_run_result own, *r = &base->r;
     const int reuse = cfg->ranks == 1 && !cfg->compare_oracle;
     if (!reuse) {
+        char stage[96];
+        snprintf(stage, sizeof stage, "ranks %d, seq %lld%s: ", cfg->ranks, (long long)cfg->seq,
+                 of);
+        cpt_session_stage(s, stage);
         r = &own;
         if (cpt_session_run(s, cfg, 1, r) != CTXPAR_OK)
             return CPT_EXIT_USAGE;
@@ -438,11 +446,10 @@ int cpt_cmd_bench(int argc, char **argv) {
             cpt_run_config c = cli.cfg;
             c.seq = cli.seqs[i];
             c.ranks = cli.ranks[j];
-            char stage[64] = "";
-            if (cli.sweep)
-                snprintf(stage, sizeof stage, "seq %lld, ", (long long)c.seq);
-            cpt_session_stage(&s, stage);
-            rc = bench_one(&s, &cli, &c, &base, &peak, n++ ? "," : "");
+            char of[32] = ""; // which configuration of the sweep, on the progress line
+            if (cli.n_seqs * cli.n_ranks > 1)
+                snprintf(of, sizeof of, " (%d of %d)", n + 1, cli.n_seqs * cli.n_ranks);
+            rc = bench_one(&s, &cli, &c, &base, &peak, n++ ? "," : "", of);
         }
     }
     if (s.rank == 0 && cli.sweep && cli.json)

@@ -411,8 +411,13 @@ int cpt_cmd_plan(int argc, char **argv) {
     }
     a.cfg.params.cu_seqlens = cu;
     cpt_plan_result r;
+    cpt_progress progress;
+    cpt_progress_init(&progress, "plan", stderr, NULL);
+    a.cfg.progress = cpt_progress_update;
+    a.cfg.progress_user = &progress;
     if (st == CTXPAR_OK)
         st = cpt_plan_run(&a.cfg, &r);
+    cpt_progress_clear(&progress);
     if (st != CTXPAR_OK) {
         fprintf(stderr, "ctxpar plan: %s: %s\n", ctxpar_status_string(st), ctxpar_last_error());
         free(cu);

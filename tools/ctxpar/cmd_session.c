@@ -1,47 +1,23 @@
 // How a subcommand runs its configurations: in-process ranks, or this process as one rank of an
-// MPI job; the trace of the traced runs (gathered to rank 0 under MPI); progress on a terminal;
-// one exit code for every process.
-#define _POSIX_C_SOURCE 200809L // isatty
+// MPI job; the trace of the traced runs (gathered to rank 0 under MPI); progress on rank 0's
+// stderr; one exit code for every process.
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "commands.h"
 #include "ctxpar_backend.h"
 #include "testing/runner_mpi.h"
 
-static void progress_clear(cpt_session *s) {
-    if (!s->progress_shown)
-        return;
-    fputs("\r\033[K", stderr); // back to the start of the line, erase it
-    fflush(stderr);
-    s->progress_shown = 0;
-}
-
-// The runner's progress callback: one line, rewritten in place.
-static void progress_cb(void *user, const char *stage, int done, int total) {
-    cpt_session *s = user;
-    if (!s->progress)
-        return;
-    if (total > 0)
-        fprintf(stderr, "\r\033[Kctxpar %s: %s%s: call %d of %d", s->cmd, s->stage, stage,
-                done < total ? done + 1 : total, total);
-    else
-        fprintf(stderr, "\r\033[Kctxpar %s: %s%s ...", s->cmd, s->stage, stage);
-    fflush(stderr);
-    s->progress_shown = 1;
-}
-
 void cpt_session_stage(cpt_session *s, const char *prefix) {
-    snprintf(s->stage, sizeof s->stage, "%s", prefix);
+    cpt_progress_prefix(&s->progress, prefix);
 }
 
 void cpt_session_error(cpt_session *s, const char *fmt, ...) {
     if (s->rank != 0)
         return;
-    progress_clear(s);
+    cpt_progress_clear(&s->progress);
     fprintf(stderr, "ctxpar %s: ", s->cmd);
     va_list ap;
     va_start(ap, fmt);
@@ -74,7 +50,7 @@ int cpt_session_begin(cpt_session *s, const char *cmd, cpt_cli *cli) {
         cli->cfg.ranks = cli->ranks[0] = s->size;
         cli->n_ranks = 1;
     }
-    s->progress = s->rank == 0 && isatty(STDERR_FILENO);
+    cpt_progress_init(&s->progress, cmd, s->rank == 0 ? stderr : NULL, NULL);
     if (cli->trace_path) {
         if (cpt_trace_open(&s->trace, cli->cfg.ranks) != 0) {
             cpt_session_error(s, "cannot allocate the trace");
@@ -88,14 +64,14 @@ int cpt_session_begin(cpt_session *s, const char *cmd, cpt_cli *cli) {
 ctxpar_status cpt_session_run(cpt_session *s, const cpt_run_config *cfg, int traced,
                                  cpt_run_result *result) {
     cpt_run_config c = *cfg;
-    c.progress = progress_cb;
-    c.progress_user = s;
+    c.progress = cpt_progress_update;
+    c.progress_user = &s->progress;
     if (traced && s->trace) {
         c.trace = cpt_trace_record;
         c.trace_user = s->trace;
     }
     ctxpar_status st = s->mpi ? cpt_run_mpi(&c, result) : cpt_run(&c, result);
-    progress_clear(s);
+    cpt_progress_clear(&s->progress);
     if (st != CTXPAR_OK)
         cpt_session_error(s, "%s", cpt_cli_message(ctxpar_last_error()));
     return st;
@@ -107,11 +83,11 @@ ctxpar_status cpt_session_run_single(cpt_session *s, const cpt_run_config *cfg,
     memset(result, 0, sizeof *result);
     if (s->rank == 0) {
         cpt_run_config c = *cfg;
-        c.progress = progress_cb;
-        c.progress_user = s;
+        c.progress = cpt_progress_update;
+        c.progress_user = &s->progress;
         c.trace = NULL;
         st = cpt_run(&c, result);
-        progress_clear(s);
+        cpt_progress_clear(&s->progress);
         if (st != CTXPAR_OK) {
             cpt_session_error(s, "%s", cpt_cli_message(ctxpar_last_error()));
             memset(result, 0, sizeof *result);
@@ -130,6 +106,7 @@ ctxpar_status cpt_session_run_single(cpt_session *s, const cpt_run_config *cfg,
 }
 
 int cpt_session_agree(cpt_session *s, int ok, const char *message) {
+    cpt_progress_clear(&s->progress);
     if (!s->mpi) {
         if (!ok)
             fprintf(stderr, "ctxpar %s: %s\n", s->cmd, message);
@@ -163,7 +140,7 @@ static int write_trace(cpt_session *s) {
 }
 
 int cpt_session_end(cpt_session *s, int rc) {
-    progress_clear(s);
+    cpt_progress_clear(&s->progress);
     if (s->trace) {
         if (write_trace(s) != 0) {
             cpt_session_error(s, "cannot write the trace to '%s'", s->trace_path);

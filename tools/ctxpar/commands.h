@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "ctxpar.h"
 #include "ctxpar_cpu.h"
+#include "progress.h"
 #include "testing/runner.h"
 
 #ifdef __cplusplus
@@ -52,9 +53,7 @@ typedef struct cpt_session {
     const char *cmd;          /* "check", ... for messages */
     int mpi;                  /* this process is one rank of MPI_COMM_WORLD */
     int rank, size;           /* MPI rank and world size; 0 and 1 in-process */
-    int progress;             /* rank 0 with stderr on a terminal: show progress there */
-    int progress_shown;       /* a progress line is on the terminal */
-    char stage[96];           /* prefix of the progress line ("seq 4096: ") */
+    cpt_progress progress;    /* on stderr from rank 0; the others' is silent */
     cpt_trace_file *trace; /* --trace: every rank's events of the traced runs */
     const char *trace_path;
 } cpt_session;
@@ -84,7 +83,8 @@ int cpt_session_agree(cpt_session *s, int ok, const char *message);
 void cpt_session_error(cpt_session *s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-/* Sets the progress prefix ("" for none). */
+/* Sets the progress line's prefix, which names what runs next ("ranks 2, seq 8192: "; "" for
+ * none). */
 void cpt_session_stage(cpt_session *s, const char *prefix);
 
 /* Ends the session: writes the trace (gathered to rank 0 under MPI; failing to write turns rc

@@ -1,4 +1,5 @@
 // The planner's dry run (see plan_run.h).
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -193,7 +194,11 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
     // the backward's workspace has a part sized by the member's own rows: the registry's size
     // (the larger direction's) is what a member's calls acquire then.
     const int share = u > 1 && cfg->share_members;
+    char stage[48]; // the ranks' loop is what takes the time, minutes over thousands of ranks
+    snprintf(stage, sizeof stage, "dry run of %d ranks", cfg->ranks);
     for (int r = 0; r < cfg->ranks && st == CTXPAR_OK; r++) {
+        if (cfg->progress)
+            cfg->progress(cfg->progress_user, stage, r, cfg->ranks);
         ctxpar_problem rpb = pb;
         rpb.rank = r;
         rpb.seq_local = map.count[r];

@@ -33,6 +33,10 @@ typedef struct cpt_plan_config {
     int share_members;         /* the hybrid: the first member of a group stands for the others
                                   (the same plan, u times fewer ring steps; plan_run.c) instead
                                   of every member's own dry run */
+    /* Optional: the ranks done so far, for a progress line (stage "dry run of N ranks", done of
+     * N; the signature of cpt_run_config.progress). */
+    void (*progress)(void *user, const char *stage, int done, int total);
+    void *progress_user;
 } cpt_plan_config;
 
 typedef struct cpt_plan_rank {

@@ -9,6 +9,8 @@
 //    mask leaves alive (counted here from the layout's positions, not from the library);
 //  - check and audit with two-sided windows (--window-right), --softcap and the hybrid
 //    (--algo hybrid --ulysses) against the oracle; their bad values are usage errors;
+//  - progress (shown from the start with CTXPAR_PROGRESS_AFTER=0) goes to stderr only: stdout
+//    stays one JSON document;
 //  - --help for every subcommand, --version.
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1424,6 +1426,35 @@ TEST(Plan, Documents) {
     ASSERT_EQ(o.code, 0) << o.err;
     ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
     EXPECT_TRUE(j["coverage_ok"].b);
+}
+
+// ---------------------------------------------------------------- progress
+
+// Progress is shown at once with CTXPAR_PROGRESS_AFTER=0 and, stderr being a file, as whole log
+// lines; stdout is the JSON document alone, whatever stderr got.
+TEST(Progress, OnStderrOnlyWithJsonOnStdout) {
+    const struct {
+        const char *args, *line;
+    } runs[] = {
+        {"check --ranks 2 --seq 512 --heads 2 --dim 32 --backward --json",
+         "ctxpar check: 2 ranks 0 % (elapsed "},
+        {"bench --ranks 2 --seq 256 --heads 2 --dim 32 --warmup 0 --repeat 2 --json",
+         "ctxpar bench: seq 256, baseline: 1 rank 0 % (elapsed "},
+        {"plan --ranks 8 --seq 4096 --json", "ctxpar plan: dry run of 8 ranks 0 % (elapsed "},
+    };
+    for (const auto &run : runs) {
+        Outcome o = RunWith("CTXPAR_PROGRESS_AFTER=0 ", run.args);
+        ASSERT_EQ(o.code, 0) << run.args << "\n" << o.err << o.out;
+        Json j;
+        EXPECT_TRUE(ParseJson(o.out, &j)) << o.out;
+        EXPECT_EQ(o.out.find("ctxpar"), std::string::npos) << o.out;
+        EXPECT_EQ(o.out.find("elapsed"), std::string::npos) << o.out;
+        EXPECT_EQ(o.out.find_first_of("\r\033"), std::string::npos) << o.out;
+        // The first line comes with the first update; the next not before 10 s.
+        EXPECT_EQ(o.err.rfind(run.line, 0), 0u) << run.args << "\n" << o.err;
+        EXPECT_NE(o.err.find(", time left unknown)\n"), std::string::npos) << o.err;
+        EXPECT_EQ(o.err.find_first_of("\r\033"), std::string::npos) << o.err;
+    }
 }
 
 // ---------------------------------------------------------------- help and version

@@ -12,6 +12,7 @@
 #include "testing/data.h"
 #include "testing/naive_f32.h"
 #include "testing/oracle.h"
+#include "testing/reference.h"
 #include "testing/tolerance.h"
 
 const char *cpt_acc_dist_name(cpt_acc_dist dist) {
@@ -138,18 +139,22 @@ ctxpar_status cpt_acc_run(const cpt_acc_case *c, cpt_acc_result *r) {
     st = cpt_oracle_visibility(&sh, NULL, NULL, &mask, b.vis);
     if (st != CTXPAR_OK)
         goto done;
-    cpt_oracle_fwd(&sh, b.in64[0], b.in64[1], b.in64[2], NULL, NULL, &mask, scale, b.ref[0],
-                      b.ref[1]);
     cpt_naive_f32_fwd(&sh, b.in[0], b.in[1], b.in[2], b.vis, scale, b.naive[0], b.naive[1]);
-    if (rc->backward) {
-        cpt_oracle_bwd(&sh, b.in64[0], b.in64[1], b.in64[2], NULL, NULL, &mask, scale,
-                          b.in64[3], b.ref[2], b.ref[3], b.ref[4]);
+    if (rc->backward)
         cpt_naive_f32_bwd(&sh, b.in[0], b.in[1], b.in[2], b.vis, scale, b.naive[0], b.in[3],
                              b.naive[2], b.naive[3], b.naive[4]);
-    }
-    cpt_magnitudes mag = {{b.mag[0], b.mag[1], b.mag[2], b.mag[3], b.mag[4]}, {0}};
-    st = cpt_bound_magnitudes(&sh, b.in64[0], b.in64[1], b.in64[2],
-                                 rc->backward ? b.in64[3] : NULL, b.vis, scale, &mag);
+    // The fp64 reference and the bound's magnitudes, in one computation.
+    const int bwd = rc->backward;
+    cpt_ref_out ro = {{b.ref[0], b.ref[1], bwd ? b.ref[2] : NULL, bwd ? b.ref[3] : NULL,
+                       bwd ? b.ref[4] : NULL},
+                      {b.mag[0], b.mag[1], bwd ? b.mag[2] : NULL, bwd ? b.mag[3] : NULL,
+                       bwd ? b.mag[4] : NULL},
+                      {NULL},
+                      NULL,
+                      NULL,
+                      NULL};
+    st = cpt_reference(&sh, b.in64[0], b.in64[1], b.in64[2], bwd ? b.in64[3] : NULL, NULL, NULL,
+                       &mask, NULL, scale, NULL, NULL, &ro);
     if (st != CTXPAR_OK)
         goto done;
     for (int t = 0; t < CPT_RUN_TENSORS; t++) {

@@ -426,6 +426,48 @@ TEST(EndToEndLarge, RingCausalZigzagF32AtSeq4096) {
     cpt_run_result_free(&r);
 }
 
+// Every algorithm at seq 16384 (4 ranks, forward + backward, GQA 4/2, dim 32), judged on 512
+// sampled rows: every rank's and layout chunk's first and last row, the rest random. The ring's
+// run keeps its fp64 reference; the others are judged against it.
+TEST(EndToEndLarge, EveryAlgorithmAtSeq16384OnSampledRows) {
+#if defined(__SANITIZE_ADDRESS__)
+    GTEST_SKIP() << "skipped under ASan: the instrumented library takes minutes at seq 16384";
+#endif
+    cpt_run_result ring = {};
+    for (ctxpar_algo algo : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL,
+                             CTXPAR_ALGO_HYBRID}) {
+        cpt_run_config cfg;
+        cpt_run_config_default(&cfg); // 4 ranks, causal, zigzag
+        cfg.seq = 16384;
+        cfg.kv_heads = 2;
+        cfg.head_dim = 32;
+        cfg.backward = 1;
+        cfg.rows = 512;
+        cfg.params.algo = algo;
+        cfg.params.ulysses = algo == CTXPAR_ALGO_HYBRID ? 2 : 0;
+        cfg.keep_oracle = algo == CTXPAR_ALGO_RING;
+        cfg.reference_from = algo == CTXPAR_ALGO_RING ? nullptr : &ring;
+        cpt_run_result r;
+        ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+        ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+        EXPECT_EQ(r.sample.n, 512);
+        // Zigzag over 4 ranks: 8 chunks, rank 3 holding two neighbours (one run): 7 runs, 14 ends.
+        EXPECT_EQ(r.sample.boundaries, 14);
+        for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+            EXPECT_LE(r.bound_ratio[i], 1.0) << ctxpar_algo_name(algo) << " "
+                                             << cpt_run_tensor_name((cpt_run_tensor)i);
+            EXPECT_GT(r.bound_ratio[i], 0.0); // compared real numbers
+            EXPECT_TRUE(r.ratio_ok[i]);
+        }
+        EXPECT_TRUE(r.ok) << ctxpar_algo_name(algo);
+        if (algo == CTXPAR_ALGO_RING)
+            ring = r;
+        else
+            cpt_run_result_free(&r);
+    }
+    cpt_run_result_free(&ring);
+}
+
 // Per-rank memory of the ring scales as 1/P: at P ranks it is at most 1/P of P = 1 plus the
 // ring's in-flight buffers, each of shard size: the second K/V buffer, and in backward the dK/dV
 // partial sums (one arriving, and one or, from three ranks on, two alternating in flight; the

@@ -55,7 +55,8 @@ static void fwd_item(ref_run *run, ref_ws *w, int64_t b, int64_t h, int64_t t,
     memset(w->acc, 0, sizeof(double) * (size_t)(nI * Dv));
     for (int64_t u = 0; u < tiles(K.n); u++) {
         const int64_t c0 = u * CPT_REF_TILE, nJ = ref_tile_len(K.n, u);
-        const uint8_t *vis;
+        const double *vis;
+        tick(run); // every tile, seen or skipped: the total counts them all
         ref_geometry(p, b, &K, c0, nJ, 0, &w->kg);
         if (!ref_visibility(p, &w->qg, &w->kg, w->vis, &vis))
             continue;
@@ -64,7 +65,6 @@ static void fwd_item(ref_run *run, ref_ws *w, int64_t b, int64_t h, int64_t t,
         ref_scores(p, w, nI, nJ, vis);
         ref_online_softmax(w, nI, nJ, Dv);
         ref_pair_gemm(0, nI, Dv, nJ, 1.0, w->pm, w->vt, w->acc, vis, vfin);
-        tick(run);
     }
     for (int64_t a = 0; a < nI; a++) {
         const int64_t slot = a0 + a;
@@ -102,7 +102,8 @@ static void rows_item(ref_run *run, ref_ws *w, int64_t b, int64_t h, int64_t t,
     ref_zero_row_accumulators(w, nI, D, Dv);
     for (int64_t u = 0; u < tiles(K.n); u++) {
         const int64_t c0 = u * CPT_REF_TILE, nJ = ref_tile_len(K.n, u);
-        const uint8_t *vis;
+        const double *vis;
+        tick(run); // every tile, seen or skipped: the total counts them all
         ref_geometry(p, b, &K, c0, nJ, 0, &w->kg);
         if (!ref_visibility(p, &w->qg, &w->kg, w->vis, &vis))
             continue;
@@ -125,7 +126,6 @@ static void rows_item(ref_run *run, ref_ws *w, int64_t b, int64_t h, int64_t t,
             if (dst->mdq16)
                 ref_pair_gemm(0, nI, D, nJ, as, w->mu16, w->ka, w->mdqa16, vis, kfin);
         }
-        tick(run);
     }
     ref_finish_rows(p, w, b, h, a0, nI, R->n, dst);
 }
@@ -150,7 +150,8 @@ static void keys_item(ref_run *run, ref_ws *w, int64_t b, int64_t hk, int64_t u,
     for (int64_t h = hk * p->group; h < (hk + 1) * p->group; h++)
         for (int64_t t = 0; t < tiles(R->n); t++) {
             const int64_t a0 = t * CPT_REF_TILE, nI = ref_tile_len(R->n, t);
-            const uint8_t *vis;
+            const double *vis;
+            tick(run);
             ref_geometry(p, b, R, a0, nI, 1, &w->qg);
             if (!ref_visibility(p, &w->qg, &w->kg, w->vis, &vis))
                 continue;
@@ -176,7 +177,6 @@ static void keys_item(ref_run *run, ref_ws *w, int64_t b, int64_t hk, int64_t u,
                 ref_pair_gemm(1, nJ, D, nI, as, w->mu16, w->qa, w->mdka16, vis, qfin);
                 ref_pair_gemm(1, nJ, Dv, nI, 1.0, w->pm, w->doa, w->mdva16, vis, dfin);
             }
-            tick(run);
         }
     ref_scatter_slots(w->dka, ko->dk, b, n, c0, nJ, hk, Hk, D);
     ref_scatter_slots(w->dva, ko->dv, b, n, c0, nJ, hk, Hk, Dv);

@@ -156,8 +156,8 @@ static int visible(const ref_problem *p, int64_t qp, int64_t qd, int64_t kp, int
            (p->window_right <= 0 || kp - qp <= p->window_right) && qd == kd;
 }
 
-int ref_visibility(const ref_problem *p, const ref_geo *qg, const ref_geo *kg, uint8_t *vis_buf,
-                   const uint8_t **vis) {
+int ref_visibility(const ref_problem *p, const ref_geo *qg, const ref_geo *kg, double *vis_buf,
+                   const double **vis) {
     *vis = NULL;
     if (qg->n == 0 || kg->n == 0)
         return 0;
@@ -176,8 +176,8 @@ int ref_visibility(const ref_problem *p, const ref_geo *qg, const ref_geo *kg, u
     int any = 0;
     for (int64_t a = 0; a < qg->n; a++)
         for (int64_t c = 0; c < kg->n; c++) {
-            const uint8_t x = (uint8_t)visible(p, qg->pos[a], qg->doc[a], kg->pos[c], kg->doc[c]);
-            vis_buf[a * kg->n + c] = x;
+            const int x = visible(p, qg->pos[a], qg->doc[a], kg->pos[c], kg->doc[c]);
+            vis_buf[a * kg->n + c] = x ? 1.0 : 0.0; // doubles: the pair loops select on them
             any |= x;
         }
     *vis = vis_buf;
@@ -242,11 +242,14 @@ int ref_ws_alloc(const ref_problem *p, ref_ws *w) {
     int ok = 1;
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
         ok &= (*rows[i] = malloc(sizeof(double) * T * D)) != NULL;
-    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
-        ok &= (*pairs[i] = malloc(sizeof(double) * T * T)) != NULL;
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) // tc stays 0 without soft-capping
+        ok &= (*pairs[i] = calloc(T * T, sizeof(double))) != NULL;
     for (size_t i = 0; i < sizeof vals / sizeof *vals; i++)
         ok &= (*vals[i] = malloc(sizeof(double) * T)) != NULL;
-    ok &= (w->vis = malloc(T * T)) != NULL;
+    ok &= (w->vis = malloc(sizeof(double) * T * T)) != NULL;
+    ok &= (w->ones = malloc(sizeof(double) * T * T)) != NULL;
+    for (size_t x = 0; w->ones && x < T * T; x++)
+        w->ones[x] = 1.0;
     return ok ? 0 : -1;
 }
 
@@ -260,5 +263,6 @@ void ref_ws_free(ref_ws *w) {
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         free(all[i]);
     free(w->vis);
+    free(w->ones);
     memset(w, 0, sizeof *w);
 }

@@ -17,7 +17,7 @@
 
 #include "testing/reference_tile.h"
 
-void ref_scores(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ, const uint8_t *vis) {
+void ref_scores(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ, const double *vis) {
     const int64_t D = p->sh.head_dim;
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nI, (int)nJ, (int)D, p->scale,
                 w->qt, (int)D, w->kt, (int)D, 0.0, w->s, (int)nJ);
@@ -28,8 +28,7 @@ void ref_scores(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ, const u
             w->s[x] = p->softcap * w->tc[x];
         }
     for (int64_t x = 0; vis && x < n; x++)
-        if (!vis[x])
-            w->s[x] = -INFINITY;
+        w->s[x] = vis[x] != 0.0 ? w->s[x] : -INFINITY;
 }
 
 void ref_abs_scores(ref_ws *w, int64_t nI, int64_t nJ, int64_t D) {
@@ -39,6 +38,43 @@ void ref_abs_scores(ref_ws *w, int64_t nI, int64_t nJ, int64_t D) {
 
 // The larger of m and x, NaN once either was NaN (a NaN score must reach out and lse).
 static double nan_max(double m, double x) { return m != m || x != x ? NAN : x > m ? x : m; }
+
+/*
+ * e^x within a few ulp, written so that the vectoriser takes it (no call, no branch): x = k ln2 + r
+ * with |r| <= ln2 / 2 (ln2 in two parts, the first exact times k), e^r by its Taylor series to
+ * r^13 (the rest is below 5e-18 of it), 2^(k-1) put together in the exponent bits and times 2 (so
+ * that k = 1024 still fits). e^x below 2^-1021 becomes 0: nothing the reference sums notices a
+ * weight that small. NaN stays NaN, +inf and x > 709.78 give +inf.
+ */
+static inline double ref_exp(double x) {
+    const double hi = 709.782712893384, lo = -707.7;
+    const double xc = x > hi ? hi : x < lo ? lo : x; // NaN passes through
+    const double magic = 6755399441055744.0;         // 1.5 * 2^52: rounds to an integer
+    const double t = xc * 1.4426950408889634 + magic;
+    const double k = t - magic;
+    const double r = (xc - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10;
+    double q = 1.0 / 6227020800.0; // 1/13!
+    q = q * r + 1.0 / 479001600.0;
+    q = q * r + 1.0 / 39916800.0;
+    q = q * r + 1.0 / 3628800.0;
+    q = q * r + 1.0 / 362880.0;
+    q = q * r + 1.0 / 40320.0;
+    q = q * r + 1.0 / 5040.0;
+    q = q * r + 1.0 / 720.0;
+    q = q * r + 1.0 / 120.0;
+    q = q * r + 1.0 / 24.0;
+    q = q * r + 1.0 / 6.0;
+    q = q * r + 0.5;
+    q = q * r + 1.0;
+    q = q * r + 1.0;
+    int64_t bits;
+    memcpy(&bits, &t, sizeof bits); // the low bits of t hold k
+    const int64_t e = (bits - INT64_C(0x4338000000000000) + 1022) << 52;
+    double two_k1;
+    memcpy(&two_k1, &e, sizeof two_k1);
+    const double y = q * two_k1 * 2.0;
+    return x > hi ? INFINITY : x < lo ? 0.0 : y;
+}
 
 CPT_REF_VECTOR void ref_online_softmax(ref_ws *w, int64_t nI, int64_t nJ, int64_t Dv) {
     for (int64_t a = 0; a < nI; a++) {
@@ -51,10 +87,13 @@ CPT_REF_VECTOR void ref_online_softmax(ref_ws *w, int64_t nI, int64_t nJ, int64_
             continue;
         }
         const double m_new = nan_max(w->m[a], mx);
-        const double alpha = w->m[a] == -INFINITY ? 0.0 : exp(w->m[a] - m_new);
+        const double alpha = w->m[a] == -INFINITY ? 0.0 : ref_exp(w->m[a] - m_new);
         double sum = 0.0;
+#pragma omp simd
         for (int64_t c = 0; c < nJ; c++)
-            sum += pr[c] = exp(s[c] - m_new);
+            pr[c] = ref_exp(s[c] - m_new);
+        for (int64_t c = 0; c < nJ; c++)
+            sum += pr[c];
         w->l[a] = w->l[a] * alpha + sum;
         w->m[a] = m_new;
         if (alpha != 1.0)
@@ -63,59 +102,71 @@ CPT_REF_VECTOR void ref_online_softmax(ref_ws *w, int64_t nI, int64_t nJ, int64_
     }
 }
 
+// Masked pairs, and every pair of a row that sees no key, get 0 by a select (never 0 * x: x may
+// be a NaN the mask hides); the bound's w and p w also skip pairs whose p is 0, as the plain bound
+// does. vis NULL: every pair visible.
 CPT_REF_VECTOR void ref_probabilities(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ,
-                       const uint8_t *vis) {
-    const double as = fabs(p->scale);
+                                      const double *vis) {
+    const double as = fabs(p->scale), capped = p->softcap > 0.0 ? 1.0 : 0.0;
+    const double *vv = vis ? vis : w->ones;
     for (int64_t a = 0; a < nI; a++) {
-        const double lse = w->lse[a];
-        const int none = lse == -INFINITY;
+        const double lse = w->lse[a], seen = lse == -INFINITY ? 0.0 : 1.0;
+        const double *s = w->s + a * nJ, *ab = w->a + a * nJ;
+        const double *va = vv + a * nJ;
+        double *pm = w->pm + a * nJ, *wt = w->wt + a * nJ, *pw = w->pw + a * nJ;
+#pragma omp simd
         for (int64_t c = 0; c < nJ; c++) {
-            const int64_t x = a * nJ + c;
-            if (none || (vis && !vis[x])) {
-                w->pm[x] = w->pw[x] = w->wt[x] = 0.0;
-                continue;
-            }
-            double wt = 1.0 + as * w->a[x] + fabs(lse);
-            if (p->softcap > 0.0)
-                wt += fabs(w->s[x]);
-            w->pm[x] = exp(w->s[x] - lse);
-            w->wt[x] = wt;
-            w->pw[x] = w->pm[x] * wt;
+            const double keep = seen * va[c];
+            const double wc = 1.0 + as * ab[c] + fabs(lse) + capped * fabs(s[c]);
+            const double pc = ref_exp(s[c] - lse);
+            pm[c] = keep != 0.0 ? pc : 0.0;
+            wt[c] = (keep != 0.0) & (pc != 0.0) ? wc : 0.0;
+            pw[c] = (keep != 0.0) & (pc != 0.0) ? pc * wc : 0.0;
         }
     }
 }
 
-CPT_REF_VECTOR void ref_grad_scores(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ,
-                     const uint8_t *vis, int with_mdelta) {
+void ref_grad_scores(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ, const double *vis,
+                     int with_mdelta) {
     const int64_t Dv = p->dv;
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nI, (int)nJ, (int)Dv, 1.0, w->dot,
                 (int)Dv, w->vt, (int)Dv, 0.0, w->dp, (int)nJ);
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nI, (int)nJ, (int)Dv, 1.0, w->doa,
                 (int)Dv, w->va, (int)Dv, 0.0, w->bm, (int)nJ);
-    const double C = p->softcap;
+    ref_grad_pairs(p, w, nI, nJ, vis, with_mdelta);
+}
+
+// dS, mu, mu16 and P dcap of every pair (after ref_grad_scores' products dP and |dO| |V|^T).
+// dS is 0 where the mask hides the pair (a masked NaN in dP stays out); the bound's mu and P dcap
+// also where p is 0. Without soft-capping tc is 0 (ref_ws_alloc), so dcap is 1 and cap_err 0.
+CPT_REF_VECTOR void ref_grad_pairs(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ,
+                                   const double *vis, int with_mdelta) {
+    const double capped = p->softcap > 0.0 ? 1.0 : 0.0;
+    const double inv_c = p->softcap > 0.0 ? 1.0 / p->softcap : 0.0, w16 = p->want16 ? 1.0 : 0.0;
+    const double *vv = vis ? vis : w->ones;
     for (int64_t a = 0; a < nI; a++) {
         const double md = with_mdelta ? w->mdelta[a] : 0.0;
         const double md16 = with_mdelta ? w->mdelta16[a] : 0.0;
-        const int none = w->lse[a] == -INFINITY;
+        const double delta = w->delta[a], seen = w->lse[a] == -INFINITY ? 0.0 : 1.0;
+        const int64_t o = a * nJ;
+        const double *va = vv + o;
+        const double *pm = w->pm + o, *dp = w->dp + o, *wt = w->wt + o, *bm = w->bm + o;
+        const double *tc = w->tc + o;
+        double *ds = w->ds + o, *mu = w->mu + o, *mu16 = w->mu16 + o, *pd = w->pd + o;
+#pragma omp simd
         for (int64_t c = 0; c < nJ; c++) {
-            const int64_t x = a * nJ + c;
-            if (none || (vis && !vis[x])) { // never touches dP: a masked NaN stays out
-                w->ds[x] = w->mu[x] = w->mu16[x] = w->pd[x] = 0.0;
-                continue;
-            }
-            const double pr = w->pm[x], dpd = w->dp[x] - w->delta[a];
-            const double dcap = C > 0.0 ? 1.0 - w->tc[x] * w->tc[x] : 1.0;
-            double mu = pr * (fabs(dpd) * w->wt[x] + w->bm[x] + md);
-            double mu16 = p->want16 ? pr * (fabs(dpd) + w->bm[x] + md16) : 0.0;
-            if (C > 0.0) { // dS times 1 - t^2, which is off by 2 |t| w u / C + u
-                const double cap_err = pr * fabs(dpd) * (2.0 * fabs(w->tc[x]) * w->wt[x] / C + 1.0);
-                mu = mu * dcap + cap_err;
-                mu16 = mu16 * dcap + cap_err;
-            }
-            w->ds[x] = pr * dpd * dcap;
-            w->mu[x] = mu;
-            w->mu16[x] = mu16;
-            w->pd[x] = pr * dcap;
+            const double keep = seen * va[c];
+            const double pr = pm[c], dpd = dp[c] - delta, t = tc[c];
+            // dS times 1 - t^2, which is off by 2 |t| w u / C + u
+            const double dcap = 1.0 - capped * t * t;
+            const double cap_err = capped * pr * fabs(dpd) * (2.0 * fabs(t) * wt[c] * inv_c + 1.0);
+            const double m = pr * (fabs(dpd) * wt[c] + bm[c] + md) * dcap + cap_err;
+            const double m16 = w16 * (pr * (fabs(dpd) + bm[c] + md16) * dcap + cap_err);
+            const int bound = (keep != 0.0) & (pr != 0.0);
+            ds[c] = keep != 0.0 ? pr * dpd * dcap : 0.0;
+            mu[c] = bound ? m : 0.0;
+            mu16[c] = bound ? m16 : 0.0;
+            pd[c] = bound ? pr * dcap : 0.0;
         }
     }
 }
@@ -125,7 +176,7 @@ CPT_REF_VECTOR void ref_grad_scores(const ref_problem *p, ref_ws *w, int64_t nI,
 #define SPREAD_COLS 32
 
 // The pairs of row a that carry weight: their key index, p and p w (compact, in key order).
-static int64_t weighted_pairs(const ref_ws *w, int64_t a, int64_t nJ, const uint8_t *vis,
+static int64_t weighted_pairs(const ref_ws *w, int64_t a, int64_t nJ, const double *vis,
                               int64_t *idx, double *pr, double *pw) {
     int64_t n = 0;
     for (int64_t c = 0; c < nJ; c++) {
@@ -168,7 +219,7 @@ static inline void spread_cols(const double *vt, int64_t Dv, const double *o, in
 }
 
 CPT_REF_VECTOR void ref_spread(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ,
-                               const uint8_t *vis) {
+                               const double *vis) {
     const int64_t Dv = p->dv;
     int64_t idx[CPT_REF_TILE];
     double pr[CPT_REF_TILE], pw[CPT_REF_TILE];
@@ -187,7 +238,7 @@ CPT_REF_VECTOR void ref_spread(const ref_problem *p, ref_ws *w, int64_t nI, int6
 }
 
 void ref_pair_gemm(int trans, int64_t m, int64_t n, int64_t kk, double alpha, const double *A,
-                   const double *B, double *C, const uint8_t *vis, int data_finite) {
+                   const double *B, double *C, const double *vis, int data_finite) {
     // A is stored [nI, nJ]: nJ = kk without trans, m with it.
     const int64_t lda = trans ? m : kk;
     if (data_finite || !vis) {

@@ -15,9 +15,9 @@
  * FMA, so every version rounds alike and the results do not depend on the machine. */
 #define CPT_REF_VECTOR __attribute__((target_clones("default", "avx2", "avx512f")))
 
-/* Rows of a tile: 128 keeps every pair matrix of a workspace (~10 of them) in L2 and the dgemm
- * calls long enough to run near the BLAS kernel's speed. */
-#define CPT_REF_TILE 128
+/* Rows of a tile: 64 keeps a workspace's dozen pair matrices (32 KiB each) in L2. Measured on
+ * `ctxpar check --ranks 1 --backward` (seq 4096, D 64): 64 rows 1.65 s, 128 1.75 s, 256 1.73 s. */
+#define CPT_REF_TILE 64
 
 /* A list of rows: rows[slot] (sorted, distinct), or slot itself when rows is NULL. */
 typedef struct ref_rowset {
@@ -56,7 +56,8 @@ typedef struct ref_ws {
     double *acc;                                /* forward: unnormalised out [T, Dv] */
     double *u, *mo, *mo16, *dqa, *mdqa, *mdqa16, *x; /* rows pass accumulators */
     double *dka, *dva, *mdka, *mdva, *mdka16, *mdva16; /* keys pass accumulators */
-    uint8_t *vis;                                      /* [T, T] */
+    double *vis;  /* [T, T]: 1 where the mask lets the pair through, else 0 */
+    double *ones; /* [T, T] all 1: vis of a whole tile */
     ref_geo qg, kg;
 } ref_ws;
 
@@ -73,9 +74,9 @@ int64_t ref_tile_len(int64_t n, int64_t t);
 void ref_geometry(const ref_problem *p, int64_t b, const ref_rowset *R, int64_t s0, int64_t n,
                   int is_query, ref_geo *g);
 /* Whether any pair of the two tiles may be visible; *vis: NULL when every pair is, else vis_buf
- * [nI, nJ] filled with the mask predicate. */
-int ref_visibility(const ref_problem *p, const ref_geo *qg, const ref_geo *kg, uint8_t *vis_buf,
-                   const uint8_t **vis);
+ * [nI, nJ] filled with the mask predicate (1.0 or 0.0). */
+int ref_visibility(const ref_problem *p, const ref_geo *qg, const ref_geo *kg, double *vis_buf,
+                   const double **vis);
 /* Rows s0.. of R, head h, from a dense [B, seq, heads, dim] tensor into dst [n, dim] (and |.|
  * into dst_abs unless NULL). Returns whether every value is finite. */
 int ref_gather(const double *src, int64_t seq, int64_t heads, int64_t dim, int64_t b,
@@ -91,19 +92,21 @@ void ref_select_rows(const ref_problem *p, const ref_rowset *R, const double *ou
                      const double *lse_all, double *out, double *lse);
 
 /* reference_tile.c */
-void ref_scores(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ, const uint8_t *vis);
+void ref_scores(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ, const double *vis);
 void ref_abs_scores(ref_ws *w, int64_t nI, int64_t nJ, int64_t D);
 void ref_online_softmax(ref_ws *w, int64_t nI, int64_t nJ, int64_t Dv);
 void ref_probabilities(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ,
-                       const uint8_t *vis);
+                       const double *vis);
 void ref_grad_scores(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ,
-                     const uint8_t *vis, int with_mdelta);
-void ref_spread(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ, const uint8_t *vis);
+                     const double *vis, int with_mdelta);
+void ref_grad_pairs(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ, const double *vis,
+                    int with_mdelta);
+void ref_spread(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ, const double *vis);
 /* C [m, n] += alpha op(A) B, A a pair matrix [nI, nJ] (op: transposed when trans, then m = nJ),
  * B data rows [kk, n]. Masked pairs never touch B (0 * NaN would leak a NaN there): BLAS when
  * the data is finite or every pair visible, else a loop over the visible pairs. */
 void ref_pair_gemm(int trans, int64_t m, int64_t n, int64_t kk, double alpha, const double *A,
-                   const double *B, double *C, const uint8_t *vis, int data_finite);
+                   const double *B, double *C, const double *vis, int data_finite);
 void ref_zero_row_accumulators(ref_ws *w, int64_t nI, int64_t D, int64_t Dv);
 void ref_zero_key_accumulators(ref_ws *w, int64_t nJ, int64_t D, int64_t Dv);
 /* Writes the rows pass's results of tile rows a0.. (slots of a set of n rows) of head h. */

@@ -214,9 +214,43 @@ typedef struct oracle_result {
     double *mag[CPT_RUN_TENSORS];   // the per-element bound's magnitudes
     double *mag16[CPT_RUN_TENSORS]; // its 16-bit ones (16-bit runs and kept oracles), or NULL
     double *dsinks, *mag_dsinks, *mag16_dsinks; // [heads] each (dsinks runs)
+    int borrowed; // the arrays are another result's (cfg->reference_from)
 } oracle_result;
 
+// The reference kept by an earlier run of the same problem (cfg->reference_from), borrowed.
+static ctxpar_status borrow_oracle(const cpt_run_config *cfg, const cpt_run_sample *smp,
+                                   oracle_result *o) {
+    const cpt_run_result *from = cfg->reference_from;
+    memset(o, 0, sizeof *o);
+    const int same_rows =
+        from->sample.n == smp->n && (!smp->rows) == (!from->sample.rows) &&
+        (!smp->rows || memcmp(smp->rows, from->sample.rows, sizeof *smp->rows * smp->n) == 0);
+    const int want16 = cfg->dtype != CTXPAR_DTYPE_F32;
+    for (int i = 0; i < CPT_RUN_TENSORS; i++)
+        if (has_tensor(cfg, i) &&
+            (!from->oracle[i] || !from->oracle_mag[i] || (want16 && !from->oracle_mag16[i])))
+            return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                                "reference_from has no kept %s (run it with keep_oracle and "
+                                "the same problem)",
+                                cpt_run_tensor_name((cpt_run_tensor)i));
+    if (!same_rows || (has_dsinks(cfg) && !from->oracle_dsinks[0]))
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "reference_from judged other rows or no dsinks: not the same problem");
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+        o->t[i] = from->oracle[i];
+        o->mag[i] = from->oracle_mag[i];
+        o->mag16[i] = from->oracle_mag16[i];
+    }
+    o->dsinks = from->oracle_dsinks[0];
+    o->mag_dsinks = from->oracle_dsinks[1];
+    o->mag16_dsinks = from->oracle_dsinks[2];
+    o->borrowed = 1;
+    return CTXPAR_OK;
+}
+
 static void oracle_free(oracle_result *o) {
+    if (o->borrowed)
+        return;
     for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         free(o->t[i]);
         free(o->mag[i]);
@@ -450,6 +484,8 @@ ctxpar_status cpt_run_evaluate(const cpt_run_config *cfg, const cpt_run_outputs 
             res->bitwise_single[i] = bitwise_equal(cfg, &res->outputs, single, i);
     cpt_run_outputs_free(&outs);
     cpt_run_outputs_free(&one);
+    if (st != CTXPAR_OK) // the caller frees only results it was given
+        cpt_run_sample_free(&res->sample);
     return st;
 }
 
@@ -459,7 +495,9 @@ static ctxpar_status evaluate_rows(const cpt_run_config *full, const cpt_run_con
     oracle_result o;
     ctxpar_status st_dsinks;
     memset(&o, 0, sizeof o);
-    if (cfg->compare_oracle) {
+    if (cfg->compare_oracle && full->reference_from) {
+        CTXPAR_CHECK(borrow_oracle(full, &res->sample, &o));
+    } else if (cfg->compare_oracle) {
         const double t0 = ctxpar_now();
         CTXPAR_CHECK(run_oracle(full, &res->sample, &o));
         res->reference_time_s = ctxpar_now() - t0;
@@ -501,14 +539,14 @@ static ctxpar_status evaluate_rows(const cpt_run_config *full, const cpt_run_con
         oracle_free(&o);
         return st_dsinks;
     }
-    if (cfg->keep_oracle) // handed over to the result
+    if (cfg->keep_oracle && !o.borrowed) // handed over to the result
         for (int i = 0; i < CPT_RUN_TENSORS; i++) {
             res->oracle[i] = o.t[i];
             res->oracle_mag[i] = o.mag[i];
             res->oracle_mag16[i] = o.mag16[i];
             o.t[i] = o.mag[i] = o.mag16[i] = NULL;
         }
-    if (cfg->keep_oracle) { // dsinks's too (NULL without sinks)
+    if (cfg->keep_oracle && !o.borrowed) { // dsinks's too (NULL without sinks)
         res->oracle_dsinks[0] = o.dsinks;
         res->oracle_dsinks[1] = o.mag_dsinks;
         res->oracle_dsinks[2] = o.mag16_dsinks;

@@ -84,6 +84,10 @@ typedef struct cpt_run_config {
     int compare_single;     /* also run P = 1 and compare (error ratio, bitwise) */
     int compare_oracle;     /* compute the fp64 oracle and the errors */
     int keep_oracle;        /* with compare_oracle: keep its tensors in the result (audit) */
+    /* Optional: the result of a run of the same problem (inputs, shape, mask, features, dtype,
+     * rows, seed, layout and ranks: the algorithm may differ) made with keep_oracle. Its fp64
+     * reference is judged against instead of computing it again; this run then keeps none. */
+    const struct cpt_run_result *reference_from;
     int verify_transfers;   /* context option */
     int repeat;             /* timed repetitions of the call (median reported); 0 = 1 */
     int warmup;             /* untimed calls before the timed ones (not traced, not counted) */

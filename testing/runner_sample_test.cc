@@ -112,3 +112,32 @@ TEST(RunSample, SampledCheckJudgesTheSameRowsAsTheWholeOne) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(RunReferenceFrom, OtherAlgorithmsAreJudgedAgainstAKeptReference) {
+    // The ring keeps its reference; the all-gather borrows it and gets the verdict it would get
+    // computing its own; a run of other rows cannot borrow it.
+    cpt_run_config c = Config(CTXPAR_LAYOUT_ZIGZAG, 2, 300, 50);
+    c.backward = 1;
+    c.keep_oracle = 1;
+    cpt_run_result ring, own, borrowed, refused;
+    ASSERT_EQ(cpt_run(&c, &ring), CTXPAR_OK) << ctxpar_last_error();
+    c.keep_oracle = 0;
+    c.params.algo = CTXPAR_ALGO_ALLGATHER;
+    ASSERT_EQ(cpt_run(&c, &own), CTXPAR_OK);
+    c.reference_from = &ring;
+    ASSERT_EQ(cpt_run(&c, &borrowed), CTXPAR_OK) << ctxpar_last_error();
+    EXPECT_EQ(borrowed.reference_time_s, 0.0); // nothing computed again
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+        EXPECT_EQ(borrowed.error[i], own.error[i]) << i;
+        EXPECT_EQ(borrowed.bound_ratio[i], own.bound_ratio[i]) << i;
+    }
+    c.rows = 60;
+    EXPECT_EQ(cpt_run(&c, &refused), CTXPAR_ERR_INVALID_ARG);
+    cpt_run_result_free(&ring);
+    cpt_run_result_free(&own);
+    cpt_run_result_free(&borrowed);
+}
+
+} // namespace

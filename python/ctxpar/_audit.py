@@ -269,7 +269,10 @@ def _run(command, folder, inputs, results, sinks, timeout, keep):
     if sinks is not None:
         np.save(os.path.join(folder, SINKS_FILE), sinks)
     # In the folder, so that the tool's messages name the files as the caller sees them there.
-    p = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout)
+    # No progress lines: stderr is read for the tool's one-line message.
+    env = dict(os.environ, CTXPAR_PROGRESS_AFTER="inf")
+    p = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout,
+                       env=env)
     message = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
     if p.returncode == 2:
         raise AuditError(message or f"{command[0]} audit exited with status 2", command)

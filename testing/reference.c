@@ -12,7 +12,6 @@
  */
 #include "testing/reference.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -395,10 +394,9 @@ ctxpar_status cpt_reference(const cpt_oracle_shape *shape, const double *q, cons
     p.want16 = o->mag16[0] != NULL;
     if (st == CTXPAR_OK) {
         // The threads are the reference's own: BLAS runs single-threaded inside each.
-        const int blas_threads = openblas_get_num_threads();
-        openblas_set_num_threads(1);
+        const int blas_threads = ref_blas_single();
         st = compute(&p, sel, progress, o);
-        openblas_set_num_threads(blas_threads);
+        ref_blas_restore(blas_threads);
     }
     ref_problem_free(&p);
     if (st != CTXPAR_OK)

@@ -11,7 +11,6 @@
  *           M(delta) needs the row's finished M(out);  M(dk) = |scale| mu^T |Q|;
  *   M(dv) = (P w)^T |dO|,  M16(dv) = P^T |dO|.
  */
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -19,8 +18,7 @@
 
 void ref_scores(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ, const double *vis) {
     const int64_t D = p->sh.head_dim;
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nI, (int)nJ, (int)D, p->scale,
-                w->qt, (int)D, w->kt, (int)D, 0.0, w->s, (int)nJ);
+    ref_dgemm(0, 1, nI, nJ, D, p->scale, w->qt, D, w->kt, D, 0.0, w->s, nJ);
     const int64_t n = nI * nJ;
     if (p->softcap > 0.0)
         for (int64_t x = 0; x < n; x++) {
@@ -32,8 +30,7 @@ void ref_scores(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ, const d
 }
 
 void ref_abs_scores(ref_ws *w, int64_t nI, int64_t nJ, int64_t D) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nI, (int)nJ, (int)D, 1.0, w->qa,
-                (int)D, w->ka, (int)D, 0.0, w->a, (int)nJ);
+    ref_dgemm(0, 1, nI, nJ, D, 1.0, w->qa, D, w->ka, D, 0.0, w->a, nJ);
 }
 
 // The larger of m and x, NaN once either was NaN (a NaN score must reach out and lse).
@@ -129,10 +126,8 @@ CPT_REF_VECTOR void ref_probabilities(const ref_problem *p, ref_ws *w, int64_t n
 void ref_grad_scores(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ, const double *vis,
                      int with_mdelta) {
     const int64_t Dv = p->dv;
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nI, (int)nJ, (int)Dv, 1.0, w->dot,
-                (int)Dv, w->vt, (int)Dv, 0.0, w->dp, (int)nJ);
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nI, (int)nJ, (int)Dv, 1.0, w->doa,
-                (int)Dv, w->va, (int)Dv, 0.0, w->bm, (int)nJ);
+    ref_dgemm(0, 1, nI, nJ, Dv, 1.0, w->dot, Dv, w->vt, Dv, 0.0, w->dp, nJ);
+    ref_dgemm(0, 1, nI, nJ, Dv, 1.0, w->doa, Dv, w->va, Dv, 0.0, w->bm, nJ);
     ref_grad_pairs(p, w, nI, nJ, vis, with_mdelta);
 }
 
@@ -242,8 +237,7 @@ void ref_pair_gemm(int trans, int64_t m, int64_t n, int64_t kk, double alpha, co
     // A is stored [nI, nJ]: nJ = kk without trans, m with it.
     const int64_t lda = trans ? m : kk;
     if (data_finite || !vis) {
-        cblas_dgemm(CblasRowMajor, trans ? CblasTrans : CblasNoTrans, CblasNoTrans, (int)m, (int)n,
-                    (int)kk, alpha, A, (int)lda, B, (int)n, 1.0, C, (int)n);
+        ref_dgemm(trans, 0, m, n, kk, alpha, A, lda, B, n, 1.0, C, n);
         return;
     }
     for (int64_t r = 0; r < m; r++)

@@ -91,6 +91,14 @@ void ref_scatter_slots(const double *src, double *dst, int64_t b, int64_t slots,
 void ref_select_rows(const ref_problem *p, const ref_rowset *R, const double *out_all,
                      const double *lse_all, double *out, double *lse);
 
+/* reference_gemm.c: C [m, n] = alpha op(A) op(B) + beta C, row-major (beta 0: C is not read);
+ * BLAS single-threaded for the reference's passes, and the thread count to restore after. */
+void ref_dgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+               const double *A, int64_t lda, const double *B, int64_t ldb, double beta, double *C,
+               int64_t ldc);
+int ref_blas_single(void);
+void ref_blas_restore(int threads);
+
 /* reference_tile.c */
 void ref_scores(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ, const double *vis);
 void ref_abs_scores(ref_ws *w, int64_t nI, int64_t nJ, int64_t D);

@@ -36,6 +36,10 @@ all_skipped() {
 
 # Runs a bazel test command and counts its test targets: passed, skipped (every case skipped)
 # or failed.
+# Each stage says when it ends and how long it took (CI logs show where the time goes).
+stage_start=$SECONDS
+stage_end() { echo "    ($((SECONDS - stage_start)) s; $((SECONDS / 60)) min in all)"; stage_start=$SECONDS; }
+
 bazel_suite() {
     echo "==> bazel test $*"
     bazel test --test_output=errors "$@" 2>&1 | tee "$log"
@@ -53,12 +57,14 @@ bazel_suite() {
         f=1 # the build itself failed before any test ran
     fi
     failed=$((failed + f))
+    stage_end
 }
 
 # Runs a script that exits non-zero on failure and counts it as one suite.
 script_suite() {
     echo "==> $*"
     if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    stage_end
 }
 
 bazel_suite //...

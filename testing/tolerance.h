@@ -110,6 +110,7 @@ double cpt_bound_elem(ctxpar_dtype dtype, int is_lse, double magnitude, double m
 typedef struct cpt_bound_stats {
     double max_ratio; /* max |got - ref| / bound (INFINITY for a non-finite mismatch) */
     int64_t worst;    /* flat index where it occurs; -1 when n == 0 */
+    int64_t failing;  /* elements out of their bound (ratio > 1, or NaN) */
 } cpt_bound_stats;
 
 /* |got - ref| / bound of one element: 0 when equal, INFINITY for NaN or an unmatched infinity

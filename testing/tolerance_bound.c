@@ -357,6 +357,7 @@ double cpt_bound_ratio(double got, double ref, double magnitude, double magnitud
 }
 
 static void keep(cpt_bound_stats *st, double r, int64_t x) {
+    st->failing += !(r <= 1.0);
     if (st->worst < 0 || r > st->max_ratio) {
         st->max_ratio = r;
         st->worst = x;
@@ -366,7 +367,7 @@ static void keep(cpt_bound_stats *st, double r, int64_t x) {
 cpt_bound_stats cpt_bound_check(const float *got, const double *ref, const double *mag,
                                       const double *mag16, size_t n, ctxpar_dtype dtype,
                                       int is_lse) {
-    cpt_bound_stats st = {0.0, -1};
+    cpt_bound_stats st = {0.0, -1, 0};
     for (size_t x = 0; x < n; x++)
         keep(&st,
              cpt_bound_ratio(got[x], ref[x], mag[x], mag16 ? mag16[x] : 0.0, dtype, is_lse),
@@ -376,7 +377,7 @@ cpt_bound_stats cpt_bound_check(const float *got, const double *ref, const doubl
 
 cpt_bound_stats cpt_bound_check_tensor(const ctxpar_tensor *got, const double *ref,
                                              const double *mag, const double *mag16) {
-    cpt_bound_stats st = {0.0, -1};
+    cpt_bound_stats st = {0.0, -1, 0};
     const int64_t B = got->shape[0], S = got->shape[1], H = got->shape[2], D = got->shape[3];
     int64_t x = 0;
     for (int64_t b = 0; b < B; b++)

@@ -14,12 +14,13 @@
 libctxpar.so is found through $CTXPAR_LIBRARY, else relative to this package in an installed
 prefix (PREFIX/lib), else through the dynamic loader's search path.
 """
-from ._audit import AuditError, AuditReport, AuditRow, TensorVerdict, audit, tool_path
+from ._audit import (AuditError, AuditReport, AuditRow, FailingRange, TensorVerdict, audit,
+                     tool_path)
 from ._core import (Comm, Context, LocalGroup, local_group, positions, shard, shard_count,
                     simulate, unshard)
 from ._lib import CtxparError, library_path, version
 from ._oracle import oracle
 
-__all__ = ["AuditError", "AuditReport", "AuditRow", "Comm", "Context", "CtxparError",
+__all__ = ["AuditError", "AuditReport", "AuditRow", "Comm", "Context", "CtxparError", "FailingRange",
            "LocalGroup", "TensorVerdict", "audit", "library_path", "local_group", "oracle",
            "positions", "shard", "shard_count", "simulate", "tool_path", "unshard", "version"]

@@ -61,8 +61,10 @@ class TensorVerdict:
     (inf for a NaN or an unmatched infinity); reference_error: ctxpar's own error on the same
     inputs at the same dtype; ratio: error / reference_error; bound_ratio: the largest
     |got - ref| / bound over the elements (the verdict: consistent when <= 1; docs/numerics.md);
-    worst: the worst row; worst_rows: the worst rows, worst first; error_by_rank: the error over
-    each rank's rows."""
+    worst: the worst row; worst_rows: the worst rows, worst first (only failing ones when any
+    fails); error_by_rank: the error over each rank's rows. failing_elements, failing_rows: how
+    many elements are out of their bound, and in how many rows (positions; lse: position and
+    head); failing_ranges: the first runs of consecutive failing rows as FailingRange."""
     name: str
     error: float
     reference_error: float
@@ -73,6 +75,20 @@ class TensorVerdict:
     worst_rows: list = field(default_factory=list)
     error_by_rank: list = field(default_factory=list)
     bound_ratio: float = math.nan
+    failing_elements: int = 0
+    failing_rows: int = 0
+    failing_ranges: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FailingRange:
+    """Consecutive failing rows first..last (global positions) of one batch row, and the ranks
+    that held its two ends (with a sampled audit: every judged row between them failed)."""
+    batch: int
+    first: int
+    last: int
+    rank_first: int
+    rank_last: int
 
 
 @dataclass(frozen=True)
@@ -95,21 +111,44 @@ class AuditReport:
     folder: str
     json: dict
 
+    @property
+    def failing_elements(self):
+        """Elements out of their bound, over every tensor judged."""
+        return sum(v.failing_elements for v in self.tensors.values())
+
+    @property
+    def failing_rows(self):
+        return sum(v.failing_rows for v in self.tensors.values())
+
+    @property
+    def failing_ranges(self):
+        """{tensor name: [FailingRange]} for the tensors with failing rows."""
+        return {n: v.failing_ranges for n, v in self.tensors.items() if v.failing_ranges}
+
     def __str__(self):
-        extra = ("" if self.max_ratio is None else
-                 f"; each error at most {self.max_ratio:g} x ctxpar's own")
-        lines = [f"ctxpar audit: {'CONSISTENT' if self.consistent else 'NOT CONSISTENT'} "
-                 f"(every element within its bound{extra})",
-                 f"  {'tensor':<6} {'error':<11} {'ctxpar':<11} {'ratio':<8} {'err/bound':<9} "
-                 "worst row (position, head, rank)"]
+        lines = [f"  {'tensor':<6} {'error':<11} {'ctxpar':<11} {'ratio':<8} {'err/bound':<9} "
+                 f"{'out of bound':<16} worst row (position, head, rank)"]
         for v in self.tensors.values():
             w = v.worst
             where = f"{w.position}, {w.head}, {w.rank}" if w else "-"
+            out = f"{v.failing_elements} el, {v.failing_rows} rows"
             lines.append(f"  {v.name:<6} {v.error:<11.3e} {v.reference_error:<11.3e} "
-                         f"{v.ratio:<8.3g} {v.bound_ratio:<9.3g} {where}  "
+                         f"{v.ratio:<8.3g} {v.bound_ratio:<9.3g} {out:<16} {where}  "
                          f"{'ok' if v.consistent else 'NOT CONSISTENT'}")
-        if not self.within_tolerance:
-            lines.append("  (ctxpar's own run was out of its tolerance: see reference_errors)")
+            for r in v.failing_ranges:
+                ranks = (f"rank {r.rank_first}" if r.rank_first == r.rank_last
+                         else f"ranks {r.rank_first}-{r.rank_last}")
+                lines.append(f"         failing rows {r.first}-{r.last} ({ranks})")
+        lines.append("  yardstick: ctxpar's own run is " +
+                     ("within its bound" if self.within_tolerance else
+                      "NOT within its bound: its errors are no fair yardstick (reference_errors)"))
+        if self.consistent:
+            lines.append("verdict: CONSISTENT: every element judged is within its bound" +
+                         ("" if self.max_ratio is None else
+                          f" and each error at most {self.max_ratio:g} x ctxpar's own"))
+        else:
+            lines.append(f"verdict: NOT CONSISTENT: {self.failing_elements} elements in "
+                         f"{self.failing_rows} rows out of their bound")
         return "\n".join(lines)
 
 
@@ -135,7 +174,11 @@ def _verdict(name, j):
                          bool(j["consistent"]), int(j.get("nonfinite", 0)), _row(j.get("worst")),
                          [_row(r) for r in j.get("worst_rows", [])],
                          [_num(e) for e in j.get("error_by_rank", [])],
-                         _num(j.get("bound_ratio")))
+                         _num(j.get("bound_ratio")), int(j.get("failing_elements", 0)),
+                         int(j.get("failing_rows", 0)),
+                         [FailingRange(int(r["batch"]), int(r["first"]), int(r["last"]),
+                                       int(r["rank_first"]), int(r["rank_last"]))
+                          for r in j.get("failing_ranges", [])])
 
 
 def tool_path(tool=None):

@@ -75,7 +75,8 @@ def test_correct_result_rounded_to_dtype_is_consistent(dtype, tool):
         assert len(verdict.error_by_rank) == 2 and verdict.worst.rank in (0, 1)
         pos = ctxpar.positions("zigzag", 64, verdict.worst.rank, 2)
         assert verdict.worst.position in pos, name  # the rank is the one holding the row
-    assert str(rep).startswith("ctxpar audit: CONSISTENT")
+    assert str(rep).splitlines()[-1].startswith("verdict: CONSISTENT")
+    assert rep.failing_elements == 0 and rep.failing_rows == 0 and rep.failing_ranges == {}
 
 
 def test_scale_is_the_one_the_results_were_made_with(tool):
@@ -110,6 +111,20 @@ def test_one_ranks_rows_zeroed_names_that_rank(layout, fmt, bad_rank, tool):
     others = [e for r, e in enumerate(out.error_by_rank) if r != bad_rank]
     assert out.error_by_rank[bad_rank] > 0.1 and max(others) < 1e-6
     assert all(rep.tensors[n].consistent for n in ("lse", "dq", "dk", "dv"))
+    # Counted: every row the rank held fails, in runs of consecutive positions, all its own.
+    lost = ctxpar.positions(layout, S, bad_rank, P)
+    assert out.failing_rows == len(lost) and rep.failing_rows == len(lost)
+    assert 0 < out.failing_elements <= len(lost) * q.shape[2] * q.shape[3]
+    runs = [(r.first, r.last) for r in out.failing_ranges]
+    if layout == "striped":  # every lost row is a run of its own: 8 listed, the rest counted
+        assert len(runs) == 8 and all(a == b for a, b in runs)
+        assert rep.json["against"]["out"]["more_failing_ranges"] == len(lost) - 8
+    else:
+        covered = [p for a, b in runs for p in range(a, b + 1)]
+        assert sorted(covered) == sorted(int(p) for p in lost)
+    assert all(r.rank_first == r.rank_last == bad_rank for r in out.failing_ranges)
+    last = str(rep).splitlines()[-1]
+    assert last.startswith(f"verdict: NOT CONSISTENT: {rep.failing_elements} elements in "), last
 
 
 def test_lse_in_base_2_declared_or_not(tool):

@@ -42,6 +42,7 @@ void cpt_audit_state_free(cpt_audit_state *a);
 typedef struct cpt_audit_report {
     int judged;
     int consistent;
+    int64_t failing_elements; /* over every tensor judged */
     cpt_audit_verdict v[CPT_RUN_TENSORS]; /* ranks 0: not given */
     /* dsinks, when the results hold it: its error and error/bound against the oracle's, next to
      * ctxpar's own error; the worst head. */

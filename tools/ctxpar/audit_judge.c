@@ -41,6 +41,27 @@ static double worse(double a, double b) {
     return isnan(a) || isnan(b) ? INFINITY : fmax(a, b);
 }
 
+// A failing row extends the run of failing rows that ended on the row before it (`slot` counts
+// rows in judging order; a run does not cross batch rows), or starts one: listed while there is
+// room, then only counted.
+static void extend_ranges(cpt_audit_verdict *v, const cpt_audit_row *row, int64_t slot,
+                          int64_t *last_slot) {
+    cpt_audit_range *r = v->n_ranges > 0 && !v->more_ranges ? &v->ranges[v->n_ranges - 1] : NULL;
+    const int joins = *last_slot == slot - 1;
+    *last_slot = slot;
+    if (joins && r && r->batch == row->batch) {
+        r->last = row->position;
+        r->rank_last = row->rank;
+    } else if (joins && !r && v->more_ranges) {
+        // a run past the list goes on
+    } else if (v->n_ranges < CPT_AUDIT_RANGES && !v->more_ranges) {
+        v->ranges[v->n_ranges++] =
+            (cpt_audit_range){row->batch, row->position, row->position, row->rank, row->rank};
+    } else {
+        v->more_ranges++;
+    }
+}
+
 static void account(cpt_audit_verdict *v, cpt_audit_row *row, double max_abs,
                     double max_ref) {
     row->error = max_ref > 0 ? max_abs / max_ref : max_abs;
@@ -52,7 +73,8 @@ static void account(cpt_audit_verdict *v, cpt_audit_row *row, double max_abs,
 
 ctxpar_status cpt_audit_judge(const ctxpar_tensor *got, const float *got_lse,
                                  const int64_t dims[4], const double *ref, const double *mag,
-                                 const double *mag16, double reference_error, const int *owner, int ranks,
+                                 const double *mag16, double reference_error, const int *owner,
+                                 const int64_t *position, int ranks,
                                  const cpt_audit_bound *bound, cpt_audit_verdict *v) {
     memset(v, 0, sizeof *v);
     v->ranks = ranks;
@@ -67,6 +89,7 @@ ctxpar_status cpt_audit_judge(const ctxpar_tensor *got, const float *got_lse,
         got ? cpt_compare_tensor(got, ref) : cpt_compare_f32(got_lse, ref, (size_t)n);
     v->error = all.rel;
     v->nonfinite = all.nonfinite;
+    int64_t last_fail = -2;
     if (got) { // rows of H * D elements: one position, every head
         const int64_t S = dims[1], H = dims[2], D = dims[3];
         for (int64_t b = 0; b < B; b++)
@@ -79,9 +102,15 @@ ctxpar_status cpt_audit_judge(const ctxpar_tensor *got, const float *got_lse,
                 cpt_error_stats e = cpt_compare_tensor(&row, ref + off);
                 cpt_bound_stats bs = cpt_bound_check_tensor(&row, ref + off, mag + off, mag16 + off);
                 int64_t w = bs.worst < 0 ? 0 : bs.worst;
-                cpt_audit_row r = {b, s, w / D, owner[s], 0, bs.max_ratio, 0, ref[off + w]};
+                cpt_audit_row r = {b, position ? position[s] : s, w / D, owner[s], 0,
+                                   bs.max_ratio, 0, ref[off + w]};
                 r.got = cpt_test_get(&row, 0, 0, w / D, w % D);
                 account(v, &r, e.nonfinite ? INFINITY : e.max_abs, all.max_ref);
+                v->failing_elements += bs.failing;
+                if (bs.failing) {
+                    v->failing_rows++;
+                    extend_ranges(v, &r, b * S + s, &last_fail);
+                }
             }
     } else { // [B, H, S]: one value per row
         const int64_t H = dims[1], S = dims[2];
@@ -91,10 +120,19 @@ ctxpar_status cpt_audit_judge(const ctxpar_tensor *got, const float *got_lse,
                     int64_t i = (b * H + h) * S + s;
                     cpt_error_stats e = cpt_compare_f32(got_lse + i, ref + i, 1);
                     double br = cpt_bound_ratio(got_lse[i], ref[i], mag[i], 0.0, CTXPAR_DTYPE_F32, 1);
-                    cpt_audit_row r = {b, s, h, owner[s], 0, br, got_lse[i], ref[i]};
+                    cpt_audit_row r = {b,  position ? position[s] : s, h, owner[s], 0, br,
+                                       got_lse[i], ref[i]};
                     account(v, &r, e.nonfinite ? INFINITY : e.max_abs, all.max_ref);
+                    if (!(br <= 1.0)) {
+                        v->failing_elements++;
+                        v->failing_rows++;
+                        extend_ranges(v, &r, (b * H + h) * S + s, &last_fail);
+                    }
                 }
     }
+    // Once a row fails, the passing ones are no longer among the worst worth naming.
+    while (v->failing_rows && v->n_worst > 0 && v->worst[v->n_worst - 1].bound_ratio <= 1.0)
+        v->n_worst--;
     v->reference_error = reference_error;
     v->ratio = reference_error > 0 ? v->error / reference_error : (v->error > 0 ? INFINITY : 1.0);
     v->consistent = cpt_audit_within_bound(v, bound);

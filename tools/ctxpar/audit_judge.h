@@ -29,6 +29,14 @@ typedef struct cpt_audit_bound {
 } cpt_audit_bound;
 
 #define CPT_AUDIT_WORST_ROWS 5
+#define CPT_AUDIT_RANGES 8
+
+/* A run of consecutive judged rows that all fail (positions first..last of batch row `batch`;
+ * with --rows, every judged row between them failed), and the ranks holding its ends. */
+typedef struct cpt_audit_range {
+    int64_t batch, first, last;
+    int rank_first, rank_last;
+} cpt_audit_range;
 
 /* One row (all heads of one position, or one head's LSE value). */
 typedef struct cpt_audit_row {
@@ -46,8 +54,14 @@ typedef struct cpt_audit_verdict {
     double bound_ratio;     /* the largest |got - ref| / bound over the tensor (<= 1: within) */
     int consistent;
     int64_t nonfinite;                               /* elements whose error is infinite */
-    cpt_audit_row worst[CPT_AUDIT_WORST_ROWS]; /* the worst rows, worst first */
+    cpt_audit_row worst[CPT_AUDIT_WORST_ROWS]; /* the worst rows, worst first (only failing
+                                                  * ones when any fails) */
     int n_worst;
+    int64_t failing_elements; /* out of their bound */
+    int64_t failing_rows;     /* rows (positions; lse: position and head) with such an element */
+    cpt_audit_range ranges[CPT_AUDIT_RANGES]; /* the first runs of failing rows, in order */
+    int n_ranges;
+    int64_t more_ranges; /* runs beyond those */
     int ranks;
     double *rank_error; /* [ranks]: the error over the rows each rank held (malloc'ed) */
     double *rank_bound_ratio; /* [ranks]: the largest error/bound on each rank's rows (same) */
@@ -55,13 +69,14 @@ typedef struct cpt_audit_verdict {
 
 /* Judges a global tensor: got is a dense [B, S, H, D] tensor (lse: NULL and got_lse a float
  * [B, H, S] array, dims = {B, H, S, 1}); ref the oracle's doubles and mag, mag16 the bound's
- * magnitudes (cpt_bound_magnitudes: t and t16) in the same order; the bound's storage rounding is got's dtype (lse:
- * F32); owner[s] the rank holding position s. OUT_OF_MEMORY is the only failure. */
+ * magnitudes (cpt_bound_magnitudes: t and t16) in the same order; the bound's storage rounding
+ * is got's dtype (lse: F32); owner[s] the rank holding row s; position[s] its global position
+ * (NULL: s; the rows a sampled audit judged). OUT_OF_MEMORY is the only failure. */
 ctxpar_status cpt_audit_judge(const ctxpar_tensor *got, const float *got_lse,
                                  const int64_t dims[4], const double *ref, const double *mag,
                                  const double *mag16, double reference_error,
-                                 const int *owner, int ranks, const cpt_audit_bound *bound,
-                                 cpt_audit_verdict *v);
+                                 const int *owner, const int64_t *position, int ranks,
+                                 const cpt_audit_bound *bound, cpt_audit_verdict *v);
 
 /* The verdict's rule, alone (cpt_audit_judge applies it). */
 int cpt_audit_within_bound(const cpt_audit_verdict *v, const cpt_audit_bound *bound);

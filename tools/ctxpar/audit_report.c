@@ -89,11 +89,9 @@ ctxpar_status cpt_audit_judge_all(const cpt_cli *cli, const cpt_audit_state *a,
             ctxpar_tensor_bshd(t->data, dt, t->dims[0], t->dims[1], t->dims[2], t->dims[3]);
         int lse = i == CPT_T_LSE;
         st = cpt_audit_judge(lse ? NULL : &got, lse ? t->data : NULL, t->dims, r->oracle[i],
-                                r->oracle_mag[i], r->oracle_mag16[i], r->error[i], owner,
-                                c->ranks, &bound,
-                                &rep->v[i]);
-        for (int w = 0; st == CTXPAR_OK && smp->rows && w < rep->v[i].n_worst; w++)
-            rep->v[i].worst[w].position = smp->rows[rep->v[i].worst[w].position];
+                             r->oracle_mag[i], r->oracle_mag16[i], r->error[i], owner, smp->rows,
+                             c->ranks, &bound, &rep->v[i]);
+        rep->failing_elements += rep->v[i].failing_elements;
         if (smp->rows)
             free(sampled.data);
         rep->consistent = rep->consistent && rep->v[i].consistent;
@@ -170,23 +168,81 @@ static const char *against_name(const cpt_cli *cli) {
     return cli->against_path ? cli->against_path : cli->shards_pattern;
 }
 
-static void print_table(FILE *f, const cpt_cli *cli, const cpt_audit_report *rep) {
-    fprintf(f, "\nagainst %s: %s (every element within its bound: error/bound <= 1", against_name(cli),
+// "512-639 (rank 3)" or "512-1023 (ranks 3-0)": a run of failing rows.
+static void print_range(FILE *f, const cpt_audit_range *r) {
+    fprintf(f, "%lld", (long long)r->first);
+    if (r->last != r->first)
+        fprintf(f, "-%lld", (long long)r->last);
+    if (r->rank_first == r->rank_last)
+        fprintf(f, " (rank %d)", r->rank_first);
+    else
+        fprintf(f, " (ranks %d-%d)", r->rank_first, r->rank_last);
+}
+
+// The verdict on the results judged: always the last line of an audit with --against.
+static void print_verdict(FILE *f, const cpt_cli *cli, const cpt_run_result *r,
+                          const cpt_audit_report *rep) {
+    fprintf(f, "\nverdict on %s: %s", against_name(cli),
             rep->consistent ? "CONSISTENT" : "NOT CONSISTENT");
+    if (rep->consistent) {
+        fprintf(f, ": every element judged%s is within its bound%s\n",
+                r->sample.rows ? " (the sampled rows)" : "",
+                cli->max_ratio > 0 ? " and each error within the --max-ratio" : "");
+        return;
+    }
+    int64_t rows = 0, worst_t = -1;
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+        const cpt_audit_verdict *v = &rep->v[i];
+        rows += v->failing_rows;
+        if (v->ranks && v->n_worst && !v->consistent &&
+            (worst_t < 0 || v->worst[0].bound_ratio > rep->v[worst_t].worst[0].bound_ratio))
+            worst_t = i;
+    }
+    fprintf(f, ": %lld elements in %lld rows out of their bound", (long long)rep->failing_elements,
+            (long long)rows);
+    if (worst_t >= 0) {
+        const cpt_audit_row *w = &rep->v[worst_t].worst[0];
+        fprintf(f, "; worst: %s at position %lld, head %lld, rank %d (error/bound %.3g)",
+                cpt_run_tensor_name((cpt_run_tensor)worst_t), (long long)w->position,
+                (long long)w->head, w->rank, w->bound_ratio);
+    } else if (rep->has_dsinks && !rep->dsinks_consistent) {
+        fprintf(f, "; dsinks at head %lld (error/bound %.3g)", (long long)rep->dsinks_worst_head,
+                rep->dsinks_bound_ratio);
+    } else if (cli->max_ratio > 0) {
+        fprintf(f, "; an error above --max-ratio %g x ctxpar's own", cli->max_ratio);
+    }
+    fputc('\n', f);
+}
+
+static void print_table(FILE *f, const cpt_cli *cli, const cpt_audit_report *rep) {
+    fprintf(f, "\nresults in %s, each element against its bound (error/bound <= 1", against_name(cli));
     if (cli->max_ratio > 0)
         fprintf(f, "; each error at most %g x ctxpar's own", cli->max_ratio);
-    fprintf(f, ")\n  %-6s %-12s %-14s %-9s %-11s %s\n", "tensor", "error", "ctxpar error", "ratio",
-            "error/bound", "worst rows (position, head, rank: error/bound)");
+    fprintf(f, ")\n  %-6s %-12s %-14s %-9s %-11s %-20s %s\n", "tensor", "error", "ctxpar error",
+            "ratio", "error/bound", "out of bound", "worst rows (position, head, rank: error/bound)");
     for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         const cpt_audit_verdict *v = &rep->v[i];
         if (!v->ranks)
             continue;
-        fprintf(f, "  %-6s %-12.3e %-14.3e %-9.3g %-11.3g", cpt_run_tensor_name((cpt_run_tensor)i),
-                v->error, v->reference_error, v->ratio, v->bound_ratio);
+        char out[48];
+        snprintf(out, sizeof out, "%lld el, %lld rows", (long long)v->failing_elements,
+                 (long long)v->failing_rows);
+        fprintf(f, "  %-6s %-12.3e %-14.3e %-9.3g %-11.3g %-20s", cpt_run_tensor_name((cpt_run_tensor)i),
+                v->error, v->reference_error, v->ratio, v->bound_ratio, out);
         for (int w = 0; w < v->n_worst && w < 3; w++)
             fprintf(f, "%s%lld, %lld, %d: %.3g", w ? "; " : " ", (long long)v->worst[w].position,
                     (long long)v->worst[w].head, v->worst[w].rank, v->worst[w].bound_ratio);
         fprintf(f, "  %s\n", v->consistent ? "ok" : "NOT CONSISTENT");
+        if (v->n_ranges) {
+            fprintf(f, "         failing rows:");
+            for (int k = 0; k < v->n_ranges; k++) {
+                fputs(k ? ", " : " ", f);
+                print_range(f, &v->ranges[k]);
+            }
+            if (v->more_ranges)
+                fprintf(f, " and %lld more runs", (long long)v->more_ranges);
+            fputc('\n', f);
+        }
         if (!v->consistent) {
             fprintf(f, "         error/bound by rank:");
             for (int k = 0; k < v->ranks; k++)
@@ -219,8 +275,14 @@ static void print_row_json(FILE *f, const cpt_audit_row *w) {
 }
 
 static void print_against_json(FILE *f, const cpt_cli *cli, const cpt_audit_report *rep) {
-    fprintf(f, ",\"consistent\":%s,\"verdict\":\"per-element bound\",\"max_ratio\":",
-            rep->consistent ? "true" : "false");
+    int64_t rows = 0;
+    for (int i = 0; i < CPT_RUN_TENSORS; i++)
+        rows += rep->v[i].failing_rows;
+    fprintf(f,
+            ",\"consistent\":%s,\"verdict\":\"per-element bound\",\"failing_elements\":%lld,"
+            "\"failing_rows\":%lld,\"max_ratio\":",
+            rep->consistent ? "true" : "false", (long long)rep->failing_elements,
+            (long long)rows);
     if (cli->max_ratio > 0)
         cpt_json_num(f, cli->max_ratio);
     else
@@ -240,8 +302,18 @@ static void print_against_json(FILE *f, const cpt_cli *cli, const cpt_audit_repo
         cpt_json_num(f, v->ratio);
         fputs(",\"bound_ratio\":", f);
         cpt_json_num(f, v->bound_ratio);
-        fprintf(f, ",\"consistent\":%s,\"nonfinite\":%lld,\"worst\":",
-                v->consistent ? "true" : "false", (long long)v->nonfinite);
+        fprintf(f,
+                ",\"consistent\":%s,\"nonfinite\":%lld,\"failing_elements\":%lld,"
+                "\"failing_rows\":%lld,\"failing_ranges\":[",
+                v->consistent ? "true" : "false", (long long)v->nonfinite,
+                (long long)v->failing_elements, (long long)v->failing_rows);
+        for (int k = 0; k < v->n_ranges; k++)
+            fprintf(f, "%s{\"batch\":%lld,\"first\":%lld,\"last\":%lld,\"rank_first\":%d,"
+                       "\"rank_last\":%d}",
+                    k ? "," : "", (long long)v->ranges[k].batch, (long long)v->ranges[k].first,
+                    (long long)v->ranges[k].last, v->ranges[k].rank_first,
+                    v->ranges[k].rank_last);
+        fprintf(f, "],\"more_failing_ranges\":%lld,\"worst\":", (long long)v->more_ranges);
         if (v->n_worst)
             print_row_json(f, &v->worst[0]);
         else
@@ -314,7 +386,7 @@ void cpt_audit_print(FILE *f, const cpt_cli *cli, const cpt_audit_state *a,
     }
     if (r->status != CTXPAR_OK)
         return;
-    cpt_report_table(f, "audit", &cli->cfg, r);
+    cpt_report_table(f, "audit", &cli->cfg, r, rep->judged);
     if (rep->judged)
         print_table(f, cli, rep);
     if (saved && a->like->kind == CPT_AUDIT_SRC_SAFETENSORS)
@@ -328,4 +400,6 @@ void cpt_audit_print(FILE *f, const cpt_cli *cli, const cpt_audit_state *a,
                 cli->cfg.backward ? ", dq.npy, dk.npy, dv.npy" : "", saved);
     if (saved && r->outputs.dsinks)
         fprintf(f, "  saved dsinks.npy to %s\n", saved);
+    if (rep->judged)
+        print_verdict(f, cli, r, rep);
 }

@@ -363,6 +363,65 @@ TEST(AuditAgainst, OneRingStepsKeysMissingOnOneRank) {
     EXPECT_EQ(v.WorstRank("lse"), 2) << v.o.out;
 }
 
+// The same lost ring step, counted: every row of rank 2 fails, in the two runs of its zigzag
+// chunks, and the text ends with the verdict on the results (ctxpar's run is the yardstick).
+TEST(AuditAgainst, FailingRowsAreCountedAndTheirRunsNamed) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, false);
+    Results r = Correct(p);
+    std::vector<int64_t> mine = Zigzag(2);
+    Vec o, l;
+    Attend(p, mine, AllBut(Zigzag(1)), &o, &l);
+    for (size_t i = 0; i < mine.size(); i++)
+        std::copy(o.begin() + Row((int64_t)i), o.begin() + Row((int64_t)i + 1),
+                  r.out.begin() + Row(mine[i]));
+    Verdict v;
+    JudgeResults("missing_step_counted", p, r, &v);
+    json_t *out = v.Tensor("out");
+    EXPECT_EQ(json_integer_value(json_object_get(out, "failing_rows")), (json_int_t)mine.size());
+    const json_int_t elements = json_integer_value(json_object_get(out, "failing_elements"));
+    EXPECT_GT(elements, (json_int_t)mine.size());
+    EXPECT_LE(elements, (json_int_t)mine.size() * kH * kD);
+    EXPECT_EQ(json_integer_value(json_object_get(v.root, "failing_elements")), elements);
+    // Zigzag rank 2 of 4 holds chunks 2 and 5 of 8: two runs, both its own.
+    json_t *runs = json_object_get(out, "failing_ranges");
+    ASSERT_EQ(json_array_size(runs), 2u) << v.o.out;
+    const int64_t c = kS / 8;
+    for (size_t i = 0; i < 2; i++) {
+        json_t *run = json_array_get(runs, i);
+        const int64_t chunk = i == 0 ? 2 : 5;
+        EXPECT_EQ(json_integer_value(json_object_get(run, "first")), chunk * c);
+        EXPECT_EQ(json_integer_value(json_object_get(run, "last")), (chunk + 1) * c - 1);
+        EXPECT_EQ(json_integer_value(json_object_get(run, "rank_first")), 2);
+        EXPECT_EQ(json_integer_value(json_object_get(run, "rank_last")), 2);
+    }
+    // Passing rows are not among the worst once rows fail.
+    json_t *worst = json_object_get(out, "worst_rows");
+    for (size_t i = 0; i < json_array_size(worst); i++)
+        EXPECT_GT(json_number_value(json_object_get(json_array_get(worst, i), "bound_ratio")), 1.0);
+    EXPECT_EQ(json_integer_value(json_object_get(v.Tensor("lse"), "failing_rows")), 0);
+    // The table: ctxpar's run as the yardstick, never "result: OK"; the last line the verdict.
+    const std::string dir = Dir("missing_step_counted");
+    Outcome t = Tool("audit --ranks 4 --layout zigzag --mask causal --inputs '" + dir +
+                     "/inputs.safetensors' --against '" + dir + "/results.safetensors'");
+    EXPECT_EQ(t.code, 1) << t.out << t.err;
+    EXPECT_EQ(t.out.find("result: OK"), std::string::npos) << t.out;
+    EXPECT_NE(t.out.find("yardstick: ctxpar's own run is within its bound"), std::string::npos)
+        << t.out;
+    std::string last = t.out.substr(t.out.rfind('\n', t.out.size() - 2) + 1);
+    EXPECT_EQ(last.rfind("verdict on ", 0), 0u) << last;
+    EXPECT_NE(last.find(": NOT CONSISTENT: " + std::to_string(elements) + " elements in " +
+                        std::to_string(mine.size()) + " rows out of their bound; worst: out at "
+                        "position "),
+              std::string::npos)
+        << last;
+    EXPECT_NE(last.find(", rank 2 (error/bound"), std::string::npos) << last;
+    EXPECT_NE(t.out.find("failing rows: " + std::to_string(2 * c) + "-" +
+                         std::to_string(3 * c - 1) + " (rank 2), " + std::to_string(5 * c) +
+                         "-" + std::to_string(6 * c - 1) + " (rank 2)"),
+              std::string::npos)
+        << t.out;
+}
+
 // Merging partial results (o_a, lse_a), (o_b, lse_b): out = o_a e^(lse_a - lse) +
 // o_b e^(lse_b - lse). Rank 1 flips the sign of the exponent of ring step 1's term (the keys of
 // rank 0, which every row of rank 1 sees).

@@ -19,7 +19,7 @@ int cpt_cmd_check(int argc, char **argv) {
             cpt_report_json_members(stdout, &cli.cfg, &r);
             fputs("}\n", stdout);
         } else if (r.status == CTXPAR_OK) { // else the one line below says it all
-            cpt_report_table(stdout, "check", &cli.cfg, &r);
+            cpt_report_table(stdout, "check", &cli.cfg, &r, 0);
         }
     }
     if (r.status != CTXPAR_OK && !cli.json)

@@ -125,9 +125,11 @@ void cpt_peak_json_members(FILE *f, const cpt_peak_info *peak);
 /* ---------------------------------------------------------------- correctness report */
 
 /* The table of check and audit: a title, one row per tensor (error vs fp64, tolerance, error at
- * P = 1, ratio, bitwise equality), time, memory, work per rank and the verdict. */
+ * P = 1, ratio, bitwise equality), time, memory, work per rank and the verdict ("result: OK");
+ * with `yardstick` (an audit judging other results) the run is named as the yardstick instead,
+ * and the verdict is the audit's, printed after it. */
 void cpt_report_table(FILE *f, const char *cmd, const cpt_run_config *cfg,
-                         const cpt_run_result *result);
+                      const cpt_run_result *result, int yardstick);
 /* The rows alone (bench --check). */
 void cpt_report_rows(FILE *f, const cpt_run_result *result);
 /* The JSON object's members (no braces): ok, status, message, config, errors, error_ratio,

@@ -72,8 +72,9 @@ bazel_suite //...
 grep -h "skipped: no CUDA device" bazel-testlogs/testing/*cuda*/test.log \
     bazel-testlogs/testing/gpu/*/test.log 2>/dev/null | sort | uniq -c | sed 's/^/    /'
 # The CUDA targets are left out here: their device code cannot run on this machine, and nvcc
-# would compile them all again for the sanitizer configuration.
-bazel_suite --config=asan --test_tag_filters=-gpu -- //... -//backends/cuda/... \
+# would compile them all again for the sanitizer configuration. Only what the tests need is
+# built (the optimised run above built everything).
+bazel_suite --config=asan --build_tests_only --test_tag_filters=-gpu -- //... -//backends/cuda/... \
     -//comm/nccl/... -//testing/gpu/... -//testing:cuda_ops_test \
     -//packaging/cuda/...
 # Threads under ThreadSanitizer: the local comm (ranks as threads), and the end-to-end cases

@@ -54,17 +54,41 @@ file_flags() {
 
 mkdir -p "$build/obj" "$build/artifacts"
 echo "==> building fuzz targets with $("$cc" --version | head -1) in $build"
+# Compiles and fuzzing runs go side by side, one per core.
+width=$(getconf _NPROCESSORS_ONLN) # not nproc: it obeys OMP_NUM_THREADS
+running=0
+failed_jobs=0
+slot() { # waits for a free core
+    if [ "$running" -ge "$width" ]; then
+        wait -n || failed_jobs=$((failed_jobs + 1))
+        running=$((running - 1))
+    fi
+    running=$((running + 1))
+}
+drain() {
+    while [ "$running" -gt 0 ]; do
+        wait -n || failed_jobs=$((failed_jobs + 1))
+        running=$((running - 1))
+    done
+}
 objs=()
 compile() { # src, extra flags...
     local src=$1 obj
     shift
     obj="$build/obj/$(echo "${src%.c}" | tr / _).o"
-    # shellcheck disable=SC2046 # file_flags is a list of words
-    "$cc" "${common[@]}" "$@" $(file_flags "$src") -fsanitize=fuzzer-no-link -c "$src" -o "$obj"
     objs+=("$obj")
+    slot
+    # shellcheck disable=SC2046 # file_flags is a list of words
+    "$cc" "${common[@]}" "$@" $(file_flags "$src") -fsanitize=fuzzer-no-link -c "$src" \
+        -o "$obj" &
 }
 for f in "${lib_srcs[@]}"; do compile "$f" "${lenient[@]}"; done
 for f in "${fuzz_srcs[@]}"; do compile "$f" "${strict[@]}"; done
+drain
+if [ "$failed_jobs" -gt 0 ]; then
+    echo "run_fuzzers: $failed_jobs compiles failed" >&2
+    exit 1
+fi
 
 for t in $targets; do
     "$cc" "${common[@]}" "${strict[@]}" -fsanitize=fuzzer "testing/fuzz/$t.c" "${objs[@]}" \
@@ -74,13 +98,10 @@ done
 export OMP_NUM_THREADS=1
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-status=0
-for t in $targets; do
-    seeds=testing/fuzz/corpus/$t
-    work=$build/corpus/$t
+fuzz() { # target: runs it for $seconds and reports; non-zero when it found a failure
+    local t=$1 seeds=testing/fuzz/corpus/$1 work=$build/corpus/$1 log=$build/$1.log
     mkdir -p "$work"
     echo "==> $t for ${seconds}s (seeds: $(ls "$seeds" | wc -l) in $seeds)"
-    log=$build/$t.log
     if "$build/$t" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2048 \
         -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" "$work" "$seeds" \
         >"$log" 2>&1; then
@@ -88,9 +109,15 @@ for t in $targets; do
         cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
         echo "$t: OK, $execs runs, $cov, corpus $(ls "$work" | wc -l) new inputs"
     else
-        status=1
         tail -n 60 "$log"
         echo "$t: FAILED (log $log; crashing input in $build/artifacts/)"
+        return 1
     fi
+}
+failed_jobs=0
+for t in $targets; do
+    slot
+    fuzz "$t" &
 done
-exit "$status"
+drain
+exit "$([ "$failed_jobs" -eq 0 ] && echo 0 || echo 1)"

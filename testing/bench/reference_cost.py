@@ -13,7 +13,7 @@ verdict and the rank it names. The "elsewhere" results are ctxpar's own, saved b
 
 Not part of CI:
 
-    bazel build -c opt //tools/ctxpar
+    bazel build -c opt //tools/ctxpar //:libctxpar.so
     python3 testing/bench/reference_cost.py [--big]
 """
 import argparse
@@ -26,7 +26,9 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "python"))
+os.environ.setdefault("CTXPAR_LIBRARY", os.path.join(ROOT, "bazel-bin", "libctxpar.so"))
 from ctxpar import _safetensors  # noqa: E402  (writes BF16 from uint16 bits)
 
 CHECK = ["--ranks", "4", "--heads", "4", "--dim", "64", "--mask", "causal", "--layout", "zigzag",
@@ -69,7 +71,7 @@ def bf16_bits(x):
     return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def audit_case(tool, folder, seq, heads, dim, dtype, rows, ranks=4, bad_rank=2):
+def audit_case(tool, folder, seq, heads, dim, dtype, rows, no_single, ranks=4, bad_rank=2):
     rng = np.random.default_rng(7)
     shape = (1, seq, heads, dim)
     x = {n: rng.standard_normal(shape, dtype=np.float32) for n in ("q", "k", "v")}
@@ -79,7 +81,7 @@ def audit_case(tool, folder, seq, heads, dim, dtype, rows, ranks=4, bad_rank=2):
     _safetensors.write(inputs, x)
     del x
     common = ["--inputs", inputs, "--ranks", str(ranks), "--mask", "causal", "--layout",
-              "zigzag", "--rows", str(rows), "--json"]
+              "zigzag", "--rows", str(rows), "--json"] + (["--no-single"] if no_single else [])
     # The results "made elsewhere": ctxpar's own, saved, then one rank's first rows zeroed.
     saved = os.path.join(folder, "saved")
     wall_save, rc, _ = run([tool, "audit", "--save", saved] + common)
@@ -121,19 +123,21 @@ def _rank_positions(seq, ranks, rank):
 
 
 def audit_table(tool, big):
-    cases = [(16384, 4, 64, "f32", 1024)]
+    # (seq, heads, dim, dtype, rows, --no-single): the big one skips the one-rank run.
+    cases = [(16384, 4, 64, "f32", 1024, False)]
     if big:
-        cases.append((131072, 8, 128, "bf16", 2048))
-    print("\n| seq | heads | dim | dtype | rows | audit --save s | audit --against s | verdict | "
-          "worst at (position, rank) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for seq, heads, dim, dtype, rows in cases:
+        cases.append((131072, 8, 128, "bf16", 2048, True))
+    print("\n| seq | heads | dim | dtype | rows | --no-single | audit --save s | "
+          "audit --against s | verdict | worst at (position, rank) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for seq, heads, dim, dtype, rows, no_single in cases:
         with tempfile.TemporaryDirectory(prefix="ctxpar-cost-") as folder:
-            ws, wall, rc, j, worst, bad = audit_case(tool, folder, seq, heads, dim, dtype, rows)
+            ws, wall, rc, j, worst, bad = audit_case(tool, folder, seq, heads, dim, dtype, rows,
+                                                     no_single)
         verdict = "CONSISTENT" if j["consistent"] else "NOT CONSISTENT"
-        print(f"| {seq} | {heads} | {dim} | {dtype} | {rows} | {ws:.1f} | {wall:.1f} | {verdict} "
-              f"(exit {rc}) | {worst['position']}, rank {worst['rank']} (rank {bad} corrupted) |",
-              flush=True)
+        print(f"| {seq} | {heads} | {dim} | {dtype} | {rows} | {'yes' if no_single else 'no'} | "
+              f"{ws:.1f} | {wall:.1f} | {verdict} (exit {rc}) | {worst['position']}, rank "
+              f"{worst['rank']} (rank {bad} corrupted) |", flush=True)
 
 
 def main():
@@ -142,9 +146,11 @@ def main():
     ap.add_argument("--seqs", default="2048,4096,8192,16384")
     ap.add_argument("--rows", default="1024")
     ap.add_argument("--big", action="store_true", help="also the 128k-token audit")
+    ap.add_argument("--audits-only", action="store_true", help="skip the check table")
     args = ap.parse_args()
-    check_table(args.tool, [int(s) for s in args.seqs.split(",")],
-                [int(r) for r in args.rows.split(",") if r])
+    if not args.audits_only:
+        check_table(args.tool, [int(s) for s in args.seqs.split(",")],
+                    [int(r) for r in args.rows.split(",") if r])
     audit_table(args.tool, args.big)
 
 

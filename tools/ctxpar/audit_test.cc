@@ -340,9 +340,9 @@ TEST(AuditAgainst, PlainFloat32ResultsWithCancellingDqAreConsistent) {
 
 // ---------------------------------------------------------------- planted bugs
 
-// Rank 2 never got the keys of ring step 1 (rank 1's block).
-TEST(AuditAgainst, OneRingStepsKeysMissingOnOneRank) {
-    Problem p = MakeProblem(CTXPAR_DTYPE_F32, false);
+// Results whose rank 2 never got the keys of ring step 1 (rank 1's block): out of rank 2's rows
+// (and their lse, with_lse) attend to every key but those.
+Results RingStepLostOnRank2(const Problem &p, bool with_lse) {
     Results r = Correct(p);
     std::vector<int64_t> mine = Zigzag(2);
     Vec o, l;
@@ -350,9 +350,15 @@ TEST(AuditAgainst, OneRingStepsKeysMissingOnOneRank) {
     for (size_t i = 0; i < mine.size(); i++) {
         std::copy(o.begin() + Row((int64_t)i), o.begin() + Row((int64_t)i + 1),
                   r.out.begin() + Row(mine[i]));
-        for (int64_t h = 0; h < kH; h++)
+        for (int64_t h = 0; with_lse && h < kH; h++)
             r.lse[h * kS + mine[i]] = l[h * mine.size() + i];
     }
+    return r;
+}
+
+TEST(AuditAgainst, OneRingStepsKeysMissingOnOneRank) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, false);
+    Results r = RingStepLostOnRank2(p, true);
     Verdict v;
     JudgeResults("missing_step", p, r, &v);
     EXPECT_EQ(v.o.code, 1) << v.o.out << v.o.err;
@@ -367,13 +373,8 @@ TEST(AuditAgainst, OneRingStepsKeysMissingOnOneRank) {
 // chunks, and the text ends with the verdict on the results (ctxpar's run is the yardstick).
 TEST(AuditAgainst, FailingRowsAreCountedAndTheirRunsNamed) {
     Problem p = MakeProblem(CTXPAR_DTYPE_F32, false);
-    Results r = Correct(p);
-    std::vector<int64_t> mine = Zigzag(2);
-    Vec o, l;
-    Attend(p, mine, AllBut(Zigzag(1)), &o, &l);
-    for (size_t i = 0; i < mine.size(); i++)
-        std::copy(o.begin() + Row((int64_t)i), o.begin() + Row((int64_t)i + 1),
-                  r.out.begin() + Row(mine[i]));
+    Results r = RingStepLostOnRank2(p, false);
+    const std::vector<int64_t> mine = Zigzag(2);
     Verdict v;
     JudgeResults("missing_step_counted", p, r, &v);
     json_t *out = v.Tensor("out");

@@ -18,7 +18,7 @@ typedef enum opt_id {
     O_LAYOUT, O_DOCS, O_BACKWARD, O_SEED, O_Q, O_K, O_V, O_DOUT, O_CU_SEQLENS, O_SAVE, O_THREADS,
     O_WARMUP, O_REPEAT, O_CHECK, O_NO_CHECK, O_SWEEP, O_PEAK, O_VERIFY, O_COMM, O_BACKEND, O_JSON,
     O_TRACE, O_INPUTS, O_AGAINST, O_SHARDS, O_FORMAT, O_LSE_BASE, O_LSE_LAYOUT, O_MAX_RATIO,
-    O_ASSIGN, O_V_DIM, O_SOFTCAP, O_SINKS, O_ROWS,
+    O_ASSIGN, O_V_DIM, O_SOFTCAP, O_SINKS, O_ROWS, O_NO_SINGLE,
 } opt_id;
 
 enum { C = CPT_CMD_CHECK, A = CPT_CMD_AUDIT, B = CPT_CMD_BENCH };
@@ -88,6 +88,8 @@ static const opt options[] = {
     {"--repeat", O_REPEAT, C | A | B, 0, "N", "timed calls; the median is reported"},
     {"--check", O_CHECK, B, 1, NULL, "also compare with the fp64 oracle (O(S^2) in fp64: slow)"},
     {"--no-check", O_NO_CHECK, B, 1, NULL, "no oracle (the default for bench)"},
+    {"--no-single", O_NO_SINGLE, C | A, 1, NULL,
+     "skip the run on one rank (its error ratio and bits): halves a long audit's own runs"},
     {"--sweep", O_SWEEP, B, 1, NULL,
      "run every --seq x --ranks value (comma lists) into one markdown table"},
     {"--peak", O_PEAK, B, 1, NULL, "only measure and print the cores' FP32 FMA peak"},
@@ -456,6 +458,7 @@ static void set_flag(const opt *o, cpt_cli *cli) {
     case O_JSON: cli->json = 1; break;
     case O_CHECK: cli->cfg.compare_oracle = cli->cfg.compare_single = 1; break;
     case O_NO_CHECK: cli->cfg.compare_oracle = cli->cfg.compare_single = 0; break;
+    case O_NO_SINGLE: cli->cfg.compare_single = 0; break;
     case O_SWEEP: cli->sweep = 1; break;
     case O_PEAK: cli->peak = 1; break;
     default: break;

@@ -1203,6 +1203,36 @@ TEST(Check, ReportsTheLargestErrorToBoundAndWhere) {
     EXPECT_NE(o.out.find("worst at (pos, head, rank)"), std::string::npos) << o.out;
 }
 
+// --rows judges a sample (every rank's and zigzag chunk's ends among it), says so in the table
+// and the JSON, and beside the library's times reports the reference's; --no-single skips the
+// one-rank run.
+TEST(Check, RowsJudgesASampleAndNoSingleSkipsTheOneRankRun) {
+    const std::string base = "check --seq 512 --ranks 4 --heads 2 --dim 16 --layout zigzag "
+                             "--backward --rows 40 --seed 5";
+    Outcome o = Tool(base + " --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["ok"].b);
+    EXPECT_EQ(j["rows_judged"].num, 40);
+    EXPECT_EQ(j["rows_total"].num, 512);
+    EXPECT_EQ(j["rows_boundaries"].num, 14); // 8 zigzag chunks, rank 3's two adjacent: 7 runs
+    EXPECT_GT(j["reference_time_s"].num, 0.0);
+    EXPECT_GT(j["single_rank_time_s"].num, 0.0);
+    o = Tool(base);
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    EXPECT_NE(o.out.find("judged 40 of 512 rows (query rows, and key rows for dk, dv): 14 first "
+                         "or last of a rank's shard or layout chunk, 26 random (--seed 5)"),
+              std::string::npos)
+        << o.out;
+    o = Tool(base + " --no-single --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_EQ(j["single_rank_time_s"].num, 0.0);
+    EXPECT_TRUE(j["ok"].b);
+    EXPECT_EQ(Tool(base + " --rows -1").code, 2);
+}
+
 TEST(Check, CudaBackendRunsOrSaysWhyNot) {
     // With a GPU: a result. Without one (or without CUDA in the build): one line, no crash.
     Outcome o = Tool("check --backend cuda --seq 256 --ranks 2 --heads 2 --dim 64");

@@ -2,7 +2,7 @@
  * algorithms.h - the context-parallel algorithms, written once against the device and comm
  * vtables (through the ctxpar_dev_* / ctxpar_comm_* wrappers of ctxpar_backend.h).
  *
- * The front door (api/attn.c) validates arguments and checks that ranks agree before calling
+ * The front door (core/attn.c) validates arguments and checks that ranks agree before calling
  * any of these; here, inputs are known to be well formed.
  */
 #ifndef CTXPAR_ALGORITHMS_H

@@ -1,5 +1,5 @@
 /*
- * registry.h - the table of algorithms the front door dispatches through (api/attn.c), and the
+ * registry.h - the table of algorithms the front door dispatches through (core/attn.c), and the
  * AUTO choice made from the table's costs. docs/algorithms.md ("Adding an algorithm / a
  * backend") lists the files a new entry touches.
  */

@@ -51,7 +51,7 @@ typedef enum ctxpar_status {
 CTXPAR_API const char *ctxpar_status_string(ctxpar_status status);
 
 /* Detail of the last error on the calling thread, prefixed by the source file and line that
- * detected it ("api/validate.c:150: k.shape[3] (64) != q.shape[3] (96): head_dim must match");
+ * detected it ("core/validate.c:150: k.shape[3] (64) != q.shape[3] (96): head_dim must match");
  * "" when none. Valid until the next ctxpar call on this thread. */
 CTXPAR_API const char *ctxpar_last_error(void);
 

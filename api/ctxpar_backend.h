@@ -4,7 +4,7 @@
  * A device is `struct ctxpar_device_ops` + an implementation pointer; a comm likewise. Backends
  * fill an ops table and call ctxpar_device_create / ctxpar_comm_create, which check the table.
  * Algorithms never touch an ops table: they call the ctxpar_dev_* / ctxpar_comm_* wrappers below,
- * which live in api/dispatch_*.c, the only files that call through the tables, and which own
+ * which live in dispatch/dispatch_*.c, the only files that call through the tables, and which own
  * every NULL check and every fallback for an optional op.
  *
  * Tables are versioned: they start with `version` and `struct_size`, members are only appended,

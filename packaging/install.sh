@@ -33,10 +33,10 @@ runfiles="${RUNFILES_DIR:-$0.runfiles}/ctxpar"
 case "$prefix" in /*) ;; *) prefix="${BUILD_WORKING_DIRECTORY:-$PWD}/$prefix" ;; esac
 cd "$runfiles"
 
-# One version, the library's own (ctxpar_version() in api/status.c).
+# One version, the library's own (ctxpar_version() in dispatch/status.c).
 version=$(sed -n 's/.*ctxpar_version(void) { return "\([0-9]*\.[0-9]*\.[0-9]*\)"; }.*/\1/p' \
-    api/status.c)
-[ -n "$version" ] || { echo "install: cannot read the version from api/status.c" >&2; exit 1; }
+    dispatch/status.c)
+[ -n "$version" ] || { echo "install: cannot read the version from dispatch/status.c" >&2; exit 1; }
 major=${version%%.*}
 
 inc="$prefix/include/ctxpar"

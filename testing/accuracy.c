@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "testing/data.h"
+#include "reference/data.h"
 #include "testing/naive_f32.h"
-#include "testing/oracle.h"
-#include "testing/reference.h"
-#include "testing/tolerance.h"
+#include "reference/oracle.h"
+#include "reference/reference.h"
+#include "reference/tolerance.h"
 
 const char *cpt_acc_dist_name(cpt_acc_dist dist) {
     static const char *const names[] = {"uniform01", "normal", "clamped", "sharp"};

@@ -7,7 +7,7 @@
 #ifndef CPT_TESTING_ACCURACY_H
 #define CPT_TESTING_ACCURACY_H
 
-#include "testing/runner.h"
+#include "reference/runner.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -14,8 +14,8 @@
 #include "ctxpar_local.h"
 #include "testing/accuracy.h"
 #include "testing/naive_f32.h"
-#include "testing/oracle.h"
-#include "testing/tolerance.h"
+#include "reference/oracle.h"
+#include "reference/tolerance.h"
 
 namespace {
 

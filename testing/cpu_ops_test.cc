@@ -19,10 +19,10 @@
 #include "ctxpar_backend.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_half.h"
-#include "testing/data.h"
+#include "reference/data.h"
 #include "testing/device_conformance.h"
-#include "testing/metrics.h"
-#include "testing/oracle.h"
+#include "reference/metrics.h"
+#include "reference/oracle.h"
 
 namespace {
 

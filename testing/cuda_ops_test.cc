@@ -1,4 +1,4 @@
-// cuda_ops_test: every op of the CUDA device against the float64 oracle (testing/oracle.h) and
+// cuda_ops_test: every op of the CUDA device against the float64 oracle (reference/oracle.h) and
 // against the CPU device (backends/cpu, an independent implementation run on the same inputs),
 // plus the properties the algorithms rely on: fully masked rows, merge algebra, determinism,
 // a row's bits independent of the other rows, streams and events, error reporting.
@@ -42,12 +42,12 @@ TEST(CudaOps, NotBuilt) {
 #ifndef CTXPAR_TEST_NO_CUDNN
 #include "backends/cuda/cudnn_graph.h"
 #endif
-#include "testing/data.h"
+#include "reference/data.h"
 #include "testing/device_conformance.h"
 #include "testing/expect_nonfinite.h"
-#include "testing/metrics.h"
-#include "testing/oracle.h"
-#include "testing/tolerance.h"
+#include "reference/metrics.h"
+#include "reference/oracle.h"
+#include "reference/tolerance.h"
 
 namespace {
 
@@ -55,7 +55,7 @@ using namespace cpt_devconf;
 
 // ---------------------------------------------------------------- tolerances
 // Relative errors max |got - ref| / max |ref| (metrics.h), against the float64 oracle, from the
-// project's table (testing/tolerance.c, which was measured with "GPU-style" kernels that round P
+// project's table (reference/tolerance.c, which was measured with "GPU-style" kernels that round P
 // to BF16 before P V); the CUDA results are held to the same bound against the CPU device,
 // itself within 1e-5 of the oracle (cpu_ops_test).
 //  - F32 math throughout (the SIMT kernels: F32 inputs, 16-bit inputs with head_dim % 8 != 0;

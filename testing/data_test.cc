@@ -1,6 +1,6 @@
 // Counter-based test data: range, independence of the counter words, and that shards, strided
 // tensors of every dtype and the global f64 copy agree on every value.
-#include "testing/data.h"
+#include "reference/data.h"
 
 #include <cmath>
 #include <cstdint>

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "ctxpar_backend.h"
-#include "testing/data.h"
-#include "testing/metrics.h"
-#include "testing/oracle.h"
+#include "reference/data.h"
+#include "reference/metrics.h"
+#include "reference/oracle.h"
 
 namespace cpt_devconf {
 

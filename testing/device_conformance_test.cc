@@ -4,7 +4,7 @@
 
 #include "ctxpar_cpu.h"
 #include "testing/device_conformance.h"
-#include "testing/tolerance.h"
+#include "reference/tolerance.h"
 
 #ifndef CTXPAR_TEST_NO_CUDA
 #include "ctxpar_cuda.h"

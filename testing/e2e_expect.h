@@ -11,8 +11,8 @@
 #include <cmath>
 #include <vector>
 
-#include "runner.h"
-#include "tolerance.h"
+#include "reference/runner.h"
+#include "reference/tolerance.h"
 
 inline void CptExpectTensorsMatch(const cpt_run_result &r, int ranks) {
     for (int i = 0; i < CPT_RUN_TENSORS; i++) {

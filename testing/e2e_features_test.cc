@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "data.h"
+#include "reference/data.h"
 #include "e2e_expect.h"
-#include "oracle.h"
-#include "runner.h"
-#include "tolerance.h"
+#include "reference/oracle.h"
+#include "reference/runner.h"
+#include "reference/tolerance.h"
 
 namespace {
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "runner.h"
-#include "runner_mpi.h"
-#include "tolerance.h"
+#include "reference/runner.h"
+#include "reference/runner_mpi.h"
+#include "reference/tolerance.h"
 
 namespace {
 

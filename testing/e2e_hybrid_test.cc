@@ -14,11 +14,11 @@
 #include "accuracy.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_local.h"
-#include "oracle.h"
+#include "reference/oracle.h"
 
 #include "e2e_expect.h"
-#include "runner.h"
-#include "tolerance.h"
+#include "reference/runner.h"
+#include "reference/tolerance.h"
 
 namespace {
 

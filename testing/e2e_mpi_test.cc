@@ -12,13 +12,13 @@
 #include "ctxpar.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_mpi.h"
-#include "data.h"
+#include "reference/data.h"
 #include "e2e_expect.h"
 #include "fault_comm.h"
 #include "limited_device.h"
-#include "runner.h"
-#include "runner_mpi.h"
-#include "tolerance.h"
+#include "reference/runner.h"
+#include "reference/runner_mpi.h"
+#include "reference/tolerance.h"
 
 namespace {
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "e2e_expect.h"
-#include "runner.h"
-#include "tolerance.h"
+#include "reference/runner.h"
+#include "reference/tolerance.h"
 
 namespace {
 

@@ -12,7 +12,7 @@
 #include "ctxpar.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_local.h"
-#include "data.h"
+#include "reference/data.h"
 #include "fault_comm.h"
 
 namespace {

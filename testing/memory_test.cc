@@ -12,9 +12,9 @@
 #include "ctxpar_backend.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_local.h"
-#include "data.h"
+#include "reference/data.h"
 #include "fault_device.h"
-#include "runner.h"
+#include "reference/runner.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>

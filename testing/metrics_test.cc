@@ -1,5 +1,5 @@
 // Error metrics (non-finite handling, ULPs, bitwise comparison) and the tolerance table.
-#include "testing/metrics.h"
+#include "reference/metrics.h"
 
 #include <cmath>
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "ctxpar_half.h"
-#include "testing/tolerance.h"
+#include "reference/tolerance.h"
 
 namespace {
 

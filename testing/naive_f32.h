@@ -20,7 +20,7 @@
 
 #include <stdint.h>
 
-#include "testing/oracle.h"
+#include "reference/oracle.h"
 
 #ifdef __cplusplus
 extern "C" {

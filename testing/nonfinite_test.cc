@@ -24,10 +24,10 @@
 #include "ctxpar_backend.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_local.h"
-#include "data.h"
+#include "reference/data.h"
 #include "expect_nonfinite.h"
-#include "oracle.h"
-#include "tolerance.h"
+#include "reference/oracle.h"
+#include "reference/tolerance.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // The .npy reader and writer: round trips, NumPy's exact header bytes, and malformed files that
 // must each give CTXPAR_ERR_INVALID_ARG with a message naming the file and the problem.
-#include "testing/npy.h"
+#include "reference/npy.h"
 
 #include <cstdint>
 #include <cstdio>

@@ -1,5 +1,5 @@
 // The fp64 oracle against hand-computed cases, and its backward against finite differences.
-#include "testing/oracle.h"
+#include "reference/oracle.h"
 
 #include <cmath>
 #include <cstring>
@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "testing/data.h"
+#include "reference/data.h"
 
 namespace {
 

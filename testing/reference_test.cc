@@ -1,7 +1,7 @@
 // The fast reference against its own oracle: the plain fp64 oracle (values, dsinks) and the
 // plain bound (magnitudes M, M16), feature by feature, at sizes that cross several tiles; the
 // selection of rows against the whole computation; thread-count invariance; non-finite inputs.
-#include "testing/reference.h"
+#include "reference/reference.h"
 
 #include <omp.h>
 
@@ -12,9 +12,9 @@
 
 #include <gtest/gtest.h>
 
-#include "testing/data.h"
-#include "testing/oracle.h"
-#include "testing/tolerance.h"
+#include "reference/data.h"
+#include "reference/oracle.h"
+#include "reference/tolerance.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "ctxpar.h"
-#include "testing/runner.h"
+#include "reference/runner.h"
 
 namespace {
 

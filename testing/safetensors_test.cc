@@ -1,7 +1,7 @@
 // The .safetensors reader and writer, and the tensor orders of tensor_format.h: a file written
 // by the Hugging Face safetensors library read back exactly; round trips of every dtype, order
 // and LSE layout with the same bits; malformed headers rejected with the file and the problem.
-#include "testing/safetensors.h"
+#include "reference/safetensors.h"
 
 #include <cstdint>
 #include <cstdlib>
@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "testing/tensor_format.h"
+#include "reference/tensor_format.h"
 
 namespace {
 

@@ -20,10 +20,10 @@
 #include "ctxpar_backend.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_local.h"
-#include "data.h"
-#include "metrics.h"
-#include "oracle.h"
-#include "tolerance.h"
+#include "reference/data.h"
+#include "reference/metrics.h"
+#include "reference/oracle.h"
+#include "reference/tolerance.h"
 
 namespace {
 

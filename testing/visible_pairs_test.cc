@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "algorithms.h"
-#include "oracle.h"
+#include "reference/oracle.h"
 
 namespace {
 

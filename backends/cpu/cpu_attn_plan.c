@@ -28,7 +28,7 @@ static void tile_ranges(const int64_t *pos, int64_t rows, int64_t tile, int64_t 
 
 ctxpar_status ctxpar_cpu_plan_init(const ctxpar_attn_block *blk, const char *op,
                                    ctxpar_cpu_plan *plan) {
-    // The dispatch (api/dispatch_device.c) checked the block.
+    // The dispatch (dispatch/dispatch_device.c) checked the block.
     ctxpar_cpu_plan p;
     memset(&p, 0, sizeof p);
     p.blk = blk;

@@ -7,7 +7,7 @@
 // Grid dimensions y and z of the attention kernels carry heads and batch.
 #define GRID_YZ_MAX 65535
 
-// What the dispatch (api/dispatch_device.c) does not check: the kernels' grids need every
+// What the dispatch (dispatch/dispatch_device.c) does not check: the kernels' grids need every
 // dimension but seq to be at least 1, and their index arithmetic non-negative strides.
 ctxpar_status ctxpar_cuda_check_tensor(const char *op, const char *name, const ctxpar_tensor *t) {
     for (int i = 0; i < 4; i++) {

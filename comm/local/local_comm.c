@@ -114,7 +114,7 @@ static ctxpar_status local_sendrecv(ctxpar_comm *comm, const void *sendbuf, size
                                     int dst, void *recvbuf, size_t recv_bytes, int src, int tag,
                                     ctxpar_stream *stream, ctxpar_request **req_out) {
     local_comm *c = impl_of(comm);
-    // Arguments were checked by the dispatch (api/dispatch_comm.c).
+    // Arguments were checked by the dispatch (dispatch/dispatch_comm.c).
     CTXPAR_CHECK(sync_stream(c, stream));
     int n = (dst >= 0) + (src >= 0);
     struct ctxpar_request *req = new_request(c, LOCAL_OP_SENDRECV, n, 0);

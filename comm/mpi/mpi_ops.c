@@ -52,7 +52,7 @@ ctxpar_status ctxpar_mpi_sendrecv(ctxpar_comm *comm, const void *sendbuf, size_t
                                   ctxpar_stream *stream, ctxpar_request **req_out) {
     (void)stream; // host memory: MPI reads and writes the buffers directly
     mpi_comm_impl *c = impl_of(comm);
-    // Arguments were checked by the dispatch (api/dispatch_comm.c).
+    // Arguments were checked by the dispatch (dispatch/dispatch_comm.c).
     CTXPAR_CHECK(check_alive(c, "sendrecv", dst >= 0 ? dst : INT_MAX, src >= 0 ? src : INT_MAX));
     int ns = 0, nr = 0;
     if (dst >= 0)

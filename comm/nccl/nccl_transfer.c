@@ -1,7 +1,7 @@
 // The nonblocking transfers of the NCCL comm. Each one: the comm stream waits for the work
 // already on the caller's stream, the NCCL calls go on the comm stream as one group, an event
 // marks their end; wait makes the caller's stream wait for that event. Arguments (buffers,
-// overlap, peers, size overflow, req_out) were checked by the dispatch (api/dispatch_comm.c).
+// overlap, peers, size overflow, req_out) were checked by the dispatch (dispatch/dispatch_comm.c).
 #include <stdlib.h>
 
 #include "backends/cuda/cuda_stream.h"

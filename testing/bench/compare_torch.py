@@ -21,7 +21,7 @@ when causal; backward 2.5x the forward, so forward + backward counts 3.5x.
 Agreement: the same q, k, v and dout go, as .npy files, to `ctxpar audit --dout --save` (P ranks;
 audit also checks ctxpar against float64 attention and exits 1 when out of tolerance), and its
 out, dq, dk, dv are compared with PyTorch's: max |ctxpar - torch| / max |torch| must be within
-the float32 tolerance of testing/tolerance.c, 1e-5 for out, dq, dk and dv alike, grown by
+the float32 tolerance of reference/tolerance.c, 1e-5 for out, dq, dk and dv alike, grown by
 sqrt(seq / 4096) above seq 4096 as F32 summation errors grow (cpt_tolerance_for_seq; the
 value used is the one audit reports for that seq). Otherwise the script exits 1 naming the
 tensor. The table's last column is the worst of the four.
@@ -137,7 +137,7 @@ def torch_forward_backward(torch, q, k, v, dout, causal, repeat, warmup, dtype=N
 
 def ctxpar_audit(np, args, per_rank, q, k, v, dout):
     """ctxpar's out (and dq, dk, dv with dout) on the same inputs, and the tolerances audit
-    applies to them (testing/tolerance.c for this seq)."""
+    applies to them (reference/tolerance.c for this seq)."""
     with tempfile.TemporaryDirectory() as d:
         inputs = [("q", q), ("k", k), ("v", v)] + ([("dout", dout)] if dout is not None else [])
         cmd = [args.ctxpar, "audit", "--json", "--ranks", str(args.ranks), "--threads",

@@ -24,15 +24,15 @@ if ! command -v "$cc" >/dev/null; then
 fi
 
 # Library sources as Bazel builds them (see each BUILD file); cpu_bench.c has its own main().
-lib_srcs=(api/*.c algorithms/*.c comm/local/*.c)
+lib_srcs=(core/*.c dispatch/*.c algorithms/*.c comm/local/*.c)
 for f in backends/cpu/*.c; do
     [ "$f" = backends/cpu/cpu_bench.c ] || lib_srcs+=("$f")
 done
-lib_srcs+=(testing/npy.c testing/safetensors.c testing/data.c testing/oracle.c testing/metrics.c testing/tolerance.c)
+lib_srcs+=(reference/npy.c reference/safetensors.c reference/data.c reference/oracle.c reference/metrics.c reference/tolerance.c)
 fuzz_srcs=(testing/fuzz/fuzz_problem.c testing/fuzz/cpu_supports_shim.c)
 
 common=(-std=c11 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined
-    -fno-sanitize-recover=all -fopenmp -I. -Iapi -Ialgorithms -Itesting)
+    -fno-sanitize-recover=all -fopenmp -I. -Iapi -Icore -Ialgorithms -Itesting -Ireference)
 # The fuzz files build without a warning; the library's are held to that by gcc in Bazel, and
 # clang's extra notes about them (GCC-only pragmas, unvectorised loops) are not failures here.
 strict=(-Wall -Wextra -Werror)

@@ -25,11 +25,11 @@
 #include "ctxpar_backend.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_local.h"
-#include "data.h"
+#include "reference/data.h"
 #include "fuzz_problem.h"
-#include "metrics.h"
-#include "oracle.h"
-#include "tolerance.h"
+#include "reference/metrics.h"
+#include "reference/oracle.h"
+#include "reference/tolerance.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

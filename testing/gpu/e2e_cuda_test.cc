@@ -29,15 +29,15 @@ TEST(EndToEndCuda, NotBuilt) {
 #include "ctxpar_backend.h"
 #include "ctxpar_cuda.h"
 #include "ctxpar_local.h"
-#include "testing/data.h"
-#include "testing/metrics.h"
-#include "testing/oracle.h"
-#include "testing/tolerance.h"
+#include "reference/data.h"
+#include "reference/metrics.h"
+#include "reference/oracle.h"
+#include "reference/tolerance.h"
 
 namespace {
 
 // Bounds on max |got - oracle| / max |oracle| of the gathered global tensors: the project's
-// table (testing/tolerance.c), measured with GPU-style kernels (P rounded to BF16 before P V).
+// table (reference/tolerance.c), measured with GPU-style kernels (P rounded to BF16 before P V).
 double Tol(ctxpar_dtype dt, const char *name) {
     return cpt_tolerance(dt, name);
 }

@@ -133,14 +133,14 @@ build_from_source() {
         echo "cannot build: nvcc, cuDNN or NCCL missing"
         return 1
     fi
-    local inc="-I$ROOT -I$ROOT/api -I$ROOT/algorithms -I$ROOT/comm/mpi -I$CUDA_HOME/include"
+    local inc="-I$ROOT -I$ROOT/api -I$ROOT/core -I$ROOT/algorithms -I$ROOT/comm/mpi -I$CUDA_HOME/include"
     inc="$inc -I$CUDNN_INC -I$NCCL_INC"
     local cflags="-std=c11 -O3 -fPIC -fopenmp -Wall $inc"
     local srcs=() f
-    for f in "$ROOT"/api/*.c "$ROOT"/algorithms/*.c "$ROOT"/backends/cpu/*.c \
+    for f in "$ROOT"/core/*.c "$ROOT"/dispatch/*.c "$ROOT"/algorithms/*.c "$ROOT"/backends/cpu/*.c \
              "$ROOT"/comm/local/*.c "$ROOT"/backends/cuda/*.c "$ROOT"/comm/nccl/*.c \
-             "$ROOT"/testing/data.c "$ROOT"/testing/metrics.c "$ROOT"/testing/oracle.c \
-             "$ROOT"/testing/tolerance.c; do
+             "$ROOT"/reference/data.c "$ROOT"/reference/metrics.c "$ROOT"/reference/oracle.c \
+             "$ROOT"/reference/tolerance.c; do
         case "$f" in *_bench.c|*/cudnn_absent.c) continue ;; esac
         srcs+=("$f")
     done

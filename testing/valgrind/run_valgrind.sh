@@ -20,7 +20,7 @@ fi
 suites=(api_test npy_test fault_test comm_local_test comm_conformance_test cpu_ops_test
         device_conformance_test e2e_test nonfinite_test reference_test)
 # The fast reference with plain loops for its matrix products: under valgrind OpenBLAS's
-# kernels run about 100 times slower than plain code (testing/reference_gemm.c).
+# kernels run about 100 times slower than plain code (reference/reference_gemm.c).
 bopts=(--define=reference_blas=off)
 bazel build "${bopts[@]}" "${suites[@]/#///testing:}" || exit 1
 bin=$(bazel info "${bopts[@]}" bazel-bin)/testing

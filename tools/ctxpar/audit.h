@@ -10,7 +10,7 @@
 #include "audit_io.h"
 #include "audit_judge.h"
 #include "cli.h"
-#include "testing/runner.h"
+#include "reference/runner.h"
 
 #ifdef __cplusplus
 extern "C" {

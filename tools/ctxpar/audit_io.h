@@ -14,9 +14,9 @@
 #include <stddef.h>
 
 #include "ctxpar.h"
-#include "testing/npy.h"
-#include "testing/safetensors.h"
-#include "testing/tensor_format.h"
+#include "reference/npy.h"
+#include "reference/safetensors.h"
+#include "reference/tensor_format.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -6,9 +6,9 @@
 #include <string.h>
 
 #include "ctxpar_backend.h"
-#include "testing/data.h"
-#include "testing/metrics.h"
-#include "testing/tolerance.h"
+#include "reference/data.h"
+#include "reference/metrics.h"
+#include "reference/tolerance.h"
 
 int cpt_audit_within_bound(const cpt_audit_verdict *v, const cpt_audit_bound *bound) {
     return isfinite(v->error) && v->bound_ratio <= 1.0 &&

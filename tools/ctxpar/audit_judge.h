@@ -4,7 +4,7 @@
  * dtype, and where it is worst (global position, head, and the rank that held the row under the
  * declared layout: the first thing to know when hunting a ring-step or merge bug).
  *
- * The verdict is the per-element bound of testing/tolerance.h (docs/numerics.md): every element
+ * The verdict is the per-element bound of reference/tolerance.h (docs/numerics.md): every element
  * within the error a correct float computation of it may carry at the result's dtype
  * (|got - ref| <= bound, ratio error/bound <= 1). Beside it, errors as metrics.h measures them
  * (max |got - ref| / max |ref|; non-finite values never look good), row by row so that every

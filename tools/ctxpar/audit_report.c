@@ -6,8 +6,8 @@
 #include "audit.h"
 #include "commands.h"
 #include "ctxpar_backend.h"
-#include "testing/metrics.h"
-#include "testing/tolerance.h"
+#include "reference/metrics.h"
+#include "reference/tolerance.h"
 
 // dsinks ([heads], float32 whatever the run's dtype) by the bound the runner holds ctxpar's to.
 static ctxpar_status judge_dsinks(const cpt_cli *cli, const cpt_audit_state *a,

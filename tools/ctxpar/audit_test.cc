@@ -2,7 +2,7 @@
 // would make them (correct, or with one planted bug of the kind context parallelism breeds) are
 // judged by the tool, which must say consistent (exit 0) or not (exit 1) and name the rank that
 // holds the bad rows. Inputs and every "third-party" result are computed here with the float64
-// oracle (testing/oracle.c) on inputs made here; the zigzag positions are written out here too.
+// oracle (reference/oracle.c) on inputs made here; the zigzag positions are written out here too.
 // Also: base-2 LSE, every tensor order and file kind read as declared, per-rank shards, and
 // malformed files (exit 2, one line naming the file).
 #include <jansson.h>
@@ -19,11 +19,11 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
-#include "testing/data.h"
+#include "reference/data.h"
 #include "testing/naive_f32.h"
-#include "testing/npy.h"
-#include "testing/oracle.h"
-#include "testing/safetensors.h"
+#include "reference/npy.h"
+#include "reference/oracle.h"
+#include "reference/safetensors.h"
 #include "tools/ctxpar/tool_run.h"
 
 namespace {

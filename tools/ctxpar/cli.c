@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "testing/npy.h"
-#include "testing/tensor_format.h"
+#include "reference/npy.h"
+#include "reference/tensor_format.h"
 #include "tools/ctxpar/audit_io.h"
 
 typedef enum opt_id {
@@ -266,7 +266,7 @@ void cpt_cli_usage(const char *cmd, FILE *out) {
 }
 
 const char *cpt_cli_message(const char *msg) {
-    // "testing/npy.c:95: Q.npy: ..." -> "Q.npy: ..."
+    // "reference/npy.c:95: Q.npy: ..." -> "Q.npy: ..."
     const char *p = strstr(msg, ".c:"), *space = strchr(msg, ' ');
     if (!p || (space && space < p))
         return msg;

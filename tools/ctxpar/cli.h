@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "testing/runner.h"
+#include "reference/runner.h"
 
 #ifdef __cplusplus
 extern "C" {

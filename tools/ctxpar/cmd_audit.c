@@ -7,7 +7,7 @@
 
 #include "audit.h"
 #include "commands.h"
-#include "testing/data.h"
+#include "reference/data.h"
 
 enum { IN_Q, IN_K, IN_V, IN_DOUT, N_IN };
 static const char *const in_names[N_IN] = {"q", "k", "v", "dout"};

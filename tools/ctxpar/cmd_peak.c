@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include "commands.h"
-#include "testing/runner_mpi.h"
+#include "reference/runner_mpi.h"
 
 static int measure_all(cpt_session *s, int all_cores, cpt_peak_info *peak);
 

@@ -8,7 +8,7 @@
 
 #include "commands.h"
 #include "ctxpar_backend.h"
-#include "testing/runner_mpi.h"
+#include "reference/runner_mpi.h"
 
 void cpt_session_stage(cpt_session *s, const char *prefix) {
     cpt_progress_prefix(&s->progress, prefix);

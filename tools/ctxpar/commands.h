@@ -12,7 +12,7 @@
 #include "ctxpar.h"
 #include "ctxpar_cpu.h"
 #include "progress.h"
-#include "testing/runner.h"
+#include "reference/runner.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -6,8 +6,8 @@
 
 #include "ctxpar_backend.h"
 #include "plan_docs.h"
-#include "testing/data.h"
-#include "testing/runner.h"
+#include "reference/data.h"
+#include "reference/runner.h"
 
 // exp(sigma·z), z standard normal by Box-Muller from two uniform values in (0, 1].
 static double lognormal_weight(uint64_t seed, int64_t i, void *user) {

@@ -18,7 +18,7 @@
 #include "algorithms.h"
 #include "plan_device.h"
 #include "plan_run.h"
-#include "testing/runner.h"
+#include "reference/runner.h"
 
 namespace {
 

@@ -33,11 +33,11 @@
 
 #include <gtest/gtest.h>
 
-#include "testing/data.h"
-#include "testing/metrics.h"
-#include "testing/npy.h"
-#include "testing/oracle.h"
-#include "testing/tolerance.h"
+#include "reference/data.h"
+#include "reference/metrics.h"
+#include "reference/npy.h"
+#include "reference/oracle.h"
+#include "reference/tolerance.h"
 #include "tools/ctxpar/tool_run.h"
 
 namespace {

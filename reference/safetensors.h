@@ -20,7 +20,7 @@
 #include <stddef.h>
 
 #include "ctxpar.h"
-#include "testing/npy.h"
+#include "reference/npy.h"
 
 #ifdef __cplusplus
 extern "C" {

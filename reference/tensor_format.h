@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "ctxpar.h"
-#include "testing/npy.h"
+#include "reference/npy.h"
 
 #ifdef __cplusplus
 extern "C" {

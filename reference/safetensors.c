@@ -5,7 +5,7 @@
  * buffer covered exactly once), and only then allocates and copies data, so that a bad file
  * costs no more than its header.
  */
-#include "testing/safetensors.h"
+#include "reference/safetensors.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "testing/reference.h"
+#include "reference/reference.h"
 
 /* The element-wise loops over a tile's pairs are compiled for AVX-512 and AVX2 beside the
  * baseline and chosen at run time (GCC/clang function multi-versioning); none of them enables

@@ -33,8 +33,9 @@ void ctxpar_clear_error(void) { last_error[0] = '\0'; }
 ctxpar_status ctxpar_set_error(ctxpar_status status, const char *file, int line, const char *fmt,
                                ...) {
     // Keep the path from the repository root: "algorithms/ring.c:88: ...".
-    const char *rel = strstr(file, "api/");
-    const char *roots[] = {"algorithms/", "backends/", "comm/", "testing/"};
+    const char *rel = NULL;
+    const char *roots[] = {"core/",  "dispatch/",  "algorithms/", "backends/",
+                           "comm/",  "reference/", "testing/",    "tools/"};
     for (size_t i = 0; !rel && i < sizeof roots / sizeof roots[0]; i++)
         rel = strstr(file, roots[i]);
     int n = snprintf(last_error, sizeof last_error, "%s:%d: ", rel ? rel : file, line);

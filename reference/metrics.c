@@ -1,12 +1,12 @@
 /*
  * metrics.c - error of a result against the float64 oracle; bitwise comparison of two results.
  */
-#include "testing/metrics.h"
+#include "reference/metrics.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "testing/data.h"
+#include "reference/data.h"
 
 // |got - ref|, infinite for NaN on either side or an infinity the other side does not share.
 static double elem_error(double got, double ref) {

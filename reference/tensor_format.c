@@ -1,11 +1,11 @@
 // Tensor orders and LSE conventions of other implementations (see tensor_format.h).
-#include "testing/tensor_format.h"
+#include "reference/tensor_format.h"
 
 #include <math.h>
 #include <string.h>
 
 #include "ctxpar_half.h"
-#include "testing/data.h"
+#include "reference/data.h"
 
 const char *const cpt_tformat_names[4] = {"bshd", "bhsd", "sbhd", "thd"};
 const char *const cpt_lse_layout_names[3] = {"bhs", "bsh", "ht"};

@@ -5,7 +5,7 @@
  * where OpenBLAS's kernels are about 100 times slower than plain code (2000 dgemm calls of 64^3:
  * 0.05 s, under `valgrind --tool=none` 6.9 s).
  */
-#include "testing/reference_tile.h"
+#include "reference/reference_tile.h"
 
 #ifndef CPT_REF_NO_BLAS
 #include <cblas.h>

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "testing/data.h"
-#include "testing/tolerance.h"
+#include "reference/data.h"
+#include "reference/tolerance.h"
 
 typedef struct bound_problem {
     const cpt_oracle_shape *sh;

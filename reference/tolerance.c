@@ -24,7 +24,7 @@
  * stored result: BF16 keeps 8 bits of mantissa, so rounding alone can be 2^-8 = 3.9e-3 of the
  * tensor's largest value; F16 keeps 11, 2^-11 = 4.9e-4. lse is stored in F32 whatever the dtype.
  */
-#include "testing/tolerance.h"
+#include "reference/tolerance.h"
 
 #include <math.h>
 #include <string.h>

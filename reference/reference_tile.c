@@ -14,7 +14,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "testing/reference_tile.h"
+#include "reference/reference_tile.h"
 
 void ref_scores(const ref_problem *p, ref_ws *w, int64_t nI, int64_t nJ, const double *vis) {
     const int64_t D = p->sh.head_dim;

@@ -6,7 +6,7 @@
  * hide in a shared helper. Every output element is written by exactly one loop iteration, so the
  * results do not depend on the OpenMP thread count.
  */
-#include "testing/oracle.h"
+#include "reference/oracle.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /*
  * data.c - counter-based test data: every value is a hash of (seed, tensor id, global index).
  */
-#include "testing/data.h"
+#include "reference/data.h"
 
 #include <math.h>
 

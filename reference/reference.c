@@ -10,14 +10,14 @@
  * the scores rather than share them across threads: the results are the same for any thread
  * count. The tile math and the mask are in reference_tile.c and reference_problem.c.
  */
-#include "testing/reference.h"
+#include "reference/reference.h"
 
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "testing/reference_tile.h"
+#include "reference/reference_tile.h"
 
 // Progress is counted in (item, key tile) steps.
 typedef struct ref_run {

@@ -21,7 +21,7 @@
 
 #include "ctxpar.h"
 #include "ctxpar_backend.h"
-#include "testing/oracle.h"
+#include "reference/oracle.h"
 
 #ifdef __cplusplus
 extern "C" {

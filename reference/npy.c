@@ -4,7 +4,7 @@
  * File layout: "\x93NUMPY", major, minor, header length (uint16 LE in 1.0, uint32 LE in 2.0),
  * the header (a Python dict literal padded with spaces and ended by '\n'), then the raw data.
  */
-#include "testing/npy.h"
+#include "reference/npy.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "ctxpar.h"
-#include "testing/oracle.h" /* cpt_oracle_shape */
+#include "reference/oracle.h" /* cpt_oracle_shape */
 
 #ifdef __cplusplus
 extern "C" {

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "testing/reference_tile.h"
+#include "reference/reference_tile.h"
 
 // Document holding position pos: the last boundary cu[d] <= pos for d >= 1, else 0 (an empty
 // document, whose start equals the next one's, holds no position).

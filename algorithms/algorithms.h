@@ -8,7 +8,7 @@
 #ifndef CTXPAR_ALGORITHMS_H
 #define CTXPAR_ALGORITHMS_H
 
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 
 #ifdef __cplusplus
 extern "C" {

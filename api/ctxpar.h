@@ -189,6 +189,23 @@ typedef struct ctxpar_context ctxpar_context; /* device + comm + the state of at
 CTXPAR_API void ctxpar_device_destroy(ctxpar_device *device);
 CTXPAR_API void ctxpar_comm_destroy(ctxpar_comm *comm);
 
+/* Devices by name. "cpu" (this library's own) is always there, first; other backends add theirs
+ * when their library is loaded (libctxpar_cuda.so: "cuda"). Writes up to `capacity` names, and
+ * one-line descriptions unless `descriptions` is NULL, in registration order; returns how many
+ * devices there are (call with capacity 0 to count). */
+CTXPAR_API int ctxpar_device_names(const char **names, const char **descriptions, int capacity);
+
+/* Creates the device registered as `name`, with its default options but `num_threads` (the CPU
+ * device's OpenMP threads, 0 = OpenMP's default; ignored by devices without threads). An unknown
+ * name is CTXPAR_ERR_NOT_SUPPORTED, and the message lists the names there are. A device that
+ * cannot be created here (no GPU) returns its constructor's error. */
+CTXPAR_API ctxpar_status ctxpar_device_create_by_name(const char *name, int num_threads,
+                                                      ctxpar_device **device_out);
+
+/* Whether the device's memory is host memory (the CPU device): then the tensors passed to a
+ * context on it are host arrays. 0 for a NULL device. */
+CTXPAR_API int ctxpar_device_host_memory(const ctxpar_device *device);
+
 /* Rank of this process/thread in the comm, and the number of ranks. */
 CTXPAR_API int ctxpar_comm_rank(const ctxpar_comm *comm);
 CTXPAR_API int ctxpar_comm_size(const ctxpar_comm *comm);

@@ -3,9 +3,9 @@
  *
  * A device is `struct ctxpar_device_ops` + an implementation pointer; a comm likewise. Backends
  * fill an ops table and call ctxpar_device_create / ctxpar_comm_create, which check the table.
- * Algorithms never touch an ops table: they call the ctxpar_dev_* / ctxpar_comm_* wrappers below,
- * which live in dispatch/dispatch_*.c, the only files that call through the tables, and which own
- * every NULL check and every fallback for an optional op.
+ * Nothing else calls through an ops table: the algorithms call the dispatch layer's wrappers
+ * (dispatch/, internal to the library and not exported), which own every NULL check and every
+ * fallback for an optional op. The few wrappers a backend or a comm may call are declared here.
  *
  * Tables are versioned: they start with `version` and `struct_size`, members are only appended,
  * and CTXPAR_OPS_HAS tells whether a table is new enough to hold a member and sets it.
@@ -377,6 +377,17 @@ struct ctxpar_device {
     size_t scratch_bytes;
 };
 
+/* A backend's entry in the registry of devices by name (ctxpar_device_names): a device with the
+ * backend's default options but num_threads (0 = default; ignore it without threads). */
+typedef ctxpar_status (*ctxpar_device_factory)(int num_threads, ctxpar_device **device_out);
+
+/* Adds a backend to the registry; its library calls it when loaded (a constructor function), so
+ * that ctxpar_device_create_by_name finds it. A name already there, an empty or NULL name, a NULL
+ * factory or a full registry (16) is CTXPAR_ERR_INVALID_ARG and changes nothing. The strings must
+ * live as long as the process (string literals). Thread-safe. */
+ctxpar_status ctxpar_device_register(const char *name, const char *description,
+                                     ctxpar_device_factory create);
+
 /* Whether an ops table (struct_size as compiled by its author) holds `member` and sets it. */
 #define CTXPAR_OPS_HAS(ops, type, member)                                                         \
     ((ops)->struct_size >= offsetof(type, member) + sizeof((ops)->member) &&                      \
@@ -387,62 +398,22 @@ struct ctxpar_device {
 ctxpar_status ctxpar_device_create(const struct ctxpar_device_ops *ops, void *impl,
                                    int host_memory, ctxpar_device **device_out);
 
-/* Dispatch wrappers: the only way algorithms reach a device. */
-/* Allocates and records the block (size and kind), so that the memory statistics and the
- * allocation count (dev->alloc_count) are exact. */
-ctxpar_status ctxpar_dev_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
-                               void **ptr_out);
-/* Frees a block ctxpar_dev_alloc returned (NULL: nothing). The dispatch knows its size and kind:
- * `bytes` and `kind` must match them (0 bytes: not checked). A pointer the dispatch did not hand
- * out, or a mismatch, is CTXPAR_ERR_INTERNAL and frees nothing; otherwise the result is the
- * backend's free's (a device fault it reports). Callers merge the status into their own.
- * Stream-ordered: the backend's free must not release memory that work already enqueued may
- * still use (the CPU is synchronous; the CUDA backend fences its streams). */
-ctxpar_status ctxpar_dev_free(ctxpar_device *dev, void *ptr, size_t bytes, ctxpar_mem_kind kind);
+/* Services of the dispatch layer that a backend or a comm may call: a comm moves data between
+ * buffers of its device and orders that on the device's streams; a backend op takes the device's
+ * scratch block for its own temporaries. */
 /* A device-owned scratch block of at least `bytes` for a backend op's own temporaries (the CPU
  * backward's dQ partial sums): it grows to the largest request and is kept, so that steady-state
  * calls allocate nothing; counted in the memory statistics. One user at a time: an op takes it
  * and is done with it before it returns (synchronous backends), or orders its use on one stream. */
 ctxpar_status ctxpar_dev_scratch(ctxpar_device *dev, size_t bytes, void **ptr_out);
-/* Gives the scratch block back (ctxpar_context_release). */
-ctxpar_status ctxpar_dev_scratch_release(ctxpar_device *dev);
 ctxpar_status ctxpar_dev_copy(ctxpar_device *dev, void *dst, const void *src, size_t bytes,
                               ctxpar_copy_kind kind, ctxpar_stream *stream);
-ctxpar_status ctxpar_dev_memset(ctxpar_device *dev, void *dst, int value, size_t bytes,
-                                ctxpar_stream *stream);
 int ctxpar_dev_has_streams(const ctxpar_device *dev);
 ctxpar_status ctxpar_dev_stream_create(ctxpar_device *dev, ctxpar_stream **stream_out);
 void ctxpar_dev_stream_destroy(ctxpar_device *dev, ctxpar_stream *stream);
 ctxpar_status ctxpar_dev_stream_sync(ctxpar_device *dev, ctxpar_stream *stream);
-ctxpar_status ctxpar_dev_event_create(ctxpar_device *dev, ctxpar_event **event_out);
-void ctxpar_dev_event_destroy(ctxpar_device *dev, ctxpar_event *event);
-ctxpar_status ctxpar_dev_event_record(ctxpar_device *dev, ctxpar_event *event,
-                                      ctxpar_stream *stream);
-ctxpar_status ctxpar_dev_stream_wait_event(ctxpar_device *dev, ctxpar_stream *stream,
-                                           ctxpar_event *event);
-ctxpar_status ctxpar_dev_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_block *blk,
-                                        float *out_acc, float *lse_acc, int merge,
-                                        ctxpar_stream *stream);
-ctxpar_status ctxpar_dev_attn_merge(ctxpar_device *dev, float *out_acc, float *lse_acc,
-                                    const float *out_b, const float *lse_b, int64_t batch,
-                                    int64_t seq, int64_t heads, int64_t head_dim,
-                                    ctxpar_stream *stream);
-ctxpar_status ctxpar_dev_attn_bwd_prep(ctxpar_device *dev, const ctxpar_tensor *out,
-                                       const ctxpar_tensor *dout, float *delta,
-                                       ctxpar_stream *stream);
-ctxpar_status ctxpar_dev_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_block *blk,
-                                        const ctxpar_tensor *dout, const float *lse,
-                                        const float *delta, float *dq_acc, float *dk_acc,
-                                        float *dv_acc, ctxpar_stream *stream);
-ctxpar_status ctxpar_dev_cast(ctxpar_device *dev, const ctxpar_tensor *src, ctxpar_tensor *dst,
-                              ctxpar_stream *stream);
 ctxpar_status ctxpar_dev_add(ctxpar_device *dev, float *dst, const float *src, size_t n,
                              ctxpar_stream *stream);
-ctxpar_status ctxpar_dev_fill(ctxpar_device *dev, float *dst, float value, size_t n,
-                              ctxpar_stream *stream);
-ctxpar_status ctxpar_dev_checksum(ctxpar_device *dev, const void *data, size_t bytes,
-                                  ctxpar_stream *stream, uint64_t *sum_out);
-ctxpar_status ctxpar_dev_attn_supported(const ctxpar_device *dev, const ctxpar_attn_query *query);
 
 /* ================================================================ comm */
 
@@ -537,30 +508,10 @@ struct ctxpar_comm {
 ctxpar_status ctxpar_comm_create(const struct ctxpar_comm_ops *ops, void *impl, int rank,
                                  int size, ctxpar_comm **comm_out);
 
-/* Dispatch wrappers: the only way algorithms reach a comm. */
-ctxpar_status ctxpar_comm_sendrecv(ctxpar_comm *comm, const void *sendbuf, size_t send_bytes,
-                                   int dst, void *recvbuf, size_t recv_bytes, int src, int tag,
-                                   ctxpar_stream *stream, ctxpar_request **req_out);
-ctxpar_status ctxpar_comm_allgather(ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
-                                    size_t bytes, ctxpar_stream *stream,
-                                    ctxpar_request **req_out);
-ctxpar_status ctxpar_comm_reduce_scatter(ctxpar_comm *comm, const float *sendbuf,
-                                         float *recvbuf, size_t count, ctxpar_stream *stream,
-                                         ctxpar_request **req_out);
-ctxpar_status ctxpar_comm_alltoall(ctxpar_comm *comm, const void *sendbuf, void *recvbuf,
-                                   size_t bytes, ctxpar_stream *stream, ctxpar_request **req_out);
-ctxpar_status ctxpar_comm_wait(ctxpar_comm *comm, ctxpar_request *req, ctxpar_stream *stream);
-void ctxpar_comm_cancel(ctxpar_comm *comm, ctxpar_request *req);
-ctxpar_status ctxpar_comm_test(ctxpar_comm *comm, ctxpar_request *req, int *done_out);
+/* A service for comm authors: a comm that builds its split on its own allreduce (the local comm)
+ * calls it through the dispatch, which checks the arguments. */
 ctxpar_status ctxpar_comm_allreduce_i64(ctxpar_comm *comm, int64_t *buf, size_t count,
                                         ctxpar_reduce_op op);
-ctxpar_status ctxpar_comm_barrier(ctxpar_comm *comm);
-void ctxpar_comm_abort(ctxpar_comm *comm);
-/* Collective: the sub-comm of the ranks passing the same color (see the split op); *comm_out is
- * written only on success (NULL for color < 0). Destroy it with ctxpar_comm_destroy. */
-ctxpar_status ctxpar_comm_split(ctxpar_comm *comm, int color, int key, ctxpar_comm **comm_out);
-/* Whether the comm has the split op. */
-int ctxpar_comm_can_split(const ctxpar_comm *comm);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

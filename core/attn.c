@@ -4,6 +4,7 @@
 #include "context_internal.h"
 #include "registry.h"
 #include "validate.h"
+#include "dispatch.h"
 
 static ctxpar_run make_run(ctxpar_context *ctx, ctxpar_stream *stream) {
     ctxpar_run run = {ctx->dev,   ctx->comm,

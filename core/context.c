@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "context_internal.h"
+#include "dispatch.h"
 
 ctxpar_status ctxpar_context_create(ctxpar_device *device, ctxpar_comm *comm,
                                     const ctxpar_context_options *options,

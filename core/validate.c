@@ -8,6 +8,7 @@
 #include "ctxpar_count.h"
 #include "registry.h"
 #include "validate.h"
+#include "dispatch.h"
 
 #define BAD(...) CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, __VA_ARGS__)
 

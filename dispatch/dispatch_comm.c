@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 
 #define COMM_OPS struct ctxpar_comm_ops
 #define HAS(comm, member) CTXPAR_OPS_HAS((comm)->ops, COMM_OPS, member)

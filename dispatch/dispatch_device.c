@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 
 #define DEV_OPS struct ctxpar_device_ops
 #define HAS(dev, member) CTXPAR_OPS_HAS((dev)->ops, DEV_OPS, member)
@@ -76,6 +76,8 @@ struct ctxpar_dev_block {
     size_t bytes;
     ctxpar_mem_kind kind;
 };
+
+int ctxpar_device_host_memory(const ctxpar_device *dev) { return dev && dev->host_memory; }
 
 void ctxpar_device_destroy(ctxpar_device *dev) {
     if (!dev)

@@ -39,30 +39,24 @@ typedef struct cpt_run_inputs {
     const void *q, *k, *v, *dout;
 } cpt_run_inputs;
 
-/* The device every rank runs on: an index into cpt_run_backends(); the CPU is always 0. */
+/* The device every rank runs on: an index into the library's registry of devices by name
+ * (ctxpar_device_names: what `--backend` accepts and `ctxpar --list-backends` prints); the CPU
+ * is always 0. */
 typedef enum cpt_run_backend {
     CPT_RUN_CPU = 0,
 } cpt_run_backend;
 
-/* One entry of the tool's backend registry (runner_device.c): what `--backend` accepts and
- * `ctxpar --list-backends` prints. Only backends compiled into this binary are listed. */
-typedef struct cpt_run_backend_info {
-    const char *name;  /* the --backend value */
-    const char *about; /* one line for --list-backends */
-    /* The device of one rank; threads: OpenMP threads (0 = default) where that applies. */
-    ctxpar_status (*create)(int threads, ctxpar_device **dev_out);
-} cpt_run_backend_info;
-
-/* The registry, CPU first; *count_out entries. */
-const cpt_run_backend_info *const *cpt_run_backends(int *count_out);
+/* How many devices the registry holds. */
+int cpt_run_backend_count(void);
 
 /* The index of the backend called `name`, or -1. */
 int cpt_run_backend_find(const char *name);
 
-/* The backend's name ("cpu", "cuda"), or "?" for an index not in the registry. */
+/* The backend's name ("cpu", "cuda"), or "?" for an index not in the registry; its one line. */
 const char *cpt_run_backend_name(cpt_run_backend backend);
+const char *cpt_run_backend_about(cpt_run_backend backend);
 
-/* Whether `backend` is in the registry (compiled into this binary). */
+/* Whether `backend` is in the registry (built into or loaded by this binary). */
 int cpt_run_backend_available(cpt_run_backend backend);
 
 /* OK when the backend's device can be created here now (one is created and destroyed); else

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 #include "runner_internal.h"
 
 typedef struct rank_trace {

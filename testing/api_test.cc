@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "ctxpar.h"
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_local.h"
 #include "limited_device.h"

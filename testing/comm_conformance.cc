@@ -2,6 +2,7 @@
 // for every world (comm kind and rank count) of the binary it is linked into. Cases specific to
 // one comm (timeouts, abort, cancel, message splitting, device copies) stay in its own suite.
 #include "testing/comm_conformance.h"
+#include "dispatch.h"
 
 #include <algorithm>
 #include <cstring>

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 
 #define EXPECT_OK(expr)                                                                            \
     do {                                                                                           \

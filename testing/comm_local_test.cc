@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 #include "ctxpar_local.h"
 #include "testing/comm_conformance.h"
 

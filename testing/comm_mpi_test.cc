@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 #include "ctxpar_mpi.h"
 #include "ctxpar_mpi_testing.h"
 #include "testing/comm_conformance.h"

@@ -16,7 +16,7 @@
 
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/cpu_uarch.h"
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_half.h"
 #include "reference/data.h"

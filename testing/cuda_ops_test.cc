@@ -34,7 +34,7 @@ TEST(CudaOps, NotBuilt) {
 #include <ostream>
 #include <vector>
 
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_cuda.h"
 #include "ctxpar_half.h"

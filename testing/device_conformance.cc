@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "ctxpar_cpu.h"
+#include "dispatch.h"
 
 namespace cpt_devconf {
 namespace {

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 #include "reference/data.h"
 #include "reference/metrics.h"
 #include "reference/oracle.h"

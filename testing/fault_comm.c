@@ -4,7 +4,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 #include "fault_comm.h"
 
 typedef struct fault_impl {

@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 #include "fault_device.h"
 
 #define MAX_OPS 32

@@ -4,7 +4,7 @@
 
 #include <stdlib.h>
 
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 #include "ctxpar_cpu.h"
 
 typedef struct limited {

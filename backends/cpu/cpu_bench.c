@@ -15,6 +15,7 @@
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/cpu_uarch.h"
 #include "ctxpar_cpu.h"
+#include "dispatch.h"
 
 // CPU seconds of the whole process: on a shared machine the rate per CPU-second is the kernel's
 // own speed (with one thread), while the wall-clock rate also counts time other jobs ran.

@@ -255,3 +255,18 @@ const ctxpar_cpu_device *ctxpar_cpu_device_of(const ctxpar_device *dev) {
 const char *ctxpar_cpu_kernels_name(const ctxpar_device *dev) {
     return ((const ctxpar_cpu_device *)dev->impl)->kern->name;
 }
+
+// The registry's "cpu": the default options but the thread count.
+static ctxpar_status create_default(int num_threads, ctxpar_device **device_out) {
+    ctxpar_cpu_options options = CTXPAR_CPU_OPTIONS_INIT;
+    options.num_threads = num_threads;
+    return ctxpar_device_create_cpu(&options, device_out);
+}
+
+// "cpu" is a device name wherever this backend is linked in; the priority registers it before
+// any other backend linked into the same binary, so that it is always the registry's first.
+__attribute__((constructor(101))) static void register_cpu(void) {
+    if (ctxpar_device_register("cpu", "the CPU device (OpenMP, deterministic)", create_default) !=
+        CTXPAR_OK)
+        ctxpar_clear_error(); // already there: the first registration stands
+}

@@ -331,3 +331,16 @@ const struct ctxpar_device_ops ctxpar_cuda_device_ops = {
     .checksum = ctxpar_cuda_checksum,
     .attn_supported = ctxpar_cuda_attn_supported,
 };
+
+// The registry's "cuda": GPU 0 with the default options (threads do not apply).
+static ctxpar_status create_default(int num_threads, ctxpar_device **device_out) {
+    (void)num_threads;
+    return ctxpar_device_create_cuda(NULL, device_out);
+}
+
+// Loading this library (or linking it in) makes "cuda" a device name (ctxpar_device_names).
+__attribute__((constructor)) static void register_cuda(void) {
+    if (ctxpar_device_register("cuda", "NVIDIA GPU 0 (CUDA kernels, cuDNN where built)",
+                               create_default) != CTXPAR_OK)
+        ctxpar_clear_error(); // already there: the first registration stands
+}

@@ -5,6 +5,7 @@
     audit(q, k, v, dout, out=..., lse=..., ranks=P, ...)
                                                  judges another implementation's results
                                                  (through the ctxpar tool's audit --against)
+    devices()                                    the device names this process can create
     Context(device="cpu", comm=...)              one rank of a real distributed program:
         comm = local_group(P).comm(rank), or an mpi4py communicator
         ctx.attention(q, k, v, ...), ctx.attention_backward(...)
@@ -16,11 +17,11 @@ prefix (PREFIX/lib), else through the dynamic loader's search path.
 """
 from ._audit import (AuditError, AuditReport, AuditRow, FailingRange, TensorVerdict, audit,
                      tool_path)
-from ._core import (Comm, Context, LocalGroup, local_group, positions, shard, shard_count,
-                    simulate, unshard)
+from ._core import (Comm, Context, LocalGroup, devices, local_group, positions, shard,
+                    shard_count, simulate, unshard)
 from ._lib import CtxparError, library_path, version
 from ._oracle import oracle
 
 __all__ = ["AuditError", "AuditReport", "AuditRow", "Comm", "Context", "CtxparError", "FailingRange",
-           "LocalGroup", "TensorVerdict", "audit", "library_path", "local_group", "oracle",
+           "LocalGroup", "devices", "TensorVerdict", "audit", "library_path", "local_group", "oracle",
            "positions", "shard", "shard_count", "simulate", "tool_path", "unshard", "version"]

@@ -174,17 +174,28 @@ class Comm:
         self.close()
 
 
+def devices():
+    """The devices this process can create by name, [(name, description)], "cpu" first (the
+    library's registry: a backend's library adds its own when loaded)."""
+    n = _lib.lib.ctxpar_device_names(None, None, 0)
+    names, about = (ctypes.c_char_p * n)(), (ctypes.c_char_p * n)()
+    n = min(n, _lib.lib.ctxpar_device_names(names, about, n))
+    return [(names[i].decode(), about[i].decode()) for i in range(n)]
+
+
 class Context:
     """One rank's device + comm: attention() and attention_backward() on its local shard.
 
-    comm: a Comm (local_group(P).comm(rank)) or an mpi4py communicator. device: "cpu" (the CPU
-    device of libctxpar.so). num_threads: OpenMP threads of the device (0: OpenMP's default).
+    comm: a Comm (local_group(P).comm(rank)) or an mpi4py communicator. device: a name from
+    devices(), "cpu" (the CPU device of libctxpar.so) by default; this package passes host
+    arrays, so the device must keep its memory on the host. num_threads: OpenMP threads of the
+    device (0: OpenMP's default).
     """
 
     def __init__(self, device="cpu", comm=None, *, num_threads=0, verify_transfers=False):
         self._device = self._ctx = None
-        if device != "cpu":
-            raise ValueError(f"device '{device}': this package drives the CPU device only")
+        if not isinstance(device, str):
+            raise TypeError(f"device must be a name such as 'cpu' (ctxpar.devices()), not {device!r}")
         if comm is None:
             comm = local_group(1).comm(0)
         elif not isinstance(comm, Comm):
@@ -192,10 +203,14 @@ class Context:
                 raise TypeError("comm must be a ctxpar Comm or an mpi4py communicator")
             comm = Comm.mpi(comm)
         self.comm = comm
-        opt = _lib.CpuOptions(ctypes.sizeof(_lib.CpuOptions), int(num_threads))
         dev = ctypes.c_void_p()
-        _lib.check(_lib.lib.ctxpar_device_create_cpu(ctypes.byref(opt), ctypes.byref(dev)))
+        _lib.check(_lib.lib.ctxpar_device_create_by_name(device.encode(), int(num_threads),
+                                                         ctypes.byref(dev)))
         self._device = dev
+        if not _lib.lib.ctxpar_device_host_memory(dev):
+            self.close()
+            raise ValueError(f"device '{device}' keeps its memory off the host; this package passes "
+                             "host arrays (NumPy, CPU tensors) only")
         copt = _lib.ContextOptions(ctypes.sizeof(_lib.ContextOptions), int(bool(verify_transfers)))
         ctx = ctypes.c_void_p()
         _lib.check(_lib.lib.ctxpar_context_create(dev, comm._handle, ctypes.byref(copt),

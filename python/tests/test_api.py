@@ -140,8 +140,20 @@ def test_bad_inputs_raise_before_any_c_call(monkeypatch):
             ctx.attention(q.tolist(), k, v)
     with pytest.raises(ValueError, match="ranks"):
         ctxpar.simulate(q, k, v, ranks=0)
-    with pytest.raises(ValueError, match="device"):
-        ctxpar.Context("cuda")
+    with pytest.raises(TypeError, match="device"):
+        ctxpar.Context(0)
+
+
+def test_devices_by_name():
+    names = [name for name, _ in ctxpar.devices()]
+    assert names[0] == "cpu"
+    with ctxpar.Context("cpu", num_threads=1) as ctx:
+        assert ctx.size == 1
+    # A name the registry does not hold: the library's error lists the names there are.
+    with pytest.raises(ctxpar.CtxparError) as e:
+        ctxpar.Context("tpu")
+    assert e.value.name == "CTXPAR_ERR_NOT_SUPPORTED"
+    assert "'tpu'" in str(e.value) and "cpu" in str(e.value)
 
 
 def test_library_errors_carry_status_and_message():

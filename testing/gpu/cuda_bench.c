@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "backends/cuda/ctxpar_cuda_diag.h"
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 #include "ctxpar_cuda.h"
 
 #define CHECK(call)                                                                                \

@@ -26,7 +26,7 @@ TEST(EndToEndCuda, NotBuilt) {
 #include <vector>
 
 #include "ctxpar.h"
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 #include "ctxpar_cuda.h"
 #include "ctxpar_local.h"
 #include "reference/data.h"

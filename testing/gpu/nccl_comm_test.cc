@@ -29,7 +29,7 @@ TEST(NcclComm, NotBuilt) {
 #include <thread>
 #include <vector>
 
-#include "ctxpar_backend.h"
+#include "dispatch.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_cuda.h"
 #include "ctxpar_nccl.h"

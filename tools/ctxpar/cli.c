@@ -121,22 +121,19 @@ static const char *const comm_names[] = {"local", "mpi"};
 
 // The registry's names, "cpu, cuda".
 static void print_backend_names(FILE *f) {
-    int n = 0;
-    const cpt_run_backend_info *const *all = cpt_run_backends(&n);
-    for (int i = 0; i < n; i++)
-        fprintf(f, "%s%s", i ? ", " : "", all[i]->name);
+    for (int i = 0; i < cpt_run_backend_count(); i++)
+        fprintf(f, "%s%s", i ? ", " : "", cpt_run_backend_name((cpt_run_backend)i));
 }
 
 void cpt_cli_list_backends(FILE *out) {
-    int n = 0;
-    const cpt_run_backend_info *const *all = cpt_run_backends(&n);
-    for (int i = 0; i < n; i++) {
-        const ctxpar_status st = cpt_run_backend_probe((cpt_run_backend)i);
+    for (int i = 0; i < cpt_run_backend_count(); i++) {
+        const cpt_run_backend b = (cpt_run_backend)i;
+        const ctxpar_status st = cpt_run_backend_probe(b);
         if (st == CTXPAR_OK)
-            fprintf(out, "%-6s available    %s\n", all[i]->name, all[i]->about);
+            fprintf(out, "%-6s available    %s\n", cpt_run_backend_name(b), cpt_run_backend_about(b));
         else
-            fprintf(out, "%-6s unavailable  %s: %s\n", all[i]->name, all[i]->about,
-                    cpt_cli_message(ctxpar_last_error()));
+            fprintf(out, "%-6s unavailable  %s: %s\n", cpt_run_backend_name(b),
+                    cpt_run_backend_about(b), cpt_cli_message(ctxpar_last_error()));
     }
 }
 

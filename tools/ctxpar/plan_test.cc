@@ -19,6 +19,7 @@
 #include "plan_device.h"
 #include "plan_run.h"
 #include "reference/runner.h"
+#include "dispatch.h"
 
 namespace {
 

@@ -166,6 +166,7 @@ typedef struct ctxpar_attn_params {
     float *lse_lo;
 } ctxpar_attn_params;
 
+/* A new field is also a line of core/params_table.h (the build fails until it is). */
 #define CTXPAR_ATTN_PARAMS_INIT                                                                   \
     {                                                                                             \
         sizeof(ctxpar_attn_params), CTXPAR_ALGO_AUTO, CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_MASK_NONE, \
@@ -176,6 +177,13 @@ typedef struct ctxpar_attn_params {
 CTXPAR_API const char *ctxpar_algo_name(ctxpar_algo algo);
 CTXPAR_API const char *ctxpar_layout_name(ctxpar_layout lay);
 CTXPAR_API const char *ctxpar_mask_name(ctxpar_mask mask);
+
+/* The layout of ctxpar_attn_params, for bindings that mirror it (python/ctxpar/_lib.py is tested
+ * against it): field `index` (0 = struct_size, in declaration order) gives its name, byte offset
+ * and size. index = the number of fields gives name NULL, offset sizeof(ctxpar_attn_params) and
+ * size 0; a larger or negative index is INVALID_ARG. */
+CTXPAR_API ctxpar_status ctxpar_attn_params_field(int index, const char **name_out,
+                                                  size_t *offset_out, size_t *size_out);
 
 /* ---------------------------------------------------------------- handles */
 

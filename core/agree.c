@@ -3,45 +3,40 @@
 #include <string.h>
 
 #include "context_internal.h"
+#include "params_table.h"
 
+// What ranks compare: the call itself, each attention parameter (params_table.h: its agreement
+// name and value), then the tensors' shapes and the context's option.
 enum {
     F_VALID,
     F_KIND,
-    F_ALGO,
-    F_LAYOUT,
-    F_MASK,
-    F_WINDOW,
-    F_WINDOW_RIGHT,
-    F_NUM_DOCS,
-    F_DOCS_HASH,
-    F_DOC_ROWS,
-    F_ASSIGN_HASH,
-    F_SCALE,
-    F_SEQ,
+#define PARAM_ENUM(name, ...) F_##name,
+    CTXPAR_PARAMS_TABLE(PARAM_ENUM)
+#undef PARAM_ENUM
     F_BATCH,
     F_HEADS_Q,
     F_HEADS_KV,
     F_HEAD_DIM,
     F_DTYPE,
     F_VERIFY,
-    F_ULYSSES,
     F_HEAD_DIM_V,
-    F_SOFTCAP,
-    F_SINKS_HASH,
-    F_DSINKS,
     F_COUNT
 };
 
 static const char *const field_name[F_COUNT] = {
-    "valid arguments",       "direction (forward/backward)", "algorithm",
-    "layout",                "mask",                         "window_left",
-    "window_right",          "num_docs",                     "cu_seqlens contents",
-    "cu_seqlens_rows",       "assignment contents",
-    "softmax_scale",         "global sequence length",       "batch",
-    "q heads",               "k/v heads",                    "head_dim",
-    "dtype",                 "verify_transfers option",      "ulysses",
-    "v head_dim",            "softcap",                      "sinks contents",
-    "dsinks wanted"};
+    [F_VALID] = "valid arguments",
+    [F_KIND] = "direction (forward/backward)",
+#define PARAM_NAME(name, type, kind, def, names, lo, unset, agree, ...) [F_##name] = agree,
+    CTXPAR_PARAMS_TABLE(PARAM_NAME)
+#undef PARAM_NAME
+    [F_BATCH] = "batch",
+    [F_HEADS_Q] = "q heads",
+    [F_HEADS_KV] = "k/v heads",
+    [F_HEAD_DIM] = "head_dim",
+    [F_DTYPE] = "dtype",
+    [F_VERIFY] = "verify_transfers option",
+    [F_HEAD_DIM_V] = "v head_dim",
+};
 
 // Order-sensitive hash of n int32 values, kept to 62 bits so that it can be negated.
 static int64_t hash_i32(const int32_t *a, int64_t n) {
@@ -49,6 +44,13 @@ static int64_t hash_i32(const int32_t *a, int64_t n) {
     for (int64_t i = 0; a && i < n; i++)
         h = (h ^ (uint32_t)a[i]) * 1099511628211ull;
     return (int64_t)(h >> 2);
+}
+
+// A float's bits, so that ranks compare exact values (and NaN equals itself).
+static int64_t f32_bits(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return bits;
 }
 
 // The document boundaries of every row.
@@ -62,34 +64,20 @@ ctxpar_status ctxpar_check_agreement(ctxpar_context *ctx, ctxpar_call_kind kind,
                                      ctxpar_algo algo) {
     int64_t f[F_COUNT] = {0};
     if (pb && params) {
-        uint32_t scale_bits;
-        memcpy(&scale_bits, &pb->scale, sizeof scale_bits);
+        const ctxpar_attn_params *p = params; // the table's agreed values name them p, pb, algo
         f[F_VALID] = 1;
         f[F_KIND] = kind;
-        f[F_ALGO] = algo;
-        f[F_LAYOUT] = pb->layout;
-        f[F_MASK] = params->mask;
-        f[F_WINDOW] = pb->mask.window_left;
-        f[F_WINDOW_RIGHT] = pb->mask.window_right;
-        f[F_NUM_DOCS] = pb->mask.num_docs;
-        f[F_DOCS_HASH] = docs_hash(params);
-        f[F_DOC_ROWS] = params->cu_seqlens_rows;
-        f[F_ASSIGN_HASH] = hash_i32(params->assignment, params->assignment ? pb->seq_global : 0);
-        f[F_SCALE] = scale_bits;
-        f[F_SEQ] = pb->seq_global;
+#define PARAM_VALUE(name, type, kind, def, names, lo, unset, agree, agreed, ...)                  \
+    f[F_##name] = agreed;
+        CTXPAR_PARAMS_TABLE(PARAM_VALUE)
+#undef PARAM_VALUE
         f[F_BATCH] = pb->batch;
         f[F_HEADS_Q] = pb->heads_q;
         f[F_HEADS_KV] = pb->heads_kv;
         f[F_HEAD_DIM] = pb->head_dim;
         f[F_DTYPE] = pb->dtype;
         f[F_VERIFY] = ctx->options.verify_transfers != 0;
-        f[F_ULYSSES] = pb->ulysses;
-        uint32_t cap_bits;
-        memcpy(&cap_bits, &pb->softcap, sizeof cap_bits);
         f[F_HEAD_DIM_V] = pb->head_dim_v;
-        f[F_SOFTCAP] = cap_bits;
-        f[F_SINKS_HASH] = pb->sinks ? pb->sinks_hash | 1 : 0; // never 0 with sinks
-        f[F_DSINKS] = pb->dsinks != NULL;
     }
     if (ctx->comm->size == 1)
         return CTXPAR_OK;

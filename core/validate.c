@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "ctxpar_count.h"
-#include "registry.h"
+#include "params_table.h"
 #include "validate.h"
 #include "dispatch.h"
 
@@ -174,6 +174,37 @@ static ctxpar_status validate_cu_seqlens(const ctxpar_attn_params *p, int64_t se
     return CTXPAR_OK;
 }
 
+// Each parameter on its own, as params_table.h declares: an enum with a name, a number at least
+// its lo (a float finite too). What 0 means follows, as 0 is every such field's default.
+static ctxpar_status validate_ranges(const ctxpar_attn_params *p) {
+    for (int i = 0; i < CTXPAR_PARAM_COUNT; i++) {
+        const ctxpar_param_field *f = &ctxpar_param_fields[i];
+        char zero[64] = "";
+        if (f->unset)
+            snprintf(zero, sizeof zero, " (0 = %s)", f->unset);
+        if (f->kind == CTXPAR_KIND_ENUM) {
+            const int v = (int)ctxpar_param_int(p, f);
+            if (strcmp(f->names(v), "?") == 0)
+                return BAD("params.%s (%d) is not a %s", f->name, v, f->type);
+        } else if (f->kind == CTXPAR_KIND_INT) {
+            const int64_t v = ctxpar_param_int(p, f);
+            if ((double)v < f->lo)
+                return BAD("params.%s (%lld) must be >= %.0f%s", f->name, (long long)v, f->lo,
+                           zero);
+        } else if (f->kind == CTXPAR_KIND_FLOAT) {
+            const float v = ctxpar_param_float(p, f);
+            // NaN fails the comparison too. With 0 unset (lo 0), a value is "> 0".
+            if (!(v >= f->lo) || !isfinite(v)) {
+                if (f->lo == -INFINITY)
+                    return BAD("params.%s (%g) must be finite%s", f->name, (double)v, zero);
+                return BAD("params.%s (%g) must be %s %g and finite%s", f->name, (double)v,
+                           f->unset && f->lo == 0 ? ">" : ">=", f->lo, zero);
+            }
+        }
+    }
+    return CTXPAR_OK;
+}
+
 ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_global,
                                      int64_t batch) {
     if (!p)
@@ -181,45 +212,19 @@ ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_gl
     if (p->struct_size != sizeof *p)
         return CTXPAR_ERROR(CTXPAR_ERR_INTERNAL, "params were not normalized (struct_size %zu)",
                             p->struct_size);
-    if (p->algo != CTXPAR_ALGO_AUTO && !ctxpar_algorithm_find(p->algo))
-        return BAD("params.algo (%d) is not a ctxpar_algo", (int)p->algo);
-    if ((unsigned)p->layout > CTXPAR_LAYOUT_CUSTOM)
-        return BAD("params.layout (%d) is not a ctxpar_layout", (int)p->layout);
-    if ((unsigned)p->mask > CTXPAR_MASK_CAUSAL)
-        return BAD("params.mask (%d) is not a ctxpar_mask", (int)p->mask);
-    if (p->window_left < 0)
-        return BAD("params.window_left (%lld) must be >= 0 (0 = no window)",
-                   (long long)p->window_left);
-    if (p->window_right < 0)
-        return BAD("params.window_right (%lld) must be >= 0 (0 = no limit)",
-                   (long long)p->window_right);
+    CTXPAR_CHECK(validate_ranges(p));
     // A causal mask already hides every key right of its query: a right limit asked for with it
     // is a look-ahead the caller would silently not get.
     if (p->window_right > 0 && p->mask == CTXPAR_MASK_CAUSAL)
         return BAD("params.window_right (%lld) needs CTXPAR_MASK_NONE: under the causal mask no "
                    "key right of its query is visible",
                    (long long)p->window_right);
-    if (!isfinite(p->softmax_scale))
-        return BAD("params.softmax_scale (%g) must be finite (0 = 1/sqrt(head_dim))",
-                   (double)p->softmax_scale);
-    if (p->seq_len_global < 0)
-        return BAD("params.seq_len_global (%lld) must be >= 0", (long long)p->seq_len_global);
-    // 0 = none; a cap must be a positive finite number (NaN fails the comparison too).
-    if (!(p->softcap >= 0.0f) || !isfinite(p->softcap))
-        return BAD("params.softcap (%g) must be > 0 and finite (0 = no soft-capping)",
-                   (double)p->softcap);
     if (p->dsinks && !p->sinks)
         return BAD("params.dsinks is set but params.sinks is NULL: dsinks is the gradient of "
                    "the sinks");
-    // Reserved fields whose features are not implemented yet: refused, never ignored.
-    if (p->ulysses < 0)
-        return BAD("params.ulysses (%lld) must be >= 0 (0 = chosen by the library)",
-                   (long long)p->ulysses);
     if (p->ulysses != 0 && p->algo != CTXPAR_ALGO_HYBRID && p->algo != CTXPAR_ALGO_AUTO)
         return BAD("params.ulysses (%lld) applies to the hybrid algorithm only (algo is %s)",
                    (long long)p->ulysses, ctxpar_algo_name(p->algo));
-    if (p->cu_seqlens_rows < 0)
-        return BAD("params.cu_seqlens_rows (%lld) must be >= 0", (long long)p->cu_seqlens_rows);
     return validate_cu_seqlens(p, seq_global, batch);
 }
 

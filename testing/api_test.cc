@@ -16,6 +16,7 @@
 #include "ctxpar_cpu.h"
 #include "ctxpar_local.h"
 #include "limited_device.h"
+#include "params_table.h"
 
 namespace {
 
@@ -1073,6 +1074,47 @@ TEST(Layout, UnevenAndCustomShardThenUnshardIsTheIdentity) {
             }
             EXPECT_EQ(back, global) << ctxpar_layout_name(layout) << " P=" << P;
         }
+}
+
+// The parameter table (core/params_table.h; its fields' order and types are checked when it
+// compiles) gives CTXPAR_ATTN_PARAMS_INIT's defaults, and ctxpar_attn_params_field reports its
+// layout: each field's name, offset and size, then the struct's size.
+TEST(ParamsTable, DefaultsAreInitAndTheLayoutQueryDescribesTheStruct) {
+    const ctxpar_attn_params init = CTXPAR_ATTN_PARAMS_INIT;
+    const char *want = reinterpret_cast<const char *>(&init);
+    const char *got = reinterpret_cast<const char *>(&ctxpar_param_defaults);
+    size_t end = 0;
+    for (int i = 0; i < CTXPAR_PARAM_COUNT; i++) {
+        const ctxpar_param_field &f = ctxpar_param_fields[i];
+        EXPECT_EQ(std::memcmp(got + f.offset, want + f.offset, f.size), 0)
+            << "params." << f.name << ": the table's default is not CTXPAR_ATTN_PARAMS_INIT's";
+        const char *name = nullptr;
+        size_t offset = 1, size = 1;
+        ASSERT_EQ(ctxpar_attn_params_field(i, &name, &offset, &size), CTXPAR_OK);
+        EXPECT_STREQ(name, f.name);
+        EXPECT_EQ(offset, f.offset);
+        EXPECT_EQ(size, f.size);
+        EXPECT_GE(offset, end) << name;
+        end = offset + size;
+    }
+    const char *name = "x";
+    size_t offset = 0, size = 1;
+    ASSERT_EQ(ctxpar_attn_params_field(CTXPAR_PARAM_COUNT, &name, &offset, &size), CTXPAR_OK);
+    EXPECT_EQ(name, nullptr);
+    EXPECT_EQ(offset, sizeof(ctxpar_attn_params));
+    EXPECT_EQ(size, 0u);
+    EXPECT_EQ(ctxpar_attn_params_field(0, &name, nullptr, &size), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_EQ(ctxpar_attn_params_field(0, nullptr, &offset, &size), CTXPAR_ERR_INVALID_ARG);
+    for (int bad : {-1, CTXPAR_PARAM_COUNT + 1}) {
+        EXPECT_EQ(ctxpar_attn_params_field(bad, &name, &offset, &size), CTXPAR_ERR_INVALID_ARG);
+        EXPECT_NE(std::string(ctxpar_last_error()).find("index"), std::string::npos);
+    }
+    // Spot checks against the compiler, for the first, a middle and the last field.
+    EXPECT_EQ(ctxpar_param_fields[CTXPAR_PARAM_struct_size].offset, 0u);
+    EXPECT_EQ(ctxpar_param_fields[CTXPAR_PARAM_softcap].offset,
+              offsetof(ctxpar_attn_params, softcap));
+    EXPECT_EQ(ctxpar_param_fields[CTXPAR_PARAM_lse_lo].offset,
+              offsetof(ctxpar_attn_params, lse_lo));
 }
 
 } // namespace

@@ -17,7 +17,8 @@ class Tensor(ctypes.Structure):
 
 
 class AttnParams(ctypes.Structure):
-    """ctxpar_attn_params (fields only appended; struct_size tells the library which)."""
+    """ctxpar_attn_params (fields only appended; struct_size tells the library which); its
+    layout is held to the library's (ctxpar_attn_params_field) by tests/test_layout.py."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("algo", c_int), ("layout", c_int),
                 ("mask", c_int), ("window_left", c_int64),
                 ("cu_seqlens", ctypes.POINTER(ctypes.c_int32)), ("num_docs", c_int64),
@@ -102,6 +103,8 @@ _SIGNATURES = {
     "ctxpar_positions_assigned": (c_int, [c_int, c_void_p, c_int64, c_int, c_int,
                                           _P(c_int64)]),
     "ctxpar_shard_count": (c_int, [c_int, c_void_p, c_int64, c_int, c_int, _P(c_int64)]),
+    "ctxpar_attn_params_field": (c_int, [c_int, _P(c_char_p), _P(ctypes.c_size_t),
+                                         _P(ctypes.c_size_t)]),
 }
 for _name, (_res, _args) in _SIGNATURES.items():
     _fn = getattr(lib, _name)

@@ -8,23 +8,24 @@
 #include <string.h>
 
 #include "cli.h"
+#include "params_table.h"
 #include "reference/npy.h"
 #include "reference/tensor_format.h"
 #include "tools/ctxpar/audit_io.h"
 
 typedef enum opt_id {
-    O_RANKS, O_BATCH, O_SEQ, O_HEADS, O_KV_HEADS, O_DIM, O_DTYPE, O_MASK, O_WINDOW, O_WINDOW_RIGHT, O_ULYSSES,
-    O_SCALE, O_ALGO,
-    O_LAYOUT, O_DOCS, O_BACKWARD, O_SEED, O_Q, O_K, O_V, O_DOUT, O_CU_SEQLENS, O_SAVE, O_THREADS,
+    O_RANKS, O_BATCH, O_SEQ, O_HEADS, O_KV_HEADS, O_DIM, O_DTYPE,
+    O_DOCS, O_BACKWARD, O_SEED, O_Q, O_K, O_V, O_DOUT, O_SAVE, O_THREADS,
     O_WARMUP, O_REPEAT, O_CHECK, O_NO_CHECK, O_SWEEP, O_PEAK, O_VERIFY, O_COMM, O_BACKEND, O_JSON,
     O_TRACE, O_INPUTS, O_AGAINST, O_SHARDS, O_FORMAT, O_LSE_BASE, O_LSE_LAYOUT, O_MAX_RATIO,
-    O_ASSIGN, O_V_DIM, O_SOFTCAP, O_SINKS, O_ROWS, O_NO_SINGLE,
+    O_V_DIM, O_ROWS, O_NO_SINGLE,
+    O_PARAM, // O_PARAM + i: attention parameter i's option (params_table.h)
 } opt_id;
 
 enum { C = CPT_CMD_CHECK, A = CPT_CMD_AUDIT, B = CPT_CMD_BENCH };
 
 typedef struct opt {
-    const char *name;
+    const char *name; // NULL: an attention parameter the tool has no option for
     opt_id id;
     int cmds;      // which subcommands take it
     int flag;      // takes no value
@@ -45,8 +46,6 @@ static const opt options[] = {
     {"--k", O_K, A, 0, "K.npy", "keys, kv_heads heads (or k in --inputs, --shards)"},
     {"--v", O_V, A, 0, "V.npy", "values, the shape of k (or v in --inputs, --shards)"},
     {"--dout", O_DOUT, A, 0, "DO.npy", "gradient of the output, the shape of q: runs backward"},
-    {"--cu-seqlens", O_CU_SEQLENS, C | A | B, 0, "CU.npy",
-     "packed documents: int32/int64 [docs + 1] or [batch, docs + 1], 0 ... seq"},
     {"--inputs", O_INPUTS, A, 0, "SRC",
      "q, k, v (dout, cu_seqlens): .safetensors or a folder of NAME.npy"},
     {"--against", O_AGAINST, A, 0, "SRC",
@@ -60,22 +59,11 @@ static const opt options[] = {
      "also require each error at most R x ctxpar's own at that dtype (default: off)"},
     {"--save", O_SAVE, A, 0, "DIR", "write ctxpar's results to DIR, stored like the inputs"},
     {"--dtype", O_DTYPE, C | A | B, 0, "f32|f16|bf16", "storage dtype of q, k, v, out"},
-    {"--mask", O_MASK, C | A | B, 0, "none|causal", "attention mask"},
-    {"--window", O_WINDOW, C | A | B, 0, "W", "sliding window: query i sees keys k, i-k < W"},
-    {"--window-right", O_WINDOW_RIGHT, C | A | B, 0, "R",
-     "two-sided window (with --mask none): query i sees keys k, k-i <= R"},
-    {"--scale", O_SCALE, C | A | B, 0, "X", "softmax scale of q.k (finite, non-zero)"},
-    {"--softcap", O_SOFTCAP, C | A | B, 0, "C",
-     "logit soft-capping: the score is C tanh(scale q.k / C) (C > 0)"},
-    {"--sinks", O_SINKS, C | A | B, 0, "SINKS.npy",
-     "attention sinks: float32 [heads] logits, once in every row's denominator"},
-    {"--algo", O_ALGO, C | A | B, 0, "ring|allgather|alltoall|hybrid|auto", "algorithm"},
-    {"--ulysses", O_ULYSSES, C | A | B, 0, "U",
-     "with --algo hybrid (or auto): ranks per all-to-all group, consecutive; rings across groups"},
-    {"--layout", O_LAYOUT, C | A | B, 0, "contiguous|zigzag|striped|custom",
-     "how tokens are sharded (any --seq: uneven shards differ by at most one token)"},
-    {"--assign", O_ASSIGN, C | A | B, 0, "ASSIGN.npy",
-     "with --layout custom: int32/int64 [seq], the rank holding each token"},
+// The attention parameters' options, in the struct's order, from the library's table.
+#define PARAM_OPTION(name, type, kind, def, names, lo, unset, agree, agreed, flag, value, help)    \
+    {flag, (opt_id)(O_PARAM + CTXPAR_PARAM_##name), C | A | B, 0, value, help},
+    CTXPAR_PARAMS_TABLE(PARAM_OPTION)
+#undef PARAM_OPTION
     {"--docs", O_DOCS, C | B, 0, "N",
      "pack N documents of varied lengths; attention stays inside each"},
     {"--backward", O_BACKWARD, C | B, 1, NULL, "also run the backward pass (dq, dk, dv)"},
@@ -104,19 +92,6 @@ static const opt options[] = {
 #define N_OPTIONS (sizeof options / sizeof options[0])
 
 static const char *const dtype_names[] = {"f32", "f16", "bf16"};
-static const char *const mask_names[] = {"none", "causal"};
-// The algorithms' names as the library gives them (ctxpar_algo_name: "auto" for 0, then one per
-// registered algorithm until "?"), so a new algorithm needs no change here.
-#define MAX_ALGOS 16
-static int algo_names(const char *names[MAX_ALGOS]) {
-    int n = 0;
-    while (n < MAX_ALGOS && strcmp(ctxpar_algo_name((ctxpar_algo)n), "?") != 0) {
-        names[n] = ctxpar_algo_name((ctxpar_algo)n);
-        n++;
-    }
-    return n;
-}
-static const char *const layout_names[] = {"contiguous", "zigzag", "striped", "custom"};
 static const char *const comm_names[] = {"local", "mpi"};
 
 // The registry's names, "cpu, cuda".
@@ -160,6 +135,14 @@ static void defaults(int cmd, cpt_cli *cli) {
 static void default_text(const opt *o, const cpt_cli *d, char *buf, size_t n) {
     const cpt_run_config *c = &d->cfg;
     buf[0] = '\0';
+    if (o->id >= O_PARAM) { // an enum's name; what a number's 0 means (floats refuse 0)
+        const ctxpar_param_field *f = &ctxpar_param_fields[o->id - O_PARAM];
+        if (f->kind == CTXPAR_KIND_ENUM)
+            snprintf(buf, n, "%s", f->names((int)ctxpar_param_int(&c->params, f)));
+        else if (f->unset)
+            snprintf(buf, n, "%s%s", f->kind == CTXPAR_KIND_INT ? "0 = " : "", f->unset);
+        return;
+    }
     switch (o->id) {
     case O_RANKS: snprintf(buf, n, "%d", c->ranks); break;
     case O_BATCH: snprintf(buf, n, "%lld", (long long)c->batch); break;
@@ -170,16 +153,8 @@ static void default_text(const opt *o, const cpt_cli *d, char *buf, size_t n) {
     case O_DTYPE:
         snprintf(buf, n, "%s", d->cmd == A ? "the files'" : dtype_names[c->dtype]);
         break;
-    case O_MASK: snprintf(buf, n, "%s", mask_names[c->params.mask]); break;
-    case O_WINDOW: snprintf(buf, n, "0 = none"); break;
-    case O_WINDOW_RIGHT: snprintf(buf, n, "0 = none"); break;
-    case O_ULYSSES: snprintf(buf, n, "0 = chosen"); break;
     case O_V_DIM: snprintf(buf, n, "= dim"); break;
-    case O_SOFTCAP: snprintf(buf, n, "none"); break;
-    case O_SCALE: snprintf(buf, n, "1/sqrt(dim)"); break;
     case O_DOCS: snprintf(buf, n, "0 = one"); break;
-    case O_ALGO: snprintf(buf, n, "%s", ctxpar_algo_name(c->params.algo)); break;
-    case O_LAYOUT: snprintf(buf, n, "%s", layout_names[c->params.layout]); break;
     case O_SEED: snprintf(buf, n, "%llu", (unsigned long long)c->seed); break;
     case O_ROWS: snprintf(buf, n, "0 = every row"); break;
     case O_THREADS: snprintf(buf, n, "0"); break;
@@ -250,7 +225,7 @@ void cpt_cli_usage(const char *cmd, FILE *out) {
             bit == A ? notes_audit : bit == B ? notes_bench : notes_check);
     for (size_t i = 0; i < N_OPTIONS; i++) {
         const opt *o = &options[i];
-        if (!(o->cmds & bit))
+        if (!o->name || !(o->cmds & bit))
             continue;
         char lhs[64], def[48];
         snprintf(lhs, sizeof lhs, "%s%s%s", o->name, o->value ? " " : "",
@@ -314,34 +289,60 @@ static int parse_list(const char *s, long long lo, long long hi, long long *out)
     return n;
 }
 
+// An attention parameter's option, by its field's kind and range (params_table.h): an enum's
+// name (the library's, so a new algorithm needs no change here), an integer from lo to INT32_MAX,
+// a finite float from lo that is not 0 (0 is "unset": leave the option out), or a file, read
+// after parsing. 0 when the value is not valid for it.
+static int set_param(int i, const char *val, cpt_cli *cli) {
+    const ctxpar_param_field *f = &ctxpar_param_fields[i];
+    ctxpar_attn_params *p = &cli->cfg.params;
+    switch (f->kind) {
+    case CTXPAR_KIND_ENUM:
+        for (int e = 0; e < 64 && strcmp(f->names(e), "?") != 0; e++)
+            if (strcmp(val, f->names(e)) == 0) {
+                ctxpar_param_set_int(p, f, e);
+                return 1;
+            }
+        return 0;
+    case CTXPAR_KIND_INT: {
+        long long v;
+        if (!parse_i64(val, f->lo > INT32_MIN ? (long long)f->lo : INT32_MIN, INT32_MAX, &v))
+            return 0;
+        ctxpar_param_set_int(p, f, v);
+        return 1;
+    }
+    case CTXPAR_KIND_FLOAT: {
+        char *end;
+        errno = 0;
+        const float x = (float)strtod(val, &end);
+        if (errno || end == val || *end || !isfinite(x) || !(x >= f->lo) || x == 0.0f)
+            return 0;
+        ctxpar_param_set_float(p, f, x);
+        return 1;
+    }
+    default: break;
+    }
+    switch (i) {
+    case CTXPAR_PARAM_cu_seqlens: cli->cu_seqlens_path = val; return 1;
+    case CTXPAR_PARAM_sinks: cli->sinks_path = val; return 1; // read once --heads is known
+    case CTXPAR_PARAM_assignment: cli->assign_path = val; return 1;
+    default: return 0; // a new pointer parameter's option needs its file read here
+    }
+}
+
 // Sets one option's value; 0 when the value is not valid for it.
 static int set_value(const opt *o, const char *val, cpt_cli *cli) {
     cpt_run_config *c = &cli->cfg;
     long long v, list[CPT_CLI_MAX_LIST];
     int e, n;
+    if (o->id >= O_PARAM)
+        return set_param(o->id - O_PARAM, val, cli);
     switch (o->id) {
     case O_DTYPE:
         if (!pick(val, dtype_names, 3, &e))
             return 0;
         c->dtype = (ctxpar_dtype)e;
         cli->dtype_set = 1;
-        return 1;
-    case O_MASK:
-        if (!pick(val, mask_names, 2, &e))
-            return 0;
-        c->params.mask = (ctxpar_mask)e;
-        return 1;
-    case O_ALGO: {
-        const char *names[MAX_ALGOS];
-        if (!pick(val, names, algo_names(names), &e))
-            return 0;
-        c->params.algo = (ctxpar_algo)e;
-        return 1;
-    }
-    case O_LAYOUT:
-        if (!pick(val, layout_names, 4, &e))
-            return 0;
-        c->params.layout = (ctxpar_layout)e;
         return 1;
     case O_COMM:
         if (!pick(val, comm_names, 2, &e))
@@ -379,8 +380,6 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
     case O_K: cli->k_path = val; return 1;
     case O_V: cli->v_path = val; return 1;
     case O_DOUT: cli->dout_path = val; return 1;
-    case O_CU_SEQLENS: cli->cu_seqlens_path = val; return 1;
-    case O_ASSIGN: cli->assign_path = val; return 1;
     case O_SAVE: cli->save_dir = val; return 1;
     case O_INPUTS: cli->inputs_path = val; return 1;
     case O_AGAINST: cli->against_path = val; return 1;
@@ -392,15 +391,6 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
             return 0;
         cli->lse_base2 = val[0] == '2';
         return 1;
-    case O_SCALE: {
-        char *end;
-        errno = 0;
-        double x = strtod(val, &end);
-        if (errno || end == val || *end || !isfinite(x) || !isfinite((float)x) || (float)x == 0.0f)
-            return 0;
-        c->params.softmax_scale = (float)x;
-        return 1;
-    }
     case O_MAX_RATIO: {
         char *end;
         errno = 0;
@@ -411,16 +401,6 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
         return 1;
     }
     case O_TRACE: cli->trace_path = val; return 1;
-    case O_SINKS: cli->sinks_path = val; return 1; // read once --heads is known
-    case O_SOFTCAP: {
-        char *end;
-        errno = 0;
-        double x = strtod(val, &end);
-        if (errno || end == val || *end || !(x > 0.0) || !isfinite((float)x))
-            return 0;
-        c->params.softcap = (float)x;
-        return 1;
-    }
     default: break;
     }
     if (!parse_i64(val, 0, INT32_MAX, &v))
@@ -431,9 +411,6 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
     case O_KV_HEADS: c->kv_heads = v; break;
     case O_DIM: c->head_dim = v; break;
     case O_V_DIM: c->head_dim_v = v; break;
-    case O_WINDOW: c->params.window_left = v; break;
-    case O_WINDOW_RIGHT: c->params.window_right = v; break;
-    case O_ULYSSES: c->params.ulysses = v; break;
     case O_DOCS: c->docs = v; break;
     case O_ROWS: c->rows = v; break;
     case O_THREADS: c->threads = (int)v; break;
@@ -464,7 +441,7 @@ static void set_flag(const opt *o, cpt_cli *cli) {
 
 static const opt *find_option(const char *a, size_t len) {
     for (size_t j = 0; j < N_OPTIONS; j++)
-        if (strlen(options[j].name) == len && !strncmp(a, options[j].name, len))
+        if (options[j].name && strlen(options[j].name) == len && !strncmp(a, options[j].name, len))
             return &options[j];
     return NULL;
 }

@@ -122,6 +122,14 @@ ctxpar_status ctxpar_workspace_finish(ctxpar_workspace *ws, ctxpar_stream *strea
 /* Frees the block and the event; the workspace can be acquired again. */
 ctxpar_status ctxpar_workspace_release(ctxpar_workspace *ws);
 
+/* A dry run's cache for counting the visible pairs of blocks whose key span holds a whole
+ * residue class of the sequence (every position b + t·d, as a striped shard does) against the same
+ * query span, block after block (common.c): made once per query span, it counts each such block
+ * in O(log rows) instead of row by row. Real runs have none (NULL): they count row by row. */
+typedef struct ctxpar_count_cache ctxpar_count_cache;
+ctxpar_status ctxpar_count_cache_create(ctxpar_count_cache **cache_out);
+void ctxpar_count_cache_destroy(ctxpar_count_cache *cache);
+
 /* How to run: the device, the comm and the per-context services. */
 typedef struct ctxpar_run {
     ctxpar_device *dev;
@@ -139,6 +147,8 @@ typedef struct ctxpar_run {
     /* The hybrid's group rows made once for all ranks of a dry run; NULL: each call makes its
      * own (hybrid.h). */
     const struct ctxpar_hybrid_rows *hybrid_rows;
+    /* The dry run's count cache (ctxpar_count_cache); NULL: none. */
+    ctxpar_count_cache *counts;
 } ctxpar_run;
 
 /* The hybrid's 2-D grid of the run's comm, kept by the context between calls: `group` joins the
@@ -158,10 +168,29 @@ void ctxpar_run_trace(const ctxpar_run *run, ctxpar_event_kind kind, const char 
 int64_t ctxpar_visible_keys(const ctxpar_mask_desc *m, int64_t q, const ctxpar_span *k,
                             int64_t seq_global);
 
+/* Whether span k holds a whole residue class of the sequence: every position b + t·d of
+ * [0, seq_global) for one b in [0, d), d > 1 (a striped shard; a striped member of a hybrid
+ * group). Such blocks have closed-form counts against any query span (ctxpar_count_cache). */
+static inline int ctxpar_span_whole_class(const ctxpar_span *k, int64_t seq_global) {
+    return k->stride > 1 && k->start >= 0 && k->start < k->stride && k->len >= 1 &&
+           k->start + k->len * k->stride >= seq_global;
+}
+
 /* Counts the (q span, k span) pairs of one block for the work statistics; returns whether any
  * pair has visible entries (0: the whole block is masked out and can be skipped). */
 int ctxpar_block_account(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_spans q_pos,
                          ctxpar_spans k_pos);
+
+/* Whether the spans' first positions and their last positions both never decrease from one
+ * span to the next (a layout's spans, a hybrid group's). */
+int ctxpar_spans_ordered(ctxpar_spans s);
+
+/* The spans k.span[*j0 .. *j1) that may hold a key some query of span q sees, when k is ordered
+ * (ctxpar_spans_ordered): every other one is masked from all of q by the causal and window
+ * bounds or the documents of q's first and last query, a block ctxpar_mask_classify calls SKIP.
+ * Not ordered: all of them. O(log k.count). */
+void ctxpar_spans_reach(const ctxpar_mask_desc *mask, const ctxpar_span *q, ctxpar_spans k,
+                        int ordered, int *j0, int *j1);
 
 /* Whether any query of the q spans may see any key of the k spans (an exact SKIP claim when 0;
  * with many spans, the lists are classified as a whole). */

@@ -128,16 +128,139 @@ static double visible_pairs_runs_1(const ctxpar_mask_desc *m, const ctxpar_span 
     return n;
 }
 
+/* ---------------------------------------------------------------- the dry run's count cache */
+
+// One query span's rows under one mask, for the classes of stride d. A row that sees the keys
+// [lo, hi] (visible_interval: never empty, it holds the row) sees floor((hi - b)/d) -
+// floor((lo - 1 - b)/d) keys of class b, and floor((x - b)/d) = floor(x/d) - (x mod d < b) for
+// 0 <= b < d: over the rows, a constant (base) minus the rows whose hi mod d is below b plus
+// those whose (lo - 1) mod d is, counted by binary search in the sorted residues.
+typedef struct count_entry {
+    ctxpar_span q;
+    ctxpar_mask_desc mask;
+    int64_t seq_global, d, base;
+    int64_t *hi_mod, *lo_mod; // [q.len], sorted
+    int64_t cap;              // their room
+} count_entry;
+
+// Entries by the query span's address (a span stays in its map for all of its blocks, a hybrid
+// group's spans side by side) and its mask row's documents: direct-mapped.
+#define COUNT_ENTRIES 64
+
+struct ctxpar_count_cache {
+    count_entry entry[COUNT_ENTRIES];
+};
+
+ctxpar_status ctxpar_count_cache_create(ctxpar_count_cache **cache_out) {
+    *cache_out = calloc(1, sizeof **cache_out);
+    return *cache_out ? CTXPAR_OK
+                      : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "no memory for a count cache");
+}
+
+void ctxpar_count_cache_destroy(ctxpar_count_cache *cache) {
+    if (!cache)
+        return;
+    for (int i = 0; i < COUNT_ENTRIES; i++) {
+        free(cache->entry[i].hi_mod);
+        free(cache->entry[i].lo_mod);
+    }
+    free(cache);
+}
+
+static int same_mask(const ctxpar_mask_desc *a, const ctxpar_mask_desc *b) {
+    return a->causal == b->causal && a->window_left == b->window_left &&
+           a->window_right == b->window_right && a->cu_seqlens == b->cu_seqlens &&
+           a->num_docs == b->num_docs && a->doc_rows == b->doc_rows;
+}
+
+static int entry_is(const count_entry *e, const ctxpar_mask_desc *m, const ctxpar_span *q,
+                    int64_t seq_global, int64_t d) {
+    return e->hi_mod && e->q.start == q->start && e->q.len == q->len && e->q.stride == q->stride &&
+           e->d == d && e->seq_global == seq_global && same_mask(&e->mask, m);
+}
+
+static int by_value(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+// Makes e the entry of (m, q, d); 0 when out of memory.
+static int entry_fill(count_entry *e, const ctxpar_mask_desc *m, const ctxpar_span *q,
+                      int64_t seq_global, int64_t d) {
+    if (e->cap < q->len) {
+        free(e->hi_mod);
+        free(e->lo_mod);
+        e->hi_mod = malloc(sizeof *e->hi_mod * (size_t)q->len);
+        e->lo_mod = malloc(sizeof *e->lo_mod * (size_t)q->len);
+        e->cap = e->hi_mod && e->lo_mod ? q->len : 0;
+        if (!e->cap) {
+            free(e->hi_mod);
+            free(e->lo_mod);
+            e->hi_mod = e->lo_mod = NULL;
+            return 0;
+        }
+    }
+    e->q = *q;
+    e->mask = *m;
+    e->seq_global = seq_global;
+    e->d = d;
+    e->base = 0;
+    for (int64_t i = 0; i < q->len; i++) {
+        int64_t lo, hi;
+        visible_interval(m, q->start + i * q->stride, seq_global, &lo, &hi);
+        const int64_t h = floor_div(hi, d), l = floor_div(lo - 1, d);
+        e->base += h - l;
+        e->hi_mod[i] = hi - h * d;
+        e->lo_mod[i] = lo - 1 - l * d;
+    }
+    qsort(e->hi_mod, (size_t)q->len, sizeof *e->hi_mod, by_value);
+    qsort(e->lo_mod, (size_t)q->len, sizeof *e->lo_mod, by_value);
+    return 1;
+}
+
+// How many of n sorted values are below x.
+static int64_t count_below(const int64_t *v, int64_t n, int64_t x) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (v[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+// The visible pairs of q against the whole class k, from the cache; 0 when it cannot say (out
+// of memory).
+static int cached_pairs(ctxpar_count_cache *cache, const ctxpar_mask_desc *m, const ctxpar_span *q,
+                        const ctxpar_span *k, int64_t seq_global, double *pairs_out) {
+    const int64_t d = k->stride;
+    const uint64_t row = (uint64_t)(uintptr_t)m->cu_seqlens * 0x9e3779b97f4a7c15ull;
+    const uint64_t h = (uint64_t)(uintptr_t)q / sizeof *q + (row >> 40) + (uint64_t)d;
+    count_entry *e = &cache->entry[h % COUNT_ENTRIES];
+    if (!entry_is(e, m, q, seq_global, d) && !entry_fill(e, m, q, seq_global, d))
+        return 0;
+    const int64_t b = k->start;
+    *pairs_out =
+        (double)(e->base - count_below(e->hi_mod, q->len, b) + count_below(e->lo_mod, q->len, b));
+    return 1;
+}
+
 // Exactly how many (q, k) pairs of two spans the mask lets through: O(1) for a block the mask
-// sees whole, O(documents the queries cross) for runs of consecutive positions, else O(len of
-// the query span); a statistic only.
-static double visible_pairs(const ctxpar_mask_desc *m, ctxpar_block_class c, const ctxpar_span *q,
-                            const ctxpar_span *k, int64_t seq_global) {
+// sees whole, O(documents the queries cross) for runs of consecutive positions, O(log len) for a
+// whole class of keys with a count cache, else O(len of the query span); a statistic only.
+static double visible_pairs(ctxpar_count_cache *cache, const ctxpar_mask_desc *m,
+                            ctxpar_block_class c, const ctxpar_span *q, const ctxpar_span *k,
+                            int64_t seq_global) {
     if (c == CTXPAR_BLOCK_FULL)
         return (double)q->len * (double)k->len;
     if ((q->stride == 1 || q->len == 1) && (k->stride == 1 || k->len == 1))
         return visible_pairs_runs_1(m, q, k, seq_global);
     double n = 0;
+    if (cache && ctxpar_span_whole_class(k, seq_global) &&
+        cached_pairs(cache, m, q, k, seq_global, &n))
+        return n;
     for (int64_t i = 0; i < q->len; i++)
         n += (double)ctxpar_visible_keys(m, q->start + i * q->stride, k, seq_global);
     return n;
@@ -189,6 +312,74 @@ static double visible_pairs_runs(const ctxpar_mask_desc *m, ctxpar_spans q, ctxp
     return n;
 }
 
+static void span_range(const ctxpar_span *s, int64_t *min_out, int64_t *max_out) {
+    ctxpar_spans_range((ctxpar_spans){s, 1}, min_out, max_out);
+}
+
+int ctxpar_spans_ordered(ctxpar_spans s) {
+    int64_t lo0, hi0, lo1, hi1;
+    for (int j = 1; j < s.count; j++) {
+        span_range(&s.span[j - 1], &lo0, &hi0);
+        span_range(&s.span[j], &lo1, &hi1);
+        if (lo1 < lo0 || hi1 < hi0)
+            return 0;
+    }
+    return 1;
+}
+
+// The key positions some query of span q may see, [*lo, *hi]: past them a key is masked from
+// every query of q by the causal or window bounds of q's first or last query, or lies outside
+// the documents from the first's to the last's (one row of documents) - what makes
+// ctxpar_mask_classify call a block SKIP.
+static void reach_of(const ctxpar_mask_desc *m, const ctxpar_span *q, int64_t *lo_out,
+                     int64_t *hi_out) {
+    int64_t qmin, qmax, lo = INT64_MIN, hi = INT64_MAX;
+    span_range(q, &qmin, &qmax);
+    if (m->causal)
+        hi = qmax;
+    if (m->window_left > 0)
+        lo = qmin - m->window_left + 1;
+    if (m->window_right > 0 && qmax + m->window_right < hi)
+        hi = qmax + m->window_right;
+    if (m->cu_seqlens && m->doc_rows == 0) {
+        const int64_t first = m->cu_seqlens[ctxpar_mask_doc_of(m, qmin)];
+        const int64_t end = m->cu_seqlens[ctxpar_mask_doc_of(m, qmax) + 1];
+        lo = first > lo ? first : lo;
+        hi = end - 1 < hi ? end - 1 : hi;
+    }
+    *lo_out = lo;
+    *hi_out = hi;
+}
+
+// The first of n ordered spans whose last position (last = 1) or first position (last = 0) is
+// above x.
+static int first_above(const ctxpar_span *s, int n, int last, int64_t x) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        int64_t a, b;
+        span_range(&s[mid], &a, &b);
+        if ((last ? b : a) > x)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+void ctxpar_spans_reach(const ctxpar_mask_desc *m, const ctxpar_span *q, ctxpar_spans k,
+                        int ordered, int *j0, int *j1) {
+    *j0 = 0;
+    *j1 = k.count;
+    if (!ordered || k.count == 0)
+        return;
+    int64_t lo, hi;
+    reach_of(m, q, &lo, &hi);
+    *j0 = lo == INT64_MIN ? 0 : first_above(k.span, k.count, 1, lo - 1);
+    *j1 = first_above(k.span, k.count, 0, hi);
+    *j1 = *j1 < *j0 ? *j0 : *j1;
+}
+
 int ctxpar_spans_interact(const ctxpar_mask_desc *mask, ctxpar_spans q, ctxpar_spans k) {
     if (q.count == 0 || k.count == 0)
         return 0;
@@ -198,13 +389,17 @@ int ctxpar_spans_interact(const ctxpar_mask_desc *mask, ctxpar_spans q, ctxpar_s
         ctxpar_spans_range(k, &kmin, &kmax);
         return ctxpar_mask_classify(mask, qmin, qmax, kmin, kmax) != CTXPAR_BLOCK_SKIP;
     }
-    for (int i = 0; i < q.count; i++)
-        for (int j = 0; j < k.count; j++) {
-            ctxpar_spans_range((ctxpar_spans){&q.span[i], 1}, &qmin, &qmax);
-            ctxpar_spans_range((ctxpar_spans){&k.span[j], 1}, &kmin, &kmax);
+    const int ordered = ctxpar_spans_ordered(k);
+    for (int i = 0; i < q.count; i++) {
+        int j0, j1;
+        ctxpar_spans_reach(mask, &q.span[i], k, ordered, &j0, &j1);
+        span_range(&q.span[i], &qmin, &qmax);
+        for (int j = j0; j < j1; j++) {
+            span_range(&k.span[j], &kmin, &kmax);
             if (ctxpar_mask_classify(mask, qmin, qmax, kmin, kmax) != CTXPAR_BLOCK_SKIP)
                 return 1;
         }
+    }
     return 0;
 }
 
@@ -236,41 +431,49 @@ static int account_runs(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_
     return 1;
 }
 
+// One (q span, k span) pair of a block: its class, counted in the work statistics.
+static int account_pair(const ctxpar_run *run, const ctxpar_problem *pb, const ctxpar_span *q,
+                        const ctxpar_span *k) {
+    int64_t qmin, qmax, kmin, kmax;
+    span_range(q, &qmin, &qmax);
+    span_range(k, &kmin, &kmax);
+    ctxpar_block_class c = ctxpar_mask_classify(&pb->mask, qmin, qmax, kmin, kmax);
+    if (!run->work)
+        return c != CTXPAR_BLOCK_SKIP;
+    if (c == CTXPAR_BLOCK_SKIP) {
+        run->work->blocks_skipped++;
+        return 0;
+    }
+    run->work->blocks_computed++;
+    // Documents per batch row: each row counts its own pairs.
+    double pairs = 0;
+    if (pb->mask.doc_rows > 0)
+        for (int64_t b = 0; b < pb->mask.doc_rows; b++) {
+            ctxpar_mask_desc m = ctxpar_mask_row(&pb->mask, b);
+            pairs += visible_pairs(run->counts, &m, c, q, k, pb->seq_global);
+        }
+    else
+        pairs = (double)pb->batch * visible_pairs(run->counts, &pb->mask, c, q, k, pb->seq_global);
+    run->work->flops +=
+        2.0 * (double)(pb->head_dim + pb->head_dim_v) * (double)pb->heads_q * pairs;
+    return 1;
+}
+
 int ctxpar_block_account(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_spans q_pos,
                          ctxpar_spans k_pos) {
     int live = 0;
     if ((int64_t)q_pos.count * k_pos.count > SPAN_PAIRS_MAX && sorted_runs(k_pos) &&
         account_runs(run, pb, q_pos, k_pos, &live))
         return live;
+    // Only the key spans within a query span's reach are classified: the others are SKIP.
+    const int ordered = ctxpar_spans_ordered(k_pos);
     for (int i = 0; i < q_pos.count; i++) {
-        for (int j = 0; j < k_pos.count; j++) {
-            ctxpar_spans qs = {&q_pos.span[i], 1}, ks = {&k_pos.span[j], 1};
-            int64_t qmin, qmax, kmin, kmax;
-            ctxpar_spans_range(qs, &qmin, &qmax);
-            ctxpar_spans_range(ks, &kmin, &kmax);
-            ctxpar_block_class c = ctxpar_mask_classify(&pb->mask, qmin, qmax, kmin, kmax);
-            if (run->work) {
-                if (c == CTXPAR_BLOCK_SKIP) {
-                    run->work->blocks_skipped++;
-                } else {
-                    run->work->blocks_computed++;
-                    // Documents per batch row: each row counts its own pairs.
-                    double pairs = 0;
-                    if (pb->mask.doc_rows > 0)
-                        for (int64_t b = 0; b < pb->mask.doc_rows; b++) {
-                            ctxpar_mask_desc m = ctxpar_mask_row(&pb->mask, b);
-                            pairs += visible_pairs(&m, c, &q_pos.span[i], &k_pos.span[j],
-                                                   pb->seq_global);
-                        }
-                    else
-                        pairs = (double)pb->batch * visible_pairs(&pb->mask, c, &q_pos.span[i],
-                                                                  &k_pos.span[j], pb->seq_global);
-                    run->work->flops +=
-                        2.0 * (double)(pb->head_dim + pb->head_dim_v) * (double)pb->heads_q * pairs;
-                }
-            }
-            live |= c != CTXPAR_BLOCK_SKIP;
-        }
+        int j0, j1;
+        ctxpar_spans_reach(&pb->mask, &q_pos.span[i], k_pos, ordered, &j0, &j1);
+        if (run->work)
+            run->work->blocks_skipped += (uint64_t)(k_pos.count - (j1 - j0));
+        for (int j = j0; j < j1; j++)
+            live |= account_pair(run, pb, &q_pos.span[i], &k_pos.span[j]);
     }
     return live;
 }

@@ -46,7 +46,7 @@ static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb,
                           const ctxpar_tensor *q, void *kv, ctxpar_attn_block *blk) {
     const int j = block_at(pb, s);
     ctxpar_spans kp = ctxpar_problem_spans(pb, j);
-    if (!ctxpar_ring_may_see(plan, pb, j) || !ctxpar_block_account(run, pb, qp, kp))
+    if (!ctxpar_ring_account(plan, run, pb, qp, j))
         return 0;
     const int64_t n = ctxpar_problem_count(pb, j);
     ctxpar_attn_block b = {*q,

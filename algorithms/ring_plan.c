@@ -115,13 +115,60 @@ int ctxpar_ring_may_see(const ctxpar_ring_plan *plan, const ctxpar_problem *pb, 
             d0[i] = pb->mask.cu_seqlens[ctxpar_mask_doc_of(&pb->mask, qmin)];
             d1[i] = pb->mask.cu_seqlens[ctxpar_mask_doc_of(&pb->mask, qmax) + 1] - 1;
         }
-        for (int k = 0; k < pb->nranks; k++)
+        for (int k = 0; k < pb->nranks; k++) {
             c->row[k] = n > 0 && outside_docs(pb, k, n, d0, d1)
                             ? 0
                             : (unsigned char)ctxpar_shards_interact(pb, pb->rank, k);
+            c->work[k].live = -1;
+        }
         c->rank = pb->rank;
     }
     return c->row[j];
+}
+
+ctxpar_status ctxpar_ring_seen_init(ctxpar_ring_seen *seen, int nranks) {
+    seen->rank = -1;
+    seen->nranks = nranks;
+    seen->row = malloc((size_t)nranks);
+    seen->work = malloc(sizeof *seen->work * (size_t)nranks);
+    if (seen->row && seen->work)
+        return CTXPAR_OK;
+    ctxpar_ring_seen_free(seen);
+    return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "no memory for a ring cache of %d ranks", nranks);
+}
+
+void ctxpar_ring_seen_free(ctxpar_ring_seen *seen) {
+    free(seen->row);
+    free(seen->work);
+    seen->row = NULL;
+    seen->work = NULL;
+}
+
+static void add_work(ctxpar_work_stats *to, const ctxpar_work_stats *w) {
+    if (!to)
+        return;
+    to->blocks_computed += w->blocks_computed;
+    to->blocks_skipped += w->blocks_skipped;
+    to->flops += w->flops;
+}
+
+int ctxpar_ring_account(const ctxpar_ring_plan *plan, const ctxpar_run *run,
+                        const ctxpar_problem *pb, ctxpar_spans qp, int j) {
+    if (!ctxpar_ring_may_see(plan, pb, j))
+        return 0;
+    const ctxpar_spans kp = ctxpar_problem_spans(pb, j);
+    ctxpar_ring_seen *c = plan->seen;
+    if (!c || c->nranks != pb->nranks) // a real run: no cache
+        return ctxpar_block_account(run, pb, qp, kp);
+    ctxpar_ring_block_work *b = &c->work[j];
+    if (b->live < 0) { // the block's counts alone, kept for the next call
+        ctxpar_run alone = *run;
+        b->work = (ctxpar_work_stats){0, 0, 0.0};
+        alone.work = &b->work;
+        b->live = (signed char)ctxpar_block_account(&alone, pb, qp, kp);
+    }
+    add_work(run->work, &b->work);
+    return b->live;
 }
 
 int ctxpar_ring_sum_hop(const ctxpar_ring_plan *plan, int from, int step) {

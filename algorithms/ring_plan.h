@@ -28,7 +28,21 @@ typedef struct ctxpar_ring_seen {
     int rank; /* the query rank whose row this is, or -1 */
     int nranks;
     unsigned char *row; /* [nranks] */
+    /* [nranks]: each block's accounting against this row's queries once it was made
+     * (ctxpar_ring_account): the members of a hybrid group run the same ring on the same rows,
+     * and the backward accounts the forward's blocks again. */
+    struct ctxpar_ring_block_work *work;
 } ctxpar_ring_seen;
+
+/* What ctxpar_block_account added to the work statistics for one block, and its result. */
+typedef struct ctxpar_ring_block_work {
+    ctxpar_work_stats work;
+    signed char live; /* -1: not accounted yet */
+} ctxpar_ring_block_work;
+
+/* A cache for rings of nranks ranks (no row yet); free with ctxpar_ring_seen_free. */
+ctxpar_status ctxpar_ring_seen_init(ctxpar_ring_seen *seen, int nranks);
+void ctxpar_ring_seen_free(ctxpar_ring_seen *seen);
 
 typedef struct ctxpar_ring_plan {
     int nranks;
@@ -63,6 +77,13 @@ static inline int ctxpar_ring_dist(int a, int b, int P) {
 /* Whether rank pb->rank's queries may see any key of block j: ctxpar_shards_interact, from the
  * plan's cache when it has one (else 1: the block's own accounting decides). */
 int ctxpar_ring_may_see(const ctxpar_ring_plan *plan, const ctxpar_problem *pb, int j);
+
+/* Whether rank pb->rank computes block j against its queries qp: ctxpar_ring_may_see, then
+ * ctxpar_block_account (which counts the block in run->work). With the plan's cache, each block is
+ * accounted once per row and its counts added again on later calls: rows of one dry run are of
+ * one ring problem. */
+int ctxpar_ring_account(const ctxpar_ring_plan *plan, const ctxpar_run *run,
+                        const ctxpar_problem *pb, ctxpar_spans qp, int j);
 
 /* Whether rank `from`, at step s, passes the block it holds (block from - s) on to from + 1. */
 int ctxpar_ring_kv_hop(const ctxpar_ring_plan *plan, int from, int step);

@@ -12,7 +12,7 @@ static ctxpar_run make_run(ctxpar_context *ctx, ctxpar_stream *stream) {
                       ctx->trace, ctx->trace_user,
                       &ctx->work, &ctx->ws,
                       &ctx->grid, NULL,
-                      NULL};
+                      NULL,       NULL};
     return run;
 }
 

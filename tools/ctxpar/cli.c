@@ -469,9 +469,31 @@ int cpt_cli_load_sinks(cpt_cli *cli, int64_t heads, char *msg, size_t n) {
     return ok;
 }
 
+int32_t *cpt_cli_read_assignment(const char *path, int64_t *count_out, char *msg, size_t n) {
+    cpt_npy_array a;
+    if (cpt_npy_read(path, &a) != CTXPAR_OK) {
+        snprintf(msg, n, "%s", ctxpar_last_error());
+        return NULL;
+    }
+    const int ok = (a.dtype == CPT_NPY_I32 || a.dtype == CPT_NPY_I64) && a.ndim == 1 && a.count > 0;
+    int32_t *assign = ok ? malloc(a.count * sizeof *assign) : NULL;
+    if (!ok)
+        snprintf(msg, n, "%s: want a 1-D int32 or int64 array (the rank of each token)", path);
+    else if (!assign)
+        snprintf(msg, n, "%s: no memory for %zu ranks", path, a.count);
+    for (size_t i = 0; assign && i < a.count; i++) {
+        int64_t v =
+            a.dtype == CPT_NPY_I32 ? ((const int32_t *)a.data)[i] : ((const int64_t *)a.data)[i];
+        assign[i] = v < INT32_MIN || v > INT32_MAX ? -1 : (int32_t)v; // the library refuses -1
+    }
+    *count_out = (int64_t)a.count;
+    cpt_npy_free(&a);
+    return assign;
+}
+
 // What no single flag can check: lists only with --sweep, required files, and so on.
-// --assign FILE.npy: int32 or int64 [seq], read once (the tool holds it until the next parse;
-// the library checks each value is a rank).
+// --assign FILE.npy, read once (the tool holds it until the next parse; the library checks each
+// value is a rank).
 static int32_t *loaded_assignment;
 
 static int load_assignment(const char *cmd, cpt_cli *cli, FILE *err) {
@@ -485,31 +507,19 @@ static int load_assignment(const char *cmd, cpt_cli *cli, FILE *err) {
         fprintf(err, "ctxpar %s: --layout custom does not combine with --sweep\n", cmd);
         return 0;
     }
-    cpt_npy_array a;
-    if (cpt_npy_read(cli->assign_path, &a) != CTXPAR_OK) {
-        fprintf(err, "ctxpar %s: %s\n", cmd, ctxpar_last_error());
-        return 0;
-    }
-    int ok = (a.dtype == CPT_NPY_I32 || a.dtype == CPT_NPY_I64) && a.ndim == 1 && a.count > 0;
-    if (!ok)
-        fprintf(err, "ctxpar %s: %s: want a 1-D int32 or int64 array (the rank of each token)\n",
-                cmd, cli->assign_path);
+    char msg[4200];
     free(loaded_assignment);
-    loaded_assignment = ok ? malloc(a.count * sizeof *loaded_assignment) : NULL;
-    for (size_t i = 0; ok && loaded_assignment && i < a.count; i++) {
-        int64_t v = a.dtype == CPT_NPY_I32 ? ((const int32_t *)a.data)[i]
-                                           : ((const int64_t *)a.data)[i];
-        loaded_assignment[i] = v < INT32_MIN || v > INT32_MAX ? -1 : (int32_t)v;
-    }
-    ok = ok && loaded_assignment;
-    if (ok && cli->cmd != A && (int64_t)a.count != cli->cfg.seq) {
-        fprintf(err, "ctxpar %s: %s holds %zu ranks but --seq is %lld\n", cmd, cli->assign_path,
-                a.count, (long long)cli->cfg.seq);
+    loaded_assignment =
+        cpt_cli_read_assignment(cli->assign_path, &cli->assign_len, msg, sizeof msg);
+    int ok = loaded_assignment != NULL;
+    if (!ok)
+        fprintf(err, "ctxpar %s: %s\n", cmd, msg);
+    if (ok && cli->cmd != A && cli->assign_len != cli->cfg.seq) {
+        fprintf(err, "ctxpar %s: %s holds %lld ranks but --seq is %lld\n", cmd, cli->assign_path,
+                (long long)cli->assign_len, (long long)cli->cfg.seq);
         ok = 0;
     }
-    cli->assign_len = (int64_t)a.count;
     cli->cfg.params.assignment = ok ? loaded_assignment : NULL;
-    cpt_npy_free(&a);
     return ok;
 }
 

@@ -66,6 +66,11 @@ int cpt_cli_parse(const char *cmd, int argc, char **argv, cpt_cli *cli, FILE *ou
  * the heads. */
 int cpt_cli_load_sinks(cpt_cli *cli, int64_t heads, char *msg, size_t n);
 
+/* Reads an assignment file (--assign): int32 or int64 [seq], the rank of each token, as int32
+ * (a value outside int32: -1, which the library refuses as no rank). Returns it malloc'ed with
+ * *count_out its length, or NULL with a one-line msg. */
+int32_t *cpt_cli_read_assignment(const char *path, int64_t *count_out, char *msg, size_t n);
+
 /* Prints the usage of `cmd`: its options with their defaults, and its notes. */
 void cpt_cli_usage(const char *cmd, FILE *out);
 

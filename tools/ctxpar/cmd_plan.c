@@ -15,7 +15,7 @@
 typedef struct plan_args {
     cpt_plan_config cfg;
     int64_t docs;
-    const char *dist, *cu_path, *model;
+    const char *dist, *cu_path, *model, *assign_path;
     double sigma;
     uint64_t seed;
     int json, explain, per_rank, group_size_set;
@@ -33,7 +33,9 @@ static const char *const usage_text =
     "  --ranks P  --seq S  --batch B  --heads H  --kv-heads K  --dim D  --dtype f32|f16|bf16\n"
     "  --v-dim DV          v's head_dim (MLA; default D)\n"
     "  --sinks             attention sinks (with --backward: their gradient's all-gather)\n"
-    "  --mask none|causal  --window W  --window-right R  --layout contiguous|zigzag|striped\n"
+    "  --mask none|causal  --window W  --window-right R\n"
+    "  --layout contiguous|zigzag|striped|custom\n"
+    "  --assign FILE.npy   with --layout custom: int32/int64 [seq], the rank holding each token\n"
     "  --algo auto|ring|allgather|alltoall|hybrid  --ulysses U  --backward\n"
     "  --docs N [--doc-dist uniform|lognormal] [--doc-sigma X] [--seed N]\n"
     "  --cu-seqlens FILE   document boundaries, whitespace-separated, 0 ... seq\n"
@@ -168,9 +170,11 @@ static int parse(int argc, char **argv, plan_args *a) {
             a->cu_path = v;
         else if (!strcmp(o, "--model"))
             a->model = v;
+        else if (!strcmp(o, "--assign"))
+            a->assign_path = v;
         else if (!strcmp(o, "--algo") && pick_name(v, algo_n, 16, &e))
             c->params.algo = (ctxpar_algo)e;
-        else if (!strcmp(o, "--layout") && pick_name(v, layout_n, 3, &e))
+        else if (!strcmp(o, "--layout") && pick_name(v, layout_n, 4, &e))
             c->params.layout = (ctxpar_layout)e;
         else if (!strcmp(o, "--mask") && pick_name(v, mask_n, 2, &e))
             c->params.mask = (ctxpar_mask)e;
@@ -387,6 +391,30 @@ static void print_table(const plan_args *a, const cpt_plan_result *r, const cpt_
         explain(stdout, a, 0);
 }
 
+// --layout custom's --assign FILE.npy (the two go together; one rank per token of --seq).
+static int load_assign(const plan_args *a, int32_t **assign_out) {
+    *assign_out = NULL;
+    if ((a->cfg.params.layout == CTXPAR_LAYOUT_CUSTOM) != (a->assign_path != NULL)) {
+        fprintf(stderr, "ctxpar plan: --layout custom and --assign FILE.npy go together\n");
+        return CPT_EXIT_USAGE;
+    }
+    if (!a->assign_path)
+        return CPT_EXIT_OK;
+    char msg[4200];
+    int64_t n = 0;
+    int32_t *assign = cpt_cli_read_assignment(a->assign_path, &n, msg, sizeof msg);
+    if (assign && n != a->cfg.seq)
+        snprintf(msg, sizeof msg, "%s holds %lld ranks but --seq is %lld", a->assign_path,
+                 (long long)n, (long long)a->cfg.seq);
+    if (!assign || n != a->cfg.seq) {
+        fprintf(stderr, "ctxpar plan: %s\n", msg);
+        free(assign);
+        return CPT_EXIT_USAGE;
+    }
+    *assign_out = assign;
+    return CPT_EXIT_OK;
+}
+
 int cpt_cmd_plan(int argc, char **argv) {
     plan_args a;
     int rc = parse(argc, argv, &a);
@@ -399,6 +427,10 @@ int cpt_cmd_plan(int argc, char **argv) {
     }
     if (!a.group_size_set)
         a.cfg.group_size = m.group_size;
+    int32_t *assign = NULL;
+    if ((rc = load_assign(&a, &assign)) != CPT_EXIT_OK)
+        return rc;
+    a.cfg.params.assignment = assign;
     int32_t *cu = NULL;
     ctxpar_status st = CTXPAR_OK;
     if (a.cu_path) {
@@ -421,6 +453,7 @@ int cpt_cmd_plan(int argc, char **argv) {
     if (st != CTXPAR_OK) {
         fprintf(stderr, "ctxpar plan: %s: %s\n", ctxpar_status_string(st), ctxpar_last_error());
         free(cu);
+        free(assign);
         return st == CTXPAR_ERR_INVALID_ARG || st == CTXPAR_ERR_NOT_SUPPORTED ? CPT_EXIT_USAGE
                                                                               : CPT_EXIT_FAIL;
     }
@@ -431,5 +464,6 @@ int cpt_cmd_plan(int argc, char **argv) {
     rc = r.coverage_checked && !r.coverage_ok ? CPT_EXIT_FAIL : CPT_EXIT_OK;
     cpt_plan_result_free(&r);
     free(cu);
+    free(assign);
     return rc;
 }

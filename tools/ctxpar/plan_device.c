@@ -6,10 +6,29 @@
 #include "algorithms.h"
 #include "plan_device.h"
 
+// Whole classes of keys (ctxpar_span_whole_class) computed against one query span under one
+// mask, kept until the span's rows take them all at once (flush_classes): mult[b] is how many
+// times class b of stride d was computed (x batch x heads), so that a striped block costs O(1),
+// and each of the span's rows O(1) per flush instead of a pass over the rows per block. The
+// members of a hybrid group compute against the same spans: one flush serves them all.
+typedef struct class_set {
+    ctxpar_span q;
+    ctxpar_mask_desc mask;
+    int64_t d;
+    uint64_t *mult; // [d]
+    int64_t cap;    // mult's room
+} class_set;
+
+// Query spans with classes pending: a hybrid group's spans (at most 16), with room.
+#define CLASS_SETS 32
+
 typedef struct plan_dev {
     uintptr_t next; // the next address alloc hands out (never dereferenced)
     cpt_plan_cover *cover;
     uint64_t copies;
+    class_set set[CLASS_SETS];
+    int nsets;                 // sets in use: set[0 .. nsets)
+    cpt_plan_cover *set_cover; // the cover they belong to
 } plan_dev;
 
 // sum of i and of i^2 for i in [0, t] (t >= -1), modulo 2^64: the divisions are exact on the
@@ -73,11 +92,11 @@ static void doc_at(const ctxpar_mask_desc *m, int64_t pos, int64_t seq, doc_curs
 }
 #define NO_DOC ((doc_cursor){1, 0})
 
-// The mask's rules (ctxpar_mask_visible) for one query make an interval of key positions: the
-// planner reads them itself, so that the blocks' accounting it checks is not also its measure.
-// The keys of span k in it.
-static cpt_plan_keys keys_seen(const ctxpar_mask_desc *m, int64_t pos, const doc_cursor *d,
-                               const ctxpar_span *k) {
+// The mask's rules (ctxpar_mask_visible) for one query make an interval of key positions
+// [lo, hi], which holds the query itself: the planner reads them itself, so that the blocks'
+// accounting it checks is not also its measure.
+static void seen_interval(const ctxpar_mask_desc *m, int64_t pos, const doc_cursor *d,
+                          int64_t *lo_out, int64_t *hi_out) {
     int64_t lo = d->d0, hi = d->d1;
     if (m->causal && pos < hi)
         hi = pos;
@@ -85,6 +104,15 @@ static cpt_plan_keys keys_seen(const ctxpar_mask_desc *m, int64_t pos, const doc
         lo = pos - m->window_left + 1;
     if (m->window_right > 0 && pos + m->window_right < hi)
         hi = pos + m->window_right;
+    *lo_out = lo;
+    *hi_out = hi;
+}
+
+// The keys of span k that a query sees.
+static cpt_plan_keys keys_seen(const ctxpar_mask_desc *m, int64_t pos, const doc_cursor *d,
+                               const ctxpar_span *k) {
+    int64_t lo, hi;
+    seen_interval(m, pos, d, &lo, &hi);
     int64_t t0 = -floor_div(k->start - lo, k->stride), t1 = floor_div(hi - k->start, k->stride);
     if (t0 < 0)
         t0 = 0;
@@ -198,6 +226,129 @@ static void cover_pair(cpt_plan_cover *c, const ctxpar_mask_desc *m, const ctxpa
     }
 }
 
+/* ---------------------------------------------------------------- whole classes of keys */
+
+// Sums over a set of classes b (of stride d) of mult[b] x (1, b, b^2). The keys b + t·d, t <= j,
+// of one class add up to (j+1) x (1, b, b^2) + sum(t) x (0, d, 2 d b) + sum(t^2) x (0, 0, d^2)
+// (count, sum, sum of squares), so these sums are all a set of classes needs.
+typedef struct class_sums {
+    uint64_t n, b, bb;
+} class_sums;
+
+// The keys b + t·d, t <= j, of the classes summed in c (j >= -1; mod 2^64).
+static cpt_plan_keys class_series(class_sums c, int64_t d, int64_t j) {
+    const uint64_t n = (uint64_t)(j + 1), s1 = sum_to(j), s2 = sumsq_to(j), ud = (uint64_t)d;
+    const cpt_plan_keys r = {n * c.n, n * c.b + s1 * ud * c.n,
+                             n * c.bb + 2 * s1 * ud * c.b + s2 * ud * ud * c.n};
+    return r;
+}
+
+// The keys <= x (x >= -1) of every class of a set, from below[t] (the classes b <= t summed):
+// class b holds floor((x - b)/d) + 1 of them, which is floor(x/d) + 1 for b <= x mod d and one
+// fewer above.
+static cpt_plan_keys classes_upto(const class_sums *below, int64_t d, int64_t x) {
+    const int64_t J = floor_div(x, d), t = x - J * d;
+    const class_sums lo = below[t], all = below[d - 1];
+    const class_sums hi = {all.n - lo.n, all.b - lo.b, all.bb - lo.bb};
+    const cpt_plan_keys a = class_series(lo, d, J), b = class_series(hi, d, J - 1);
+    return (cpt_plan_keys){a.count + b.count, a.sum + b.sum, a.sumsq + b.sumsq};
+}
+
+// Adds each row of the set's query span the keys of its classes it sees ([lo, hi]: those up to
+// hi less those up to lo - 1), with below as scratch for d prefix sums.
+static void flush_classes(cpt_plan_cover *c, const class_set *s, class_sums *below) {
+    class_sums run = {0, 0, 0};
+    for (int64_t b = 0; b < s->d; b++) {
+        const uint64_t m = s->mult[b], ub = (uint64_t)b;
+        run.n += m;
+        run.b += m * ub;
+        run.bb += m * ub * ub;
+        below[b] = run;
+    }
+    doc_cursor doc = NO_DOC;
+    for (int64_t i = 0; i < s->q.len; i++) {
+        const int64_t pos = s->q.start + i * s->q.stride;
+        int64_t lo, hi;
+        doc_at(&s->mask, pos, c->seq, &doc);
+        seen_interval(&s->mask, pos, &doc, &lo, &hi);
+        const cpt_plan_keys up = classes_upto(below, s->d, hi);
+        const cpt_plan_keys under = classes_upto(below, s->d, lo - 1);
+        const cpt_plan_keys v = {up.count - under.count, up.sum - under.sum,
+                                 up.sumsq - under.sumsq};
+        add_range(c, pos, pos + 1, v, 1);
+    }
+}
+
+// Flushes every pending set into its cover; 0 when out of memory (the sets stay pending).
+static int flush_all(plan_dev *p) {
+    if (p->nsets == 0)
+        return 1;
+    int64_t d = 1;
+    for (int i = 0; i < p->nsets; i++)
+        d = p->set[i].d > d ? p->set[i].d : d;
+    class_sums *below = malloc(sizeof *below * (size_t)d);
+    if (!below)
+        return 0;
+    for (int i = 0; i < p->nsets; i++)
+        flush_classes(p->set_cover, &p->set[i], below);
+    free(below);
+    p->nsets = 0;
+    return 1;
+}
+
+static int same_set(const class_set *s, const ctxpar_mask_desc *m, const ctxpar_span *q,
+                    int64_t d) {
+    const ctxpar_mask_desc *a = &s->mask;
+    return s->q.start == q->start && s->q.len == q->len && s->q.stride == q->stride && s->d == d &&
+           a->causal == m->causal && a->window_left == m->window_left &&
+           a->window_right == m->window_right && a->cu_seqlens == m->cu_seqlens &&
+           a->num_docs == m->num_docs;
+}
+
+// The pending set of (m, q, d), a new one if there is none; NULL when out of memory.
+static class_set *set_of(plan_dev *p, const ctxpar_mask_desc *m, const ctxpar_span *q, int64_t d) {
+    for (int i = 0; i < p->nsets; i++)
+        if (same_set(&p->set[i], m, q, d))
+            return &p->set[i];
+    if (p->nsets == CLASS_SETS && !flush_all(p))
+        return NULL;
+    class_set *s = &p->set[p->nsets];
+    if (s->cap < d) {
+        uint64_t *more = realloc(s->mult, sizeof *more * (size_t)d);
+        if (!more)
+            return NULL;
+        s->mult = more;
+        s->cap = d;
+    }
+    memset(s->mult, 0, sizeof *s->mult * (size_t)d);
+    s->q = *q;
+    s->mask = *m;
+    s->d = d;
+    p->nsets++;
+    p->set_cover = p->cover;
+    return s;
+}
+
+// Records query span q against every key span of k: a whole class of keys joins q's pending set
+// (looked up once per stride), any other key span (or a class that finds no memory for its set)
+// is covered now.
+static void record_span(plan_dev *p, const ctxpar_mask_desc *m, const ctxpar_span *q,
+                        ctxpar_spans k, int ordered, uint64_t mult) {
+    class_set *s = NULL;
+    int j0, j1; // the others see nothing of q
+    ctxpar_spans_reach(m, q, k, ordered, &j0, &j1);
+    for (int j = j0; j < j1; j++) {
+        const ctxpar_span *kj = &k.span[j];
+        const int whole = ctxpar_span_whole_class(kj, p->cover->seq);
+        if (whole && (!s || s->d != kj->stride))
+            s = set_of(p, m, q, kj->stride);
+        if (whole && s)
+            s->mult[kj->start] += mult;
+        else
+            cover_pair(p->cover, m, q, kj, mult);
+    }
+}
+
 static ctxpar_status pd_fwd(ctxpar_device *dev, const ctxpar_attn_block *blk, float *out_acc,
                             float *lse_acc, int merge, ctxpar_stream *stream) {
     (void)out_acc, (void)lse_acc, (void)merge, (void)stream;
@@ -206,9 +357,9 @@ static ctxpar_status pd_fwd(ctxpar_device *dev, const ctxpar_attn_block *blk, fl
         return CTXPAR_OK;
     const uint64_t mult =
         p->copies * (uint64_t)(blk->q.shape[0] * blk->q.shape[2]); // batch x heads
+    const int ordered = ctxpar_spans_ordered(blk->k_pos);
     for (int i = 0; i < blk->q_pos.count; i++)
-        for (int j = 0; j < blk->k_pos.count; j++)
-            cover_pair(p->cover, &blk->mask, &blk->q_pos.span[i], &blk->k_pos.span[j], mult);
+        record_span(p, &blk->mask, &blk->q_pos.span[i], blk->k_pos, ordered, mult);
     return CTXPAR_OK;
 }
 
@@ -279,7 +430,10 @@ static ctxpar_status pd_checksum(ctxpar_device *dev, const void *data, size_t by
 }
 
 static void pd_destroy(ctxpar_device *dev) {
-    free(dev->impl);
+    plan_dev *p = dev->impl;
+    for (int i = 0; i < CLASS_SETS; i++)
+        free(p->set[i].mult);
+    free(p);
 }
 
 static const struct ctxpar_device_ops plan_ops = {
@@ -312,7 +466,17 @@ ctxpar_status cpt_plan_device_create(ctxpar_device **dev_out) {
     return st;
 }
 
-void cpt_plan_device_record(ctxpar_device *dev, cpt_plan_cover *cover, uint64_t copies) {
-    ((plan_dev *)dev->impl)->cover = cover;
-    ((plan_dev *)dev->impl)->copies = copies;
+ctxpar_status cpt_plan_device_record(ctxpar_device *dev, cpt_plan_cover *cover, uint64_t copies) {
+    plan_dev *p = dev->impl;
+    if (cover && cover != p->set_cover)
+        CTXPAR_CHECK(cpt_plan_device_flush(dev));
+    p->cover = cover;
+    p->copies = copies;
+    return CTXPAR_OK;
+}
+
+ctxpar_status cpt_plan_device_flush(ctxpar_device *dev) {
+    if (!flush_all(dev->impl))
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "plan: no memory for the coverage");
+    return CTXPAR_OK;
 }

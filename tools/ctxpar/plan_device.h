@@ -55,8 +55,12 @@ int cpt_plan_cover_check(cpt_plan_cover *c, const ctxpar_mask_desc *m, int64_t b
 /* A device that records forward blocks into *cover while recording is on. */
 ctxpar_status cpt_plan_device_create(ctxpar_device **dev_out);
 /* Records each block `copies` times (for ranks whose blocks are this rank's: plan_run.c); cover
- * NULL: stop recording. */
-void cpt_plan_device_record(ctxpar_device *dev, cpt_plan_cover *cover, uint64_t copies);
+ * NULL: stop recording. Blocks whose keys are a whole residue class (striped) wait per query
+ * span until cpt_plan_device_flush, or recording into another cover, adds them to their cover
+ * (OUT_OF_MEMORY when there is no room for that). */
+ctxpar_status cpt_plan_device_record(ctxpar_device *dev, cpt_plan_cover *cover, uint64_t copies);
+/* Adds every block still waiting to its cover: before the cover is read. */
+ctxpar_status cpt_plan_device_flush(ctxpar_device *dev);
 
 #ifdef __cplusplus
 }

@@ -19,8 +19,9 @@ typedef struct plan_ctx {
     ctxpar_workspace ws;
     ctxpar_ring_plan ring_plan; // made once
     int have_plan;
-    ctxpar_ring_seen seen;   // the ring's cache of which blocks a rank sees (ring_plan.h)
-    ctxpar_hybrid_rows rows; // the hybrid's groups, made once
+    ctxpar_ring_seen seen;      // the ring's cache of which blocks a rank sees (ring_plan.h)
+    ctxpar_hybrid_rows rows;    // the hybrid's groups, made once
+    ctxpar_count_cache *counts; // the blocks' counts of striped keys (algorithms.h)
     ctxpar_tensor q, k, v, out; // out: also dout
 } plan_ctx;
 
@@ -87,16 +88,18 @@ static ctxpar_status run_rank(plan_ctx *c, const ctxpar_algorithm *algo, ctxpar_
                       &c->ws,
                       &grid,
                       c->have_plan ? &c->ring_plan : NULL,
-                      u > 0 ? &c->rows : NULL};
+                      u > 0 ? &c->rows : NULL,
+                      c->counts};
     // The tensors are never read: any non-NULL buffers of the right shapes.
     ctxpar_tensor out_t = c->out, dq = c->q, dk = c->k, dv = c->v;
     // Each rank's workspace from nothing, so that what it grows to is this rank's peak.
     if (st == CTXPAR_OK)
         st = ctxpar_workspace_release(&c->ws);
+    if (st == CTXPAR_OK)
+        st = cpt_plan_device_record(c->dev, cover, copies);
     if (st == CTXPAR_OK) {
-        cpt_plan_device_record(c->dev, cover, copies);
         st = algo->forward(&run, pb, &c->q, &c->k, &c->v, &out_t, NULL);
-        cpt_plan_device_record(c->dev, NULL, 0);
+        (void)cpt_plan_device_record(c->dev, NULL, 0); // stopping flushes nothing: never fails
         out->flops_fwd = work.flops;
     }
     if (st == CTXPAR_OK && cfg->backward) {
@@ -168,6 +171,8 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
              ? cpt_plan_device_create(&c.dev)
              : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "plan: no memory for %d ranks", cfg->ranks);
     c.ws.dev = c.dev;
+    if (st == CTXPAR_OK)
+        st = ctxpar_count_cache_create(&c.counts);
     cpt_plan_cover cover = {0, NULL, 0};
     if (st == CTXPAR_OK && cfg->coverage)
         st = cpt_plan_cover_init(&cover, cfg->seq);
@@ -182,9 +187,8 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
         if (st == CTXPAR_OK)
             st = ctxpar_ring_plan_make(&rp, &c.ring_plan);
         c.have_plan = st == CTXPAR_OK;
-        c.seen = (ctxpar_ring_seen){-1, rp.nranks, malloc((size_t)rp.nranks)};
-        if (c.have_plan && c.seen.row)
-            c.ring_plan.seen = &c.seen;
+        if (c.have_plan && ctxpar_ring_seen_init(&c.seen, rp.nranks) == CTXPAR_OK)
+            c.ring_plan.seen = &c.seen; // else the ring classifies every block it holds
     }
     // A hybrid group's members run the same ring on the same rows with as many heads each and
     // exchange blocks of one size (hybrid.c): the first member's counts stand for the others' and
@@ -213,6 +217,8 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
                       &res->rank[r]);
     }
     if (st == CTXPAR_OK && cfg->coverage)
+        st = cpt_plan_device_flush(c.dev); // the blocks still waiting (plan_device.h)
+    if (st == CTXPAR_OK && cfg->coverage)
         check_coverage(&pb, &cover, res);
     if (st == CTXPAR_OK)
         summarize(res);
@@ -224,7 +230,8 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
         ctxpar_device_destroy(c.dev);
     }
     ctxpar_hybrid_rows_free(&c.rows);
-    free(c.seen.row);
+    ctxpar_ring_seen_free(&c.seen);
+    ctxpar_count_cache_destroy(c.counts);
     ctxpar_layout_map_free(&map);
     res->seconds = ctxpar_now() - t0;
     return st;

@@ -6,6 +6,7 @@
 // what the real run's trace shows its peers sending it; the per-rank pairs equal a pair-by-pair
 // count against the mask; the coverage proof holds, and a problem the library refuses is refused by
 // the plan too. Any length: uneven shards (a prime length) and fewer tokens than ranks as well.
+// Striped and custom plans (the planner's fast paths for them) against a brute-force count.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "algorithms.h"
@@ -393,6 +395,121 @@ TEST(PlanMatchesRunCases, RefusedOnlyWhereIntended) {
         for (int p : {1, 2, 3, 4, 6, 8})
             EXPECT_GT(compared[static_cast<size_t>(static_cast<int>(a) * 9 + p)], 0)
                 << ctxpar_algo_name(a) << " P " << p;
+}
+
+// Striped and custom layouts against a count made here, not by the library: each rank's pairs
+// (its rows - the hybrid: its group's rows for its share of the heads - against every key, pair
+// by pair by Visible above) forward and backward, and the coverage proof's totals. The shapes
+// take the planner's fast paths: striped keys are whole residue classes of the sequence (the
+// count cache, the coverage's pending classes; an uneven length too); a custom layout of chunks
+// has a few runs per rank (classified only within a query run's reach) and one of single tokens
+// many (a block counted whole); documents are many, some empty.
+struct BruteCase {
+    const char *layout; // "striped", "chunks" (custom, 8-token chunks), "tokens" (custom)
+    int64_t seq;
+    int mask; // 0 causal + docs, 1 causal + window + docs, 2 two-sided + docs, 3 causal
+    ctxpar_algo algo;
+    int64_t ulysses;
+};
+
+std::vector<int32_t> Assignment(const BruteCase &c, int P) {
+    std::vector<int32_t> a(static_cast<size_t>(c.seq));
+    std::mt19937 rng(static_cast<uint32_t>(c.seq * 7 + c.mask));
+    const int64_t chunk = std::strcmp(c.layout, "chunks") == 0 ? 8 : 1;
+    int32_t r = 0;
+    for (int64_t t = 0; t < c.seq; t++) {
+        if (t % chunk == 0)
+            r = static_cast<int32_t>(rng() % static_cast<uint32_t>(P));
+        a[static_cast<size_t>(t)] = r;
+    }
+    return a;
+}
+
+std::vector<int32_t> ManyDocs(int64_t S) {
+    std::mt19937 rng(31);
+    std::vector<int32_t> cu = {0};
+    for (int d = 1; d < 20; d++) // lengths 0 .. 23: some documents empty
+        cu.push_back(std::min<int32_t>(static_cast<int32_t>(S),
+                                       cu.back() + static_cast<int32_t>(rng() % 24)));
+    cu.push_back(static_cast<int32_t>(S));
+    return cu;
+}
+
+TEST(PlanBruteForce, StripedAndCustomCounts) {
+    const int P = 8;
+    const int64_t batch = 2, heads = 8;
+    std::vector<BruteCase> cases;
+    for (const char *l : {"striped", "chunks", "tokens"})
+        for (int mask = 0; mask < 4; mask++)
+            for (auto [algo, u] : {std::pair<ctxpar_algo, int64_t>{CTXPAR_ALGO_RING, 0},
+                                   {CTXPAR_ALGO_HYBRID, 2},
+                                   {CTXPAR_ALGO_HYBRID, 4},
+                                   {CTXPAR_ALGO_ALLGATHER, 0}})
+                for (int64_t S : {240, 241})
+                    if (S == 240 || std::strcmp(l, "striped") == 0)
+                        cases.push_back({l, S, mask, algo, u});
+    int with_docs = 0;
+    for (const BruteCase &c : cases) {
+        SCOPED_TRACE(std::string(c.layout) + " S " + std::to_string(c.seq) + " mask " +
+                     std::to_string(c.mask) + " " + ctxpar_algo_name(c.algo) + " u " +
+                     std::to_string(c.ulysses));
+        const std::vector<int32_t> assign = Assignment(c, P), cu = ManyDocs(c.seq);
+        const bool custom = std::strcmp(c.layout, "striped") != 0;
+        ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
+        p.algo = c.algo;
+        p.ulysses = c.ulysses;
+        p.layout = custom ? CTXPAR_LAYOUT_CUSTOM : CTXPAR_LAYOUT_STRIPED;
+        p.assignment = custom ? assign.data() : nullptr;
+        p.mask = c.mask == 2 ? CTXPAR_MASK_NONE : CTXPAR_MASK_CAUSAL;
+        p.window_left = c.mask == 1 ? 40 : c.mask == 2 ? 30 : 0;
+        p.window_right = c.mask == 2 ? 17 : 0;
+        if (c.mask < 3) {
+            p.cu_seqlens = cu.data();
+            p.num_docs = static_cast<int64_t>(cu.size()) - 1;
+            with_docs++;
+        }
+        cpt_plan_config pc = {};
+        pc.ranks = P;
+        pc.batch = batch;
+        pc.seq = c.seq;
+        pc.heads = heads;
+        pc.kv_heads = 2;
+        pc.head_dim = 16;
+        pc.dtype = CTXPAR_DTYPE_BF16;
+        pc.params = p;
+        pc.backward = 1;
+        pc.group_size = 2;
+        pc.coverage = 1;
+        cpt_plan_result plan;
+        ASSERT_EQ(cpt_plan_run(&pc, &plan), CTXPAR_OK) << ctxpar_last_error();
+        EXPECT_EQ(plan.algo, c.algo);
+        // Each position's visible keys and the rank holding it, counted here.
+        std::vector<double> keys(static_cast<size_t>(c.seq), 0.0);
+        double all = 0;
+        for (int64_t q = 0; q < c.seq; q++) {
+            for (int64_t k = 0; k < c.seq; k++)
+                keys[static_cast<size_t>(q)] += Visible(p, q, k);
+            all += keys[static_cast<size_t>(q)];
+        }
+        const int u = static_cast<int>(c.ulysses > 0 ? c.ulysses : 1);
+        for (int r = 0; r < P; r++) {
+            double want = 0; // its (group's) rows' keys
+            for (int64_t q = 0; q < c.seq; q++) {
+                const int owner = custom ? assign[static_cast<size_t>(q)] : static_cast<int>(q % P);
+                want += owner / u == r / u ? keys[static_cast<size_t>(q)] : 0.0;
+            }
+            want *= static_cast<double>(batch * heads / u);
+            EXPECT_EQ(plan.rank[r].pairs, want) << "rank " << r;
+            EXPECT_EQ(plan.rank[r].flops_fwd, 2.0 * 32 * want) << "rank " << r; // 2 (D + Dv)
+            EXPECT_EQ(plan.rank[r].flops_bwd, plan.rank[r].flops_fwd) << "rank " << r;
+        }
+        EXPECT_TRUE(plan.coverage_ok) << "first bad position " << plan.coverage_bad_position;
+        EXPECT_EQ(plan.pairs_visible, all * static_cast<double>(batch * heads));
+        EXPECT_EQ(plan.pairs_computed, plan.pairs_visible);
+        cpt_plan_result_free(&plan);
+    }
+    EXPECT_EQ(cases.size(), 64u);
+    EXPECT_EQ(with_docs, 48);
 }
 
 // The hybrid's first member standing for its group gives the plan of running every member:

@@ -1458,6 +1458,54 @@ TEST(Plan, Documents) {
     EXPECT_TRUE(j["coverage_ok"].b);
 }
 
+// --layout custom --assign FILE.npy: an assignment that puts token t on rank t mod P gives the
+// striped plan, number for number (the same positions on every rank); a random one's FLOPs add
+// up to the documents' causal pairs with the coverage proof holding; the usage errors of check.
+TEST(Plan, CustomAssignment) {
+    const std::string dir = Dir("plan_custom"), a = dir + "/assign.npy", cu = dir + "/cu.txt";
+    {
+        std::ofstream f(cu);
+        f << "0 100 100 612\n1024\n";
+    }
+    const std::string args = "plan --ranks 8 --seq 1024 --heads 2 --dim 16 --backward --json "
+                             "--cu-seqlens '" + cu + "' ";
+    std::vector<int32_t> assign(1024);
+    for (size_t t = 0; t < assign.size(); t++)
+        assign[t] = static_cast<int32_t>(t % 8);
+    int64_t n = 1024;
+    ASSERT_EQ(cpt_npy_write(a.c_str(), CPT_NPY_I32, 1, &n, assign.data()), CTXPAR_OK);
+    Outcome striped = Tool(args + "--layout striped");
+    Outcome custom = Tool(args + "--layout custom --assign '" + a + "'");
+    ASSERT_EQ(custom.code, 0) << custom.err;
+    Json js, jc;
+    ASSERT_TRUE(ParseJson(striped.out, &js)) << striped.out;
+    ASSERT_TRUE(ParseJson(custom.out, &jc)) << custom.out;
+    for (const char *k : {"pairs_per_rank", "flops_per_rank", "bytes_per_rank",
+                          "bytes_received_per_rank", "workspace_per_rank"}) {
+        ASSERT_EQ(jc[k].items.size(), 8u) << k;
+        for (size_t r = 0; r < 8; r++)
+            EXPECT_EQ(jc[k].items[r].num, js[k].items[r].num) << k << " rank " << r;
+    }
+    std::mt19937 rng(5);
+    for (int32_t &x : assign)
+        x = static_cast<int32_t>(rng() % 8);
+    ASSERT_EQ(cpt_npy_write(a.c_str(), CPT_NPY_I32, 1, &n, assign.data()), CTXPAR_OK);
+    custom = Tool(args + "--layout custom --assign '" + a + "'");
+    ASSERT_EQ(custom.code, 0) << custom.err;
+    ASSERT_TRUE(ParseJson(custom.out, &jc)) << custom.out;
+    EXPECT_TRUE(jc["coverage_ok"].b);
+    double pairs = 0;
+    for (const Json &x : jc["pairs_per_rank"].items)
+        pairs += x.num;
+    EXPECT_EQ(pairs, 2 * (100.0 * 101 / 2 + 512.0 * 513 / 2 + 412.0 * 413 / 2)); // x 2 heads
+    Outcome o = Tool("plan --ranks 8 --seq 1024 --layout custom");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("--layout custom and --assign"), std::string::npos) << o.err;
+    o = Tool("plan --ranks 8 --seq 1000 --layout custom --assign '" + a + "'");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("holds 1024 ranks but --seq is 1000"), std::string::npos) << o.err;
+}
+
 // ---------------------------------------------------------------- progress
 
 // Progress is shown at once with CTXPAR_PROGRESS_AFTER=0 and, stderr being a file, as whole log

@@ -32,7 +32,7 @@ lib_srcs+=(reference/npy.c reference/safetensors.c reference/data.c reference/or
 fuzz_srcs=(testing/fuzz/fuzz_problem.c testing/fuzz/cpu_supports_shim.c)
 
 common=(-std=c11 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined
-    -fno-sanitize-recover=all -fopenmp -I. -Iapi -Icore -Ialgorithms -Itesting -Ireference)
+    -fno-sanitize-recover=all -fopenmp -I. -Iapi -Icore -Idispatch -Ialgorithms -Itesting -Ireference)
 # The fuzz files build without a warning; the library's are held to that by gcc in Bazel, and
 # clang's extra notes about them (GCC-only pragmas, unvectorised loops) are not failures here.
 strict=(-Wall -Wextra -Werror)

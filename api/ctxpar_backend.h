@@ -362,19 +362,13 @@ struct ctxpar_device_ops {
                                     const ctxpar_attn_query *query);
 };
 
-/* The base object. Fields other than ops/impl belong to the dispatch layer. A device is used by
- * one rank (one thread) at a time. */
+/* The base object a backend's ops receive. The dispatch layer creates it (ctxpar_device_create)
+ * and keeps its own books beside it, out of the backend's sight. A device is used by one rank
+ * (one thread) at a time. */
 struct ctxpar_device {
     const struct ctxpar_device_ops *ops;
-    void *impl;
-    int host_memory;        /* device memory is host-addressable (the CPU backend) */
-    size_t mem_current;     /* bytes allocated through ctxpar_dev_alloc and not yet freed */
-    size_t mem_peak;
-    uint64_t alloc_count;   /* calls of the backend's alloc so far (ctxpar_dev_alloc) */
-    struct ctxpar_dev_block *blocks; /* every live allocation: pointer, size, kind */
-    size_t n_blocks, cap_blocks;
-    void *scratch; /* ctxpar_dev_scratch's block, scratch_bytes long */
-    size_t scratch_bytes;
+    void *impl;      /* the backend's state */
+    int host_memory; /* device memory is host-addressable (the CPU backend) */
 };
 
 /* A backend's entry in the registry of devices by name (ctxpar_device_names): a device with the

@@ -58,15 +58,15 @@ ctxpar_status ctxpar_context_memory_stats(const ctxpar_context *ctx,
     if (!ctx || !stats_out)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx (%p) and stats_out (%p) must be set",
                             (const void *)ctx, (void *)stats_out);
-    stats_out->current_bytes = ctx->dev->mem_current;
-    stats_out->peak_bytes = ctx->dev->mem_peak;
+    stats_out->current_bytes = ctxpar_dev_books_of(ctx->dev)->mem_current;
+    stats_out->peak_bytes = ctxpar_dev_books_of(ctx->dev)->mem_peak;
     return CTXPAR_OK;
 }
 
 ctxpar_status ctxpar_context_reset_peak(ctxpar_context *ctx) {
     if (!ctx)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx is NULL");
-    ctx->dev->mem_peak = ctx->dev->mem_current;
+    ctxpar_dev_books_of(ctx->dev)->mem_peak = ctxpar_dev_books_of(ctx->dev)->mem_current;
     return CTXPAR_OK;
 }
 

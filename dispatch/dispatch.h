@@ -15,8 +15,23 @@ extern "C" {
 
 /* ================================================================ device */
 
+/* What the dispatch keeps for each device beside the backend's object: the blocks it handed out
+ * (so that frees are checked and the memory statistics are exact) and the scratch block. */
+typedef struct ctxpar_dev_books {
+    size_t mem_current;   /* bytes allocated through ctxpar_dev_alloc and not yet freed */
+    size_t mem_peak;
+    uint64_t alloc_count; /* calls of the backend's alloc so far */
+    struct ctxpar_dev_block *blocks; /* every live allocation: pointer, size, kind */
+    size_t n_blocks, cap_blocks;
+    void *scratch; /* ctxpar_dev_scratch's block, scratch_bytes long */
+    size_t scratch_bytes;
+} ctxpar_dev_books;
+
+/* The books of a device ctxpar_device_create made. */
+ctxpar_dev_books *ctxpar_dev_books_of(const ctxpar_device *dev);
+
 /* Allocates and records the block (size and kind), so that the memory statistics and the
- * allocation count (dev->alloc_count) are exact. */
+ * allocation count (ctxpar_dev_books) are exact. */
 ctxpar_status ctxpar_dev_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
                                void **ptr_out);
 /* Frees a block ctxpar_dev_alloc returned (NULL: nothing). The dispatch knows its size and kind:

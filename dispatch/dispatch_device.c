@@ -1,10 +1,24 @@
 // The device dispatch: the only code that calls through a device ops table. It checks tables
 // once at creation, owns the fallbacks for optional ops and counts the memory the library holds.
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dispatch.h"
+
+// One live allocation: what a free needs to know without trusting its caller.
+struct ctxpar_dev_block {
+    void *ptr;
+    size_t bytes;
+    ctxpar_mem_kind kind;
+};
+
+// The object ctxpar_device_create allocates: the backend's view first, the dispatch's books after.
+typedef struct device_state {
+    struct ctxpar_device dev;
+    ctxpar_dev_books books;
+} device_state;
 
 #define DEV_OPS struct ctxpar_device_ops
 #define HAS(dev, member) CTXPAR_OPS_HAS((dev)->ops, DEV_OPS, member)
@@ -60,22 +74,21 @@ ctxpar_status ctxpar_device_create(const DEV_OPS *ops, void *impl, int host_memo
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "device '%s' sets %d of the %d stream/event ops: all or none", name,
                             n_stream, n_stream_total);
-    ctxpar_device *dev = calloc(1, sizeof *dev);
-    if (!dev)
+    device_state *d = calloc(1, sizeof *d);
+    if (!d)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate a device object");
-    dev->ops = ops;
-    dev->impl = impl;
-    dev->host_memory = host_memory;
-    *device_out = dev;
+    d->dev.ops = ops;
+    d->dev.impl = impl;
+    d->dev.host_memory = host_memory;
+    *device_out = &d->dev;
     return CTXPAR_OK;
 }
 
-// One live allocation: what a free needs to know without trusting its caller.
-struct ctxpar_dev_block {
-    void *ptr;
-    size_t bytes;
-    ctxpar_mem_kind kind;
-};
+ctxpar_dev_books *ctxpar_dev_books_of(const ctxpar_device *dev) {
+    // dev is the first member of the device_state ctxpar_device_create allocated.
+    return &((device_state *)(uintptr_t)dev)->books;
+}
+
 
 int ctxpar_device_host_memory(const ctxpar_device *dev) { return dev && dev->host_memory; }
 
@@ -84,20 +97,21 @@ void ctxpar_device_destroy(ctxpar_device *dev) {
         return;
     (void)ctxpar_dev_scratch_release(dev); // a device going away has no caller left to tell
     dev->ops->destroy(dev);
-    free(dev->blocks);
-    free(dev);
+    free(ctxpar_dev_books_of(dev)->blocks);
+    free((device_state *)dev);
 }
 
 static ctxpar_status remember(ctxpar_device *dev, void *ptr, size_t bytes, ctxpar_mem_kind kind) {
-    if (dev->n_blocks == dev->cap_blocks) {
-        size_t cap = dev->cap_blocks ? 2 * dev->cap_blocks : 16;
-        struct ctxpar_dev_block *grown = realloc(dev->blocks, cap * sizeof *grown);
+    ctxpar_dev_books *bk = ctxpar_dev_books_of(dev);
+    if (bk->n_blocks == bk->cap_blocks) {
+        size_t cap = bk->cap_blocks ? 2 * bk->cap_blocks : 16;
+        struct ctxpar_dev_block *grown = realloc(bk->blocks, cap * sizeof *grown);
         if (!grown)
             return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot record an allocation");
-        dev->blocks = grown;
-        dev->cap_blocks = cap;
+        bk->blocks = grown;
+        bk->cap_blocks = cap;
     }
-    dev->blocks[dev->n_blocks++] = (struct ctxpar_dev_block){ptr, bytes, kind};
+    bk->blocks[bk->n_blocks++] = (struct ctxpar_dev_block){ptr, bytes, kind};
     return CTXPAR_OK;
 }
 
@@ -114,34 +128,36 @@ static ctxpar_status backend_free(ctxpar_device *dev, void *ptr, ctxpar_mem_kind
 
 ctxpar_status ctxpar_dev_alloc(ctxpar_device *dev, size_t bytes, ctxpar_mem_kind kind,
                                void **ptr_out) {
+    ctxpar_dev_books *bk = ctxpar_dev_books_of(dev);
     void *p = NULL;
     // Zero-byte buffers happen (an empty shard); hand out a real allocation anyway so that NULL
     // always means "nothing allocated".
     CTXPAR_CHECK(dev->ops->alloc(dev, bytes ? bytes : 1, kind, &p));
-    dev->alloc_count++;
+    bk->alloc_count++;
     ctxpar_status st = remember(dev, p, bytes, kind);
     if (st != CTXPAR_OK) {
         (void)backend_free(dev, p, kind); // the failure to remember it is the message kept
         return st;
     }
-    dev->mem_current += bytes;
-    if (dev->mem_current > dev->mem_peak)
-        dev->mem_peak = dev->mem_current;
+    bk->mem_current += bytes;
+    if (bk->mem_current > bk->mem_peak)
+        bk->mem_peak = bk->mem_current;
     *ptr_out = p;
     return CTXPAR_OK;
 }
 
 ctxpar_status ctxpar_dev_free(ctxpar_device *dev, void *ptr, size_t bytes, ctxpar_mem_kind kind) {
+    ctxpar_dev_books *bk = ctxpar_dev_books_of(dev);
     if (!ptr)
         return CTXPAR_OK;
-    size_t i = dev->n_blocks;
-    while (i > 0 && dev->blocks[i - 1].ptr != ptr) // recent blocks are freed first
+    size_t i = bk->n_blocks;
+    while (i > 0 && bk->blocks[i - 1].ptr != ptr) // recent blocks are freed first
         i--;
     if (i == 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INTERNAL,
                             "free of %p, which device '%s' did not allocate (or freed already)",
                             ptr, dev->ops->name ? dev->ops->name : "?");
-    struct ctxpar_dev_block b = dev->blocks[i - 1];
+    struct ctxpar_dev_block b = bk->blocks[i - 1];
     if ((bytes != 0 && bytes != b.bytes) || kind != b.kind)
         return CTXPAR_ERROR(CTXPAR_ERR_INTERNAL,
                             "free of %p as %zu bytes of kind %d: it was allocated as %zu bytes of "
@@ -149,28 +165,30 @@ ctxpar_status ctxpar_dev_free(ctxpar_device *dev, void *ptr, size_t bytes, ctxpa
                             ptr, bytes, (int)kind, b.bytes, (int)b.kind);
     // Forgotten whatever the backend says: a failed release cannot be retried, and its status
     // is the caller's to merge.
-    dev->blocks[i - 1] = dev->blocks[--dev->n_blocks];
-    dev->mem_current -= b.bytes;
+    bk->blocks[i - 1] = bk->blocks[--bk->n_blocks];
+    bk->mem_current -= b.bytes;
     return backend_free(dev, ptr, kind);
 }
 
 ctxpar_status ctxpar_dev_scratch(ctxpar_device *dev, size_t bytes, void **ptr_out) {
-    if (dev->scratch && dev->scratch_bytes >= bytes) {
-        *ptr_out = dev->scratch;
+    ctxpar_dev_books *bk = ctxpar_dev_books_of(dev);
+    if (bk->scratch && bk->scratch_bytes >= bytes) {
+        *ptr_out = bk->scratch;
         return CTXPAR_OK;
     }
     CTXPAR_CHECK(ctxpar_dev_scratch_release(dev));
-    CTXPAR_CHECK(ctxpar_dev_alloc(dev, bytes, CTXPAR_MEM_DEVICE, &dev->scratch));
-    dev->scratch_bytes = bytes;
-    *ptr_out = dev->scratch;
+    CTXPAR_CHECK(ctxpar_dev_alloc(dev, bytes, CTXPAR_MEM_DEVICE, &bk->scratch));
+    bk->scratch_bytes = bytes;
+    *ptr_out = bk->scratch;
     return CTXPAR_OK;
 }
 
 ctxpar_status ctxpar_dev_scratch_release(ctxpar_device *dev) {
-    void *p = dev->scratch;
-    size_t bytes = dev->scratch_bytes;
-    dev->scratch = NULL;
-    dev->scratch_bytes = 0;
+    ctxpar_dev_books *bk = ctxpar_dev_books_of(dev);
+    void *p = bk->scratch;
+    size_t bytes = bk->scratch_bytes;
+    bk->scratch = NULL;
+    bk->scratch_bytes = 0;
     return ctxpar_dev_free(dev, p, bytes, CTXPAR_MEM_DEVICE);
 }
 

@@ -256,7 +256,7 @@ void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *co
         CTXPAR_CHECK_GOTO(call(ctx, comm, &t, &fwd_s, &total_s), st, failed);
     }
     CTXPAR_CHECK_GOTO(ctxpar_context_reset_peak(ctx), st, failed);
-    const uint64_t allocs0 = dev->alloc_count; // device allocations of the timed calls
+    const uint64_t allocs0 = ctxpar_dev_books_of(dev)->alloc_count; // device allocations of the timed calls
     CTXPAR_CHECK_GOTO(ctxpar_context_reset_work_stats(ctx), st, failed);
     uint64_t sent0 = 0;
     CTXPAR_CHECK_GOTO(ctxpar_context_bytes_sent(ctx, &sent0), st, failed);
@@ -267,7 +267,7 @@ void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *co
         CTXPAR_CHECK_GOTO(call(ctx, comm, &t, &fwd_times[i], &times[i]), st, failed);
     }
     rt.active = 0;
-    r->stats.allocations = (dev->alloc_count - allocs0) / (uint64_t)reps;
+    r->stats.allocations = (ctxpar_dev_books_of(dev)->alloc_count - allocs0) / (uint64_t)reps;
     if (rank == 0)
         cpt_run_progress(cfg, stage, reps, reps);
     r->time_s = median(times, reps);

@@ -787,7 +787,7 @@ TEST(DeviceTable, FreeStatusOfVersion1And2Tables) {
                   version == 1 ? CTXPAR_OK : CTXPAR_ERR_DEVICE)
             << "version " << version;
         EXPECT_EQ(g_frees, 1);
-        EXPECT_EQ(dev->mem_current, 0u) << "forgotten either way";
+        EXPECT_EQ(ctxpar_dev_books_of(dev)->mem_current, 0u) << "forgotten either way";
         ctxpar_device_destroy(dev);
     }
 }

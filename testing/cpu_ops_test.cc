@@ -190,19 +190,19 @@ TEST_P(BwdSchedule, KeepsItsScratchCountedAndReleasesIt) {
     ASSERT_EQ(ctxpar_dev_attn_block_bwd(d.dev, &blk, &p.dout->t, all.fwd.lse.data(),
                                         all.delta.data(), dq.data(), dk.data(), dv.data(), nullptr),
               CTXPAR_OK);
-    EXPECT_EQ(d.dev->mem_current, d.dev->scratch_bytes);
+    EXPECT_EQ(ctxpar_dev_books_of(d.dev)->mem_current, ctxpar_dev_books_of(d.dev)->scratch_bytes);
     if (std::string(GetParam()) == "fused")
-        EXPECT_GE(d.dev->mem_peak, p.OutSize() * sizeof(float)) << "one dQ-sized partial sum";
+        EXPECT_GE(ctxpar_dev_books_of(d.dev)->mem_peak, p.OutSize() * sizeof(float)) << "one dQ-sized partial sum";
     else
-        EXPECT_EQ(d.dev->mem_peak, 0u);
+        EXPECT_EQ(ctxpar_dev_books_of(d.dev)->mem_peak, 0u);
     EXPECT_EQ(BitDiff(dq, all.dq), 0u);
-    const uint64_t allocs = d.dev->alloc_count;
+    const uint64_t allocs = ctxpar_dev_books_of(d.dev)->alloc_count;
     ASSERT_EQ(ctxpar_dev_attn_block_bwd(d.dev, &blk, &p.dout->t, all.fwd.lse.data(),
                                         all.delta.data(), dq.data(), dk.data(), dv.data(), nullptr),
               CTXPAR_OK);
-    EXPECT_EQ(d.dev->alloc_count, allocs) << "the second call reuses the scratch";
+    EXPECT_EQ(ctxpar_dev_books_of(d.dev)->alloc_count, allocs) << "the second call reuses the scratch";
     EXPECT_EQ(ctxpar_dev_scratch_release(d.dev), CTXPAR_OK);
-    EXPECT_EQ(d.dev->mem_current, 0u);
+    EXPECT_EQ(ctxpar_dev_books_of(d.dev)->mem_current, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BwdSchedule, ::testing::ValuesIn(kSchedules),
@@ -832,7 +832,7 @@ TEST(Memory, BlocksAreAlignedAndGivenBack) {
     }
     for (size_t i = 0; i < many.size(); i++)
         ctxpar_dev_free(d.dev, many[i], 4096 * (i + 1), CTXPAR_MEM_HOST);
-    EXPECT_EQ(d.dev->mem_current, 0u);
+    EXPECT_EQ(ctxpar_dev_books_of(d.dev)->mem_current, 0u);
 }
 
 TEST(Errors, DeviceOptions) {

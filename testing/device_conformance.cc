@@ -279,8 +279,8 @@ TEST_P(HeadDim, ForwardAndBackwardMatchOracle) {
     p.pad = p.D == 40 ? 4 : 0;
     p.Make();
     // attn_supported answers what the block ops then do, without work or allocation.
-    const uint64_t allocs = dev()->alloc_count;
-    const size_t held = dev()->mem_current;
+    const uint64_t allocs = ctxpar_dev_books_of(dev())->alloc_count;
+    const size_t held = ctxpar_dev_books_of(dev())->mem_current;
     for (int backward : {0, 1}) {
         ctxpar_attn_query query = {p.dtype, p.B, p.Sq(), p.Sk(), p.Hq,
                                    p.Hkv,   p.D, {},     backward, p.D, 0.0f, 0};
@@ -294,8 +294,8 @@ TEST_P(HeadDim, ForwardAndBackwardMatchOracle) {
             EXPECT_EQ(st, CTXPAR_OK) << "backward=" << backward << ": " << ctxpar_last_error();
         }
     }
-    EXPECT_EQ(dev()->alloc_count, allocs);
-    EXPECT_EQ(dev()->mem_current, held);
+    EXPECT_EQ(ctxpar_dev_books_of(dev())->alloc_count, allocs);
+    EXPECT_EQ(ctxpar_dev_books_of(dev())->mem_current, held);
     if (p.D > F().max_head_dim) {
         Space sp(dev());
         ctxpar_attn_block blk = p.Block(&sp);
@@ -677,15 +677,15 @@ TEST_P(DeviceTest, AddFillMemsetCopy) {
     EXPECT_EQ(std::memcmp(h, h2, 4096), 0);
     EXPECT_EQ(ctxpar_dev_free(dev(), h, 4096, CTXPAR_MEM_HOST), CTXPAR_OK);
     EXPECT_EQ(ctxpar_dev_free(dev(), h2, 4096, CTXPAR_MEM_HOST), CTXPAR_OK);
-    EXPECT_EQ(dev()->mem_current, 0u) << "the dispatch counts what is held";
+    EXPECT_EQ(ctxpar_dev_books_of(dev())->mem_current, 0u) << "the dispatch counts what is held";
     // The dispatch knows every block: a second free, or one of the wrong size, frees nothing.
     EXPECT_EQ(ctxpar_dev_free(dev(), h, 4096, CTXPAR_MEM_HOST), CTXPAR_ERR_INTERNAL);
     void *d = nullptr;
     ASSERT_EQ(ctxpar_dev_alloc(dev(), 256, CTXPAR_MEM_DEVICE, &d), CTXPAR_OK);
     EXPECT_EQ(ctxpar_dev_free(dev(), d, 512, CTXPAR_MEM_DEVICE), CTXPAR_ERR_INTERNAL);
-    EXPECT_EQ(dev()->mem_current, 256u);
+    EXPECT_EQ(ctxpar_dev_books_of(dev())->mem_current, 256u);
     EXPECT_EQ(ctxpar_dev_free(dev(), d, 256, CTXPAR_MEM_DEVICE), CTXPAR_OK);
-    EXPECT_EQ(dev()->mem_current, 0u);
+    EXPECT_EQ(ctxpar_dev_books_of(dev())->mem_current, 0u);
 }
 
 // The scratch block a backend op takes for its temporaries (the context's steady state depends
@@ -695,13 +695,13 @@ TEST_P(DeviceTest, ScratchGrowsIsKeptAndCounted) {
     void *a = nullptr, *b = nullptr;
     ASSERT_EQ(ctxpar_dev_scratch(dev(), 4096, &a), CTXPAR_OK) << ctxpar_last_error();
     ASSERT_NE(a, nullptr);
-    EXPECT_GE(dev()->mem_current, 4096u);
-    const uint64_t allocs = dev()->alloc_count;
+    EXPECT_GE(ctxpar_dev_books_of(dev())->mem_current, 4096u);
+    const uint64_t allocs = ctxpar_dev_books_of(dev())->alloc_count;
     ASSERT_EQ(ctxpar_dev_scratch(dev(), 1000, &b), CTXPAR_OK);
     EXPECT_EQ(b, a);
-    EXPECT_EQ(dev()->alloc_count, allocs) << "a smaller request allocates nothing";
+    EXPECT_EQ(ctxpar_dev_books_of(dev())->alloc_count, allocs) << "a smaller request allocates nothing";
     ASSERT_EQ(ctxpar_dev_scratch(dev(), 1 << 20, &b), CTXPAR_OK);
-    EXPECT_GE(dev()->mem_current, (size_t)1 << 20);
+    EXPECT_GE(ctxpar_dev_books_of(dev())->mem_current, (size_t)1 << 20);
     // The block is usable memory of the device.
     ASSERT_EQ(ctxpar_dev_fill(dev(), (float *)b, 3.0f, (1 << 20) / sizeof(float), nullptr),
               CTXPAR_OK);
@@ -709,7 +709,7 @@ TEST_P(DeviceTest, ScratchGrowsIsKeptAndCounted) {
     std::vector<float> got = sp.Get((const float *)b + ((1 << 18) - 1), 1);
     EXPECT_EQ(got[0], 3.0f);
     EXPECT_EQ(ctxpar_dev_scratch_release(dev()), CTXPAR_OK);
-    EXPECT_EQ(dev()->mem_current, 0u);
+    EXPECT_EQ(ctxpar_dev_books_of(dev())->mem_current, 0u);
 }
 
 // Work on one stream ordered after another's by an event (how the context's workspace passes

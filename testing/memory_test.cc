@@ -10,6 +10,7 @@
 
 #include "ctxpar.h"
 #include "ctxpar_backend.h"
+#include "dispatch.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_local.h"
 #include "reference/data.h"
@@ -228,23 +229,23 @@ TEST(Workspace, ReserveThenCallsAllocateNothingAndReleaseGivesBack) {
     ASSERT_EQ(ctxpar_context_reserve(r.ctx, &p, &q, &k, &v), CTXPAR_OK) << ctxpar_last_error();
     const size_t reserved = r.Current();
     EXPECT_GT(reserved, 0u);
-    const uint64_t allocs = r.dev->alloc_count;
+    const uint64_t allocs = ctxpar_dev_books_of(r.dev)->alloc_count;
     ASSERT_EQ(ctxpar_attn_fwd(r.ctx, &p, &q, &k, &v, &out, t.lse.data(), nullptr), CTXPAR_OK);
-    EXPECT_EQ(r.dev->alloc_count, allocs) << "forward after reserve";
+    EXPECT_EQ(ctxpar_dev_books_of(r.dev)->alloc_count, allocs) << "forward after reserve";
     EXPECT_EQ(r.Current(), reserved);
     ASSERT_EQ(ctxpar_attn_bwd(r.ctx, &p, &q, &k, &v, &out, t.lse.data(), &dout, &dq, &dk, &dv,
                               nullptr),
               CTXPAR_OK);
-    const uint64_t after_first_bwd = r.dev->alloc_count; // the kernel's scratch, once
+    const uint64_t after_first_bwd = ctxpar_dev_books_of(r.dev)->alloc_count; // the kernel's scratch, once
     ASSERT_EQ(ctxpar_attn_bwd(r.ctx, &p, &q, &k, &v, &out, t.lse.data(), &dout, &dq, &dk, &dv,
                               nullptr),
               CTXPAR_OK);
-    EXPECT_EQ(r.dev->alloc_count, after_first_bwd) << "second backward";
+    EXPECT_EQ(ctxpar_dev_books_of(r.dev)->alloc_count, after_first_bwd) << "second backward";
     EXPECT_GE(r.Current(), reserved);
     EXPECT_EQ(ctxpar_context_release(r.ctx), CTXPAR_OK);
     EXPECT_EQ(r.Current(), 0u) << "release leaves nothing";
     ASSERT_EQ(ctxpar_attn_fwd(r.ctx, &p, &q, &k, &v, &out, t.lse.data(), nullptr), CTXPAR_OK);
-    EXPECT_GT(r.dev->alloc_count, after_first_bwd) << "a call after release allocates again";
+    EXPECT_GT(ctxpar_dev_books_of(r.dev)->alloc_count, after_first_bwd) << "a call after release allocates again";
     EXPECT_GT(r.Current(), 0u);
 }
 

@@ -214,6 +214,29 @@ CTXPAR_API ctxpar_status ctxpar_device_create_by_name(const char *name, int num_
  * context on it are host arrays. 0 for a NULL device. */
 CTXPAR_API int ctxpar_device_host_memory(const ctxpar_device *device);
 
+/* Comms by name. "local" (ranks as threads of this process, this library's own) is always
+ * there, first; comm libraries add theirs when loaded (libctxpar_mpi.so: "mpi", one rank per
+ * process of MPI_COMM_WORLD). A comm made over the caller's own communicator (NCCL's) is not
+ * listed: it needs that communicator. Names and descriptions as ctxpar_device_names. */
+CTXPAR_API int ctxpar_comm_names(const char **names, const char **descriptions, int capacity);
+
+/* The ranks this process runs of a job with `nranks` ranks over the comm kind `name`: "local"
+ * runs all of them (as threads; nranks >= 1), "mpi" runs one, its rank of MPI_COMM_WORLD (MPI
+ * initialised by the caller; nranks 0 or the world's size). An unknown name is
+ * CTXPAR_ERR_NOT_SUPPORTED, naming the ones there are. Destroy it after the comms made from it. */
+typedef struct ctxpar_comm_world ctxpar_comm_world;
+CTXPAR_API ctxpar_status ctxpar_comm_world_create(const char *name, int nranks,
+                                                  ctxpar_comm_world **world_out);
+/* How many ranks this process runs, and (first_rank_out, may be NULL) the first one's rank. */
+CTXPAR_API int ctxpar_comm_world_ranks(const ctxpar_comm_world *world, int *first_rank_out);
+/* The comm of this process's i-th rank (rank first + i), each made once and used by its own
+ * thread; callable from those threads at once. copy_device: as ctxpar_comm_create_local (NULL:
+ * host memory). Destroy with ctxpar_comm_destroy. */
+CTXPAR_API ctxpar_status ctxpar_comm_world_comm(ctxpar_comm_world *world, int i,
+                                                ctxpar_device *copy_device,
+                                                ctxpar_comm **comm_out);
+CTXPAR_API void ctxpar_comm_world_destroy(ctxpar_comm_world *world);
+
 /* Rank of this process/thread in the comm, and the number of ranks. */
 CTXPAR_API int ctxpar_comm_rank(const ctxpar_comm *comm);
 CTXPAR_API int ctxpar_comm_size(const ctxpar_comm *comm);

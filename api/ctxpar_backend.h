@@ -502,6 +502,22 @@ struct ctxpar_comm {
 ctxpar_status ctxpar_comm_create(const struct ctxpar_comm_ops *ops, void *impl, int rank,
                                  int size, ctxpar_comm **comm_out);
 
+/* A comm kind's entry in the registry of comms by name (ctxpar_comm_world_create). */
+typedef struct ctxpar_comm_world_ops {
+    /* This process's share of a job of nranks ranks (0: the kind decides, as MPI's world size):
+     * its state, the first rank it runs and how many. Nothing to free on failure. */
+    ctxpar_status (*create)(int nranks, void **impl_out, int *first_rank_out, int *count_out);
+    /* The comm of the process's i-th rank (0 <= i < count, checked by the registry); called from
+     * several threads at once for different i. */
+    ctxpar_status (*comm)(void *impl, int i, ctxpar_device *copy_device, ctxpar_comm **comm_out);
+    void (*destroy)(void *impl);
+} ctxpar_comm_world_ops;
+
+/* Adds a comm kind to the registry, from its library's constructor, as ctxpar_device_register
+ * (same rules; `ops` must live as long as the process and set all three functions). */
+ctxpar_status ctxpar_comm_register(const char *name, const char *description,
+                                   const ctxpar_comm_world_ops *ops);
+
 /* A service for comm authors: a comm that builds its split on its own allreduce (the local comm)
  * calls it through the dispatch, which checks the arguments. */
 ctxpar_status ctxpar_comm_allreduce_i64(ctxpar_comm *comm, int64_t *buf, size_t count,

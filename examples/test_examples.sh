@@ -43,9 +43,17 @@ cat >"$tmp/mpi.c" <<'C'
 #include "ctxpar_mpi.h"
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
-    ctxpar_comm *comm = NULL;
+    ctxpar_comm *comm = NULL, *by_name = NULL;
+    ctxpar_comm_world *world = NULL;
     ctxpar_status st = ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm);
-    printf("%s size %d\n", ctxpar_status_string(st), st ? -1 : ctxpar_comm_size(comm));
+    if (st == CTXPAR_OK) // the same comm by name: the library registered "mpi" when loaded
+        st = ctxpar_comm_world_create("mpi", 0, &world);
+    if (st == CTXPAR_OK)
+        st = ctxpar_comm_world_comm(world, 0, NULL, &by_name);
+    printf("%s size %d\n", ctxpar_status_string(st),
+           st ? -1 : ctxpar_comm_size(comm) * ctxpar_comm_size(by_name));
+    ctxpar_comm_destroy(by_name);
+    ctxpar_comm_world_destroy(world);
     ctxpar_comm_destroy(comm);
     MPI_Finalize();
     return st != CTXPAR_OK;
@@ -97,4 +105,31 @@ cmake -S examples -B "$tmp/build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TY
     { cat "$tmp/cmake.log"; echo "FAIL: CMake build"; exit 1; }
 run "CMake ctxpar::ctxpar build" "$tmp/build/attention"
 run "CMake ctxpar::static build" "$tmp/build/attention_static"
+
+# The static library registers its CPU device and local comm for a program that names only
+# strings (its objects are prelinked into one: packaging/merge_archives.sh).
+cat >"$tmp/by_name.c" <<'C'
+#include <stdio.h>
+#include "ctxpar.h"
+int main(void) {
+    ctxpar_device *dev = NULL;
+    ctxpar_comm_world *world = NULL;
+    ctxpar_status st = ctxpar_device_create_by_name("cpu", 1, &dev);
+    if (st == CTXPAR_OK)
+        st = ctxpar_comm_world_create("local", 2, &world);
+    printf("%s %s\n", ctxpar_status_string(st), st ? ctxpar_last_error() : "cpu, local");
+    ctxpar_comm_world_destroy(world);
+    ctxpar_device_destroy(dev);
+    return st != CTXPAR_OK;
+}
+C
+# shellcheck disable=SC2046
+cc -std=c11 -Wall -Werror "$tmp/by_name.c" $(pkg-config --cflags ctxpar) "$prefix/lib/libctxpar.a" \
+    -fopenmp -pthread -lm -o "$tmp/by_name"
+if out=$("$tmp/by_name") && [ "$out" = "CTXPAR_OK cpu, local" ]; then
+    echo "PASS static build, devices and comms by name: $out"
+else
+    echo "FAIL static build, devices and comms by name: $out"
+    status=1
+fi
 exit "$status"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# merge_archives.sh OUT.a FILE...: one static archive holding the objects of every static library
-# among FILE... (Bazel names them .a, or .lo when alwayslink). Where a library comes both as PIC
+# merge_archives.sh OUT.a FILE...: one static archive of the objects of every static library among
+# FILE... (Bazel names them .a, or .lo when alwayslink). Where a library comes both as PIC
 # (.pic.a / .pic.lo) and not, the PIC one is taken, so that OUT.a links into a PIE executable.
+# The objects are prelinked into one (ld -r): a program that uses any of the library gets all of
+# it, the constructors that register the CPU device and the local comm by name included (from
+# separate members, a linker takes only those a program references).
 set -euo pipefail
 out=$1
 shift
@@ -15,8 +18,16 @@ for f in "$@"; do
         ;;
     esac
 done
-script="CREATE $out"$'\n'
-for a in "${archives[@]}"; do script+="ADDLIB $a"$'\n'; done
-script+=$'SAVE\nEND\n'
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+objs=()
+for i in "${!archives[@]}"; do
+    # A folder per archive: two libraries may both hold an object of the same name.
+    mkdir "$tmp/$i"
+    abs=$(cd "$(dirname "${archives[$i]}")" && pwd)/$(basename "${archives[$i]}")
+    (cd "$tmp/$i" && ar x "$abs")
+    for o in "$tmp/$i"/*.o; do objs+=("$o"); done
+done
+ld -r -o "$tmp/libctxpar.o" "${objs[@]}"
 rm -f "$out"
-ar -M <<<"$script"
+ar rcs "$out" "$tmp/libctxpar.o"

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include "ctxpar_backend.h"
-#include "ctxpar_local.h"
 #include "data.h"
 #include "metrics.h"
 #include "oracle.h"
@@ -150,7 +149,7 @@ ctxpar_status cpt_run_outputs_place(const cpt_run_config *cfg, int rank, int nra
 
 typedef struct thread_job {
     const cpt_run_config *cfg;
-    ctxpar_local_group *group;
+    ctxpar_comm_world *world;
     int rank, ranks;
     cpt_rank_report *report;
 } thread_job;
@@ -164,8 +163,8 @@ static void *thread_main(void *arg) {
         job->cfg, cpt_run_threads_per_rank(job->cfg, job->ranks), &dev);
     // Host memory moves with memcpy; device memory through the device.
     if (st == CTXPAR_OK)
-        st = ctxpar_comm_create_local(job->group, job->rank,
-                                      job->cfg->backend == CPT_RUN_CPU ? NULL : dev, &comm);
+        st = ctxpar_comm_world_comm(job->world, job->rank,
+                                    job->cfg->backend == CPT_RUN_CPU ? NULL : dev, &comm);
     if (st == CTXPAR_OK) {
         cpt_run_rank(job->cfg, dev, comm, r);
     } else {
@@ -179,8 +178,8 @@ static void *thread_main(void *arg) {
 
 ctxpar_status cpt_run_threads(const cpt_run_config *cfg, int ranks,
                                  cpt_run_outputs *global, cpt_rank_report *reports) {
-    ctxpar_local_group *group = NULL;
-    CTXPAR_CHECK(ctxpar_local_group_create(ranks, &group));
+    ctxpar_comm_world *world = NULL;
+    CTXPAR_CHECK(ctxpar_comm_world_create("local", ranks, &world));
     pthread_t *threads = calloc((size_t)ranks, sizeof *threads);
     thread_job *jobs = calloc((size_t)ranks, sizeof *jobs);
     ctxpar_status st = CTXPAR_OK;
@@ -190,7 +189,7 @@ ctxpar_status cpt_run_threads(const cpt_run_config *cfg, int ranks,
     }
     int started = 0;
     for (; started < ranks; started++) {
-        jobs[started] = (thread_job){cfg, group, started, ranks, &reports[started]};
+        jobs[started] = (thread_job){cfg, world, started, ranks, &reports[started]};
         if (pthread_create(&threads[started], NULL, thread_main, &jobs[started]) != 0) {
             st = CTXPAR_ERROR(CTXPAR_ERR_INTERNAL, "cannot start rank thread %d", started);
             break;
@@ -204,7 +203,7 @@ ctxpar_status cpt_run_threads(const cpt_run_config *cfg, int ranks,
 done:
     free(threads);
     free(jobs);
-    ctxpar_local_group_destroy(group);
+    ctxpar_comm_world_destroy(world);
     return st;
 }
 

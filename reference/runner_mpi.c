@@ -160,8 +160,11 @@ static void run_this_rank(const cpt_run_config *cfg, cpt_rank_report *rep) {
     ctxpar_comm *comm = NULL;
     ctxpar_status st =
         cpt_run_device_create(cfg, cpt_run_threads_per_rank(cfg, cfg->ranks), &dev);
+    ctxpar_comm_world *world = NULL;
     if (st == CTXPAR_OK)
-        st = ctxpar_comm_create_mpi(MPI_COMM_WORLD, &comm);
+        st = ctxpar_comm_world_create("mpi", cfg->ranks, &world);
+    if (st == CTXPAR_OK)
+        st = ctxpar_comm_world_comm(world, 0, NULL, &comm);
     if (st == CTXPAR_OK) {
         cpt_run_rank(cfg, dev, comm, rep);
     } else {
@@ -169,6 +172,7 @@ static void run_this_rank(const cpt_run_config *cfg, cpt_rank_report *rep) {
         snprintf(rep->message, sizeof rep->message, "%s", ctxpar_last_error());
     }
     ctxpar_comm_destroy(comm);
+    ctxpar_comm_world_destroy(world);
     ctxpar_device_destroy(dev);
 }
 

@@ -464,6 +464,29 @@ TEST(MpiFailure, ARankThatNeverCallsMakesTheOthersFailWithinTheTimeout) {
     EXPECT_EQ(again.Fwd(), CTXPAR_OK) << ctxpar_last_error();
 }
 
+// "mpi" by name (libctxpar_mpi's registration): one rank per process, this process's rank, and
+// its comm talks to the other processes.
+TEST(MpiWorld, ByNameOneRankPerProcess) {
+    const int n = ctxpar_comm_names(nullptr, nullptr, 0);
+    std::vector<const char *> names(n);
+    ctxpar_comm_names(names.data(), nullptr, n);
+    ASSERT_GE(n, 2);
+    EXPECT_STREQ(names[0], "local");
+    EXPECT_STREQ(names[1], "mpi");
+    ctxpar_comm_world *world = nullptr;
+    EXPECT_EQ(ctxpar_comm_world_create("mpi", Size() + 1, &world), CTXPAR_ERR_INVALID_ARG);
+    ASSERT_EQ(ctxpar_comm_world_create("mpi", 0, &world), CTXPAR_OK) << ctxpar_last_error();
+    int first = -1;
+    EXPECT_EQ(ctxpar_comm_world_ranks(world, &first), 1);
+    EXPECT_EQ(first, Rank());
+    ctxpar_comm *comm = nullptr;
+    ASSERT_EQ(ctxpar_comm_world_comm(world, 0, nullptr, &comm), CTXPAR_OK) << ctxpar_last_error();
+    EXPECT_EQ(ctxpar_comm_rank(comm), Rank());
+    EXPECT_EQ(ctxpar_comm_size(comm), Size());
+    ctxpar_comm_destroy(comm);
+    ctxpar_comm_world_destroy(world);
+}
+
 } // namespace
 
 // Every rank runs every test; only rank 0 prints the report, and a failure on any rank fails the

@@ -6,6 +6,7 @@
                                                  judges another implementation's results
                                                  (through the ctxpar tool's audit --against)
     devices()                                    the device names this process can create
+    comms()                                      the comm kinds the library knows by name
     Context(device="cpu", comm=...)              one rank of a real distributed program:
         comm = local_group(P).comm(rank), or an mpi4py communicator
         ctx.attention(q, k, v, ...), ctx.attention_backward(...)
@@ -17,11 +18,11 @@ prefix (PREFIX/lib), else through the dynamic loader's search path.
 """
 from ._audit import (AuditError, AuditReport, AuditRow, FailingRange, TensorVerdict, audit,
                      tool_path)
-from ._core import (Comm, Context, LocalGroup, devices, local_group, positions, shard,
+from ._core import (Comm, Context, LocalGroup, comms, devices, local_group, positions, shard,
                     shard_count, simulate, unshard)
 from ._lib import CtxparError, library_path, version
 from ._oracle import oracle
 
 __all__ = ["AuditError", "AuditReport", "AuditRow", "Comm", "Context", "CtxparError", "FailingRange",
-           "LocalGroup", "devices", "TensorVerdict", "audit", "library_path", "local_group", "oracle",
+           "LocalGroup", "comms", "devices", "TensorVerdict", "audit", "library_path", "local_group", "oracle",
            "positions", "shard", "shard_count", "simulate", "tool_path", "unshard", "version"]

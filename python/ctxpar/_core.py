@@ -174,13 +174,25 @@ class Comm:
         self.close()
 
 
+def _registered(listing):
+    """[(name, description)] from one of the library's registries (ctxpar_*_names)."""
+    n = listing(None, None, 0)
+    names, about = (ctypes.c_char_p * n)(), (ctypes.c_char_p * n)()
+    n = min(n, listing(names, about, n))
+    return [(names[i].decode(), about[i].decode()) for i in range(n)]
+
+
 def devices():
     """The devices this process can create by name, [(name, description)], "cpu" first (the
     library's registry: a backend's library adds its own when loaded)."""
-    n = _lib.lib.ctxpar_device_names(None, None, 0)
-    names, about = (ctypes.c_char_p * n)(), (ctypes.c_char_p * n)()
-    n = min(n, _lib.lib.ctxpar_device_names(names, about, n))
-    return [(names[i].decode(), about[i].decode()) for i in range(n)]
+    return _registered(_lib.lib.ctxpar_device_names)
+
+
+def comms():
+    """The comm kinds the library knows by name, [(name, description)], "local" first (ranks as
+    threads; local_group()); a comm library adds its own when loaded (libctxpar_mpi.so: "mpi").
+    mpi4py communicators are passed to Context directly."""
+    return _registered(_lib.lib.ctxpar_comm_names)
 
 
 class Context:

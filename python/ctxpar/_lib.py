@@ -83,6 +83,7 @@ _SIGNATURES = {
     "ctxpar_device_create_cpu": (c_int, [_P(CpuOptions), _P(c_void_p)]),
     "ctxpar_device_destroy": (None, [c_void_p]),
     "ctxpar_device_names": (c_int, [_P(ctypes.c_char_p), _P(ctypes.c_char_p), c_int]),
+    "ctxpar_comm_names": (c_int, [_P(ctypes.c_char_p), _P(ctypes.c_char_p), c_int]),
     "ctxpar_device_create_by_name": (c_int, [ctypes.c_char_p, c_int, _P(c_void_p)]),
     "ctxpar_device_host_memory": (c_int, [c_void_p]),
     "ctxpar_local_group_create": (c_int, [c_int, _P(c_void_p)]),

@@ -156,6 +156,12 @@ def test_devices_by_name():
     assert "'tpu'" in str(e.value) and "cpu" in str(e.value)
 
 
+def test_comms_by_name():
+    kinds = ctxpar.comms()
+    assert kinds[0][0] == "local" and kinds[0][1]
+    assert len({name for name, _ in kinds}) == len(kinds)
+
+
 def test_library_errors_carry_status_and_message():
     q, k, v, _ = inputs(s=48, hq=4, hk=2, d=8)
     # All-to-all re-shards the query heads: 4 cannot be split over 3 ranks. Only C knows that.

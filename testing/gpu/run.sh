@@ -123,7 +123,7 @@ declare -A BIN
 loads() { [ -x "$1" ] && ! ldd "$1" 2>&1 | grep -q "not found"; }
 
 build_from_source() {
-    local B="$RESULTS_DIR/build" jobs cc_arch
+    local B="$RESULTS_DIR/build" jobs cc_arch tool_failed=0
     jobs=$(nproc)
     cc_arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
         head -1 | tr -d '. ')
@@ -133,15 +133,20 @@ build_from_source() {
         echo "cannot build: nvcc, cuDNN or NCCL missing"
         return 1
     fi
-    local inc="-I$ROOT -I$ROOT/api -I$ROOT/core -I$ROOT/algorithms -I$ROOT/comm/mpi -I$CUDA_HOME/include"
+    local inc="-I$ROOT -I$ROOT/api -I$ROOT/core -I$ROOT/dispatch -I$ROOT/algorithms -I$ROOT/reference"
+    inc="$inc -I$ROOT/comm/mpi -I$CUDA_HOME/include"
     inc="$inc -I$CUDNN_INC -I$NCCL_INC"
-    local cflags="-std=c11 -O3 -fPIC -fopenmp -Wall $inc"
+    local cflags="-std=c11 -O3 -fPIC -fopenmp -Wall $inc" blas="-lopenblas"
+    # The reference's matrix products: OpenBLAS where the machine has it, else plain loops.
+    if [ ! -f /usr/include/x86_64-linux-gnu/cblas.h ] && [ ! -f /usr/include/cblas.h ]; then
+        cflags="$cflags -DCPT_REF_NO_BLAS" blas=""
+    fi
     local srcs=() f
     for f in "$ROOT"/core/*.c "$ROOT"/dispatch/*.c "$ROOT"/algorithms/*.c "$ROOT"/backends/cpu/*.c \
              "$ROOT"/comm/local/*.c "$ROOT"/backends/cuda/*.c "$ROOT"/comm/nccl/*.c \
-             "$ROOT"/reference/data.c "$ROOT"/reference/metrics.c "$ROOT"/reference/oracle.c \
-             "$ROOT"/reference/tolerance.c; do
-        case "$f" in *_bench.c|*/cudnn_absent.c) continue ;; esac
+             "$ROOT"/reference/*.c; do
+        # runner_mpi.c needs MPI's headers: the tool's build below adds it.
+        case "$f" in *_bench.c|*/cudnn_absent.c|*/runner_mpi.c) continue ;; esac
         srcs+=("$f")
     done
     echo "building from source: ${#srcs[@]} C files, $(ls "$ROOT"/backends/cuda/*.cu | wc -l)" \
@@ -162,22 +167,22 @@ build_from_source() {
     # The wheels ship only versioned libraries: link them by file name.
     LIBS="$B/libctxpar_gpu.a -L$CUDNN_LIB -L$NCCL_LIB -L$CUDA_HOME/lib64"
     LIBS="$LIBS -Wl,-rpath,$CUDNN_LIB:$NCCL_LIB:$CUDA_HOME/lib64"
-    LIBS="$LIBS -l:libcudnn.so.9 -l:libnccl.so.2 -lcudart -lstdc++ -fopenmp -lm -lpthread -ldl"
+    LIBS="$LIBS -l:libcudnn.so.9 -l:libnccl.so.2 -lcudart -lstdc++ $blas -fopenmp -lm -lpthread -ldl"
     gcc $cflags "$ROOT/testing/gpu/cuda_bench.c" $LIBS -o "$B/bin/cuda_bench" || return 1
 
     # The ctxpar tool links MPI (its in-process comm never initialises it): only with headers.
     local mpi_c mpi_l
     mpi_c=$(mpicc -showme:compile 2>/dev/null) && mpi_l=$(mpicc -showme:link 2>/dev/null)
-    if [ -n "${mpi_c:-}" ]; then
-        local tool=() t
-        for t in "$ROOT"/testing/*.c "$ROOT"/tools/ctxpar/*.c "$ROOT"/comm/mpi/*.c; do
-            case "$t" in */data.c|*/metrics.c|*/oracle.c|*/tolerance.c) continue ;; esac
-            tool+=("$t")
-        done
-        gcc $cflags $mpi_c "${tool[@]}" $LIBS $mpi_l -o "$B/bin/ctxpar" ||
-            echo "ctxpar: the from-source build failed (see above); bench steps will skip"
-    else
+    # Its JSON output needs Jansson's headers and library.
+    if [ -z "${mpi_c:-}" ]; then
         echo "ctxpar: not built from source (no mpicc for MPI headers); bench steps will skip"
+    elif [ ! -f /usr/include/jansson.h ]; then
+        echo "ctxpar: not built from source (no jansson.h); bench steps will skip"
+    else
+        gcc $cflags $mpi_c "$ROOT"/tools/ctxpar/*.c "$ROOT"/comm/mpi/*.c \
+            "$ROOT"/reference/runner_mpi.c $LIBS -ljansson $mpi_l \
+            -o "$B/bin/ctxpar" ||
+            { echo "ctxpar: the from-source build failed (see above)"; tool_failed=1; }
     fi
 
     # GoogleTest: given (GTEST_ROOT), else compiled from the sources stage.sh carried, else the
@@ -216,6 +221,7 @@ build_from_source() {
         g++ -std=c++17 -O2 -fopenmp $inc $gt_flag "$ROOT/$t.cc" $more $LIBS -L"$gt_lib" \
             -lgtest_main -lgtest -o "$B/bin/$(basename $t)" || return 1
     done
+    return $tool_failed
 }
 
 section "binaries"

@@ -145,8 +145,8 @@ build_from_source() {
     for f in "$ROOT"/core/*.c "$ROOT"/dispatch/*.c "$ROOT"/algorithms/*.c "$ROOT"/backends/cpu/*.c \
              "$ROOT"/comm/local/*.c "$ROOT"/backends/cuda/*.c "$ROOT"/comm/nccl/*.c \
              "$ROOT"/reference/*.c; do
-        # runner_mpi.c needs MPI's headers: the tool's build below adds it.
-        case "$f" in *_bench.c|*/cudnn_absent.c|*/runner_mpi.c) continue ;; esac
+        # MPI's and Jansson's headers may be missing here: the tool's build below adds these.
+        case "$f" in *_bench.c|*/cudnn_absent.c|*/runner_mpi.c|*/safetensors.c) continue ;; esac
         srcs+=("$f")
     done
     echo "building from source: ${#srcs[@]} C files, $(ls "$ROOT"/backends/cuda/*.cu | wc -l)" \
@@ -162,10 +162,14 @@ build_from_source() {
             printf ' -Xcompiler -fPIC %s %q -o %q\n' "$inc" "$f" "$(obj "$f")"
         done
     } | xargs -P "$jobs" -d '\n' -I{} bash -c '{}' || return 1
-    rm -f "$B/libctxpar_gpu.a"
-    ar rcs "$B/libctxpar_gpu.a" "$B"/obj/*.o || return 1
+    # The library whole (devices and comms register by name from constructors that nothing
+    # else references); the reference beside it, taken as needed.
+    rm -f "$B/libctxpar_gpu.a" "$B/libcpt_reference.a"
+    ar rcs "$B/libcpt_reference.a" "$B"/obj/reference_*.o || return 1
+    ar rcs "$B/libctxpar_gpu.a" $(ls "$B"/obj/*.o | grep -v '/reference_') || return 1
+    LIBS="$B/libcpt_reference.a -Wl,--whole-archive $B/libctxpar_gpu.a -Wl,--no-whole-archive"
     # The wheels ship only versioned libraries: link them by file name.
-    LIBS="$B/libctxpar_gpu.a -L$CUDNN_LIB -L$NCCL_LIB -L$CUDA_HOME/lib64"
+    LIBS="$LIBS -L$CUDNN_LIB -L$NCCL_LIB -L$CUDA_HOME/lib64"
     LIBS="$LIBS -Wl,-rpath,$CUDNN_LIB:$NCCL_LIB:$CUDA_HOME/lib64"
     LIBS="$LIBS -l:libcudnn.so.9 -l:libnccl.so.2 -lcudart -lstdc++ $blas -fopenmp -lm -lpthread -ldl"
     gcc $cflags "$ROOT/testing/gpu/cuda_bench.c" $LIBS -o "$B/bin/cuda_bench" || return 1
@@ -180,7 +184,7 @@ build_from_source() {
         echo "ctxpar: not built from source (no jansson.h); bench steps will skip"
     else
         gcc $cflags $mpi_c "$ROOT"/tools/ctxpar/*.c "$ROOT"/comm/mpi/*.c \
-            "$ROOT"/reference/runner_mpi.c $LIBS -ljansson $mpi_l \
+            "$ROOT"/reference/runner_mpi.c "$ROOT"/reference/safetensors.c $LIBS -ljansson $mpi_l \
             -o "$B/bin/ctxpar" ||
             { echo "ctxpar: the from-source build failed (see above)"; tool_failed=1; }
     fi
@@ -254,6 +258,15 @@ fi
 for b in "${ALL_BINS[@]}"; do
     say "$b: ${BIN[$b]:-NOT AVAILABLE}"
 done
+
+# The tool must run before its GPU steps are worth anything: a small CPU check, GPU or not.
+if [ -n "${BIN[ctxpar]:-}" ]; then
+    if out=$(timeout 60 "${BIN[ctxpar]}" check --ranks 2 --seq 256 2>&1); then
+        say "ctxpar check --ranks 2 --seq 256 (CPU): $(echo "$out" | tail -1)"
+    else
+        fail "ctxpar check --ranks 2 --seq 256 (CPU): $(echo "$out" | tail -3)"
+    fi
+fi
 
 # ---------------------------------------------------------------- tests
 # Runs one gtest binary (with a filter) under its own timeout; adds its counts to the totals.

@@ -133,7 +133,7 @@ build_from_source() {
         echo "cannot build: nvcc, cuDNN or NCCL missing"
         return 1
     fi
-    local inc="-I$ROOT -I$ROOT/api -I$ROOT/core -I$ROOT/algorithms -I$ROOT/comm/mpi -I$CUDA_HOME/include"
+    local inc="-I$ROOT -I$ROOT/api -I$ROOT/core -I$ROOT/dispatch -I$ROOT/algorithms -I$ROOT/comm/mpi -I$CUDA_HOME/include"
     inc="$inc -I$CUDNN_INC -I$NCCL_INC"
     local cflags="-std=c11 -O3 -fPIC -fopenmp -Wall $inc"
     local srcs=() f

@@ -386,13 +386,13 @@ static ctxpar_status begin(const ctxpar_run *run, const ctxpar_problem *pb, int 
     c->in_b = ctxpar_a2a_block_bytes(&c->g, in, n_in, pb->seq_max);
     c->back_b = ctxpar_a2a_block_bytes(&c->g, back, 3, pb->seq_max);
     // The sub-runs are of other algorithms' pieces: no hybrid state; the ring's dry-run plan.
-    const hyb_dry *dry = run->dry;
+    hyb_dry *dry = run->dry; // the ring's cache in it is written
     c->run_g = *run;
     c->run_g.comm = c->grid->group;
     c->run_g.state = c->run_g.dry = NULL;
     c->run_r = c->run_g;
     c->run_r.comm = c->grid->ring;
-    c->run_r.dry = dry ? (void *)&dry->ring : NULL;
+    c->run_r.dry = dry ? &dry->ring : NULL;
     void *base = NULL;
     CTXPAR_CHECK(ctxpar_run_workspace(run, hyb_layout(pb, c->u, backward, NULL, &c->w), &base));
     (void)hyb_layout(pb, c->u, backward, base, &c->w);

@@ -140,25 +140,14 @@ typedef struct ctxpar_run {
     void *trace_user;
     ctxpar_work_stats *work;
     ctxpar_workspace *ws; /* the context's */
-    struct ctxpar_grid *grid; /* the context's sub-comms for the hybrid (hybrid.c) */
-    /* The ring's plan made once for all ranks of a dry run (the planner); NULL: the ring makes
-     * its own (ring_plan.h). */
-    const struct ctxpar_ring_plan *ring_plan;
-    /* The hybrid's group rows made once for all ranks of a dry run; NULL: each call makes its
-     * own (hybrid.h). */
-    const struct ctxpar_hybrid_rows *hybrid_rows;
+    /* The running algorithm's state kept between calls (ctxpar_algorithm.state_bytes), or NULL
+     * when it has none. */
+    void *state;
+    /* A dry run's data shared by every rank (ctxpar_algorithm.dry_make); NULL: none. */
+    void *dry;
     /* The dry run's count cache (ctxpar_count_cache); NULL: none. */
     ctxpar_count_cache *counts;
 } ctxpar_run;
-
-/* The hybrid's 2-D grid of the run's comm, kept by the context between calls: `group` joins the
- * u consecutive ranks of an all-to-all group, `ring` the ranks of equal index across groups. */
-typedef struct ctxpar_grid {
-    int u;
-    ctxpar_comm *group, *ring;
-} ctxpar_grid;
-/* Destroys the sub-comms (the context's destroy). */
-void ctxpar_grid_release(ctxpar_grid *grid);
 
 /* Reports one trace event if tracing is on. */
 void ctxpar_run_trace(const ctxpar_run *run, ctxpar_event_kind kind, const char *name, int step,
@@ -252,7 +241,8 @@ size_t ctxpar_sinks_backward_bytes(const ctxpar_problem *pb);
 ctxpar_status ctxpar_sinks_read(ctxpar_device *dev, const float *sinks, int64_t h0, int64_t n,
                                 float *host);
 
-/* Each algorithm (ring.c, allgather.c, alltoall.c) is an entry of the table in registry.h. */
+/* Each algorithm (ring.c, allgather.c, alltoall.c, hybrid.c) is an entry of the table in
+ * registry.h. */
 
 #ifdef __cplusplus
 }

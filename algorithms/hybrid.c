@@ -6,23 +6,27 @@
 // documents, layouts and shards of any size, MLA, sinks and the ring's transfer plan apply
 // unchanged; a second all-to-all brings every rank its own rows for all heads. Backward
 // the same way, the replicated K/V heads' dK/dV (Hkv < u) summed at the token owner as in
-// alltoall.c. The sub-comms are split once per context and group size (ctxpar_grid).
+// alltoall.c. The sub-comms are split once per context and group size: the algorithm's state
+// (hyb_grid, the table's state hooks).
 #include <math.h>
 #include <stdlib.h>
 
 #include "a2a_parts.h"
 #include "ctxpar_count.h"
-#include "hybrid.h"
 #include "registry.h"
+#include "ring_plan.h"
 
 extern const ctxpar_algorithm ctxpar_ring_algorithm;
 
-int ctxpar_hybrid_valid_u(const ctxpar_problem *pb, int64_t u) {
+// Whether u ranks per group can run this problem: u divides P and Hq, Hkv divides by u or u by
+// Hkv, u <= CTXPAR_MAX_ULYSSES.
+static int valid_u(const ctxpar_problem *pb, int64_t u) {
     return u >= 1 && u <= CTXPAR_MAX_ULYSSES && pb->nranks % u == 0 && pb->heads_q % u == 0 &&
            (pb->heads_kv % u == 0 || u % pb->heads_kv == 0);
 }
 
-ctxpar_problem ctxpar_hybrid_group_problem(const ctxpar_problem *pb, int u) {
+// The problem of the all-to-all inside a group: rank pb->rank % u of u.
+static ctxpar_problem group_problem(const ctxpar_problem *pb, int u) {
     ctxpar_problem g = *pb;
     g.rank = pb->rank % u;
     g.nranks = u;
@@ -37,8 +41,12 @@ static int64_t member_count(const ctxpar_problem *pb, int u, int j) {
     return ctxpar_layout_count(pb->layout, pb->assignment, pb->seq_global, rank, pb->nranks);
 }
 
-ctxpar_problem ctxpar_hybrid_ring_problem(const ctxpar_problem *pb, int u) {
-    ctxpar_problem g = ctxpar_hybrid_group_problem(pb, u);
+// The problem one rank of the ring across groups solves: rank pb->rank / u of P / u, the
+// group's rows (its members' tokens, in member order; seq_max u x pb->seq_max on every rank),
+// this rank's share of the heads and of the sink logits. Its map (positions) and lse_lo are
+// NULL: a call sets them (the group rows' map, hyb_rows; the group rows' low part).
+static ctxpar_problem ring_problem(const ctxpar_problem *pb, int u) {
+    ctxpar_problem g = group_problem(pb, u);
     const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(&g);
     ctxpar_problem r = *pb;
     r.rank = pb->rank / u;
@@ -67,7 +75,7 @@ static double cost_u(const ctxpar_problem *pb, int u) {
     const int P = pb->nranks, r = P / u;
     if (P == 1) // nothing moves; the ring is the same computation without the splits
         return HUGE_VAL;
-    const ctxpar_problem g = ctxpar_hybrid_group_problem(pb, u);
+    const ctxpar_problem g = group_problem(pb, u);
     const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(&g);
     const double per_unit = (double)P / (double)(P - 1);
     const double a2a = 2.0 * 2.0 * (double)(pb->heads_q + h.hk * u) * (u - 1) / u * per_unit;
@@ -75,13 +83,15 @@ static double cost_u(const ctxpar_problem *pb, int u) {
     return a2a + ring;
 }
 
-int ctxpar_hybrid_ulysses(const ctxpar_problem *pb) {
+// The group size the hybrid uses: pb->ulysses if set (0 if not valid), else the valid u of the
+// lowest cost (ties: the smaller u).
+static int ulysses_of(const ctxpar_problem *pb) {
     if (pb->ulysses != 0)
-        return ctxpar_hybrid_valid_u(pb, pb->ulysses) ? (int)pb->ulysses : 0;
+        return valid_u(pb, pb->ulysses) ? (int)pb->ulysses : 0;
     int best = 0;
     double best_cost = 0.0;
     for (int u = 1; u <= CTXPAR_MAX_ULYSSES && u <= pb->nranks; u++) {
-        if (!ctxpar_hybrid_valid_u(pb, u))
+        if (!valid_u(pb, u))
             continue;
         const double c = cost_u(pb, u);
         if (!best || c < best_cost) {
@@ -101,7 +111,7 @@ static ctxpar_status hybrid_check(const ctxpar_problem *pb) {
                             "hybrid: params.ulysses (%lld) is above the largest group supported "
                             "(%d)",
                             (long long)pb->ulysses, CTXPAR_MAX_ULYSSES);
-    if (ctxpar_hybrid_ulysses(pb) == 0)
+    if (ulysses_of(pb) == 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "hybrid needs params.ulysses (%lld; 0 = any) to divide the ranks (%d) "
                             "and the q heads (%lld), and the k/v heads (%lld) to divide by it or "
@@ -114,12 +124,12 @@ static ctxpar_status hybrid_check(const ctxpar_problem *pb) {
 // Plus ½ so that it loses ties (it needs two sub-comms): with the all-to-all and the ring at
 // the ends of its range (u = P, u = 1) it is taken only where it moves strictly less.
 static double hybrid_cost(const ctxpar_problem *pb) {
-    return cost_u(pb, ctxpar_hybrid_ulysses(pb)) + 0.5;
+    return cost_u(pb, ulysses_of(pb)) + 0.5;
 }
 
 // The ring's blocks: a group's rows against a group's rows, this rank's heads.
 static void hybrid_blocks(const ctxpar_problem *pb, ctxpar_attn_query *q) {
-    const ctxpar_problem r = ctxpar_hybrid_ring_problem(pb, ctxpar_hybrid_ulysses(pb));
+    const ctxpar_problem r = ring_problem(pb, ulysses_of(pb));
     q->seq_q = q->seq_k = r.seq_max; // the same bound on every rank
     q->heads_q = r.heads_q;
     q->heads_kv = r.heads_kv;
@@ -127,25 +137,35 @@ static void hybrid_blocks(const ctxpar_problem *pb, ctxpar_attn_query *q) {
 
 /* ---------------------------------------------------------------- sub-comms */
 
-void ctxpar_grid_release(ctxpar_grid *grid) {
+// The 2-D grid of the run's comm, the hybrid's state kept between calls (run->state): `group`
+// joins the u consecutive ranks of an all-to-all group, `ring` the ranks of equal index across
+// groups.
+typedef struct hyb_grid {
+    int u;
+    ctxpar_comm *group, *ring;
+} hyb_grid;
+
+// Destroys the sub-comms (the state's release: the context's destroy).
+static void grid_release(void *state) {
+    hyb_grid *grid = state;
     ctxpar_comm_destroy(grid->group);
     ctxpar_comm_destroy(grid->ring);
     grid->group = grid->ring = NULL;
     grid->u = 0;
 }
 
-// The grid of run->comm for groups of u (split when the context has none of that size yet;
+// The grid of run->comm for groups of u (split when the state has none of that size yet;
 // collective, in the same order on every rank as the ranks agreed on u). They take the parent's
 // timeout at every call.
-static ctxpar_status get_grid(const ctxpar_run *run, ctxpar_grid *grid, int u) {
+static ctxpar_status get_grid(const ctxpar_run *run, hyb_grid *grid, int u) {
     if (grid->u != u || !grid->group || !grid->ring) {
-        ctxpar_grid_release(grid);
+        grid_release(grid);
         const int rk = run->comm->rank;
         ctxpar_status st = ctxpar_comm_split(run->comm, rk / u, rk % u, &grid->group);
         if (st == CTXPAR_OK)
             st = ctxpar_comm_split(run->comm, rk % u, rk / u, &grid->ring);
         if (st != CTXPAR_OK) {
-            ctxpar_grid_release(grid);
+            grid_release(grid);
             return st;
         }
         grid->u = u;
@@ -153,6 +173,15 @@ static ctxpar_status get_grid(const ctxpar_run *run, ctxpar_grid *grid, int u) {
     grid->group->timeout_s = run->comm->timeout_s;
     grid->ring->timeout_s = run->comm->timeout_s;
     return CTXPAR_OK;
+}
+
+// What get_grid splits, for a dry run's comm: the group (this rank's all-to-all group), then the
+// ring (one rank of each group).
+static int hybrid_splits(const ctxpar_problem *pb, ctxpar_split_shape out[CTXPAR_MAX_SPLITS]) {
+    const int u = ulysses_of(pb);
+    out[0] = (ctxpar_split_shape){pb->rank % u, u, 1};
+    out[1] = (ctxpar_split_shape){pb->rank / u, pb->nranks / u, 0};
+    return 2;
 }
 
 /* ---------------------------------------------------------------- workspace */
@@ -185,8 +214,8 @@ static void parts(const ctxpar_problem *pb, const ctxpar_heads_plan *h, int back
 }
 
 static size_t hyb_layout(const ctxpar_problem *pb, int u, int backward, char *base, hyb_ws *w) {
-    const ctxpar_problem g = ctxpar_hybrid_group_problem(pb, u);
-    const ctxpar_problem r = ctxpar_hybrid_ring_problem(pb, u);
+    const ctxpar_problem g = group_problem(pb, u);
+    const ctxpar_problem r = ring_problem(pb, u);
     const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(&g);
     ctxpar_seg in[7], back[3];
     int n_in;
@@ -218,13 +247,22 @@ static size_t hyb_layout(const ctxpar_problem *pb, int u, int backward, char *ba
 }
 
 static size_t hybrid_workspace_bytes(const ctxpar_problem *pb) {
-    const int u = ctxpar_hybrid_ulysses(pb);
+    const int u = ulysses_of(pb);
     hyb_ws w;
     size_t f = hyb_layout(pb, u, 0, NULL, &w), b = hyb_layout(pb, u, 1, NULL, &w);
     return f > b ? f : b;
 }
 
 /* ---------------------------------------------------------------- one call */
+
+// The ring's positions for groups of u (ctxpar_layout_map_group of a call's map) and the row of
+// its group's rows where each span of the call's map starts: made by each call, or once by a dry
+// run for every rank (hyb_dry).
+typedef struct hyb_rows {
+    int u;
+    ctxpar_layout_map ring_map;
+    int64_t *span_row; /* [spans of the call's map] */
+} hyb_rows;
 
 // One span of a member: its local rows [local, local + len) are the group's rows [row, ...).
 typedef struct hyb_piece {
@@ -234,11 +272,11 @@ typedef struct hyb_piece {
 // What a call needs: the grid, the two sub-problems and the two runs.
 typedef struct hyb_call {
     int u;
-    ctxpar_grid tmp; // when the run has no context's grid
-    ctxpar_grid *grid;
+    hyb_grid tmp; // when the run has no state
+    hyb_grid *grid;
     ctxpar_problem g, r;
-    ctxpar_hybrid_rows own_rows;    // when the run has none for this u
-    const ctxpar_hybrid_rows *rows; // r's positions (rows->ring_map) and the spans' rows
+    hyb_rows own_rows;    // when the run has none for this u
+    const hyb_rows *rows; // r's positions (rows->ring_map) and the spans' rows
     // Where the members' rows lie in the group's rows (in position order, ring_map): member j's
     // spans are pieces [pfirst[j], pfirst[j + 1]).
     hyb_piece *piece;
@@ -250,23 +288,55 @@ typedef struct hyb_call {
     hyb_ws w;
 } hyb_call;
 
-ctxpar_status ctxpar_hybrid_rows_make(const ctxpar_layout_map *m, int u, ctxpar_hybrid_rows *out) {
+static void rows_free(hyb_rows *rows) {
+    ctxpar_layout_map_free(&rows->ring_map);
+    free(rows->span_row);
+    rows->span_row = NULL;
+}
+
+static ctxpar_status rows_make(const ctxpar_layout_map *m, int u, hyb_rows *out) {
     const int64_t total = m->first[m->nranks];
-    *out = (ctxpar_hybrid_rows){
-        u, {0}, malloc(sizeof *out->span_row * (size_t)(total > 0 ? total : 1))};
+    *out = (hyb_rows){u, {0}, malloc(sizeof *out->span_row * (size_t)(total > 0 ? total : 1))};
     if (!out->span_row)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "hybrid: cannot allocate %lld spans",
                             (long long)total);
     ctxpar_status st = ctxpar_layout_map_group(m, u, &out->ring_map, out->span_row);
     if (st != CTXPAR_OK)
-        ctxpar_hybrid_rows_free(out);
+        rows_free(out);
     return st;
 }
 
-void ctxpar_hybrid_rows_free(ctxpar_hybrid_rows *rows) {
-    ctxpar_layout_map_free(&rows->ring_map);
-    free(rows->span_row);
-    rows->span_row = NULL;
+// What a dry run's calls share (run->dry): the group rows and the ring's plan over them.
+typedef struct hyb_dry {
+    hyb_rows rows;
+    ctxpar_ring_dry ring;
+} hyb_dry;
+
+static void hybrid_dry_free(void *dry) {
+    hyb_dry *d = dry;
+    if (!d)
+        return;
+    rows_free(&d->rows);
+    ctxpar_ring_dry_free(&d->ring);
+    free(d);
+}
+
+static ctxpar_status hybrid_dry_make(const ctxpar_problem *pb, void **dry_out) {
+    hyb_dry *d = calloc(1, sizeof *d);
+    if (!d)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "hybrid: no memory for a dry run's plan");
+    const int u = ulysses_of(pb);
+    ctxpar_problem rp = ring_problem(pb, u);
+    ctxpar_status st = rows_make(pb->map, u, &d->rows);
+    rp.map = &d->rows.ring_map;
+    if (st == CTXPAR_OK)
+        st = ctxpar_ring_dry_make(&rp, &d->ring);
+    if (st != CTXPAR_OK) {
+        hybrid_dry_free(d);
+        return st;
+    }
+    *dry_out = d;
+    return CTXPAR_OK;
 }
 
 // The ring's map (the run's, or made here) and this group's pieces.
@@ -278,9 +348,10 @@ static ctxpar_status group_rows(const ctxpar_run *run, const ctxpar_problem *pb,
     if (!c->piece)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "hybrid: cannot allocate %lld spans",
                             (long long)(hi - lo));
-    c->rows = run->hybrid_rows;
+    const hyb_dry *dry = run->dry;
+    c->rows = dry ? &dry->rows : NULL;
     if (!c->rows || c->rows->u != c->u) {
-        CTXPAR_CHECK(ctxpar_hybrid_rows_make(m, c->u, &c->own_rows));
+        CTXPAR_CHECK(rows_make(m, c->u, &c->own_rows));
         c->rows = &c->own_rows;
     }
     for (int j = 0; j < c->u; j++) {
@@ -297,13 +368,13 @@ static ctxpar_status group_rows(const ctxpar_run *run, const ctxpar_problem *pb,
 
 static ctxpar_status begin(const ctxpar_run *run, const ctxpar_problem *pb, int backward,
                            hyb_call *c) {
-    c->u = ctxpar_hybrid_ulysses(pb);
-    c->tmp = (ctxpar_grid){0, NULL, NULL};
-    c->grid = run->grid ? run->grid : &c->tmp;
-    c->g = ctxpar_hybrid_group_problem(pb, c->u);
-    c->r = ctxpar_hybrid_ring_problem(pb, c->u);
+    c->u = ulysses_of(pb);
+    c->tmp = (hyb_grid){0, NULL, NULL};
+    c->grid = run->state ? run->state : &c->tmp;
+    c->g = group_problem(pb, c->u);
+    c->r = ring_problem(pb, c->u);
     c->h = ctxpar_a2a_plan_heads(&c->g);
-    c->own_rows = (ctxpar_hybrid_rows){0, {0}, NULL};
+    c->own_rows = (hyb_rows){0, {0}, NULL};
     c->piece = NULL;
     CTXPAR_CHECK(get_grid(run, c->grid, c->u));
     c->sent0 = c->grid->group->bytes_sent + c->grid->ring->bytes_sent;
@@ -314,10 +385,14 @@ static ctxpar_status begin(const ctxpar_run *run, const ctxpar_problem *pb, int 
     parts(pb, &c->h, backward, in, &n_in, back);
     c->in_b = ctxpar_a2a_block_bytes(&c->g, in, n_in, pb->seq_max);
     c->back_b = ctxpar_a2a_block_bytes(&c->g, back, 3, pb->seq_max);
+    // The sub-runs are of other algorithms' pieces: no hybrid state; the ring's dry-run plan.
+    hyb_dry *dry = run->dry; // the ring's cache in it is written
     c->run_g = *run;
     c->run_g.comm = c->grid->group;
-    c->run_r = *run;
+    c->run_g.state = c->run_g.dry = NULL;
+    c->run_r = c->run_g;
     c->run_r.comm = c->grid->ring;
+    c->run_r.dry = dry ? &dry->ring : NULL;
     void *base = NULL;
     CTXPAR_CHECK(ctxpar_run_workspace(run, hyb_layout(pb, c->u, backward, NULL, &c->w), &base));
     (void)hyb_layout(pb, c->u, backward, base, &c->w);
@@ -334,11 +409,11 @@ static ctxpar_status end(const ctxpar_run *run, hyb_call *c, ctxpar_status st) {
     if (st != CTXPAR_OK && c->grid->group) {
         ctxpar_comm_abort(c->grid->group);
         ctxpar_comm_abort(c->grid->ring);
-        ctxpar_grid_release(c->grid);
+        grid_release(c->grid);
     }
     if (c->grid == &c->tmp)
-        ctxpar_grid_release(&c->tmp);
-    ctxpar_hybrid_rows_free(&c->own_rows);
+        grid_release(&c->tmp);
+    rows_free(&c->own_rows);
     free(c->piece);
     c->piece = NULL;
     return st;
@@ -484,4 +559,9 @@ const ctxpar_algorithm ctxpar_hybrid_algorithm = {
     .blocks = hybrid_blocks,
     .workspace_bytes = hybrid_workspace_bytes,
     .cost = hybrid_cost,
+    .state_bytes = sizeof(hyb_grid),
+    .state_release = grid_release,
+    .dry_make = hybrid_dry_make,
+    .dry_free = hybrid_dry_free,
+    .splits = hybrid_splits,
 };

@@ -5,6 +5,7 @@
 // travels only as far as some rank needs it (ring_plan.h): masked-out steps move no data.
 // Buffers come from the context's workspace; the budget per rank is in docs/algorithms.md.
 #include <math.h>
+#include <stdlib.h>
 
 #include "ctxpar_count.h"
 #include "registry.h"
@@ -321,6 +322,26 @@ static void ring_blocks(const ctxpar_problem *pb, ctxpar_attn_query *q) {
     q->seq_q = q->seq_k = pb->seq_max; // the same bound on every rank
 }
 
+// A dry run's plan for every rank (ring_plan.h).
+static ctxpar_status ring_dry_make(const ctxpar_problem *pb, void **dry_out) {
+    ctxpar_ring_dry *dry = malloc(sizeof *dry);
+    if (!dry)
+        return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "ring: no memory for a dry run's plan");
+    ctxpar_status st = ctxpar_ring_dry_make(pb, dry);
+    if (st != CTXPAR_OK) {
+        free(dry);
+        return st;
+    }
+    *dry_out = dry;
+    return CTXPAR_OK;
+}
+
+static void ring_dry_free(void *dry) {
+    if (dry)
+        ctxpar_ring_dry_free(dry);
+    free(dry);
+}
+
 static ctxpar_status any_problem(const ctxpar_problem *pb) {
     (void)pb;
     return CTXPAR_OK;
@@ -335,4 +356,6 @@ const ctxpar_algorithm ctxpar_ring_algorithm = {
     .blocks = ring_blocks,
     .workspace_bytes = ctxpar_ring_workspace_bytes,
     .cost = ring_cost,
+    .dry_make = ring_dry_make,
+    .dry_free = ring_dry_free,
 };

@@ -52,10 +52,27 @@ ctxpar_status ctxpar_ring_plan_make(const ctxpar_problem *pb, ctxpar_ring_plan *
     return CTXPAR_OK;
 }
 
+static ctxpar_status ring_seen_init(ctxpar_ring_seen *seen, int nranks);
+static void ring_seen_free(ctxpar_ring_seen *seen);
+
+ctxpar_status ctxpar_ring_dry_make(const ctxpar_problem *pb, ctxpar_ring_dry *dry) {
+    *dry = (ctxpar_ring_dry){{0, NULL, NULL, 0, NULL}, {-1, 0, NULL, NULL}};
+    CTXPAR_CHECK(ctxpar_ring_plan_make(pb, &dry->plan));
+    if (ring_seen_init(&dry->seen, pb->nranks) == CTXPAR_OK)
+        dry->plan.seen = &dry->seen;
+    return CTXPAR_OK;
+}
+
+void ctxpar_ring_dry_free(ctxpar_ring_dry *dry) {
+    ctxpar_ring_plan_free(&dry->plan);
+    ring_seen_free(&dry->seen);
+}
+
 ctxpar_status ctxpar_ring_plan_for(const ctxpar_run *run, const ctxpar_problem *pb,
                                    ctxpar_ring_plan *plan) {
-    if (run->ring_plan && run->ring_plan->nranks == pb->nranks) {
-        *plan = *run->ring_plan;
+    const ctxpar_ring_dry *dry = run->dry;
+    if (dry && dry->plan.nranks == pb->nranks) {
+        *plan = dry->plan;
         plan->borrowed = 1;
         return CTXPAR_OK;
     }
@@ -126,18 +143,19 @@ int ctxpar_ring_may_see(const ctxpar_ring_plan *plan, const ctxpar_problem *pb, 
     return c->row[j];
 }
 
-ctxpar_status ctxpar_ring_seen_init(ctxpar_ring_seen *seen, int nranks) {
+// A cache for rings of nranks ranks (no row yet).
+static ctxpar_status ring_seen_init(ctxpar_ring_seen *seen, int nranks) {
     seen->rank = -1;
     seen->nranks = nranks;
     seen->row = malloc((size_t)nranks);
     seen->work = malloc(sizeof *seen->work * (size_t)nranks);
     if (seen->row && seen->work)
         return CTXPAR_OK;
-    ctxpar_ring_seen_free(seen);
+    ring_seen_free(seen);
     return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "no memory for a ring cache of %d ranks", nranks);
 }
 
-void ctxpar_ring_seen_free(ctxpar_ring_seen *seen) {
+static void ring_seen_free(ctxpar_ring_seen *seen) {
     free(seen->row);
     free(seen->work);
     seen->row = NULL;

@@ -40,10 +40,6 @@ typedef struct ctxpar_ring_block_work {
     signed char live; /* -1: not accounted yet */
 } ctxpar_ring_block_work;
 
-/* A cache for rings of nranks ranks (no row yet); free with ctxpar_ring_seen_free. */
-ctxpar_status ctxpar_ring_seen_init(ctxpar_ring_seen *seen, int nranks);
-void ctxpar_ring_seen_free(ctxpar_ring_seen *seen);
-
 typedef struct ctxpar_ring_plan {
     int nranks;
     int *last; /* [P]: the last rank along block j's path that needs it (j itself if none) */
@@ -51,12 +47,23 @@ typedef struct ctxpar_ring_plan {
      * the sum goes around the ring; j itself when no other rank needs the block (the owner
      * then computes its own block after the ring, with no transfer). */
     int *sum_last;
-    int borrowed; /* the arrays belong to run->ring_plan: free leaves them */
-    ctxpar_ring_seen *seen; /* the dry run's (run->ring_plan), or NULL */
+    int borrowed; /* the arrays belong to the dry run's plan (run->dry): free leaves them */
+    ctxpar_ring_seen *seen; /* the dry run's (ctxpar_ring_dry), or NULL */
 } ctxpar_ring_plan;
 
-/* The run's plan (run->ring_plan, made once by a dry run for every rank) when it is for this
- * many ranks, else a new one (ctxpar_ring_plan_make). */
+/* What a dry run's ring calls share (run->dry of a ring call: the table's dry_make): the plan,
+ * made once for every rank, and its cache. */
+typedef struct ctxpar_ring_dry {
+    ctxpar_ring_plan plan;
+    ctxpar_ring_seen seen;
+} ctxpar_ring_dry;
+
+/* The plan and, when memory allows, its cache (else the ring classifies every block it holds). */
+ctxpar_status ctxpar_ring_dry_make(const ctxpar_problem *pb, ctxpar_ring_dry *dry);
+void ctxpar_ring_dry_free(ctxpar_ring_dry *dry);
+
+/* The dry run's plan (run->dry, a ctxpar_ring_dry) when it is for this many ranks, else a new
+ * one (ctxpar_ring_plan_make). */
 ctxpar_status ctxpar_ring_plan_for(const ctxpar_run *run, const ctxpar_problem *pb,
                                    ctxpar_ring_plan *plan_out);
 

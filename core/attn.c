@@ -7,12 +7,14 @@
 #include "dispatch.h"
 
 static ctxpar_run make_run(ctxpar_context *ctx, ctxpar_stream *stream) {
-    ctxpar_run run = {ctx->dev,   ctx->comm,
-                      stream,     ctx->options.verify_transfers,
-                      ctx->trace, ctx->trace_user,
-                      &ctx->work, &ctx->ws,
-                      &ctx->grid, NULL,
-                      NULL,       NULL};
+    ctxpar_run run = {.dev = ctx->dev,
+                      .comm = ctx->comm,
+                      .stream = stream,
+                      .verify_transfers = ctx->options.verify_transfers,
+                      .trace = ctx->trace,
+                      .trace_user = ctx->trace_user,
+                      .work = &ctx->work,
+                      .ws = &ctx->ws};
     return run;
 }
 
@@ -115,8 +117,8 @@ ctxpar_status ctxpar_attn_fwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     st = agree(ctx, CTXPAR_CALL_FWD, &p, &pb, algo_id(algo), st);
     if (st == CTXPAR_OK) {
         ctxpar_run run = make_run(ctx, stream);
-        st =
-            abort_on_failure(ctx, finish(ctx, stream, algo->forward(&run, &pb, q, k, v, out, lse)));
+        st = ctxpar_call_forward(algo, &ctx->states, &run, &pb, q, k, v, out, lse);
+        st = abort_on_failure(ctx, finish(ctx, stream, st));
     }
     ctxpar_layout_map_free(&map);
     return st;
@@ -155,9 +157,8 @@ ctxpar_status ctxpar_attn_bwd(ctxpar_context *ctx, const ctxpar_attn_params *par
     st = agree(ctx, CTXPAR_CALL_BWD, &p, &pb, algo_id(algo), st);
     if (st == CTXPAR_OK) {
         ctxpar_run run = make_run(ctx, stream);
-        st = algo->backward(&run, &pb, q, k, v, out, lse, dout, dq, dk, dv);
-        if (st == CTXPAR_OK && pb.dsinks) // after every gradient: written only on success
-            st = ctxpar_sinks_backward(&run, &pb, out, dout, lse);
+        st = ctxpar_call_backward(algo, &ctx->states, &run, &pb, q, k, v, out, lse, dout, dq, dk,
+                                  dv);
         st = abort_on_failure(ctx, finish(ctx, stream, st));
     }
     ctxpar_layout_map_free(&map);

@@ -39,7 +39,7 @@ void ctxpar_context_destroy(ctxpar_context *ctx) {
     if (!ctx)
         return;
     (void)ctxpar_workspace_release(&ctx->ws); // destroy has no caller to tell; release does
-    ctxpar_grid_release(&ctx->grid);
+    ctxpar_algo_states_release(&ctx->states);
     ctxpar_layout_map_free(&ctx->map);
     free(ctx);
 }

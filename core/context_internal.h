@@ -2,7 +2,7 @@
 #ifndef CTXPAR_CONTEXT_INTERNAL_H
 #define CTXPAR_CONTEXT_INTERNAL_H
 
-#include "algorithms.h"
+#include "registry.h"
 
 struct ctxpar_context {
     ctxpar_device *dev; /* borrowed */
@@ -11,8 +11,8 @@ struct ctxpar_context {
     ctxpar_trace_fn trace;
     void *trace_user;
     ctxpar_work_stats work;
-    ctxpar_workspace ws; /* the algorithms' buffers (algorithms.h) */
-    ctxpar_grid grid;    /* the hybrid's sub-comms of comm (algorithms.h) */
+    ctxpar_workspace ws;       /* the algorithms' buffers (algorithms.h) */
+    ctxpar_algo_states states; /* what the algorithms keep between calls (registry.h) */
     /* The last built-in layout's map (every rank's positions), kept between calls: it depends
      * only on (map_layout, seq_global, nranks). Empty (count NULL) until the first call. */
     ctxpar_layout_map map;

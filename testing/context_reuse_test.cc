@@ -14,6 +14,7 @@
 #include "ctxpar.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_local.h"
+#include "fault_comm.h"
 
 namespace {
 
@@ -24,6 +25,7 @@ struct Call {
     ctxpar_layout layout;
     int64_t seq; // global
     ctxpar_algo algo;
+    int64_t ulysses = 0; // the hybrid's group size (0: chosen)
 };
 
 // Odd tokens on rank 1, except a run of 3 on rank 0 (covers runs and single tokens).
@@ -75,6 +77,7 @@ void RunRank(ctxpar_context *ctx, int rank, const Call &call, std::vector<float>
     ctxpar_tensor tdq = make(dq), tdk = make(dk), tdv = make(dv);
     ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
     p.algo = call.algo;
+    p.ulysses = call.ulysses;
     p.layout = call.layout;
     p.mask = CTXPAR_MASK_CAUSAL;
     p.seq_len_global = call.seq;
@@ -87,26 +90,38 @@ void RunRank(ctxpar_context *ctx, int rank, const Call &call, std::vector<float>
         res->insert(res->end(), part->begin(), part->end());
 }
 
+// Each rank's local comm wrapped in a fault comm without a fault, which counts the sub-comms
+// split from it (fault_comm.h).
 struct Ranks {
     ctxpar_local_group *group = nullptr;
     ctxpar_device *dev[kRanks] = {};
+    ctxpar_comm *local[kRanks] = {};
     ctxpar_comm *comm[kRanks] = {};
     ctxpar_context *ctx[kRanks] = {};
     Ranks() {
         ctxpar_cpu_options o = CTXPAR_CPU_OPTIONS_INIT;
         o.num_threads = 1;
+        const cpt_fault none = {CPT_FAULT_NONE, -1, 0, 0.0, 0};
         EXPECT_EQ(ctxpar_local_group_create(kRanks, &group), CTXPAR_OK);
         for (int r = 0; r < kRanks; r++) {
             EXPECT_EQ(ctxpar_device_create_cpu(&o, &dev[r]), CTXPAR_OK);
-            EXPECT_EQ(ctxpar_comm_create_local(group, r, nullptr, &comm[r]), CTXPAR_OK);
-            EXPECT_EQ(ctxpar_comm_set_timeout(comm[r], 20.0), CTXPAR_OK);
+            EXPECT_EQ(ctxpar_comm_create_local(group, r, nullptr, &local[r]), CTXPAR_OK);
+            EXPECT_EQ(ctxpar_comm_set_timeout(local[r], 20.0), CTXPAR_OK);
+            EXPECT_EQ(cpt_comm_create_fault(local[r], &none, &comm[r]), CTXPAR_OK);
             EXPECT_EQ(ctxpar_context_create(dev[r], comm[r], nullptr, &ctx[r]), CTXPAR_OK);
         }
     }
-    ~Ranks() {
+    void DestroyContexts() {
         for (int r = 0; r < kRanks; r++) {
             ctxpar_context_destroy(ctx[r]);
+            ctx[r] = nullptr;
+        }
+    }
+    ~Ranks() {
+        DestroyContexts();
+        for (int r = 0; r < kRanks; r++) {
             ctxpar_comm_destroy(comm[r]);
+            ctxpar_comm_destroy(local[r]);
             ctxpar_device_destroy(dev[r]);
         }
         ctxpar_local_group_destroy(group);
@@ -157,6 +172,55 @@ TEST(ContextReuse, LayoutLengthAndAssignmentChangesGiveFreshContextsBits) {
         ASSERT_EQ(got.size(), want.size());
         EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
     }
+}
+
+// The hybrid keeps its sub-comms in its per-context state (the algorithm table's state hooks): a
+// context splits its comm once per group size, reuses the sub-comms across forward and backward
+// calls and calls of other algorithms, splits again when the group size changes, and destroys them
+// with the context. Every call gives fresh contexts' bits.
+TEST(ContextReuse, HybridSplitsOncePerGroupSizeAndDestroyReleases) {
+    struct Step {
+        Call call;
+        int splits; // each rank's sub-comms made so far: two (group, ring) per group size
+    };
+    const Step steps[] = {
+        {{CTXPAR_LAYOUT_ZIGZAG, 16, CTXPAR_ALGO_HYBRID, 2}, 2},
+        {{CTXPAR_LAYOUT_CONTIGUOUS, 13, CTXPAR_ALGO_HYBRID, 2}, 2},
+        {{CTXPAR_LAYOUT_CONTIGUOUS, 16, CTXPAR_ALGO_RING}, 2},
+        {{CTXPAR_LAYOUT_CUSTOM, 13, CTXPAR_ALGO_HYBRID, 2}, 2},
+        {{CTXPAR_LAYOUT_ZIGZAG, 16, CTXPAR_ALGO_HYBRID, 1}, 4},
+        {{CTXPAR_LAYOUT_STRIPED, 13, CTXPAR_ALGO_HYBRID, 1}, 4},
+        {{CTXPAR_LAYOUT_ZIGZAG, 16, CTXPAR_ALGO_HYBRID, 2}, 6},
+    };
+    Ranks reused;
+    for (const Step &s : steps) {
+        const Call &c = s.call;
+        SCOPED_TRACE(std::string(ctxpar_layout_name(c.layout)) + " seq " + std::to_string(c.seq) +
+                     " " + ctxpar_algo_name(c.algo) + " u " + std::to_string(c.ulysses));
+        std::vector<float> got, want;
+        ASSERT_EQ(reused.Run(c, &got), CTXPAR_OK) << ctxpar_last_error();
+        for (int r = 0; r < kRanks; r++) {
+            EXPECT_EQ(cpt_fault_splits(reused.comm[r]), s.splits) << "rank " << r;
+            EXPECT_EQ(cpt_fault_splits_live(reused.comm[r]), 2) << "rank " << r;
+        }
+        Ranks fresh;
+        ASSERT_EQ(fresh.Run(c, &want), CTXPAR_OK) << ctxpar_last_error();
+        ASSERT_EQ(got.size(), want.size());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    }
+    reused.DestroyContexts();
+    for (int r = 0; r < kRanks; r++)
+        EXPECT_EQ(cpt_fault_splits_live(reused.comm[r]), 0) << "rank " << r;
+}
+
+// A context that never ran the hybrid splits nothing.
+TEST(ContextReuse, NoStateWithoutTheHybrid) {
+    Ranks ranks;
+    std::vector<float> got;
+    ASSERT_EQ(ranks.Run({CTXPAR_LAYOUT_ZIGZAG, 16, CTXPAR_ALGO_RING}, &got), CTXPAR_OK)
+        << ctxpar_last_error();
+    for (int r = 0; r < kRanks; r++)
+        EXPECT_EQ(cpt_fault_splits(ranks.comm[r]), 0) << "rank " << r;
 }
 
 } // namespace

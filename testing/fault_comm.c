@@ -12,7 +12,9 @@ typedef struct fault_impl {
     cpt_fault fault;
     int transfers;
     int dead;
-    int owns_inner; // a split's wrapper destroys its inner comm
+    int owns_inner;   // a split's wrapper destroys its inner comm
+    int splits, live; // sub-comms made by split; those not destroyed yet
+    int *parent_live; // a split's wrapper: its parent's `live`
 } fault_impl;
 
 // A wrapped request: the inner one, and the corrupted copy that must outlive it.
@@ -161,6 +163,8 @@ static void fault_abort(ctxpar_comm *c) { ctxpar_comm_abort(inner_of(c)); }
 
 static void fault_destroy(ctxpar_comm *c) {
     fault_impl *f = impl_of(c);
+    if (f->parent_live)
+        (*f->parent_live)--;
     if (f->owns_inner)
         ctxpar_comm_destroy(f->inner);
     free(f);
@@ -184,9 +188,14 @@ static ctxpar_status fault_split(ctxpar_comm *c, int color, int key, ctxpar_comm
     cpt_fault fault = f->fault;
     fault.rank = c->rank == f->fault.rank ? sub->rank : -1;
     ctxpar_status st = wrap_comm(sub, &fault, 1, comm_out);
-    if (st != CTXPAR_OK)
+    if (st != CTXPAR_OK) {
         ctxpar_comm_destroy(sub);
-    return st;
+        return st;
+    }
+    impl_of(*comm_out)->parent_live = &f->live;
+    f->splits++;
+    f->live++;
+    return CTXPAR_OK;
 }
 
 static const struct ctxpar_comm_ops fault_ops = {
@@ -233,4 +242,12 @@ static ctxpar_status wrap_comm(ctxpar_comm *inner, const cpt_fault *fault, int o
 
 int cpt_fault_transfers(const ctxpar_comm *fault_comm) {
     return ((const fault_impl *)fault_comm->impl)->transfers;
+}
+
+int cpt_fault_splits(const ctxpar_comm *fault_comm) {
+    return ((const fault_impl *)fault_comm->impl)->splits;
+}
+
+int cpt_fault_splits_live(const ctxpar_comm *fault_comm) {
+    return ((const fault_impl *)fault_comm->impl)->live;
 }

@@ -10,7 +10,8 @@
  *            inner comm so peers learn at once (REMOTE) rather than by timing out (TIMEOUT).
  * Buffers must be host memory (the CORRUPT copy is made with memcpy).
  * split wraps the inner comm's sub-comm: the faulty rank's sub-comm has the same fault (at its
- * own n-th transfer); the other ranks' sub-comms forward every op.
+ * own n-th transfer); the other ranks' sub-comms forward every op. The wrapper counts its splits
+ * and its sub-comms still alive (a sub-comm must be destroyed before its parent).
  */
 #ifndef CPT_TESTING_FAULT_COMM_H
 #define CPT_TESTING_FAULT_COMM_H
@@ -44,6 +45,11 @@ ctxpar_status cpt_comm_create_fault(ctxpar_comm *inner, const cpt_fault *fault,
 
 /* Point-to-point transfers the wrapper has posted so far. */
 int cpt_fault_transfers(const ctxpar_comm *fault_comm);
+
+/* Sub-comms the wrapper's split has made so far, and how many of them are not destroyed yet (a
+ * sub-comm's own splits are its own). */
+int cpt_fault_splits(const ctxpar_comm *fault_comm);
+int cpt_fault_splits_live(const ctxpar_comm *fault_comm);
 
 #ifdef __cplusplus
 }

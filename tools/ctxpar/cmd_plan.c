@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "commands.h"
-#include "hybrid.h"
 #include "plan_docs.h"
 #include "plan_model.h"
 #include "plan_run.h"
@@ -298,8 +297,9 @@ static void explain(FILE *f, const plan_args *a, int json) {
             cpt_json_num(f, ok == CTXPAR_OK ? cost : NAN);
             fprintf(f, ",\"reason\":");
             cpt_json_string(f, why);
-            if (table[i]->id == CTXPAR_ALGO_HYBRID && ok == CTXPAR_OK)
-                fprintf(f, ",\"ulysses\":%d", ctxpar_hybrid_ulysses(&pb));
+            const int u = ok == CTXPAR_OK ? cpt_plan_group_size(table[i], &pb) : 0;
+            if (u > 0) // the algorithms that split their comm into all-to-all groups
+                fprintf(f, ",\"ulysses\":%d", u);
             fputc('}', f);
         } else if (ok == CTXPAR_OK) {
             fprintf(f, "  %-9s cost %10.2f%s\n", table[i]->name, cost,

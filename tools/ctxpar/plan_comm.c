@@ -6,6 +6,8 @@
 typedef struct plan_comm {
     int group_size, link;
     cpt_plan_traffic *t;
+    ctxpar_split_shape splits[CTXPAR_MAX_SPLITS];
+    int nsplits, next; // next: the splits made so far
 } plan_comm;
 
 static int link_of(ctxpar_comm *c, int peer) {
@@ -97,6 +99,24 @@ static void pc_destroy(ctxpar_comm *c) {
     free(c->impl);
 }
 
+// The next shape the algorithm described (color and key are the peers' business, and there are
+// none to meet).
+static ctxpar_status pc_split(ctxpar_comm *c, int color, int key, ctxpar_comm **comm_out) {
+    (void)key;
+    plan_comm *p = c->impl;
+    if (color < 0) {
+        *comm_out = NULL;
+        return CTXPAR_OK;
+    }
+    if (p->nsplits == 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "plan: the algorithm splits its comm but its table entry describes "
+                            "no splits");
+    const ctxpar_split_shape *s = &p->splits[p->next++ % p->nsplits];
+    return cpt_plan_comm_create(s->rank, s->size, 1, s->group ? CPT_LINK_GROUP : CPT_LINK_ACROSS,
+                                NULL, 0, p->t, comm_out);
+}
+
 static const struct ctxpar_comm_ops plan_comm_ops = {
     .version = CTXPAR_COMM_OPS_VERSION,
     .struct_size = sizeof(struct ctxpar_comm_ops),
@@ -110,13 +130,21 @@ static const struct ctxpar_comm_ops plan_comm_ops = {
     .cancel = pc_cancel,
     .allreduce_i64 = pc_allreduce,
     .barrier = pc_barrier,
+    .split = pc_split,
 };
 
 ctxpar_status cpt_plan_comm_create(int rank, int size, int group_size, int link,
+                                   const ctxpar_split_shape *splits, int nsplits,
                                    cpt_plan_traffic *traffic, ctxpar_comm **comm_out) {
+    if (nsplits < 0 || nsplits > CTXPAR_MAX_SPLITS)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "plan: %d splits (at most %d)", nsplits,
+                            CTXPAR_MAX_SPLITS);
     plan_comm *p = calloc(1, sizeof *p);
     if (!p)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "plan: no memory for a comm");
+    for (int i = 0; i < nsplits; i++)
+        p->splits[i] = splits[i];
+    p->nsplits = nsplits;
     p->group_size = group_size > 0 ? group_size : 1;
     p->link = link;
     p->t = traffic;

@@ -3,11 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hybrid.h"
 #include "plan_device.h"
 #include "plan_run.h"
 #include "registry.h"
-#include "ring_plan.h"
 #include "validate.h"
 
 // Never dereferenced: the planner's device only passes addresses around.
@@ -17,10 +15,7 @@ typedef struct plan_ctx {
     const cpt_plan_config *cfg;
     ctxpar_device *dev;
     ctxpar_workspace ws;
-    ctxpar_ring_plan ring_plan; // made once
-    int have_plan;
-    ctxpar_ring_seen seen;      // the ring's cache of which blocks a rank sees (ring_plan.h)
-    ctxpar_hybrid_rows rows;    // the hybrid's groups, made once
+    void *dry;                  // what every rank's calls share (the table's dry_make), made once
     ctxpar_count_cache *counts; // the blocks' counts of striped keys (algorithms.h)
     ctxpar_tensor q, k, v, out; // out: also dout
 } plan_ctx;
@@ -53,60 +48,57 @@ ctxpar_status cpt_plan_problem(const cpt_plan_config *cfg, ctxpar_problem *pb) {
                &c);
     cpt_plan_traffic none;
     ctxpar_comm *comm = NULL;
-    CTXPAR_CHECK(cpt_plan_comm_create(0, cfg->ranks, 1, 0, &none, &comm));
+    // It splits, as every comm a real run uses (local, MPI, NCCL) does.
+    CTXPAR_CHECK(cpt_plan_comm_create(0, cfg->ranks, 1, 0, NULL, 0, &none, &comm));
     ctxpar_status st = ctxpar_validate_problem(&p, comm, &c.q, &c.k, &c.v, pb);
     ctxpar_comm_destroy(comm);
-    pb->comm_splits = 1; // every comm a real run uses (local, MPI, NCCL) splits
     return st;
 }
 
-// One rank's calls: forward (with the coverage recorded when asked), then backward.
-static ctxpar_status run_rank(plan_ctx *c, const ctxpar_algorithm *algo, ctxpar_problem *pb, int u,
+int cpt_plan_group_size(const ctxpar_algorithm *algo, const ctxpar_problem *pb) {
+    ctxpar_split_shape shape[CTXPAR_MAX_SPLITS];
+    const int n = algo->splits ? algo->splits(pb, shape) : 0;
+    for (int i = 0; i < n; i++)
+        if (shape[i].group)
+            return shape[i].size;
+    return 0;
+}
+
+// One rank's calls, through the front door's call path with the rank's own states (as its
+// context keeps them): forward (with the coverage recorded when asked), then backward.
+static ctxpar_status run_rank(plan_ctx *c, const ctxpar_algorithm *algo, ctxpar_problem *pb,
                               cpt_plan_cover *cover, uint64_t copies, cpt_plan_rank *out) {
     const cpt_plan_config *cfg = c->cfg;
     memset(out, 0, sizeof *out);
+    ctxpar_split_shape splits[CTXPAR_MAX_SPLITS];
+    const int nsplits = algo->splits ? algo->splits(pb, splits) : 0;
     ctxpar_comm *comm = NULL;
-    ctxpar_grid grid = {0, NULL, NULL};
-    CTXPAR_CHECK(cpt_plan_comm_create(
-        pb->rank, pb->nranks, cfg->group_size > 0 ? cfg->group_size : 1, -1, &out->traffic, &comm));
-    ctxpar_status st = CTXPAR_OK;
-    if (u > 0) { // the hybrid's sub-comms, as its split would make them
-        st = cpt_plan_comm_create(pb->rank % u, u, 1, CPT_LINK_GROUP, &out->traffic, &grid.group);
-        if (st == CTXPAR_OK)
-            st = cpt_plan_comm_create(pb->rank / u, pb->nranks / u, 1, CPT_LINK_ACROSS,
-                                      &out->traffic, &grid.ring);
-        grid.u = u;
-    }
+    // The link classes of the algorithms that do not split (the others' groups are their own).
+    CTXPAR_CHECK(cpt_plan_comm_create(pb->rank, pb->nranks,
+                                      cfg->group_size > 0 ? cfg->group_size : 1, -1, splits,
+                                      nsplits, &out->traffic, &comm));
+    ctxpar_algo_states states = {NULL};
     ctxpar_work_stats work = {0, 0, 0.0};
-    ctxpar_run run = {c->dev,
-                      comm,
-                      NULL,
-                      0,
-                      NULL,
-                      NULL,
-                      &work,
-                      &c->ws,
-                      &grid,
-                      c->have_plan ? &c->ring_plan : NULL,
-                      u > 0 ? &c->rows : NULL,
-                      c->counts};
+    const ctxpar_run run = {.dev = c->dev,
+                            .comm = comm,
+                            .work = &work,
+                            .ws = &c->ws,
+                            .dry = c->dry,
+                            .counts = c->counts};
     // The tensors are never read: any non-NULL buffers of the right shapes.
     ctxpar_tensor out_t = c->out, dq = c->q, dk = c->k, dv = c->v;
     // Each rank's workspace from nothing, so that what it grows to is this rank's peak.
-    if (st == CTXPAR_OK)
-        st = ctxpar_workspace_release(&c->ws);
+    ctxpar_status st = ctxpar_workspace_release(&c->ws);
     if (st == CTXPAR_OK)
         st = cpt_plan_device_record(c->dev, cover, copies);
     if (st == CTXPAR_OK) {
-        st = algo->forward(&run, pb, &c->q, &c->k, &c->v, &out_t, NULL);
+        st = ctxpar_call_forward(algo, &states, &run, pb, &c->q, &c->k, &c->v, &out_t, NULL);
         (void)cpt_plan_device_record(c->dev, NULL, 0); // stopping flushes nothing: never fails
         out->flops_fwd = work.flops;
     }
     if (st == CTXPAR_OK && cfg->backward) {
-        st = algo->backward(&run, pb, &c->q, &c->k, &c->v, &out_t, FAKE_DATA, &c->out, &dq, &dk,
-                            &dv);
-        if (st == CTXPAR_OK && pb->dsinks) // as ctxpar_attn_bwd: the gradient's all-gather
-            st = ctxpar_sinks_backward(&run, pb, &out_t, &c->out, FAKE_DATA);
+        st = ctxpar_call_backward(algo, &states, &run, pb, &c->q, &c->k, &c->v, &out_t, FAKE_DATA,
+                                  &c->out, &dq, &dk, &dv);
         out->flops_bwd = work.flops - out->flops_fwd;
     }
     if (st == CTXPAR_OK)
@@ -116,7 +108,7 @@ static ctxpar_status run_rank(plan_ctx *c, const ctxpar_algorithm *algo, ctxpar_
     for (int l = 0; l < CPT_LINKS; l++)
         out->bytes_received += out->traffic.p2p_recv_bytes[l] + out->traffic.coll_recv_bytes[l];
     out->workspace_bytes = c->ws.bytes; // grown to this rank's largest call since its release
-    ctxpar_grid_release(&grid);
+    ctxpar_algo_states_release(&states);
     ctxpar_comm_destroy(comm);
     return st;
 }
@@ -164,7 +156,7 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
     }
     res->algo = algo->id;
     res->nranks = cfg->ranks;
-    const int u = algo->id == CTXPAR_ALGO_HYBRID ? ctxpar_hybrid_ulysses(&pb) : 0;
+    const int u = cpt_plan_group_size(algo, &pb);
     res->ulysses = u;
     res->rank = calloc((size_t)cfg->ranks, sizeof *res->rank);
     st = res->rank
@@ -176,27 +168,17 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
     cpt_plan_cover cover = {0, NULL, 0};
     if (st == CTXPAR_OK && cfg->coverage)
         st = cpt_plan_cover_init(&cover, cfg->seq);
-    // The ring's plan once (the hybrid's ring is over its groups).
-    if (st == CTXPAR_OK && (algo->id == CTXPAR_ALGO_RING || u > 0)) {
-        ctxpar_problem rp = pb;
-        if (u > 0) {
-            rp = ctxpar_hybrid_ring_problem(&pb, u);
-            st = ctxpar_hybrid_rows_make(&map, u, &c.rows);
-            rp.map = &c.rows.ring_map;
-        }
-        if (st == CTXPAR_OK)
-            st = ctxpar_ring_plan_make(&rp, &c.ring_plan);
-        c.have_plan = st == CTXPAR_OK;
-        if (c.have_plan && ctxpar_ring_seen_init(&c.seen, rp.nranks) == CTXPAR_OK)
-            c.ring_plan.seen = &c.seen; // else the ring classifies every block it holds
-    }
-    // A hybrid group's members run the same ring on the same rows with as many heads each and
-    // exchange blocks of one size (hybrid.c): the first member's counts stand for the others' and
-    // its blocks are recorded once for each (u times fewer ring steps), when share_members asks for
-    // it; by default every member runs, so that the coverage proof counts what each one computes
-    // (plan_test asserts both give the same plan and every member a real run's counts). Only
-    // the backward's workspace has a part sized by the member's own rows: the registry's size
-    // (the larger direction's) is what a member's calls acquire then.
+    // What every rank shares once (the ring's plan; the hybrid's group rows and its ring's plan).
+    if (st == CTXPAR_OK && algo->dry_make)
+        st = algo->dry_make(&pb, &c.dry);
+    // The members of an all-to-all group the algorithm splits (the hybrid's) run the same ring on
+    // the same rows with as many heads each and exchange blocks of one size (hybrid.c): the first
+    // member's counts stand for the others' and its blocks are recorded once for each (u times
+    // fewer ring steps), when share_members asks for it; by default every member runs, so that the
+    // coverage proof counts what each one computes (plan_test asserts both give the same plan and
+    // every member a real run's counts). Only the backward's workspace has a part sized by the
+    // member's own rows: the registry's size (the larger direction's) is what a member's calls
+    // acquire then.
     const int share = u > 1 && cfg->share_members;
     char stage[48]; // the ranks' loop is what takes the time, minutes over thousands of ranks
     snprintf(stage, sizeof stage, "dry run of %d ranks", cfg->ranks);
@@ -213,7 +195,7 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
             continue;
         }
         tensors_of(cfg, rpb.seq_local, &c);
-        st = run_rank(&c, algo, &rpb, u, cfg->coverage ? &cover : NULL, share ? (uint64_t)u : 1,
+        st = run_rank(&c, algo, &rpb, cfg->coverage ? &cover : NULL, share ? (uint64_t)u : 1,
                       &res->rank[r]);
     }
     if (st == CTXPAR_OK && cfg->coverage)
@@ -223,14 +205,12 @@ ctxpar_status cpt_plan_run(const cpt_plan_config *cfg, cpt_plan_result *res) {
     if (st == CTXPAR_OK)
         summarize(res);
     cpt_plan_cover_free(&cover);
-    if (c.have_plan)
-        ctxpar_ring_plan_free(&c.ring_plan);
+    if (c.dry)
+        algo->dry_free(c.dry);
     if (c.dev) {
         (void)ctxpar_workspace_release(&c.ws);
         ctxpar_device_destroy(c.dev);
     }
-    ctxpar_hybrid_rows_free(&c.rows);
-    ctxpar_ring_seen_free(&c.seen);
     ctxpar_count_cache_destroy(c.counts);
     ctxpar_layout_map_free(&map);
     res->seconds = ctxpar_now() - t0;

@@ -52,7 +52,7 @@ typedef struct cpt_plan_rank {
 
 typedef struct cpt_plan_result {
     ctxpar_algo algo;       /* what AUTO resolved to */
-    int ulysses;            /* the hybrid's group size (0 for the others) */
+    int ulysses;            /* its all-to-all group's size (the hybrid's; 0 for the others) */
     size_t workspace_bytes; /* the largest rank's */
     int nranks;
     cpt_plan_rank *rank; /* [ranks] */
@@ -69,6 +69,11 @@ typedef struct cpt_plan_result {
  * layout's (params.seq_len_global = seq). */
 struct ctxpar_problem;
 ctxpar_status cpt_plan_problem(const cpt_plan_config *cfg, struct ctxpar_problem *pb);
+
+/* The size of the all-to-all group `algo` splits its comm into for a problem its check accepts
+ * (ctxpar_algorithm.splits: the hybrid's u), or 0. */
+struct ctxpar_algorithm;
+int cpt_plan_group_size(const struct ctxpar_algorithm *algo, const struct ctxpar_problem *pb);
 
 /* Runs the dry run; INVALID_ARG / NOT_SUPPORTED (with the library's message) for a problem the
  * library would refuse. result->rank is allocated: cpt_plan_result_free. */

@@ -42,15 +42,14 @@ static ctxpar_status gather_kv(const ctxpar_run *run, const ctxpar_problem *pb, 
 static ctxpar_attn_block whole_block(const ctxpar_problem *pb, ctxpar_spans qs,
                                      const ctxpar_span *all, const ctxpar_tensor *q,
                                      void *kv_global) {
-    ctxpar_attn_block blk = {*q,
-                             ctxpar_packed_kv(kv_global, pb->dtype, pb, pb->seq_global, 0),
-                             ctxpar_packed_kv(kv_global, pb->dtype, pb, pb->seq_global, 1),
-                             qs,
-                             {all, 1},
-                             pb->mask,
-                             pb->scale,
-                             pb->softcap,
-                             NULL};
+    ctxpar_attn_block blk = {.q = *q,
+                             .k = ctxpar_packed_kv(kv_global, pb->dtype, pb, pb->seq_global, 0),
+                             .v = ctxpar_packed_kv(kv_global, pb->dtype, pb, pb->seq_global, 1),
+                             .q_pos = qs,
+                             .k_pos = {all, 1},
+                             .mask = pb->mask,
+                             .scale = pb->scale,
+                             .softcap = pb->softcap};
     return blk;
 }
 

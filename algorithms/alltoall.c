@@ -144,8 +144,14 @@ static ctxpar_status pack_tokens(const ctxpar_run *run, const ctxpar_problem *pb
 
 static ctxpar_attn_block whole(const ctxpar_problem *pb, const ctxpar_span *all,
                                const ctxpar_tensor *g) {
-    ctxpar_attn_block blk = {g[0],     g[1],      g[2],        {all, 1},   {all, 1},
-                             pb->mask, pb->scale, pb->softcap, NULL};
+    ctxpar_attn_block blk = {.q = g[0],
+                             .k = g[1],
+                             .v = g[2],
+                             .q_pos = {all, 1},
+                             .k_pos = {all, 1},
+                             .mask = pb->mask,
+                             .scale = pb->scale,
+                             .softcap = pb->softcap};
     return blk;
 }
 

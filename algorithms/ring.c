@@ -50,15 +50,14 @@ static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb,
     if (!ctxpar_ring_account(plan, run, pb, qp, j))
         return 0;
     const int64_t n = ctxpar_problem_count(pb, j);
-    ctxpar_attn_block b = {*q,
-                           ctxpar_packed_kv(kv, pb->dtype, pb, n, 0),
-                           ctxpar_packed_kv(kv, pb->dtype, pb, n, 1),
-                           qp,
-                           kp,
-                           pb->mask,
-                           pb->scale,
-                           pb->softcap,
-                           NULL};
+    ctxpar_attn_block b = {.q = *q,
+                           .k = ctxpar_packed_kv(kv, pb->dtype, pb, n, 0),
+                           .v = ctxpar_packed_kv(kv, pb->dtype, pb, n, 1),
+                           .q_pos = qp,
+                           .k_pos = kp,
+                           .mask = pb->mask,
+                           .scale = pb->scale,
+                           .softcap = pb->softcap};
     *blk = b;
     return 1;
 }
@@ -250,7 +249,15 @@ static ctxpar_status own_block_bwd(const ctxpar_run *run, const ctxpar_problem *
     CTXPAR_CHECK(ctxpar_dev_fill(run->dev, w->d[0], 0.0f, w->dkv_n, run->stream));
     if (!ctxpar_block_account(run, pb, qs, qs))
         return CTXPAR_OK;
-    ctxpar_attn_block blk = {*q, *k, *v, qs, qs, pb->mask, pb->scale, pb->softcap, pb->lse_lo};
+    ctxpar_attn_block blk = {.q = *q,
+                             .k = *k,
+                             .v = *v,
+                             .q_pos = qs,
+                             .k_pos = qs,
+                             .mask = pb->mask,
+                             .scale = pb->scale,
+                             .softcap = pb->softcap,
+                             .lse_lo = pb->lse_lo};
     float *acc = w->d[0];
     double t0 = ctxpar_now();
     CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc, acc,

@@ -226,9 +226,12 @@ typedef struct ctxpar_event ctxpar_event; /* defined by each backend */
  *   v    [B, Sk, Hkv, Dv] Dv may differ from D (MLA); out, dout and dV have Dv
  *   q_pos, k_pos          global positions of the Sq query rows and the Sk key rows
  * Zero-initialise it ({0}) before setting fields: optional fields are added at the end, NULL or
- * 0 meaning "none".
+ * 0 meaning "none". The dispatch sets struct_size on every block it hands a backend: a backend
+ * built against a later header reads a field this library may not know of only where
+ * CTXPAR_BLOCK_HAS says the block holds it.
  */
 typedef struct ctxpar_attn_block {
+    size_t struct_size; /* sizeof(ctxpar_attn_block) as the library that made it was compiled */
     ctxpar_tensor q, k, v;
     ctxpar_spans q_pos, k_pos;
     ctxpar_mask_desc mask;
@@ -242,6 +245,11 @@ typedef struct ctxpar_attn_block {
      * that does not keep it leaves it as it is: the algorithms fill it with 0 first. */
     float *lse_lo;
 } ctxpar_attn_block;
+
+/* Whether a block (from the dispatch) holds `member`: fields added after a library was built are
+ * past its struct_size. */
+#define CTXPAR_BLOCK_HAS(blk, member)                                                             \
+    ((blk)->struct_size >= offsetof(ctxpar_attn_block, member) + sizeof((blk)->member))
 
 /* A problem as a device is asked about it (attn_supported): the blocks the algorithm will pass
  * have at most seq_q query rows and seq_k key rows, heads_q / heads_kv heads (Hq % Hkv == 0),

@@ -792,6 +792,49 @@ TEST(DeviceTable, FreeStatusOfVersion1And2Tables) {
     }
 }
 
+// A backend learns from struct_size which fields of a block it may read: the dispatch sets it on
+// every block, whatever the caller left there.
+size_t g_fwd_size = 0, g_bwd_size = 0;
+ctxpar_status FwdSpy(ctxpar_device *, const ctxpar_attn_block *blk, float *, float *, int,
+                     ctxpar_stream *) {
+    g_fwd_size = blk->struct_size;
+    return CTXPAR_OK;
+}
+ctxpar_status BwdSpy(ctxpar_device *, const ctxpar_attn_block *blk, const ctxpar_tensor *,
+                     const float *, const float *, float *, float *, float *, ctxpar_stream *) {
+    g_bwd_size = blk->struct_size;
+    return CTXPAR_OK;
+}
+
+TEST(DeviceTable, BlocksReachTheBackendWithTheirSize) {
+    struct ctxpar_device_ops ops = FullDeviceTable();
+    ops.attn_block_fwd = FwdSpy;
+    ops.attn_block_bwd = BwdSpy;
+    ctxpar_device *dev = nullptr;
+    ASSERT_EQ(ctxpar_device_create(&ops, nullptr, 1, &dev), CTXPAR_OK) << ctxpar_last_error();
+    float x[4 * 2 * 8] = {0}, acc[4 * 2 * 8], lse[4 * 2] = {0}, delta[4 * 2] = {0};
+    const ctxpar_span pos = {0, 4, 1};
+    ctxpar_attn_block blk = {};
+    blk.struct_size = 12345; // the caller's value is not what the backend sees
+    blk.q = blk.k = blk.v = ctxpar_tensor_bshd(x, CTXPAR_DTYPE_F32, 1, 4, 2, 8);
+    blk.q_pos = blk.k_pos = {&pos, 1};
+    blk.scale = 1.0f;
+    ASSERT_EQ(ctxpar_dev_attn_block_fwd(dev, &blk, acc, lse, 0, nullptr), CTXPAR_OK)
+        << ctxpar_last_error();
+    EXPECT_EQ(g_fwd_size, sizeof(ctxpar_attn_block));
+    EXPECT_TRUE(CTXPAR_BLOCK_HAS(&blk, scale)) << "the caller's 12345 covers every field";
+    const ctxpar_tensor dout = blk.q;
+    ASSERT_EQ(ctxpar_dev_attn_block_bwd(dev, &blk, &dout, lse, delta, acc, acc, acc, nullptr),
+              CTXPAR_OK)
+        << ctxpar_last_error();
+    EXPECT_EQ(g_bwd_size, sizeof(ctxpar_attn_block));
+    // A block from a library older than a field does not hold it.
+    blk.struct_size = offsetof(ctxpar_attn_block, lse_lo);
+    EXPECT_FALSE(CTXPAR_BLOCK_HAS(&blk, lse_lo));
+    EXPECT_TRUE(CTXPAR_BLOCK_HAS(&blk, softcap));
+    ctxpar_device_destroy(dev);
+}
+
 TEST(DeviceTable, AcceptsACompleteTableAndNamesEachMissingOp) {
     struct ctxpar_device_ops ops = FullDeviceTable();
     ctxpar_device *dev = nullptr;

@@ -626,7 +626,13 @@ void Block(ctxpar_device *dev, ctxpar_span q, ctxpar_span k) {
         ctxpar_tensor_bshd(reinterpret_cast<void *>(4096), CTXPAR_DTYPE_F32, 1, q.len, 2, 8);
     ctxpar_tensor tk =
         ctxpar_tensor_bshd(reinterpret_cast<void *>(4096), CTXPAR_DTYPE_F32, 1, k.len, 2, 8);
-    ctxpar_attn_block blk = {t, tk, tk, {&q, 1}, {&k, 1}, mask, 1.0f, 0.0f, nullptr};
+    ctxpar_attn_block blk = {};
+    blk.q = t;
+    blk.k = blk.v = tk;
+    blk.q_pos = {&q, 1};
+    blk.k_pos = {&k, 1};
+    blk.mask = mask;
+    blk.scale = 1.0f;
     float *acc = reinterpret_cast<float *>(8192); // never touched by the planner's device
     ASSERT_EQ(ctxpar_dev_attn_block_fwd(dev, &blk, acc, acc, 0, nullptr), CTXPAR_OK);
 }

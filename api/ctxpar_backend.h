@@ -203,7 +203,9 @@ static inline void ctxpar_spans_range(ctxpar_spans s, int64_t *min_out, int64_t 
 
 /* ================================================================ device */
 
-#define CTXPAR_DEVICE_OPS_VERSION 2u
+/* 3: blocks carry struct_size (ctxpar_attn_block); a table of an earlier version was built
+ * against the earlier block layout and is refused. */
+#define CTXPAR_DEVICE_OPS_VERSION 3u
 
 typedef enum ctxpar_mem_kind {
     CTXPAR_MEM_DEVICE = 0, /* where the device computes (host memory for the CPU backend) */
@@ -287,8 +289,7 @@ struct ctxpar_device_ops {
                            void **ptr_out);
     /* Releases a block alloc returned, stream-ordered (after work already enqueued that may use
      * it). Returns what the release reported (a fault of the device surfacing here included): the
-     * dispatch merges it into the result of the call that freed. Version 1 tables, whose free
-     * returned void, are still accepted: their frees count as OK. */
+     * dispatch merges it into the result of the call that freed. */
     ctxpar_status (*free)(struct ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind);
     ctxpar_status (*copy)(struct ctxpar_device *dev, void *dst, const void *src, size_t bytes,
                           ctxpar_copy_kind kind, ctxpar_stream *stream);

@@ -52,9 +52,10 @@ ctxpar_status ctxpar_device_create(const DEV_OPS *ops, void *impl, int host_memo
     if (!ops || !device_out)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ops (%p) and device_out (%p) must be set",
                             (const void *)ops, (void *)device_out);
-    if (ops->version < 1 || ops->version > CTXPAR_DEVICE_OPS_VERSION)
+    if (ops->version != CTXPAR_DEVICE_OPS_VERSION)
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
-                            "device ops version %u is not supported (this library knows 1..%u)",
+                            "device ops version %u is not supported (this library knows %u; "
+                            "rebuild the backend against its ctxpar_backend.h)",
                             ops->version, CTXPAR_DEVICE_OPS_VERSION);
     const char *name = ops->name ? ops->name : "(unnamed)";
 #define CHECK_REQUIRED(member)                                                                    \
@@ -115,14 +116,7 @@ static ctxpar_status remember(ctxpar_device *dev, void *ptr, size_t bytes, ctxpa
     return CTXPAR_OK;
 }
 
-// The backend's free and its status (version 1 tables declared free as returning void; the cast
-// through a generic function pointer calls it as declared).
-typedef void (*ctxpar_free_v1)(struct ctxpar_device *, void *, ctxpar_mem_kind);
 static ctxpar_status backend_free(ctxpar_device *dev, void *ptr, ctxpar_mem_kind kind) {
-    if (dev->ops->version < 2) {
-        ((ctxpar_free_v1)(void (*)(void))dev->ops->free)(dev, ptr, kind);
-        return CTXPAR_OK;
-    }
     return dev->ops->free(dev, ptr, kind);
 }
 

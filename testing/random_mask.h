@@ -75,10 +75,61 @@ inline ctxpar_mask_desc RandomMask(std::mt19937 &rng, int64_t max_s, int64_t *S,
     return RandomMask(rng, *S, DocsDraw{2, 6, 2}, cu);
 }
 
-// Moves span k, or else span q (lengths and strides kept), so that a corner pair of the block
-// sits on a limit of the mask or one past it, where a tile's FULL or SKIP claim is decided: the
-// edges random spans seldom hit. Leaves both as they are where neither move fits in [0, S) (or
-// the mask has no edge): returns whether it moved one.
+// Span s (its stride kept, shortened where it is too long) at a random place inside [lo, hi],
+// with its last row at `last`, or with its first row at `first`.
+inline void PlaceInside(std::mt19937 &rng, int64_t lo, int64_t hi, ctxpar_span *s) {
+    s->len = std::min(s->len, (hi - lo) / s->stride + 1);
+    const int64_t ext = (s->len - 1) * s->stride;
+    s->start = lo + static_cast<int64_t>(rng() % static_cast<uint32_t>(hi - ext - lo + 1));
+}
+inline void EndAt(int64_t last, int64_t lo, ctxpar_span *s) {
+    s->len = std::min(s->len, (last - lo) / s->stride + 1);
+    s->start = last - (s->len - 1) * s->stride;
+}
+inline void StartAt(int64_t first, int64_t hi, ctxpar_span *s) {
+    s->len = std::min(s->len, (hi - first) / s->stride + 1);
+    s->start = first;
+}
+
+// With documents: one span (q or k) ends on a boundary or starts on it, or crosses it by one
+// row. Three times in four both spans are then cut to the documents beside the boundary (the
+// other inside the one on that side): the pairs that decide whether a tile is FULL; else the
+// span keeps its rows in other documents. False where the mask has no boundary inside (0, S).
+inline bool ShiftToADocumentEdge(std::mt19937 &rng, int64_t S, const ctxpar_mask_desc &m,
+                                 ctxpar_span *q, ctxpar_span *k) {
+    std::vector<int64_t> inner; // boundaries with positions on both sides
+    for (int64_t d = 1; m.cu_seqlens && d < m.num_docs; d++)
+        if (m.cu_seqlens[d] > 0 && m.cu_seqlens[d] < S)
+            inner.push_back(m.cu_seqlens[d]);
+    if (inner.empty())
+        return false;
+    const int64_t c = inner[rng() % inner.size()];
+    int64_t lo = 0, hi = S - 1; // the documents of positions c - 1 and c: [lo, c), [c, hi]
+    for (int64_t d = 0; d <= m.num_docs; d++) {
+        const int64_t b = m.cu_seqlens[d];
+        lo = b < c ? std::max(lo, b) : lo;
+        hi = b > c ? std::min(hi, b - 1) : hi;
+    }
+    const bool move_k = rng() % 2, before = rng() % 2, tight = rng() % 4 != 0;
+    const int64_t off = static_cast<int64_t>(rng() % 2); // on the boundary, or one row across
+    ctxpar_span *edge = move_k ? k : q, *inside = move_k ? q : k;
+    if (before) { // its last row at c - 1, or at c (across)
+        EndAt(c - 1 + off, tight ? lo : 0, edge);
+        if (tight)
+            PlaceInside(rng, lo, c - 1, inside);
+    } else { // its first row at c, or at c - 1 (across)
+        StartAt(c - off, tight ? hi : S - 1, edge);
+        if (tight)
+            PlaceInside(rng, c, hi, inside);
+    }
+    return true;
+}
+
+// Moves the spans so that a corner pair of the block sits on a limit of the mask or one past
+// it, where a tile's FULL or SKIP claim is decided: the edges random spans seldom hit. With
+// documents a document's edge (ShiftToADocumentEdge); else, or where that fits nowhere, a causal
+// or window limit: span k moved, or else span q (lengths and strides kept). Leaves both as they
+// are where no move fits in [0, S) or the mask has no limit: returns whether it moved one.
 inline bool ShiftToAnEdge(std::mt19937 &rng, int64_t S, const ctxpar_mask_desc &m, ctxpar_span *q,
                           ctxpar_span *k) {
     const int64_t qmin = q->start, qmax = q->start + (q->len - 1) * q->stride;
@@ -97,10 +148,8 @@ inline bool ShiftToAnEdge(std::mt19937 &rng, int64_t S, const ctxpar_mask_desc &
         kmin.push_back(qmin + m.window_right + off - kext); // kmax - qmin = R (R + 1)
         kmin.push_back(qmax + m.window_right + off);        // kmin - qmax = R (R + 1)
     }
-    for (int64_t d = 1; m.cu_seqlens && d < m.num_docs; d++) { // a boundary inside k
-        kmin.push_back(m.cu_seqlens[d] - off);
-        kmin.push_back(m.cu_seqlens[d] - off - kext);
-    }
+    if (m.cu_seqlens && ShiftToADocumentEdge(rng, S, m, q, k))
+        return true;
     // From a random candidate on, the first that fits: k moved, or else q the other way (with
     // documents only k, whose boundaries do not move with q).
     const size_t first = kmin.empty() ? 0 : rng() % kmin.size();

@@ -1,7 +1,9 @@
-// cuda_ops_test: every op of the CUDA device against the float64 oracle (reference/oracle.h) and
-// against the CPU device (backends/cpu, an independent implementation run on the same inputs),
-// plus the properties the algorithms rely on: fully masked rows, merge algebra, determinism,
-// a row's bits independent of the other rows, streams and events, error reporting.
+// cuda_ops_test: what only the CUDA device has, against the float64 oracle (reference/oracle.h)
+// and against the CPU device (backends/cpu, an independent implementation run on the same
+// inputs): cuDNN, long spans, casts and merges bit for bit as the CPU's, its checksum, streams,
+// memory pools and options. The ops and contracts every device shares (fully masked rows, merge
+// algebra, determinism, a row's bits independent of the other rows, non-finite values) are the
+// device conformance suite's (device_conformance.cc: its cuda and cuda_native factories).
 //
 // Without a GPU every test is skipped, visibly ("skipped: no CUDA device"), except the one that
 // checks the constructor's error for that case.
@@ -31,7 +33,6 @@ TEST(CudaOps, NotBuilt) {
 #include <cstring>
 #include <memory>
 #include <thread>
-#include <ostream>
 #include <vector>
 
 #include "dispatch.h"
@@ -44,7 +45,6 @@ TEST(CudaOps, NotBuilt) {
 #endif
 #include "reference/data.h"
 #include "testing/device_conformance.h"
-#include "testing/expect_nonfinite.h"
 #include "reference/metrics.h"
 #include "reference/oracle.h"
 #include "reference/tolerance.h"
@@ -371,250 +371,6 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Cudnn,
                                     std::to_string(4 / i.param.hkv) +
                                     (i.param.causal ? "_causal" : "_full");
                          });
-
-// ---------------------------------------------------------------- non-finite values
-
-// A NaN or an infinity in Q, K, V or dO reaches exactly the outputs the float64 oracle says, on
-// every kernel path: the F32 SIMT forward, the 16-bit SIMT forward (head_dim % 8 != 0), the
-// tensor-core forward (key tiles of 64 and of 32) and the backward. A value in a row that a pair
-// does not see (the causal future, another document, outside the window) must not reach that
-// pair, wherever the tiles cut the mask: the masked-value cases of nonfinite_test.cc on one block.
-enum NfWhich { kNfQ, kNfK, kNfV, kNfDout };
-
-struct NfCase {
-    const char *name;
-    NfWhich which;
-    int64_t pos, head, dim; // global position of the row, head of that tensor, element
-    float value;
-    int causal;
-    int64_t window;
-    bool docs;
-    bool striped; // queries at the odd positions only, so every tile is cut by the mask
-};
-
-const std::vector<int32_t> kNfDocs = {0, 45, 110, 200}; // documents of a sequence of 200
-
-const NfCase kNfCases[] = {
-    // Every row of the K/V head's query heads sees key 70.
-    {"nan_k_visible", kNfK, 70, 0, 3, NAN, 0, 0, false, false},
-    // Only rows >= 70 see key 70: the rows before it, in the same tiles, must stay finite.
-    {"nan_k_causal_future", kNfK, 70, 1, 0, NAN, 1, 0, false, false},
-    // A masked V value: 0 x NaN or 0 x inf in P V would leak.
-    {"nan_v_causal_future", kNfV, 27, 0, 5, NAN, 1, 0, false, true},
-    {"inf_v_causal_future", kNfV, 100, 1, 2, INFINITY, 1, 0, false, false},
-    // Key 60 lies in document 1 (45..109): documents 0 and 2 must not see it.
-    {"nan_k_other_document", kNfK, 60, 0, 7, NAN, 0, 0, true, false},
-    {"nan_v_other_document_causal", kNfV, 50, 1, 1, NAN, 1, 0, true, true},
-    // Causal window 5: key 80 is seen by rows 80..84 only. Window 4 alone: by rows <= 133.
-    {"nan_v_window", kNfV, 80, 0, 4, NAN, 1, 5, false, false},
-    {"nan_k_window_no_causal", kNfK, 130, 1, 9, NAN, 0, 4, false, true},
-    {"neg_inf_v_visible", kNfV, 4, 1, 0, -INFINITY, 0, 0, false, false},
-    // A NaN query row: that row, and in the backward the keys it sees.
-    {"nan_q_causal", kNfQ, 151, 3, 7, NAN, 1, 0, false, true},
-    // NaN in dO: the forward is finite; dq of the row and dk, dv of the keys it sees are NaN.
-    {"nan_dout_causal", kNfDout, 6, 0, 0, NAN, 1, 0, false, false},
-    {"nan_dout_docs", kNfDout, 51, 2, 3, NAN, 0, 0, true, true},
-};
-
-struct NfPath {
-    const char *name;
-    ctxpar_dtype dtype;
-    int64_t d;
-};
-
-// The forward path each takes (the backward is one SIMT kernel for every dtype).
-const NfPath kNfPaths[] = {
-    {"f32_d64", CTXPAR_DTYPE_F32, 64},   // SIMT
-    {"bf16_d36", CTXPAR_DTYPE_BF16, 36}, // SIMT: head_dim % 8 != 0
-    {"bf16_d64", CTXPAR_DTYPE_BF16, 64}, // tensor cores, key tiles of 64
-    {"f16_d128", CTXPAR_DTYPE_F16, 128}, // tensor cores, key tiles of 64
-    {"f16_d256", CTXPAR_DTYPE_F16, 256}, // tensor cores, key tiles of 32
-};
-
-struct NfParam {
-    NfCase sc;
-    NfPath path;
-};
-
-// Named in test output; without this GoogleTest prints the struct's bytes, padding included.
-void PrintTo(const NfParam &prm, std::ostream *os) {
-    *os << prm.sc.name << " on " << prm.path.name;
-}
-
-// Writes the case's value into p's tensor (last batch) at the row of its position, if p has
-// that row; returns how many elements it wrote.
-int NfPlace(Problem *p, const NfCase &sc) {
-    const bool q_side = sc.which == kNfQ || sc.which == kNfDout;
-    HostTensor *t = sc.which == kNfQ   ? p->q.get()
-                    : sc.which == kNfK ? p->k.get()
-                    : sc.which == kNfV ? p->v.get()
-                                       : p->dout.get();
-    const std::vector<int64_t> &pos = q_side ? p->qpos : p->kpos;
-    int placed = 0;
-    for (size_t i = 0; i < pos.size(); i++) {
-        if (pos[i] != sc.pos)
-            continue;
-        const int64_t off = (p->B - 1) * t->t.stride[0] + (int64_t)i * t->t.stride[1] +
-                            sc.head * t->t.stride[2] + sc.dim;
-        if (p->dtype == CTXPAR_DTYPE_F32)
-            ((float *)t->t.data)[off] = sc.value;
-        else
-            ((uint16_t *)t->t.data)[off] = p->dtype == CTXPAR_DTYPE_F16
-                                               ? ctxpar_f32_to_f16(sc.value)
-                                               : ctxpar_f32_to_bf16(sc.value);
-        placed++;
-    }
-    return placed;
-}
-
-Problem NfProblem(const NfParam &prm) {
-    Problem p;
-    p.B = 2;
-    p.Hq = 4;
-    p.Hkv = 2;
-    p.D = prm.path.d;
-    p.dtype = prm.path.dtype;
-    p.seq_global = 200;
-    p.qs = prm.sc.striped ? std::vector<ctxpar_span>{{1, 100, 2}}
-                          : std::vector<ctxpar_span>{{0, 200, 1}};
-    p.ks = {{0, 200, 1}};
-    p.causal = prm.sc.causal;
-    p.window = prm.sc.window;
-    if (prm.sc.docs)
-        p.cu = kNfDocs;
-    p.Make();
-    EXPECT_EQ(NfPlace(&p, prm.sc), 1) << "position " << prm.sc.pos << " is not a row";
-    return p;
-}
-
-// The case means something: some of the reference values are non-finite and some are finite.
-void ExpectSomeNonFinite(const std::vector<const std::vector<double> *> &refs) {
-    size_t bad = 0, total = 0;
-    for (const std::vector<double> *r : refs) {
-        for (double x : *r)
-            bad += !std::isfinite(x);
-        total += r->size();
-    }
-    EXPECT_GT(bad, 0u) << "the oracle is finite: the case tests nothing";
-    EXPECT_LT(bad, total) << "the oracle is all non-finite: the case tests nothing";
-}
-
-std::string NfName(const ::testing::TestParamInfo<NfParam> &info) {
-    return std::string(info.param.sc.name) + "_" + info.param.path.name;
-}
-
-std::vector<NfParam> NfParams(bool with_dout) {
-    std::vector<NfParam> v;
-    for (const NfCase &sc : kNfCases)
-        if (with_dout || sc.which != kNfDout)
-            for (const NfPath &path : kNfPaths)
-                v.push_back({sc, path});
-    return v;
-}
-
-class NonFiniteFwd : public GpuP<NfParam> {};
-
-// The block forward, and the same keys in two halves with the second merged onto the first (the
-// ring's way: a NaN lse must survive the merge).
-TEST_P(NonFiniteFwd, PropagatesAsTheOracleSays) {
-    const NfParam &prm = GetParam();
-    Problem p = NfProblem(prm);
-    std::vector<double> ref_out, ref_lse;
-    p.OracleFwd(&ref_out, &ref_lse);
-    ExpectSomeNonFinite({&ref_out, &ref_lse});
-    const double tol = OutTol(p.dtype, p.D);
-    Device d(true);
-    ASSERT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
-    FwdResult r = RunFwd(&d, p);
-    ExpectSameNonFinite(r.out, ref_out, tol, "out");
-    ExpectSameNonFinite(r.lse, ref_lse, kTolF32, "lse");
-
-    Problem a = Part(p, 0, 100), b = Part(p, 100, 100);
-    EXPECT_EQ(NfPlace(&a, prm.sc) + NfPlace(&b, prm.sc),
-              prm.sc.which == kNfK || prm.sc.which == kNfV ? 1 : 2);
-    FwdResult first = RunFwd(&d, a);
-    FwdResult merged = RunFwd(&d, b, 1, &first);
-    ExpectSameNonFinite(merged.out, ref_out, tol, "merged out");
-    ExpectSameNonFinite(merged.lse, ref_lse, kTolF32, "merged lse");
-}
-
-INSTANTIATE_TEST_SUITE_P(Cases, NonFiniteFwd, ::testing::ValuesIn(NfParams(false)), NfName);
-
-class NonFiniteBwd : public GpuP<NfParam> {};
-
-// The block backward from the oracle's out and lse (NaN rows included).
-TEST_P(NonFiniteBwd, PropagatesAsTheOracleSays) {
-    Problem p = NfProblem(GetParam());
-    std::vector<double> ref_out, ref_lse, dq, dk, dv;
-    p.OracleFwd(&ref_out, &ref_lse);
-    p.OracleBwd(&dq, &dk, &dv);
-    ExpectSomeNonFinite({&dq, &dk, &dv});
-    Device d(true);
-    ASSERT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
-    BwdResult r = RunBwd(&d, p, ref_out, ref_lse);
-    ExpectSameNonFinite(r.dq, dq, kTolF32, "dq");
-    ExpectSameNonFinite(r.dk, dk, kTolF32, "dk");
-    ExpectSameNonFinite(r.dv, dv, kTolF32, "dv");
-}
-
-INSTANTIATE_TEST_SUITE_P(Cases, NonFiniteBwd, ::testing::ValuesIn(NfParams(true)), NfName);
-
-// ---------------------------------------------------------------- bitwise properties
-
-// A query row's bits depend only on that row (with cuDNN off): the all-gather algorithm computes
-// subsets of rows against the whole K/V and must match one rank computing them all.
-TEST_F(Gpu, RowIndependence) {
-    struct Case {
-        ctxpar_dtype dt;
-        int64_t d, hkv;
-        MaskCase mask;
-    };
-    const std::vector<MaskCase> masks = MaskCases();
-    const Case cases[] = {{CTXPAR_DTYPE_F32, 48, 2, masks[5]},
-                          {CTXPAR_DTYPE_BF16, 64, 1, masks[5]},
-                          {CTXPAR_DTYPE_F16, 128, 4, masks[2]},
-                          {CTXPAR_DTYPE_BF16, 64, 2, masks[0]}};
-    for (const Case &cs : cases) {
-        Problem full;
-        full.dtype = cs.dt;
-        full.Hkv = cs.hkv;
-        full.D = cs.d;
-        full.qs = {{0, 400, 1}};
-        full.ks = {{0, 400, 1}};
-        SetMask(&full, cs.mask);
-        full.Make();
-        FwdResult whole = RunFwd(true, full);
-        const std::vector<std::vector<ctxpar_span>> subsets = {
-            {{1, 100, 4}}, {{37, 150, 1}}, {{0, 50, 1}, {350, 50, 1}}, {{399, 1, 1}}};
-        for (const auto &qs : subsets) {
-            Problem sub;
-            sub.dtype = cs.dt;
-            sub.Hkv = cs.hkv;
-            sub.D = cs.d;
-            sub.qs = qs;
-            sub.ks = full.ks;
-            SetMask(&sub, cs.mask);
-            sub.pad = 8;
-            sub.Make();
-            FwdResult r = RunFwd(true, sub);
-            size_t bad = 0;
-            for (int64_t b = 0; b < sub.B; b++)
-                for (int64_t h = 0; h < sub.Hq; h++)
-                    for (int64_t s = 0; s < sub.Sq(); s++) {
-                        int64_t g = sub.qpos[(size_t)s];
-                        bad +=
-                            std::memcmp(&r.out[(size_t)(((b * sub.Sq() + s) * sub.Hq + h) * sub.D)],
-                                        &whole.out[(size_t)(((b * 400 + g) * sub.Hq + h) * sub.D)],
-                                        (size_t)sub.D * sizeof(float)) != 0;
-                        bad += std::memcmp(&r.lse[(size_t)((b * sub.Hq + h) * sub.Sq() + s)],
-                                           &whole.lse[(size_t)((b * sub.Hq + h) * 400 + g)],
-                                           sizeof(float)) != 0;
-                    }
-            EXPECT_EQ(bad, 0u) << Name(cs.dt) << " d" << cs.d << " " << cs.mask.name
-                               << ": subset starting at " << qs[0].start;
-        }
-    }
-}
 
 // ---------------------------------------------------------------- elementwise
 

@@ -1,15 +1,22 @@
-// The device conformance suite: every device op against the fp64 oracle or exact values, run
-// for every factory of device_conformance_test.cc (each CPU kernel table, CUDA). A device that
-// cannot run here skips every case, saying why. Cases specific to one backend stay in its own
-// suite (cpu_ops_test, cuda_ops_test).
+// The device conformance suite: every device op against the fp64 oracle or exact values, and
+// the contracts the algorithms rely on (docs/architecture.md: row independence, the mask pair
+// by pair, non-finite values, empty rows, determinism), run for every factory of
+// device_conformance_test.cc (each CPU kernel table, CUDA with and without cuDNN). A device
+// that cannot run here skips every case, saying why. Cases specific to one backend stay in its
+// own suite (cpu_ops_test, cuda_ops_test).
 #include "testing/device_conformance.h"
 
+#include <algorithm>
 #include <cstring>
 #include <ostream>
+#include <random>
 #include <tuple>
 
 #include "ctxpar_cpu.h"
 #include "dispatch.h"
+#include "testing/expect_nonfinite.h"
+#include "testing/nonfinite_oracle.h"
+#include "testing/random_mask.h"
 
 namespace cpt_devconf {
 namespace {
@@ -105,7 +112,7 @@ void CheckFwd(const DeviceFactory &f, ctxpar_device *dev, const Problem &p) {
     ExpectClose(r.lse, ref_lse, kTolF32, "lse vs oracle");
     ExpectEmptyRows(p, r, ref_lse);
     if (f.compare_with_cpu) {
-        DeviceFactory ref = {"cpu", CreateCpuReference, nullptr, 0, false, 1, 1};
+        DeviceFactory ref = {"cpu", CreateCpuReference, nullptr, 0, false, 1, 1, nullptr};
         TestDevice cpu(ref);
         ASSERT_EQ(cpu.skip, "");
         FwdResult c = RunFwd(cpu.dev, p);
@@ -137,7 +144,7 @@ void CheckBwd(const DeviceFactory &f, ctxpar_device *dev, const Problem &p) {
     ExpectClose(r.dk, dk, kTolF32, "dk vs oracle");
     ExpectClose(r.dv, dv, kTolF32, "dv vs oracle");
     if (f.compare_with_cpu) {
-        DeviceFactory ref = {"cpu", CreateCpuReference, nullptr, 0, false, 1, 1};
+        DeviceFactory ref = {"cpu", CreateCpuReference, nullptr, 0, false, 1, 1, nullptr};
         TestDevice cpu(ref);
         ASSERT_EQ(cpu.skip, "");
         BwdResult c = RunBwd(cpu.dev, p, ref_out, ref_lse);
@@ -641,6 +648,505 @@ TEST_P(DeviceTest, RepeatedCallsGiveIdenticalBits) {
         }
     }
 }
+
+// A query row's forward bits (out, lse and the lse's low part) depend only on that row and the
+// keys: not on which other rows share the call, how many, at what offsets or strides, nor on
+// the rows' layout in memory. All-gather computes each rank's rows against the whole K/V and
+// promises one rank's bits (docs/numerics.md, "Bitwise guarantees"), which rests on this.
+struct FwdBits {
+    std::vector<float> out, lse, lse_lo;
+};
+
+FwdBits RunFwdBits(ctxpar_device *dev, const Problem &p) {
+    Space sp(dev);
+    ctxpar_attn_block blk = p.Block(&sp);
+    float *out = sp.Put(std::vector<float>(p.OutSize(), NAN));
+    float *lse = sp.Put(std::vector<float>(p.LseSize(), NAN));
+    blk.lse_lo = sp.Put(std::vector<float>(p.LseSize(), 0.0f)); // the algorithms' zeros
+    EXPECT_EQ(ctxpar_dev_attn_block_fwd(dev, &blk, out, lse, 0, nullptr), CTXPAR_OK)
+        << ctxpar_last_error();
+    return {sp.Get(out, p.OutSize()), sp.Get(lse, p.LseSize()), sp.Get(blk.lse_lo, p.LseSize())};
+}
+
+TEST_P(DeviceTest, QueryRowBitsDependOnlyOnTheRow) {
+    if (F().rows_differ)
+        GTEST_SKIP() << "skipped: the device does not promise it: " << F().rows_differ;
+    struct Case {
+        ctxpar_dtype dt;
+        int64_t d, hkv;
+        MaskCase mask;
+    };
+    const std::vector<MaskCase> masks = MaskCases();
+    std::vector<Case> cases;
+    for (const MaskCase &m : masks)
+        cases.push_back({CTXPAR_DTYPE_F32, 48, 2, m});
+    cases.push_back({CTXPAR_DTYPE_BF16, 64, 1, masks[5]}); // docs_causal
+    cases.push_back({CTXPAR_DTYPE_F16, 128, 4, masks[2]}); // causal_window
+    cases.push_back({CTXPAR_DTYPE_BF16, 64, 2, masks[0]}); // none: whole tiles
+    cases.push_back({CTXPAR_DTYPE_BF16, 40, 2, masks[4]}); // docs
+    // Each with another layout in memory: rows padded by 8 elements (16-byte aligned, vector
+    // loads) or by 2 (unaligned).
+    const struct {
+        std::vector<ctxpar_span> qs;
+        int64_t pad;
+    } subsets[] = {
+        {{{1, 100, 4}}, 8},              // striped, stride 4
+        {{{37, 150, 1}}, 2},             // contiguous, not tile-aligned
+        {{{0, 50, 1}, {350, 50, 1}}, 8}, // zigzag
+        {{{399, 1, 1}}, 2},              // one row
+    };
+    for (const Case &c : cases) {
+        SCOPED_TRACE(std::string(ctxpar_dtype_name(c.dt)) + " d" + std::to_string(c.d) + " hkv" +
+                     std::to_string(c.hkv) + " " + c.mask.name);
+        Problem full;
+        full.dtype = c.dt;
+        full.Hkv = c.hkv;
+        full.D = c.d;
+        full.qs = {{0, 400, 1}};
+        full.ks = {{0, 400, 1}};
+        SetMask(&full, c.mask);
+        full.Make();
+        const FwdBits whole = RunFwdBits(dev(), full);
+        for (const auto &subset : subsets) {
+            const std::vector<ctxpar_span> &qs = subset.qs;
+            Problem sub;
+            sub.dtype = c.dt;
+            sub.Hkv = c.hkv;
+            sub.D = c.d;
+            sub.qs = qs;
+            sub.ks = full.ks;
+            SetMask(&sub, c.mask);
+            sub.pad = subset.pad;
+            sub.Make();
+            const FwdBits r = RunFwdBits(dev(), sub);
+            size_t bad = 0;
+            for (int64_t b = 0; b < sub.B; b++)
+                for (int64_t h = 0; h < sub.Hq; h++)
+                    for (int64_t s = 0; s < sub.Sq(); s++) {
+                        const int64_t g = sub.qpos[(size_t)s];
+                        const size_t o = (size_t)(((b * sub.Sq() + s) * sub.Hq + h) * sub.D);
+                        const size_t w = (size_t)(((b * 400 + g) * sub.Hq + h) * sub.D);
+                        bad += std::memcmp(&r.out[o], &whole.out[w],
+                                           (size_t)sub.D * sizeof(float)) != 0;
+                        const size_t lo = (size_t)((b * sub.Hq + h) * sub.Sq() + s);
+                        const size_t lw = (size_t)((b * sub.Hq + h) * 400 + g);
+                        bad += std::memcmp(&r.lse[lo], &whole.lse[lw], sizeof(float)) != 0;
+                        bad += std::memcmp(&r.lse_lo[lo], &whole.lse_lo[lw], sizeof(float)) != 0;
+                    }
+            EXPECT_EQ(bad, 0u) << "rows differing from the whole call's, subset starting at "
+                               << qs[0].start << " stride " << qs[0].stride;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- masks, pair by pair
+
+// Sums computed exactly enough in float64, each with the sum of its terms' magnitudes: a
+// result is within kTolF32 of that magnitude, element by element.
+struct Exact {
+    std::vector<double> value, mag;
+    explicit Exact(int64_t n) : value((size_t)n, 0.0), mag((size_t)n, 0.0) {}
+    void Add(int64_t e, double term, double term_mag) {
+        value[(size_t)e] += term;
+        mag[(size_t)e] += term_mag;
+    }
+    // Elements of got off their value by more (NaN included); a sum of no term must be 0.
+    size_t Wrong(const std::vector<float> &got) const {
+        if (got.size() != value.size())
+            return SIZE_MAX;
+        size_t wrong = 0;
+        for (size_t e = 0; e < got.size(); e++)
+            wrong += !(std::fabs((double)got[e] - value[e]) <= kTolF32 * mag[e]);
+        return wrong;
+    }
+};
+
+// The device's mask is the oracle's (cpt_oracle_visibility), pair by pair, forward and backward,
+// on random masks (causal, both windows, documents with empty ones) and random spans
+// (consecutive and strided), each moved, where it can be, to put a corner of the block on an
+// edge of the mask, where a tile's FULL or SKIP claim is decided. The inputs make every answer
+// exact arithmetic on the oracle's visibility matrix, with no oracle call: q = e_last and k's
+// last column 0 make every score 0, so row i weighs the n_i keys it sees 1/n_i each (P); v the
+// identity makes out[i][j] = P_ij (a hidden pair exactly 0) and lse_i = log n_i (out 0, lse -inf
+// for a row that sees none). The backward runs twice: dO the identity makes dv[j][i] = P_ij (a
+// hidden pair exactly 0); dO one varied row for every query makes every visible pair's dS count
+// in dq and dk. (A kernel that multiplies a hidden weight by 0 passes here; the non-finite cases
+// below catch that.)
+TEST_P(DeviceTest, MaskIsTheOraclesPairByPair) {
+    constexpr int64_t kMaxS = 127, kD = 128; // one-hot rows of up to 127, then q's 1 and k's 0
+    constexpr int kBlocks = 1000;
+    std::mt19937 rng(2027);
+    const ctxpar_dtype dtypes[3] = {CTXPAR_DTYPE_F32, CTXPAR_DTYPE_BF16, CTXPAR_DTYPE_F16};
+    int partial = 0, shifted = 0;
+    for (int it = 0; it < kBlocks; it++) {
+        Problem p;
+        int64_t S = 0;
+        std::vector<int32_t> cu;
+        ctxpar_mask_desc m = cpt_mask::RandomMask(rng, kMaxS, &S, &cu);
+        if (it % 4 == 3 && m.cu_seqlens) // documents alone decide the edges
+            m.causal = 0, m.window_left = m.window_right = 0;
+        p.qs = {cpt_mask::RandomSpan(rng, S)};
+        p.ks = {cpt_mask::RandomSpan(rng, S)};
+        shifted += cpt_mask::ShiftToAnEdge(rng, S, m, &p.qs[0], &p.ks[0]);
+        p.causal = m.causal;
+        p.window = m.window_left;
+        p.window_right = m.window_right;
+        p.cu = cu;
+        p.B = 1, p.Hq = 1, p.Hkv = 1, p.D = kD;
+        p.dtype = dtypes[it % 3];
+        p.Make();
+        const int64_t Sq = p.Sq(), Sk = p.Sk(), D = p.D;
+        SCOPED_TRACE(::testing::Message()
+                     << "block " << it << ": S " << S << " causal " << m.causal << " window "
+                     << m.window_left << "/" << m.window_right << " docs " << m.num_docs << " q ["
+                     << p.qs[0].start << " +" << p.qs[0].len << " x" << p.qs[0].stride << "] k ["
+                     << p.ks[0].start << " +" << p.ks[0].len << " x" << p.ks[0].stride << "] "
+                     << ctxpar_dtype_name(p.dtype));
+        for (HostTensor *t : {p.q.get(), p.v.get(), p.dout.get()})
+            std::fill(t->mem.begin(), t->mem.end(), 0);
+        for (int64_t i = 0; i < Sq; i++)
+            cpt_test_set(&p.q->t, 0, i, 0, D - 1, 1.0);
+        for (int64_t j = 0; j < Sk; j++) {
+            cpt_test_set(&p.k->t, 0, j, 0, D - 1, 0.0);
+            cpt_test_set(&p.v->t, 0, j, 0, j, 1.0);
+        }
+        const ctxpar_mask_desc mask = p.Mask();
+        const cpt_oracle_shape one = {1, Sq, Sk, 1, 1, 1};
+        std::vector<uint8_t> vis((size_t)(Sq * Sk));
+        ASSERT_EQ(cpt_oracle_visibility(&one, p.qpos.data(), p.kpos.data(), &mask, vis.data()),
+                  CTXPAR_OK);
+        std::vector<int64_t> n((size_t)Sq, 0);
+        int64_t seen = 0;
+        for (int64_t i = 0; i < Sq; i++)
+            for (int64_t j = 0; j < Sk; j++)
+                n[(size_t)i] += vis[(size_t)(i * Sk + j)];
+        for (int64_t c : n)
+            seen += c;
+        partial += seen > 0 && seen < Sq * Sk;
+        auto P = [&](int64_t i, int64_t j) {
+            return vis[(size_t)(i * Sk + j)] ? 1.0 / (double)n[(size_t)i] : 0.0;
+        };
+
+        // Forward: out = P, lse = log n.
+        std::vector<double> out((size_t)(Sq * D), 0.0), lse((size_t)Sq, -INFINITY);
+        for (int64_t i = 0; i < Sq; i++) {
+            if (n[(size_t)i])
+                lse[(size_t)i] = std::log((double)n[(size_t)i]);
+            for (int64_t j = 0; j < Sk; j++)
+                out[(size_t)(i * D + j)] = P(i, j);
+        }
+        const FwdResult f = RunFwd(dev(), p);
+        const double tol = std::max(F().out_tol(p.dtype, D), kTolF32);
+        size_t wrong = 0;
+        for (int64_t i = 0; i < Sq; i++) {
+            const float l = f.lse[(size_t)i];
+            wrong +=
+                n[(size_t)i] ? !(std::fabs(l - lse[(size_t)i]) <= 5 * kTolF32) : l != -INFINITY;
+            for (int64_t j = 0; j < D; j++) {
+                const double want = out[(size_t)(i * D + j)];
+                const float o = f.out[(size_t)(i * D + j)];
+                wrong += want != 0.0 ? !(std::fabs(o - want) <= tol * want) : o != 0.0f;
+            }
+        }
+        EXPECT_EQ(wrong, 0u) << "forward elements off their exact values";
+
+        // Backward, from the exact out and lse: dP_ij = dO_i[j] (v the identity), delta_i =
+        // sum_j P_ij dO_i[j], dS = P (dP - delta); dq = scale dS k, dk = scale dS^T q, dv = P^T dO.
+        // Each element is held to kTolF32 times the sum of its terms' magnitudes (sums that
+        // cancel to 0 stay within F32 rounding of their terms); a single term of dv is its value,
+        // so with dO the identity dv[j][i] = P_ij each pair alone, a hidden one exactly 0.
+        const std::vector<double> q = p.q->f64(), k = p.k->f64();
+        for (int round = 0; round < 2; round++) {
+            SCOPED_TRACE(round ? "dO one varied row" : "dO the identity");
+            for (int64_t i = 0; i < Sq; i++)
+                for (int64_t d = 0; d < D; d++)
+                    cpt_test_set(&p.dout->t, 0, i, 0, d,
+                                 round ? (double)(1 + d * 5 % 8) / 8 : (double)(i == d));
+            const std::vector<double> g = p.dout->f64();
+            const double scale = (double)p.Scale();
+            Exact dq(Sq * D), dk(Sk * D), dv(Sk * D);
+            for (int64_t i = 0; i < Sq; i++) {
+                double delta = 0.0, delta_mag = 0.0;
+                for (int64_t j = 0; j < Sk; j++) {
+                    delta += P(i, j) * g[(size_t)(i * D + j)];
+                    delta_mag += P(i, j) * std::fabs(g[(size_t)(i * D + j)]);
+                }
+                for (int64_t j = 0; j < Sk; j++) {
+                    if (P(i, j) == 0.0)
+                        continue;
+                    const double ds = P(i, j) * (g[(size_t)(i * D + j)] - delta);
+                    const double ds_mag = P(i, j) * (std::fabs(g[(size_t)(i * D + j)]) + delta_mag);
+                    for (int64_t d = 0; d < D; d++) {
+                        dq.Add(i * D + d, scale * ds * k[(size_t)(j * D + d)],
+                               scale * ds_mag * std::fabs(k[(size_t)(j * D + d)]));
+                        dk.Add(j * D + d, scale * ds * q[(size_t)(i * D + d)],
+                               scale * ds_mag * std::fabs(q[(size_t)(i * D + d)]));
+                        dv.Add(j * D + d, P(i, j) * g[(size_t)(i * D + d)],
+                               P(i, j) * std::fabs(g[(size_t)(i * D + d)]));
+                    }
+                }
+            }
+            const BwdResult r = RunBwd(dev(), p, out, lse);
+            EXPECT_EQ(dq.Wrong(r.dq), 0u) << "dq elements off their exact values";
+            EXPECT_EQ(dk.Wrong(r.dk), 0u) << "dk elements off their exact values";
+            EXPECT_EQ(dv.Wrong(r.dv), 0u) << "dv elements off their exact values";
+        }
+        if (HasFailure())
+            return;
+    }
+    EXPECT_GT(partial, kBlocks / 2) << "most blocks are partly visible: the mask is exercised";
+    EXPECT_GT(shifted, kBlocks / 2) << "most blocks have a corner on an edge of the mask";
+}
+
+// ---------------------------------------------------------------- non-finite values
+
+// A NaN or an infinity in Q, K, V or dO reaches exactly the outputs the float64 oracle says: a
+// NaN a row sees makes that row NaN, never silently dropped; a value in a row that a pair does
+// not see (the causal future, another document, outside the window) must not reach that pair,
+// wherever the tiles cut the mask (0 x NaN or 0 x inf in a kernel that multiplies masked weights
+// would leak). A row whose visible scores are all -inf is a fully masked row (docs/numerics.md's
+// one convention). The value goes in the last batch row only: the first stays finite.
+enum NfWhich { kNfQ, kNfK, kNfV, kNfDout };
+
+struct NfCase {
+    const char *name;
+    NfWhich which;
+    int64_t pos, head, dim; // global position of the row, head of that tensor, element
+    float value;
+    int causal;
+    int64_t window;
+    bool docs;
+    bool striped;    // queries at the odd positions only, so every tile is cut by the mask
+    bool positive_q; // q at `pos` made positive (an exact -inf score against a -inf key)
+};
+
+const std::vector<int32_t> kNfDocs = {0, 45, 110, 200}; // documents of a sequence of 200
+
+const NfCase kNfCases[] = {
+    // Every row of the K/V head's query heads sees key 70.
+    {"nan_k_visible", kNfK, 70, 0, 3, NAN, 0, 0, false, false, false},
+    // Only rows >= 70 see key 70: the rows before it, in the same tiles, must stay finite.
+    {"nan_k_causal_future", kNfK, 70, 1, 0, NAN, 1, 0, false, false, false},
+    // A masked V value: 0 x NaN or 0 x inf in P V would leak.
+    {"nan_v_causal_future", kNfV, 27, 0, 5, NAN, 1, 0, false, true, false},
+    {"inf_v_causal_future", kNfV, 100, 1, 2, INFINITY, 1, 0, false, false, false},
+    // Key 60 lies in document 1 (45..109): documents 0 and 2 must not see it.
+    {"nan_k_other_document", kNfK, 60, 0, 7, NAN, 0, 0, true, false, false},
+    {"nan_v_other_document_causal", kNfV, 50, 1, 1, NAN, 1, 0, true, true, false},
+    // Causal window 5: key 80 is seen by rows 80..84 only. Window 4 alone: by rows <= 133.
+    {"nan_v_window", kNfV, 80, 0, 4, NAN, 1, 5, false, false, false},
+    {"nan_k_window_no_causal", kNfK, 130, 1, 9, NAN, 0, 4, false, true, false},
+    {"neg_inf_v_visible", kNfV, 4, 1, 0, -INFINITY, 0, 0, false, false, false},
+    // A NaN query row: that row, and in the backward the keys it sees.
+    {"nan_q_causal", kNfQ, 151, 3, 7, NAN, 1, 0, false, true, false},
+    // +inf in a query: each score of the row is +inf, -inf or NaN by the sign of the key.
+    {"inf_q", kNfQ, 9, 1, 2, INFINITY, 0, 0, false, false, false},
+    // +inf in a key: rows whose q[1] is positive get a +inf score (a NaN row), the others a -inf
+    // score (weight 0) beside finite ones; rows before key 3 do not see it.
+    {"inf_k_causal", kNfK, 3, 0, 1, INFINITY, 1, 0, false, false, false},
+    // Row 0 sees only key 0, whose score is exactly -inf: by the convention a fully masked row
+    // (out 0, lse -inf, dq 0, nothing to dk and dv), where the literal softmax gives 0/0.
+    {"neg_inf_only_score", kNfK, 0, 0, 0, -INFINITY, 1, 0, false, false, true},
+    // NaN in dO: the forward is finite; dq of the row and dk, dv of the keys it sees are NaN.
+    {"nan_dout_causal", kNfDout, 6, 0, 0, NAN, 1, 0, false, false, false},
+    {"nan_dout_docs", kNfDout, 51, 2, 3, NAN, 0, 0, true, true, false},
+};
+
+// Dtypes and head dims: on CUDA each takes another forward path (the SIMT kernel for F32 and for
+// head_dim % 8 != 0, the tensor cores with key tiles of 64, and of 32 at head_dim 256), on the
+// CPU other column tiles and tails. The backward is one kernel for every dtype on both: it takes
+// three of them (F32, 16-bit, head_dim tails), which keeps the fp64 backward's cost down.
+struct NfPath {
+    const char *name;
+    ctxpar_dtype dtype;
+    int64_t d;
+    bool bwd;
+};
+
+const NfPath kNfPaths[] = {
+    {"f32_d64", CTXPAR_DTYPE_F32, 64, true},    {"bf16_d36", CTXPAR_DTYPE_BF16, 36, true},
+    {"bf16_d64", CTXPAR_DTYPE_BF16, 64, false}, {"f16_d128", CTXPAR_DTYPE_F16, 128, true},
+    {"f16_d256", CTXPAR_DTYPE_F16, 256, false},
+};
+
+struct NfParam {
+    NfCase sc;
+    NfPath path;
+};
+
+// Named in test output; without this GoogleTest prints the struct's bytes, padding included.
+void PrintTo(const NfParam &prm, std::ostream *os) {
+    *os << prm.sc.name << " on " << prm.path.name;
+}
+
+// Writes the case's value into p's tensor (last batch) at the row of its position, if p has
+// that row; returns how many elements it wrote.
+int NfPlace(Problem *p, const NfCase &sc) {
+    const bool q_side = sc.which == kNfQ || sc.which == kNfDout;
+    HostTensor *t = sc.which == kNfQ   ? p->q.get()
+                    : sc.which == kNfK ? p->k.get()
+                    : sc.which == kNfV ? p->v.get()
+                                       : p->dout.get();
+    const std::vector<int64_t> &pos = q_side ? p->qpos : p->kpos;
+    int placed = 0;
+    for (size_t i = 0; i < pos.size(); i++) {
+        if (pos[i] != sc.pos)
+            continue;
+        cpt_test_set(&t->t, p->B - 1, (int64_t)i, sc.head, sc.dim, sc.value);
+        placed++;
+    }
+    if (sc.positive_q)
+        for (size_t i = 0; i < p->qpos.size(); i++)
+            if (p->qpos[i] == sc.pos)
+                for (int64_t h = 0; h < p->Hq; h++)
+                    for (int64_t d = 0; d < p->D; d++)
+                        cpt_test_set(&p->q->t, p->B - 1, (int64_t)i, h, d,
+                                     std::fabs(cpt_test_get(&p->q->t, p->B - 1, (int64_t)i, h, d)) +
+                                         0.25);
+    return placed;
+}
+
+Problem NfProblem(const NfParam &prm) {
+    Problem p;
+    p.B = 2;
+    p.Hq = 4;
+    p.Hkv = 2;
+    p.D = prm.path.d;
+    p.dtype = prm.path.dtype;
+    p.seq_global = 200;
+    p.qs = prm.sc.striped ? std::vector<ctxpar_span>{{1, 100, 2}}
+                          : std::vector<ctxpar_span>{{0, 200, 1}};
+    p.ks = {{0, 200, 1}};
+    p.causal = prm.sc.causal;
+    p.window = prm.sc.window;
+    if (prm.sc.docs)
+        p.cu = kNfDocs;
+    p.Make();
+    EXPECT_EQ(NfPlace(&p, prm.sc), 1) << "position " << prm.sc.pos << " is not a row";
+    return p;
+}
+
+// The oracle's answers for a case (under the convention), computed once for every factory:
+// the forward alone, or with the backward.
+struct NfReference {
+    std::string key;
+    bool bwd = false;
+    std::vector<cpt_nonfinite::Row> minus_inf;
+    std::vector<double> out, lse, dq, dk, dv;
+};
+
+const NfReference &NfOracle(const NfParam &prm, const Problem &p, bool bwd) {
+    static NfReference ref;
+    const std::string key = std::string(prm.sc.name) + "/" + prm.path.name;
+    if (ref.key == key && (ref.bwd || !bwd))
+        return ref;
+    std::vector<double> q = p.q->f64(), k = p.k->f64(), v = p.v->f64(), g = p.dout->f64();
+    const ctxpar_mask_desc m = p.Mask();
+    const cpt_nonfinite::Inputs in = {
+        p.Shape(),     q.data(),      k.data(), v.data(),         bwd ? g.data() : nullptr,
+        p.qpos.data(), p.kpos.data(), &m,       (double)p.Scale()};
+    ref.minus_inf = cpt_nonfinite::MinusInfRows(in);
+    cpt_nonfinite::Oracle(in, ref.minus_inf, &ref.out, &ref.lse, &ref.dq, &ref.dk, &ref.dv);
+    ref.key = key;
+    ref.bwd = bwd;
+    return ref;
+}
+
+// The case means something: some of the reference values are non-finite and some are finite.
+void ExpectSomeNonFinite(const std::vector<const std::vector<double> *> &refs) {
+    size_t bad = 0, total = 0;
+    for (const std::vector<double> *r : refs) {
+        for (double x : *r)
+            bad += !std::isfinite(x);
+        total += r->size();
+    }
+    EXPECT_GT(bad, 0u) << "the oracle is finite: the case tests nothing";
+    EXPECT_LT(bad, total) << "the oracle is all non-finite: the case tests nothing";
+}
+
+std::vector<std::tuple<NfParam, DeviceFactory>> NfSweep(bool bwd) {
+    std::vector<std::tuple<NfParam, DeviceFactory>> v;
+    const std::vector<DeviceFactory> fs = DeviceFactories();
+    size_t i = 0;
+    for (const NfCase &sc : kNfCases) {
+        if (!bwd && sc.which == kNfDout)
+            continue; // the forward does not read dO
+        for (const NfPath &path : kNfPaths) {
+            if (bwd && !path.bwd)
+                continue;
+            for (size_t j = 0; j < fs.size(); j++) {
+                // i / every turns the subset by one each round, so that a count of paths that
+                // divides by `every` does not give a factory the same path for every case.
+                const size_t every = (size_t)(bwd ? fs[j].bwd_every : fs[j].fwd_every);
+                if ((i + i / every + j) % every == 0)
+                    v.push_back(std::make_tuple(NfParam{sc, path}, fs[j]));
+            }
+            i++;
+        }
+    }
+    return v;
+}
+
+std::string NfName(const ::testing::TestParamInfo<std::tuple<NfParam, DeviceFactory>> &i) {
+    const NfParam &prm = std::get<0>(i.param);
+    return std::get<1>(i.param).name + "_" + prm.sc.name + "_" + prm.path.name;
+}
+
+using NonFiniteFwd = DeviceCaseTest<NfParam>;
+
+// The block forward, and the same keys in two parts with the second merged onto the first (the
+// ring's way: a NaN lse must survive the merge, a masked one must not arrive).
+TEST_P(NonFiniteFwd, PropagatesAsTheOracleSays) {
+    const Problem p = NfProblem(Case());
+    const NfReference &ref = NfOracle(Case(), p, false);
+    ExpectSomeNonFinite({&ref.out, &ref.lse});
+    const double tol = F().out_tol(p.dtype, p.D);
+    const FwdResult r = RunFwd(dev(), p);
+    ExpectSameNonFinite(r.out, ref.out, tol, "out");
+    ExpectSameNonFinite(r.lse, ref.lse, kTolF32, "lse");
+
+    Space sp(dev());
+    float *out = sp.Put(std::vector<float>(p.OutSize(), NAN));
+    float *lse = sp.Put(std::vector<float>(p.LseSize(), NAN));
+    FwdPart(&sp, p, 0, 100, out, lse, 0);
+    FwdPart(&sp, p, 100, 100, out, lse, 1);
+    const std::vector<float> merged_out = sp.Get(out, p.OutSize());
+    const std::vector<float> merged_lse = sp.Get(lse, p.LseSize());
+    ExpectSameNonFinite(merged_out, ref.out, tol, "merged out");
+    ExpectSameNonFinite(merged_lse, ref.lse, kTolF32, "merged lse");
+    // The convention's rows exactly, whole and merged.
+    for (const cpt_nonfinite::Row &row : ref.minus_inf) {
+        const size_t l = (size_t)((row.b * p.Hq + row.h) * p.Sq() + row.i);
+        EXPECT_EQ(r.lse[l], -INFINITY) << "row " << row.i << " head " << row.h;
+        EXPECT_EQ(merged_lse[l], -INFINITY) << "row " << row.i << " head " << row.h;
+        for (int64_t d = 0; d < p.D; d++) {
+            const size_t o = (size_t)(((row.b * p.Sq() + row.i) * p.Hq + row.h) * p.D + d);
+            EXPECT_EQ(r.out[o], 0.0f) << "row " << row.i << " head " << row.h;
+            EXPECT_EQ(merged_out[o], 0.0f) << "row " << row.i << " head " << row.h;
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, NonFiniteFwd, ::testing::ValuesIn(NfSweep(false)), NfName);
+
+using NonFiniteBwd = DeviceCaseTest<NfParam>;
+
+// The block backward from the oracle's out and lse (NaN rows and the convention's rows included).
+TEST_P(NonFiniteBwd, PropagatesAsTheOracleSays) {
+    const Problem p = NfProblem(Case());
+    const NfReference &ref = NfOracle(Case(), p, true);
+    ExpectSomeNonFinite({&ref.dq, &ref.dk, &ref.dv});
+    const BwdResult r = RunBwd(dev(), p, ref.out, ref.lse);
+    ExpectSameNonFinite(r.dq, ref.dq, kTolF32, "dq");
+    ExpectSameNonFinite(r.dk, ref.dk, kTolF32, "dk");
+    ExpectSameNonFinite(r.dv, ref.dv, kTolF32, "dv");
+    for (const cpt_nonfinite::Row &row : ref.minus_inf)
+        for (int64_t d = 0; d < p.D; d++)
+            EXPECT_EQ(r.dq[(size_t)(((row.b * p.Sq() + row.i) * p.Hq + row.h) * p.D + d)], 0.0f)
+                << "dq row " << row.i << " head " << row.h;
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, NonFiniteBwd, ::testing::ValuesIn(NfSweep(true)), NfName);
 
 // ---------------------------------------------------------------- elementwise and memory
 

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,9 +40,17 @@ struct DeviceFactory {
     // this device (1: all): a table whose code another factory already sweeps in full (the same
     // forward, say) takes a spread subset, which keeps the suite fast under sanitizers.
     int fwd_every, bwd_every;
+    // Why a query row's forward bits may depend on the other rows of a call, or nullptr: they
+    // do not (the contract all-gather's bitwise promise rests on; its case skips, saying why).
+    const char *rows_differ;
 };
 
 std::vector<DeviceFactory> DeviceFactories();
+
+// Named in test output; without this GoogleTest prints the struct's bytes, padding included.
+inline void PrintTo(const DeviceFactory &f, std::ostream *os) {
+    *os << f.name;
+}
 
 // Bounds shared by every backend (cpu_ops_test and cuda_ops_test explain the measurements):
 //  - forward lse and F32 forward out: F32 rounding of scores, exponentials and running sums;

@@ -34,9 +34,17 @@ double CpuOutTol(ctxpar_dtype, int64_t) {
 constexpr char kGeneric[] = "generic", kAvx2[] = "avx2", kAvx512[] = "avx512";
 constexpr char kFused[] = "fused", kTwoPass[] = "two-pass";
 
+// The CUDA device with cuDNN AUTO (the default: cuDNN's forward where it applies) or OFF.
+constexpr int kCudnnAuto = 0, kCudnnOff = 2;
+// backends/cuda/README.md, "Determinism".
+constexpr char kCudnnRows[] = "cuDNN's forward (AUTO) takes some blocks and not others, with other "
+                              "bits than ctxpar's kernels (the cuda_native factory keeps it)";
+
 #ifndef CTXPAR_TEST_NO_CUDA
-std::string CreateCuda(ctxpar_device **dev_out) {
-    if (ctxpar_device_create_cuda(nullptr, dev_out) == CTXPAR_OK)
+template <int kCudnn> std::string CreateCuda(ctxpar_device **dev_out) {
+    ctxpar_cuda_options o = CTXPAR_CUDA_OPTIONS_INIT;
+    o.use_cudnn = (ctxpar_cuda_cudnn)kCudnn;
+    if (ctxpar_device_create_cuda(&o, dev_out) == CTXPAR_OK)
         return "";
     return std::string("no CUDA device (") + ctxpar_last_error() + ")";
 }
@@ -49,7 +57,7 @@ double CudaOutTol(ctxpar_dtype dt, int64_t head_dim) {
     return cpt_tolerance(dt, "out");
 }
 #else
-std::string CreateCuda(ctxpar_device **) {
+template <int> std::string CreateCuda(ctxpar_device **) {
     return "no CUDA device (this build has no CUDA backend)";
 }
 
@@ -66,13 +74,17 @@ constexpr int64_t kCudaMaxHeadDim = 256;
 std::vector<DeviceFactory> DeviceFactories() {
     // The default tables (avx512 on the CI machine, avx2 without it) and CUDA sweep every case;
     // the generic table a third; two-pass only changes the backward, so its forward sweep is
-    // avx2's again and takes a sixth.
+    // avx2's again and takes a sixth. The sweeps are the oracle sweeps and the non-finite ones.
     return {
-        {"cpu_generic", CreateCpu<kGeneric, kFused>, CpuOutTol, INT64_MAX, false, 3, 3},
-        {"cpu_avx2", CreateCpu<kAvx2, kFused>, CpuOutTol, INT64_MAX, false, 1, 1},
-        {"cpu_avx512", CreateCpu<kAvx512, kFused>, CpuOutTol, INT64_MAX, false, 1, 1},
-        {"cpu_avx2_two_pass", CreateCpu<kAvx2, kTwoPass>, CpuOutTol, INT64_MAX, false, 6, 1},
-        {"cuda", CreateCuda, CudaOutTol, kCudaMaxHeadDim, true, 1, 1},
+        {"cpu_generic", CreateCpu<kGeneric, kFused>, CpuOutTol, INT64_MAX, false, 3, 3, nullptr},
+        {"cpu_avx2", CreateCpu<kAvx2, kFused>, CpuOutTol, INT64_MAX, false, 1, 1, nullptr},
+        {"cpu_avx512", CreateCpu<kAvx512, kFused>, CpuOutTol, INT64_MAX, false, 1, 1, nullptr},
+        {"cpu_avx2_two_pass", CreateCpu<kAvx2, kTwoPass>, CpuOutTol, INT64_MAX, false, 6, 1,
+         nullptr},
+        {"cuda", CreateCuda<kCudnnAuto>, CudaOutTol, kCudaMaxHeadDim, true, 1, 1, kCudnnRows},
+        // ctxpar's own kernels alone: every contract, row independence included; the backward
+        // is the same code as above's, so its sweep takes a sixth.
+        {"cuda_native", CreateCuda<kCudnnOff>, CudaOutTol, kCudaMaxHeadDim, true, 1, 6, nullptr},
     };
 }
 

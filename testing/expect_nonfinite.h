@@ -1,7 +1,7 @@
 /*
- * expect_nonfinite.h - a GoogleTest check shared by the non-finite tests of the CPU path
- * (nonfinite_test) and the CUDA device (cuda_ops_test): a result against the fp64 oracle where
- * both may hold NaN and infinities.
+ * expect_nonfinite.h - a GoogleTest check shared by the non-finite tests of the public API
+ * (nonfinite_test) and of every device (device_conformance.cc): a result against the fp64 oracle
+ * where both may hold NaN and infinities.
  */
 #ifndef CPT_TESTING_EXPECT_NONFINITE_H
 #define CPT_TESTING_EXPECT_NONFINITE_H

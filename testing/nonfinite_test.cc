@@ -7,9 +7,10 @@
 // Through the public API every query sees at least its own key, so no whole row is ever masked;
 // the (row, K/V block) pairs that are fully masked on a ring step are exactly what the masked
 // scenarios exercise: their partial result is out 0 / lse -inf and must merge as nothing.
+// The same contract on one block, for every device (each CPU kernel table and backward schedule,
+// CUDA), is the device conformance suite's (device_conformance.cc); here it is the algorithms'.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -17,7 +18,6 @@
 #include <string>
 #include <thread>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 #include "ctxpar.h"
@@ -26,6 +26,7 @@
 #include "ctxpar_local.h"
 #include "reference/data.h"
 #include "expect_nonfinite.h"
+#include "nonfinite_oracle.h"
 #include "reference/oracle.h"
 #include "reference/tolerance.h"
 
@@ -134,8 +135,7 @@ struct Outputs {
 };
 
 // Runs forward and backward on P threads (one rank each) and gathers the results by position.
-Outputs RunRanks(const Scenario &sc, const Inputs &in, ctxpar_algo algo, int P,
-                 ctxpar_cpu_bwd_schedule schedule) {
+Outputs RunRanks(const Scenario &sc, const Inputs &in, ctxpar_algo algo, int P) {
     Outputs res;
     const int64_t s = S / P;
     res.t[0].assign(B * S * HQ * D, 0.0f);
@@ -179,7 +179,6 @@ Outputs RunRanks(const Scenario &sc, const Inputs &in, ctxpar_algo algo, int P,
         }
         ctxpar_cpu_options co = CTXPAR_CPU_OPTIONS_INIT;
         co.num_threads = 1;
-        co.bwd_schedule = schedule;
         ctxpar_device *dev = nullptr;
         ctxpar_comm *comm = nullptr;
         ctxpar_context *ctx = nullptr;
@@ -233,116 +232,24 @@ struct Reference {
     std::vector<double> t[5];
 };
 
-Reference Oracle(const Scenario &sc, const Inputs &in) {
-    Reference ref;
-    cpt_oracle_shape sh = {B, S, S, HQ, HKV, D};
-    ctxpar_mask_desc mask = {sc.mask == CTXPAR_MASK_CAUSAL, sc.window, sc.docs ? kDocs : nullptr,
-                             sc.docs ? 3 : 0, 0, 0};
+// The problem as the convention's oracle takes it: global rows, positions 0..S-1.
+cpt_nonfinite::Inputs OracleInputs(const Inputs &in, const ctxpar_mask_desc *mask) {
     // The scale the library resolves: 1/sqrt(D) in float.
     const double scale = 1.0f / std::sqrt(static_cast<float>(D));
-    ref.t[0].resize(B * S * HQ * D);
-    ref.t[1].resize(B * HQ * S);
-    ref.t[2].resize(B * S * HQ * D);
-    ref.t[3].resize(B * S * HKV * D);
-    ref.t[4].resize(B * S * HKV * D);
-    cpt_oracle_fwd(&sh, in.t[kQ].data(), in.t[kK].data(), in.t[kV].data(), nullptr, nullptr,
-                      &mask, scale, ref.t[0].data(), ref.t[1].data());
-    cpt_oracle_bwd(&sh, in.t[kQ].data(), in.t[kK].data(), in.t[kV].data(), nullptr, nullptr,
-                      &mask, scale, in.t[kDout].data(), ref.t[2].data(), ref.t[3].data(),
-                      ref.t[4].data());
-    return ref;
+    return {{B, S, S, HQ, HKV, D},
+            in.t[kQ].data(),
+            in.t[kK].data(),
+            in.t[kV].data(),
+            in.t[kDout].data(),
+            nullptr,
+            nullptr,
+            mask,
+            scale};
 }
 
-// Whether the query at position i sees the key at position j: the mask written once more, for
-// finding the rows the convention applies to (the oracle keeps its own).
-bool Visible(const Scenario &sc, int64_t i, int64_t j) {
-    if (sc.mask == CTXPAR_MASK_CAUSAL && j > i)
-        return false;
-    if (sc.window > 0 && i - j >= sc.window)
-        return false;
-    if (sc.docs) {
-        auto doc = [](int64_t t) { return std::upper_bound(kDocs, kDocs + 4, t) - kDocs; };
-        return doc(i) == doc(j);
-    }
-    return true;
-}
-
-// Query rows (position, head) that see at least one key and whose visible scores are all -inf.
-std::vector<std::pair<int64_t, int64_t>> MinusInfRows(const Scenario &sc, const Inputs &in) {
-    std::vector<std::pair<int64_t, int64_t>> rows;
-    for (int64_t i = 0; i < S; i++)
-        for (int64_t h = 0; h < HQ; h++) {
-            const int64_t g = h / (HQ / HKV);
-            int64_t seen = 0, minus_inf = 0;
-            for (int64_t j = 0; j < S; j++) {
-                if (!Visible(sc, i, j))
-                    continue;
-                double score = 0;
-                for (int64_t d = 0; d < D; d++)
-                    score += in.t[kQ][(i * HQ + h) * D + d] * in.t[kK][(j * HKV + g) * D + d];
-                seen++;
-                minus_inf += score == -kInf;
-            }
-            if (seen > 0 && minus_inf == seen)
-                rows.emplace_back(i, h);
-        }
-    return rows;
-}
-
-// The reference under the convention: each query head on its own against its K/V head (GQA as
-// the oracle defines it), through the oracle with the all -inf rows left out (q_pos names the
-// rows that remain); those rows get out 0, lse -inf, dq 0, and add nothing to dk and dv.
-Reference ConventionOracle(const Scenario &sc, const Inputs &in,
-                           const std::vector<std::pair<int64_t, int64_t>> &minus_inf) {
-    static_assert(B == 1, "one batch: rows are positions");
-    Reference ref;
-    ref.t[0].assign(S * HQ * D, 0.0);
-    ref.t[1].assign(HQ * S, -kInf);
-    ref.t[2].assign(S * HQ * D, 0.0);
-    ref.t[3].assign(S * HKV * D, 0.0);
-    ref.t[4].assign(S * HKV * D, 0.0);
-    ctxpar_mask_desc mask = {sc.mask == CTXPAR_MASK_CAUSAL, sc.window, sc.docs ? kDocs : nullptr,
-                             sc.docs ? 3 : 0, 0, 0};
-    const double scale = 1.0f / std::sqrt(static_cast<float>(D));
-    for (int64_t h = 0; h < HQ; h++) {
-        const int64_t g = h / (HQ / HKV);
-        std::vector<int64_t> pos;
-        for (int64_t i = 0; i < S; i++)
-            if (std::find(minus_inf.begin(), minus_inf.end(), std::make_pair(i, h)) ==
-                minus_inf.end())
-                pos.push_back(i);
-        const int64_t n = static_cast<int64_t>(pos.size());
-        std::vector<double> q(n * D), dout(n * D), k(S * D), v(S * D);
-        for (int64_t r = 0; r < n; r++)
-            for (int64_t d = 0; d < D; d++) {
-                q[r * D + d] = in.t[kQ][(pos[r] * HQ + h) * D + d];
-                dout[r * D + d] = in.t[kDout][(pos[r] * HQ + h) * D + d];
-            }
-        for (int64_t j = 0; j < S; j++)
-            for (int64_t d = 0; d < D; d++) {
-                k[j * D + d] = in.t[kK][(j * HKV + g) * D + d];
-                v[j * D + d] = in.t[kV][(j * HKV + g) * D + d];
-            }
-        cpt_oracle_shape sh = {1, n, S, 1, 1, D};
-        std::vector<double> out(n * D), lse(n), dq(n * D), dk(S * D), dv(S * D);
-        cpt_oracle_fwd(&sh, q.data(), k.data(), v.data(), pos.data(), nullptr, &mask, scale,
-                          out.data(), lse.data());
-        cpt_oracle_bwd(&sh, q.data(), k.data(), v.data(), pos.data(), nullptr, &mask, scale,
-                          dout.data(), dq.data(), dk.data(), dv.data());
-        for (int64_t r = 0; r < n; r++) {
-            ref.t[1][h * S + pos[r]] = lse[r];
-            for (int64_t d = 0; d < D; d++) {
-                ref.t[0][(pos[r] * HQ + h) * D + d] = out[r * D + d];
-                ref.t[2][(pos[r] * HQ + h) * D + d] = dq[r * D + d];
-            }
-        }
-        for (int64_t j = 0; j < S; j++)
-            for (int64_t d = 0; d < D; d++) {
-                ref.t[3][(j * HKV + g) * D + d] += dk[j * D + d];
-                ref.t[4][(j * HKV + g) * D + d] += dv[j * D + d];
-            }
-    }
-    return ref;
+ctxpar_mask_desc Mask(const Scenario &sc) {
+    return {
+        sc.mask == CTXPAR_MASK_CAUSAL, sc.window, sc.docs ? kDocs : nullptr, sc.docs ? 3 : 0, 0, 0};
 }
 
 const char *const kTensorName[5] = {"out", "lse", "dq", "dk", "dv"};
@@ -372,13 +279,17 @@ std::string ParamName(const testing::TestParamInfo<Param> &info) {
 class NonFinite : public testing::TestWithParam<Param> {
   protected:
     // Runs the scenario and compares tensors [first, last) of out, lse, dq, dk, dv.
-    void Check(int first, int last, ctxpar_cpu_bwd_schedule schedule = CTXPAR_CPU_BWD_AUTO) {
+    void Check(int first, int last) {
         const Scenario &sc = std::get<0>(GetParam());
         Inputs in = MakeInputs(sc);
-        const auto minus_inf = MinusInfRows(sc, in);
+        const ctxpar_mask_desc mask = Mask(sc);
+        const cpt_nonfinite::Inputs oin = OracleInputs(in, &mask);
+        const std::vector<cpt_nonfinite::Row> minus_inf = cpt_nonfinite::MinusInfRows(oin);
         ASSERT_EQ(!minus_inf.empty(), sc.minus_inf_rows)
             << minus_inf.size() << " rows see only -inf scores";
-        Reference ref = sc.minus_inf_rows ? ConventionOracle(sc, in, minus_inf) : Oracle(sc, in);
+        Reference ref;
+        cpt_nonfinite::Oracle(oin, minus_inf, &ref.t[0], &ref.t[1], &ref.t[2], &ref.t[3],
+                              &ref.t[4]);
         // The scenario means something: some values become non-finite and some stay finite.
         int64_t bad = 0, total = 0;
         for (const auto &t : ref.t) {
@@ -388,15 +299,16 @@ class NonFinite : public testing::TestWithParam<Param> {
         ASSERT_GT(bad, 0) << "the oracle is finite: the scenario tests nothing";
         ASSERT_LT(bad, total) << "the oracle is all non-finite: the scenario tests nothing";
 
-        Outputs got = RunRanks(sc, in, std::get<1>(GetParam()), std::get<2>(GetParam()), schedule);
+        Outputs got = RunRanks(sc, in, std::get<1>(GetParam()), std::get<2>(GetParam()));
         ASSERT_EQ(got.status, CTXPAR_OK) << got.message;
         SCOPED_TRACE(std::string(kWhichName[sc.which]) + "[" + std::to_string(sc.pos) +
                      "] = " + std::to_string(sc.value));
         for (int i = first; i < last; i++)
             ExpectSameNonFinite(got.t[i], ref.t[i], kTensorName[i]);
         // The convention's rows exactly: out 0 and lse -inf forward, dq 0 backward.
-        for (const auto &[pos, h] : minus_inf)
+        for (const cpt_nonfinite::Row &row : minus_inf)
             for (int64_t d = 0; d < D; d++) {
+                const int64_t pos = row.i, h = row.h;
                 const int64_t e = (pos * HQ + h) * D + d;
                 if (first == 0) {
                     EXPECT_EQ(got.t[0][e], 0.0f) << "out row " << pos << " head " << h;
@@ -413,14 +325,10 @@ TEST_P(NonFinite, ForwardPropagatesAsTheOracleSays) {
     Check(0, 2); // out, lse
 }
 
-// Both schedules of the CPU backward (fused dQ partial sums, and two passes) on every scenario.
+// Each backward schedule of the CPU device, on one block, is the device conformance suite's
+// (its two-pass factory); here the algorithms around the device's default.
 TEST_P(NonFinite, BackwardPropagatesAsTheOracleSays) {
-    for (ctxpar_cpu_bwd_schedule schedule : {CTXPAR_CPU_BWD_FUSED, CTXPAR_CPU_BWD_TWO_PASS}) {
-        SCOPED_TRACE(schedule == CTXPAR_CPU_BWD_FUSED ? "fused backward" : "two-pass backward");
-        Check(2, 5, schedule); // dq, dk, dv
-        if (HasFatalFailure())
-            return;
-    }
+    Check(2, 5); // dq, dk, dv
 }
 
 INSTANTIATE_TEST_SUITE_P(All, NonFinite,

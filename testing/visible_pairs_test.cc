@@ -10,49 +10,24 @@
 #include <vector>
 
 #include "algorithms.h"
+#include "random_mask.h"
 #include "reference/oracle.h"
 
 namespace {
 
-// Positions of a span, as the oracle takes them.
-std::vector<int64_t> Positions(const ctxpar_span &s) {
-    std::vector<int64_t> p(static_cast<size_t>(s.len));
-    for (int64_t i = 0; i < s.len; i++)
-        p[static_cast<size_t>(i)] = s.start + i * s.stride;
-    return p;
-}
-
-// A span of `len` positions with `stride` inside [0, S).
-ctxpar_span RandomSpan(std::mt19937 &rng, int64_t S, int64_t stride) {
-    const int64_t max_len = (S - 1) / stride + 1;
-    const int64_t len = 1 + static_cast<int64_t>(rng() % static_cast<uint32_t>(max_len));
-    const int64_t room = S - ((len - 1) * stride + 1);
-    const int64_t start = static_cast<int64_t>(rng() % static_cast<uint32_t>(room + 1));
-    return ctxpar_span{start, len, stride};
-}
+using cpt_mask::Positions;
+using cpt_mask::RandomMask;
+using cpt_mask::RandomSpan;
 
 TEST(VisiblePairs, EqualTheOraclesMaskPairByPair) {
     std::mt19937 rng(2026);
     int compared = 0, partial = 0;
     for (int it = 0; it < 20000; it++) {
-        const int64_t S = 1 + static_cast<int64_t>(rng() % 70);
-        ctxpar_mask_desc m = {};
-        m.causal = rng() % 2;
-        m.window_left = rng() % 3 ? 0 : 1 + static_cast<int64_t>(rng() % 12);
-        m.window_right = m.causal || rng() % 3 ? 0 : 1 + static_cast<int64_t>(rng() % 12);
+        int64_t S = 0;
         std::vector<int32_t> cu;
-        if (rng() % 2) {
-            const int docs = 1 + static_cast<int>(rng() % 6);
-            cu.push_back(0);
-            for (int d = 1; d < docs; d++) // non-decreasing: some documents empty
-                cu.push_back(std::min<int32_t>(static_cast<int32_t>(S),
-                                               cu.back() + static_cast<int32_t>(rng() % (S / 2 + 1))));
-            cu.push_back(static_cast<int32_t>(S));
-            m.cu_seqlens = cu.data();
-            m.num_docs = docs;
-        }
-        const ctxpar_span q = RandomSpan(rng, S, rng() % 4 ? 1 : 1 + static_cast<int64_t>(rng() % 4));
-        const ctxpar_span k = RandomSpan(rng, S, rng() % 4 ? 1 : 1 + static_cast<int64_t>(rng() % 4));
+        const ctxpar_mask_desc m = RandomMask(rng, 70, &S, &cu);
+        const ctxpar_span q = RandomSpan(rng, S);
+        const ctxpar_span k = RandomSpan(rng, S);
 
         // The library's count: FLOPs of one head, one batch row, D = Dv = 1 are 4 per pair.
         ctxpar_work_stats work = {};
@@ -84,26 +59,6 @@ TEST(VisiblePairs, EqualTheOraclesMaskPairByPair) {
     }
     EXPECT_EQ(compared, 20000);
     EXPECT_GT(partial, 5000); // most blocks are partly visible: the count is exercised
-}
-
-// A random mask over [0, S): causal or not, windows, documents (some empty) kept in cu.
-ctxpar_mask_desc RandomMask(std::mt19937 &rng, int64_t S, std::vector<int32_t> &cu) {
-    ctxpar_mask_desc m = {};
-    m.causal = rng() % 2;
-    m.window_left = rng() % 3 ? 0 : 1 + static_cast<int64_t>(rng() % 12);
-    m.window_right = m.causal || rng() % 3 ? 0 : 1 + static_cast<int64_t>(rng() % 12);
-    cu.clear();
-    if (rng() % 4) {
-        const int docs = 1 + static_cast<int>(rng() % 12);
-        cu.push_back(0);
-        for (int d = 1; d < docs; d++)
-            cu.push_back(std::min<int32_t>(static_cast<int32_t>(S),
-                                           cu.back() + static_cast<int32_t>(rng() % (S / 4 + 1))));
-        cu.push_back(static_cast<int32_t>(S));
-        m.cu_seqlens = cu.data();
-        m.num_docs = docs;
-    }
-    return m;
 }
 
 // Key spans as the layouts make them: whole residue classes of one stride (striped ranks, a
@@ -139,7 +94,7 @@ TEST(VisiblePairs, SpanListsWithAndWithoutCountCache) {
     for (int it = 0; it < 4000; it++) {
         const int64_t S = 1 + static_cast<int64_t>(rng() % 90);
         std::vector<int32_t> cu;
-        const ctxpar_mask_desc m = RandomMask(rng, S, cu);
+        const ctxpar_mask_desc m = RandomMask(rng, S, cpt_mask::DocsDraw{4, 12, 4}, &cu);
         std::vector<ctxpar_span> q;
         for (int n = 1 + static_cast<int>(rng() % 3); n > 0; n--)
             q.push_back(RandomSpan(rng, S, rng() % 2 ? 1 : 1 + static_cast<int64_t>(rng() % 6)));

@@ -13,7 +13,7 @@
 #    gcc/g++: wheel headers, -l:libcudnn.so.9 -l:libnccl.so.2, GoogleTest from the sources
 #    stage.sh carried.
 # 3. Tests, each binary with its own timeout ($CTXPAR_GPU_TEST_TIMEOUT, 120 s); cuda_ops_test
-#    and device_conformance_test (its CUDA factory's cases)
+#    and device_conformance_test (its CUDA factories' cases)
 #    suite by suite (a sticky CUDA error fails its own suite, named, not every later one).
 #    Without a GPU they report "skipped: no CUDA device" (counted as skipped, never passed).
 # 4. compute-sanitizer memcheck and racecheck on a reduced set of small shapes.
@@ -220,7 +220,8 @@ build_from_source() {
     for t in testing/cuda_ops_test testing/device_conformance_test testing/gpu/nccl_comm_test \
         testing/gpu/comm_conformance_nccl_test testing/gpu/e2e_cuda_test; do
         local more="" # the conformance suites' cases are in files of their own
-        [ "$t" = testing/device_conformance_test ] && more="$ROOT/testing/device_conformance.cc"
+        [ "$t" = testing/device_conformance_test ] &&
+            more="$ROOT/testing/device_conformance.cc $ROOT/testing/nonfinite_oracle.cc"
         [ "$t" = testing/gpu/comm_conformance_nccl_test ] && more="$ROOT/testing/comm_conformance.cc"
         g++ -std=c++17 -O2 -fopenmp $inc $gt_flag "$ROOT/$t.cc" $more $LIBS -L"$gt_lib" \
             -lgtest_main -lgtest -o "$B/bin/$(basename $t)" || return 1
@@ -304,8 +305,11 @@ for t in "${TESTS[@]}"; do
     if [ -z "${BIN[$t]:-}" ]; then fail "$t: not built"; continue; fi
     say "$t:"
     if [ "$t" = device_conformance_test ]; then
-        # The CUDA factory's cases only (the CPU tables run in CI), suite by suite.
-        for suite in FwdOracle BwdOracle HeadDim DeviceTest; do
+        # The CUDA factories' cases only (the CPU tables run in CI), suite by suite: "FwdOracle",
+        # "NonFiniteBwd", ... from the test list, so that a new suite is never left out.
+        suites=$("${BIN[$t]}" --gtest_list_tests 2>>"$log" | sed -n 's#^Devices/\(.*\)\.$#\1#p')
+        [ -n "$suites" ] || fail "$t: lists no test suite (see $t.log)"
+        for suite in $suites; do
             run_gtest "$t" "$log" "Devices/$suite.*/cuda*"
         done
     elif [ "$t" = cuda_ops_test ]; then

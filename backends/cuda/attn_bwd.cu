@@ -57,7 +57,7 @@ __device__ __forceinline__ void p_ds_tile(const ctxpar_cuda_attn_args &a, const 
         const int j = c + 8 * i;
         bool vis = row_ok && k0 + j < a.seq_k;
         if (vis && cls == CTXPAR_BLOCK_PARTIAL)
-            vis = visible(a.mask, qrows.pos[r], krows.pos[j], qrows.doc[r], krows.doc[j]);
+            vis = sees(qrows, r, krows.pos[j]);
         float p = 0.0f, ds = 0.0f;
         if (vis) {
             const float *qr = s.sq + r * ld, *kr = s.sk + j * ld;

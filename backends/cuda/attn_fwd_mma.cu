@@ -263,8 +263,7 @@ __global__ void __launch_bounds__(kThreads)
                 if (partial || tail) {
                     bool vis = k0 + col < Sk;
                     if (vis && partial)
-                        vis = visible(a.mask, qrows.pos[rl], krows.pos[col], qrows.doc[rl],
-                                      krows.doc[col]);
+                        vis = sees(qrows, rl, krows.pos[col]);
                     if (!vis) {
                         x = -INFINITY;
                         seen &= ~(1u << (4 * n + e));

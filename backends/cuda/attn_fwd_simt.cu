@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kSimtThreads)
             if (cls == CTXPAR_BLOCK_PARTIAL || k0 + kSimtRows > Sk) {
                 vis = k0 + j < Sk;
                 if (vis && cls == CTXPAR_BLOCK_PARTIAL)
-                    vis = visible(a.mask, qrows.pos[r], krows.pos[j], qrows.doc[r], krows.doc[j]);
+                    vis = sees(qrows, r, krows.pos[j]);
             }
             const float v = vis ? dot * scale_log2 : -INFINITY;
             x[i] = v;

@@ -1,5 +1,5 @@
-// Per-tile bookkeeping shared by the attention kernels: the global positions and documents of
-// a tile's rows in shared memory, their range, and the tile pair's mask class.
+// Per-tile bookkeeping shared by the attention kernels: the global positions of a tile's rows and
+// the keys each sees, in shared memory, their range, and the tile pair's mask class.
 #ifndef CTXPAR_CUDA_TILE_CUH
 #define CTXPAR_CUDA_TILE_CUH
 
@@ -12,8 +12,8 @@ namespace ctxpar_cuda {
 // Positions of N consecutive local rows [row0, row0 + N) of a block; rows >= total are padding.
 template <int N> struct tile_rows {
     int64_t pos[N];
-    int64_t doc[N];
-    int64_t lo, hi; // smallest and largest position of the valid rows
+    int64_t key_lo[N], key_hi[N]; // a query row sees keys [key_lo, key_hi]; padding none
+    int64_t lo, hi;               // smallest and largest position of the valid rows
 };
 
 // Fills t for rows row0.. of a block with `total` rows. Called by every thread of the block;
@@ -26,7 +26,10 @@ __device__ void fill_tile_rows(tile_rows<N> &t, const ctxpar_cuda_positions &p,
         int64_t row = row0 + i;
         int64_t pos = row < total ? position_of(p, row) : 0;
         t.pos[i] = pos;
-        t.doc[i] = row < total ? doc_of(m, pos) : -1;
+        t.key_lo[i] = 1;
+        t.key_hi[i] = 0;
+        if (row < total)
+            keys_of(m, pos, &t.key_lo[i], &t.key_hi[i]);
     }
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -54,6 +57,11 @@ template <int NQ, int NK>
 __device__ __forceinline__ int tile_class(const ctxpar_cuda_mask &m, const tile_rows<NQ> &q,
                                           const tile_rows<NK> &k) {
     return classify(m, q.lo, q.hi, k.lo, k.hi);
+}
+
+// Whether query row r of a tile sees key position k.
+template <int N> __device__ __forceinline__ bool sees(const tile_rows<N> &q, int r, int64_t k) {
+    return q.key_lo[r] <= k && k <= q.key_hi[r];
 }
 
 // Whether no key tile from this one on can be visible: a causal mask with key positions that

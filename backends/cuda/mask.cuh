@@ -1,6 +1,6 @@
 // Positions and masks on the device: the data access behind the mask rule of
-// api/ctxpar_backend.h (ctxpar_mask_interval, ctxpar_mask_classify_keys, compiled for the device
-// too): span positions, and documents from the inline or listed boundaries.
+// api/ctxpar_backend.h (ctxpar_mask_interval, compiled for the device too): span positions, and
+// documents from the inline or listed boundaries.
 #ifndef CTXPAR_CUDA_MASK_CUH
 #define CTXPAR_CUDA_MASK_CUH
 
@@ -76,15 +76,6 @@ __device__ __forceinline__ void keys_of(const ctxpar_cuda_mask &m, int64_t q, in
     int64_t first, last;
     doc_bounds(m, q, &first, &last);
     ctxpar_mask_interval(m.causal, m.window_left, m.window_right, first, last, q, lo, hi);
-}
-
-// ctxpar_mask_classify for the one batch row a kernel sees.
-__device__ __forceinline__ int classify(const ctxpar_cuda_mask &m, int64_t qmin, int64_t qmax,
-                                        int64_t kmin, int64_t kmax) {
-    int64_t lo0, hi0, lo1, hi1;
-    keys_of(m, qmin, &lo0, &hi0);
-    keys_of(m, qmax, &lo1, &hi1);
-    return ctxpar_mask_classify_keys(lo0, hi0, lo1, hi1, kmin, kmax);
 }
 
 } // namespace ctxpar_cuda

@@ -17,26 +17,14 @@ static int64_t floor_div(int64_t a, int64_t b) {
     return a / b - (a % b != 0 && (a < 0) != (b < 0));
 }
 
-// The keys a query at pos sees form one interval of positions [lo, hi] (causal, window and
-// document bounds; empty when lo > hi).
+// The keys a query at pos sees (ctxpar_mask_keys_of), within the sequence: never empty.
 static void visible_interval(const ctxpar_mask_desc *m, int64_t pos, int64_t seq_global,
                              int64_t *lo_out, int64_t *hi_out) {
-    int64_t lo = 0, hi = seq_global - 1;
-    if (m->causal && pos < hi)
-        hi = pos;
-    if (m->window_left > 0 && pos - m->window_left + 1 > lo)
-        lo = pos - m->window_left + 1;
-    if (m->window_right > 0 && pos + m->window_right < hi)
-        hi = pos + m->window_right;
-    if (m->cu_seqlens) {
-        int64_t d = ctxpar_mask_doc_of(m, pos);
-        if (m->cu_seqlens[d] > lo)
-            lo = m->cu_seqlens[d];
-        if (m->cu_seqlens[d + 1] - 1 < hi)
-            hi = m->cu_seqlens[d + 1] - 1;
-    }
-    *lo_out = lo;
-    *hi_out = hi;
+    ctxpar_mask_keys_of(m, pos, lo_out, hi_out);
+    if (*lo_out < 0)
+        *lo_out = 0;
+    if (*hi_out > seq_global - 1)
+        *hi_out = seq_global - 1;
 }
 
 int64_t ctxpar_visible_keys(const ctxpar_mask_desc *m, int64_t pos, const ctxpar_span *k,
@@ -106,13 +94,11 @@ static double pairs_of_segment(int64_t a, int64_t b, int64_t U, int64_t uo, int6
 static double visible_pairs_runs_1(const ctxpar_mask_desc *m, const ctxpar_span *q,
                                    const ctxpar_span *k, int64_t seq_global) {
     const int64_t ks = k->start, ke = k->start + k->len - 1;
-    int64_t uo = INT64_MAX, vo = INT64_MIN;
-    if (m->causal)
-        uo = 0;
-    if (m->window_right > 0 && m->window_right < uo)
-        uo = m->window_right;
-    if (m->window_left > 0)
-        vo = 1 - m->window_left;
+    // The causal and window cut is the same for every query, shifted: its offsets are the keys
+    // query 0 sees without documents (absent: INT64_MIN / INT64_MAX).
+    int64_t vo, uo;
+    ctxpar_mask_interval(m->causal, m->window_left, m->window_right, INT64_MIN, INT64_MAX, 0, &vo,
+                         &uo);
     double n = 0;
     for (int64_t a = q->start, end = q->start + q->len - 1; a <= end;) {
         int64_t lo = 0, hi = seq_global - 1, b = end;
@@ -327,28 +313,18 @@ int ctxpar_spans_ordered(ctxpar_spans s) {
     return 1;
 }
 
-// The key positions some query of span q may see, [*lo, *hi]: past them a key is masked from
-// every query of q by the causal or window bounds of q's first or last query, or lies outside
-// the documents from the first's to the last's (one row of documents) - what makes
-// ctxpar_mask_classify call a block SKIP.
+// The key positions some query of span q may see, [*lo, *hi]: from what its first query sees
+// to what its last one does (the ends only grow), with documents of one row only - past them
+// ctxpar_mask_classify calls a block SKIP.
 static void reach_of(const ctxpar_mask_desc *m, const ctxpar_span *q, int64_t *lo_out,
                      int64_t *hi_out) {
-    int64_t qmin, qmax, lo = INT64_MIN, hi = INT64_MAX;
+    int64_t qmin, qmax, lo, hi;
     span_range(q, &qmin, &qmax);
-    if (m->causal)
-        hi = qmax;
-    if (m->window_left > 0)
-        lo = qmin - m->window_left + 1;
-    if (m->window_right > 0 && qmax + m->window_right < hi)
-        hi = qmax + m->window_right;
-    if (m->cu_seqlens && m->doc_rows == 0) {
-        const int64_t first = m->cu_seqlens[ctxpar_mask_doc_of(m, qmin)];
-        const int64_t end = m->cu_seqlens[ctxpar_mask_doc_of(m, qmax) + 1];
-        lo = first > lo ? first : lo;
-        hi = end - 1 < hi ? end - 1 : hi;
-    }
-    *lo_out = lo;
-    *hi_out = hi;
+    ctxpar_mask_desc r = *m;
+    if (m->doc_rows != 0)
+        r.cu_seqlens = NULL;
+    ctxpar_mask_keys_of(&r, qmin, lo_out, &hi);
+    ctxpar_mask_keys_of(&r, qmax, &lo, hi_out);
 }
 
 // The first of n ordered spans whose last position (last = 1) or first position (last = 0) is

@@ -123,16 +123,61 @@ static inline int64_t ctxpar_mask_doc_of(const ctxpar_mask_desc *m, int64_t pos)
     return lo;
 }
 
-/* Whether query position q sees key position k; qdoc/kdoc from ctxpar_mask_doc_of. */
-static inline int ctxpar_mask_visible(const ctxpar_mask_desc *m, int64_t q, int64_t k,
-                                      int64_t qdoc, int64_t kdoc) {
-    if (m->causal && k > q)
-        return 0;
-    if (m->window_left > 0 && q - k >= m->window_left)
-        return 0;
-    if (m->window_right > 0 && k - q > m->window_right)
-        return 0;
-    return qdoc == kdoc;
+/* The positions [*first, *last] of pos's document (ctxpar_mask_doc_of). The first document
+ * reaches down to INT64_MIN and the last up to INT64_MAX (one document without cu_seqlens), so k
+ * lies in them exactly when ctxpar_mask_doc_of(m, k) is pos's document, for any position. */
+static inline void ctxpar_mask_doc_bounds(const ctxpar_mask_desc *m, int64_t pos, int64_t *first,
+                                          int64_t *last) {
+    *first = INT64_MIN;
+    *last = INT64_MAX;
+    if (!m->cu_seqlens)
+        return;
+    const int64_t d = ctxpar_mask_doc_of(m, pos);
+    if (d > 0)
+        *first = m->cu_seqlens[d];
+    if (d + 1 < m->num_docs)
+        *last = m->cu_seqlens[d + 1] - 1;
+}
+
+/* nvcc compiles what is marked so for the device as well: the kernels share the rule below. */
+#if defined(__CUDACC__)
+#define CTXPAR_HOST_DEVICE __host__ __device__
+#else
+#define CTXPAR_HOST_DEVICE
+#endif
+
+/* The mask rule, the one definition of every mask kind: query position q sees exactly the keys
+ * k in [*lo, *hi], the positions of its document [doc_first, doc_last] (which holds q) that
+ * causal (k <= q), window_left (q - k < window_left) and window_right (k - q <= window_right)
+ * leave; a window of 0 is none. Never empty (it holds q); both ends are non-decreasing in q. */
+CTXPAR_HOST_DEVICE static inline void ctxpar_mask_interval(int causal, int64_t window_left,
+                                                           int64_t window_right, int64_t doc_first,
+                                                           int64_t doc_last, int64_t q, int64_t *lo,
+                                                           int64_t *hi) {
+    *lo = doc_first;
+    *hi = doc_last;
+    if (causal && q < *hi)
+        *hi = q;
+    if (window_left > 0 && q - window_left + 1 > *lo)
+        *lo = q - window_left + 1;
+    if (window_right > 0 && q < *hi - window_right) // not q + window_right: it may overflow
+        *hi = q + window_right;
+}
+
+/* The keys query position q sees under m, one batch row (doc_rows 0): [*lo, *hi]. */
+static inline void ctxpar_mask_keys_of(const ctxpar_mask_desc *m, int64_t q, int64_t *lo,
+                                       int64_t *hi) {
+    int64_t first, last;
+    ctxpar_mask_doc_bounds(m, q, &first, &last);
+    ctxpar_mask_interval(m->causal, m->window_left, m->window_right, first, last, q, lo, hi);
+}
+
+/* Whether query position q sees key position k, one batch row. A lookup per call: kernels take
+ * each query row's interval once (ctxpar_mask_keys_of). */
+static inline int ctxpar_mask_visible(const ctxpar_mask_desc *m, int64_t q, int64_t k) {
+    int64_t lo, hi;
+    ctxpar_mask_keys_of(m, q, &lo, &hi);
+    return lo <= k && k <= hi;
 }
 
 typedef enum ctxpar_block_class {
@@ -141,42 +186,50 @@ typedef enum ctxpar_block_class {
     CTXPAR_BLOCK_FULL = 2,    /* every pair visible: no mask needed */
 } ctxpar_block_class;
 
-/* Classifies every (q, k) pair with q in [qmin, qmax] and k in [kmin, kmax]. Conservative: FULL
- * and SKIP are exact claims about the whole rectangle; anything else is PARTIAL. */
+/* Class of the keys [kmin, kmax] for the queries from one that sees [lo0, hi0] to one that sees
+ * [lo1, hi1] (ctxpar_mask_interval, one document row). The ends only grow with the query: no
+ * query between sees a key outside [lo0, hi1], and every one sees [lo1, hi0]. */
+CTXPAR_HOST_DEVICE static inline ctxpar_block_class
+ctxpar_mask_classify_keys(int64_t lo0, int64_t hi0, int64_t lo1, int64_t hi1, int64_t kmin,
+                          int64_t kmax) {
+    if (kmin > hi1 || kmax < lo0)
+        return CTXPAR_BLOCK_SKIP;
+    if (lo1 <= kmin && kmax <= hi0)
+        return CTXPAR_BLOCK_FULL;
+    return CTXPAR_BLOCK_PARTIAL;
+}
+
+/* ctxpar_mask_classify for one batch row (doc_rows 0). */
+static inline ctxpar_block_class ctxpar_mask_classify_row(const ctxpar_mask_desc *m, int64_t qmin,
+                                                          int64_t qmax, int64_t kmin,
+                                                          int64_t kmax) {
+    int64_t lo0, hi0, lo1, hi1;
+    ctxpar_mask_keys_of(m, qmin, &lo0, &hi0);
+    ctxpar_mask_keys_of(m, qmax, &lo1, &hi1);
+    return ctxpar_mask_classify_keys(lo0, hi0, lo1, hi1, kmin, kmax);
+}
+
+/* Classifies every (q, k) pair with q in [qmin, qmax] and k in [kmin, kmax] (qmin <= qmax,
+ * kmin <= kmax). Conservative: FULL and SKIP are exact claims about the whole rectangle; anything
+ * else is PARTIAL. */
 static inline ctxpar_block_class ctxpar_mask_classify(const ctxpar_mask_desc *m, int64_t qmin,
                                                       int64_t qmax, int64_t kmin, int64_t kmax) {
-    if (m->causal && kmin > qmax)
-        return CTXPAR_BLOCK_SKIP;
-    if (m->window_left > 0 && qmin - kmax >= m->window_left)
-        return CTXPAR_BLOCK_SKIP;
-    if (m->window_right > 0 && kmin - qmax > m->window_right)
-        return CTXPAR_BLOCK_SKIP;
-    int full = 1;
-    if (m->causal && kmax > qmin)
-        full = 0;
-    if (m->window_left > 0 && qmax - kmin >= m->window_left)
-        full = 0;
-    if (m->window_right > 0 && kmax - qmin > m->window_right)
-        full = 0;
-    if (m->cu_seqlens) {
-        // With documents per batch row: SKIP only if every row skips, FULL only if every row is.
-        int any = 0;
-        for (int64_t b = 0; b < (m->doc_rows > 0 ? m->doc_rows : 1); b++) {
-            ctxpar_mask_desc r = ctxpar_mask_row(m, b);
-            int64_t qd0 = ctxpar_mask_doc_of(&r, qmin), qd1 = ctxpar_mask_doc_of(&r, qmax);
-            int64_t kd0 = ctxpar_mask_doc_of(&r, kmin), kd1 = ctxpar_mask_doc_of(&r, kmax);
-            if (qd1 < kd0 || kd1 < qd0) {
-                full = 0;
-                continue;
-            }
-            any = 1;
-            if (!(qd0 == qd1 && kd0 == kd1 && qd0 == kd0))
-                full = 0;
-        }
-        if (!any)
-            return CTXPAR_BLOCK_SKIP;
+    // Documents only narrow the intervals: a SKIP without them holds, and spares the lookups.
+    ctxpar_mask_desc none = *m;
+    none.cu_seqlens = NULL;
+    none.doc_rows = 0;
+    ctxpar_block_class c = ctxpar_mask_classify_row(&none, qmin, qmax, kmin, kmax);
+    if (!m->cu_seqlens || c == CTXPAR_BLOCK_SKIP)
+        return c;
+    // With documents per batch row: SKIP only if every row skips, FULL only if every row is.
+    int skip = 1, full = 1;
+    for (int64_t b = 0; b < (m->doc_rows > 0 ? m->doc_rows : 1); b++) {
+        const ctxpar_mask_desc r = ctxpar_mask_row(m, b);
+        c = ctxpar_mask_classify_row(&r, qmin, qmax, kmin, kmax);
+        skip = skip && c == CTXPAR_BLOCK_SKIP;
+        full = full && c == CTXPAR_BLOCK_FULL;
     }
-    return full ? CTXPAR_BLOCK_FULL : CTXPAR_BLOCK_PARTIAL;
+    return skip ? CTXPAR_BLOCK_SKIP : full ? CTXPAR_BLOCK_FULL : CTXPAR_BLOCK_PARTIAL;
 }
 
 /* Smallest and largest position of a span list (count >= 1, every len >= 1). */

@@ -97,7 +97,7 @@ int ctxpar_bwd_row_sees_only_neg_inf(const ctxpar_bwd_args *a, int64_t b, int64_
         return 0;
     const double sign = ctxpar_cpu_score_sign(blk->scale);
     for (int64_t j = 0; j < p->seq_k; j++) {
-        if (!ctxpar_mask_visible(&blk->mask, p->q_pos[i], p->k_pos[j], p->q_doc[i], p->k_doc[j]))
+        if (!ctxpar_cpu_plan_sees(p, i, j))
             continue;
         double s = 0.0;
         for (int64_t d = 0; d < p->dim; d++)

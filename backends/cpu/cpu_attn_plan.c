@@ -1,5 +1,5 @@
-// The per-call plan of a block pair: global positions and documents of every
-// row, the position range of every tile, and the helpers the forward and backward share.
+// The per-call plan of a block pair: global positions of every row, the keys every query row
+// sees, the position range of every tile, and the helpers the forward and backward share.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,24 +42,22 @@ ctxpar_status ctxpar_cpu_plan_init(const ctxpar_attn_block *blk, const char *op,
     p.group = p.heads_q / p.heads_kv;
     p.q_tiles = (p.seq_q + CTXPAR_CPU_TILE_Q - 1) / CTXPAR_CPU_TILE_Q;
     p.k_tiles = (p.seq_k + CTXPAR_CPU_TILE_K - 1) / CTXPAR_CPU_TILE_K;
-    // One allocation: positions, documents, tile ranges of both sides (+1: never malloc(0)).
-    size_t n = (size_t)(2 * p.seq_q + 2 * p.seq_k + 2 * p.q_tiles + 2 * p.k_tiles + 1);
+    // One allocation: positions, key intervals, tile ranges (+1: never malloc(0)).
+    size_t n = (size_t)(3 * p.seq_q + p.seq_k + 2 * p.q_tiles + 2 * p.k_tiles + 1);
     int64_t *mem = malloc(n * sizeof *mem);
     if (!mem)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "%s: cannot allocate the %zu-byte plan", op,
                             n * sizeof *mem);
     p.q_pos = mem;
     p.k_pos = p.q_pos + p.seq_q;
-    p.q_doc = p.k_pos + p.seq_k;
-    p.k_doc = p.q_doc + p.seq_q;
-    p.q_range = p.k_doc + p.seq_k;
+    p.q_lo = p.k_pos + p.seq_k;
+    p.q_hi = p.q_lo + p.seq_q;
+    p.q_range = p.q_hi + p.seq_q;
     p.k_range = p.q_range + 2 * p.q_tiles;
     expand_positions(blk->q_pos, p.q_pos);
     expand_positions(blk->k_pos, p.k_pos);
     for (int64_t i = 0; i < p.seq_q; i++)
-        p.q_doc[i] = ctxpar_mask_doc_of(&blk->mask, p.q_pos[i]);
-    for (int64_t i = 0; i < p.seq_k; i++)
-        p.k_doc[i] = ctxpar_mask_doc_of(&blk->mask, p.k_pos[i]);
+        ctxpar_mask_keys_of(&blk->mask, p.q_pos[i], &p.q_lo[i], &p.q_hi[i]);
     tile_ranges(p.q_pos, p.seq_q, CTXPAR_CPU_TILE_Q, p.q_range);
     tile_ranges(p.k_pos, p.seq_k, CTXPAR_CPU_TILE_K, p.k_range);
     p.whole = CTXPAR_BLOCK_SKIP;
@@ -87,12 +85,10 @@ ctxpar_block_class ctxpar_cpu_plan_classify(const ctxpar_cpu_plan *plan, int64_t
 
 void ctxpar_cpu_plan_mask(const ctxpar_cpu_plan *plan, float *s, uint32_t *vis, int64_t lds,
                           int64_t q0, int64_t k0, int64_t rows, int64_t lanes, int keys_in_rows) {
-    const ctxpar_mask_desc *m = &plan->blk->mask;
     for (int64_t n = 0; n < rows; n++)
         for (int64_t l = 0; l < lds; l++) {
             int64_t qi = q0 + (keys_in_rows ? l : n), ki = k0 + (keys_in_rows ? n : l);
-            int seen = l >= lanes || ctxpar_mask_visible(m, plan->q_pos[qi], plan->k_pos[ki],
-                                                         plan->q_doc[qi], plan->k_doc[ki]);
+            int seen = l >= lanes || ctxpar_cpu_plan_sees(plan, qi, ki);
             vis[n * lds + l] = seen ? 0xffffffffu : 0u;
             if (!seen)
                 s[n * lds + l] = -INFINITY;

@@ -37,13 +37,14 @@ typedef struct ctxpar_cpu_device {
 int ctxpar_cpu_threads(const ctxpar_cpu_device *cpu);
 
 /* Everything an attention kernel needs to know about one block pair, checked and expanded:
- * global positions and document ids of every row, and the position range of every tile. */
+ * global positions of every row, the keys every query row sees, and the position range of every
+ * tile. */
 typedef struct ctxpar_cpu_plan {
     const ctxpar_attn_block *blk;
     int64_t batch, seq_q, seq_k, heads_q, heads_kv, dim, group; /* group = heads_q / heads_kv */
     int64_t dim_v;                                              /* of v and out (MLA) */
     int64_t *q_pos, *k_pos;                                     /* [seq_q], [seq_k] */
-    int64_t *q_doc, *k_doc;     /* document of each row (0 without documents) */
+    int64_t *q_lo, *q_hi;       /* query row i sees keys [q_lo[i], q_hi[i]] (ctxpar_mask_keys_of) */
     int64_t *q_range, *k_range; /* (min, max) position of each tile: [2 * tiles] */
     int64_t q_tiles, k_tiles;   /* tiles of CTXPAR_CPU_TILE_Q / CTXPAR_CPU_TILE_K rows */
     ctxpar_block_class whole;   /* class of the whole block pair */
@@ -57,6 +58,12 @@ void ctxpar_cpu_plan_release(ctxpar_cpu_plan *plan);
 
 /* Class of query tile qt against key tile kt. */
 ctxpar_block_class ctxpar_cpu_plan_classify(const ctxpar_cpu_plan *plan, int64_t qt, int64_t kt);
+
+/* Whether query row qi sees key row ki. */
+static inline int ctxpar_cpu_plan_sees(const ctxpar_cpu_plan *plan, int64_t qi, int64_t ki) {
+    const int64_t k = plan->k_pos[ki];
+    return plan->q_lo[qi] <= k && k <= plan->q_hi[qi];
+}
 
 /* For a PARTIAL tile: sets s[n*lds + l] = -inf for every pair the mask hides, n < rows, l < lanes,
  * and writes vis[n*lds + l] (n < rows, l < lds) = 0 for those pairs, 0xffffffff for the others

@@ -43,8 +43,8 @@ __device__ __forceinline__ bwd_smem carve_bwd_smem(float *base, int ld) {
  */
 __device__ __forceinline__ void p_ds_tile(const ctxpar_cuda_attn_args &a, const bwd_smem &s, int ld,
                                           const float *s_lse, const float *s_delta, uint32_t *s_vis,
-                                          int cls, const tile_rows<kSimtRows> &qrows,
-                                          const tile_rows<kSimtRows> &krows, int64_t q0,
+                                          int cls, const tile_rows<kSimtRows, true> &qrows,
+                                          const tile_rows<kSimtRows, false> &krows, int64_t q0,
                                           int64_t k0) {
     const int D = (int)a.head_dim;
     const int r = threadIdx.x / 8, c = threadIdx.x % 8;
@@ -57,7 +57,7 @@ __device__ __forceinline__ void p_ds_tile(const ctxpar_cuda_attn_args &a, const 
         const int j = c + 8 * i;
         bool vis = row_ok && k0 + j < a.seq_k;
         if (vis && cls == CTXPAR_BLOCK_PARTIAL)
-            vis = visible(a.mask, qrows.pos[r], krows.pos[j], qrows.doc[r], krows.doc[j]);
+            vis = sees(qrows, r, krows.pos[j]);
         float p = 0.0f, ds = 0.0f;
         if (vis) {
             const float *qr = s.sq + r * ld, *kr = s.sk + j * ld;
@@ -104,7 +104,8 @@ template <typename T>
 __global__ void __launch_bounds__(kSimtThreads)
     attn_bwd_dkdv_kernel(const ctxpar_cuda_attn_args a, const ctxpar_cuda_bwd_args g) {
     extern __shared__ float smem[];
-    __shared__ tile_rows<kSimtRows> qrows, krows;
+    __shared__ tile_rows<kSimtRows, true> qrows;
+    __shared__ tile_rows<kSimtRows, false> krows;
     __shared__ float s_lse[kSimtRows], s_delta[kSimtRows];
     __shared__ uint32_t s_vis[kSimtRows];
     const int D = (int)a.head_dim, ld = simt_ld(D);
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(kSimtThreads)
             int cls = CTXPAR_BLOCK_FULL;
             if (!full) {
                 fill_tile_rows(qrows, a.q_pos, a.mask, q0, a.seq_q);
-                cls = tile_class(a.mask, qrows, krows);
+                cls = tile_class(qrows, krows);
                 if (cls == CTXPAR_BLOCK_SKIP)
                     continue;
             } else {
@@ -189,7 +190,8 @@ template <typename T>
 __global__ void __launch_bounds__(kSimtThreads)
     attn_bwd_dq_kernel(const ctxpar_cuda_attn_args a, const ctxpar_cuda_bwd_args g) {
     extern __shared__ float smem[];
-    __shared__ tile_rows<kSimtRows> qrows, krows;
+    __shared__ tile_rows<kSimtRows, true> qrows;
+    __shared__ tile_rows<kSimtRows, false> krows;
     __shared__ float s_lse[kSimtRows], s_delta[kSimtRows];
     __shared__ uint32_t s_vis[kSimtRows];
     const int D = (int)a.head_dim, ld = simt_ld(D);
@@ -219,7 +221,7 @@ __global__ void __launch_bounds__(kSimtThreads)
         int cls = CTXPAR_BLOCK_FULL;
         if (!full) {
             fill_tile_rows(krows, a.k_pos, a.mask, k0, a.seq_k);
-            cls = tile_class(a.mask, qrows, krows);
+            cls = tile_class(qrows, krows);
             if (cls == CTXPAR_BLOCK_SKIP && rest_is_masked(a, qrows, krows))
                 break;
             if (cls == CTXPAR_BLOCK_SKIP)

@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(kThreads)
     constexpr int kQElems = kBlockQ * LD;
     constexpr int kSmemElems = kKvElems > kQElems ? kKvElems : kQElems;
     __shared__ __align__(16) uint16_t smem[kSmemElems];
-    __shared__ tile_rows<kBlockQ> qrows;
-    __shared__ tile_rows<BK> krows;
+    __shared__ tile_rows<kBlockQ, true> qrows;
+    __shared__ tile_rows<BK, false> krows;
     __shared__ unsigned long long bad_rows; // keys of the tile whose V row has a non-finite value
     static_assert(kBlockQ <= LD, "P of a tile (kBlockQ x BK) fits where the K tile was");
     static_assert(BK / 8 * 4 <= 32, "a thread's scores of a tile fit in one 32-bit mask");
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kThreads)
         int cls = CTXPAR_BLOCK_FULL;
         if (!full) {
             fill_tile_rows(krows, a.k_pos, a.mask, k0, Sk); // also the barrier for sk/sv reuse
-            cls = tile_class(a.mask, qrows, krows);
+            cls = tile_class(qrows, krows);
             if (cls == CTXPAR_BLOCK_SKIP && rest_is_masked(a, qrows, krows))
                 break;
             if (cls == CTXPAR_BLOCK_SKIP)
@@ -263,8 +263,7 @@ __global__ void __launch_bounds__(kThreads)
                 if (partial || tail) {
                     bool vis = k0 + col < Sk;
                     if (vis && partial)
-                        vis = visible(a.mask, qrows.pos[rl], krows.pos[col], qrows.doc[rl],
-                                      krows.doc[col]);
+                        vis = sees(qrows, rl, krows.pos[col]);
                     if (!vis) {
                         x = -INFINITY;
                         seen &= ~(1u << (4 * n + e));

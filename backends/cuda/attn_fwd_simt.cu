@@ -31,7 +31,8 @@ template <typename T>
 __global__ void __launch_bounds__(kSimtThreads)
     attn_fwd_simt_kernel(const ctxpar_cuda_attn_args a, float *out_acc, float *lse_acc, int merge) {
     extern __shared__ float smem[];
-    __shared__ tile_rows<kSimtRows> qrows, krows;
+    __shared__ tile_rows<kSimtRows, true> qrows;
+    __shared__ tile_rows<kSimtRows, false> krows;
     const int D = (int)a.head_dim, ld = simt_ld(D);
     float *sq = smem, *sk = sq + kSimtRows * ld, *sv = sk + kSimtRows * ld;
     float *sp = sv + kSimtRows * ld;
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kSimtThreads)
         int cls = CTXPAR_BLOCK_FULL;
         if (!full) {
             fill_tile_rows(krows, a.k_pos, a.mask, k0, Sk);
-            cls = tile_class(a.mask, qrows, krows);
+            cls = tile_class(qrows, krows);
             if (cls == CTXPAR_BLOCK_SKIP && rest_is_masked(a, qrows, krows))
                 break;
             if (cls == CTXPAR_BLOCK_SKIP)
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(kSimtThreads)
             if (cls == CTXPAR_BLOCK_PARTIAL || k0 + kSimtRows > Sk) {
                 vis = k0 + j < Sk;
                 if (vis && cls == CTXPAR_BLOCK_PARTIAL)
-                    vis = visible(a.mask, qrows.pos[r], krows.pos[j], qrows.doc[r], krows.doc[j]);
+                    vis = sees(qrows, r, krows.pos[j]);
             }
             const float v = vis ? dot * scale_log2 : -INFINITY;
             x[i] = v;

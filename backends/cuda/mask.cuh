@@ -1,6 +1,6 @@
-// Positions and masks on the device: the twins of ctxpar_spans / ctxpar_mask_* in
-// api/ctxpar_backend.h, which are host-only inline C. Keep the two in step: the host classifies
-// whole blocks with the originals, the kernels classify tiles and single pairs with these.
+// Positions and masks on the device: the data access behind the mask rule of
+// api/ctxpar_backend.h (ctxpar_mask_interval, compiled for the device too): span positions, and
+// documents from the inline or listed boundaries.
 #ifndef CTXPAR_CUDA_MASK_CUH
 #define CTXPAR_CUDA_MASK_CUH
 
@@ -34,12 +34,15 @@ __device__ __forceinline__ int64_t position_of(const ctxpar_cuda_positions &p, i
     return 0;
 }
 
-// ctxpar_mask_doc_of: the last document whose first position is <= pos (0 without documents).
-// Counting the boundaries 1..num_docs-1 that are <= pos gives the same index for a
-// non-decreasing cu_seqlens.
-__device__ __forceinline__ int64_t doc_of(const ctxpar_cuda_mask &m, int64_t pos) {
+// ctxpar_mask_doc_bounds: the positions [first, last] of pos's document, the first reaching down
+// to INT64_MIN and the last up to INT64_MAX. Of the inner boundaries (1..num_docs-1, non-
+// decreasing), the largest <= pos starts it and the smallest above ends it.
+__device__ __forceinline__ void doc_bounds(const ctxpar_cuda_mask &m, int64_t pos, int64_t *first,
+                                           int64_t *last) {
+    *first = INT64_MIN;
+    *last = INT64_MAX;
     if (m.num_docs <= 1)
-        return 0;
+        return;
     if (m.cu_list) {
         int64_t lo = 0, hi = m.num_docs - 1;
         while (lo < hi) {
@@ -49,52 +52,30 @@ __device__ __forceinline__ int64_t doc_of(const ctxpar_cuda_mask &m, int64_t pos
             else
                 hi = mid - 1;
         }
-        return lo;
+        if (lo > 0)
+            *first = m.cu_list[lo];
+        if (lo + 1 < m.num_docs)
+            *last = m.cu_list[lo + 1] - 1;
+        return;
     }
-    int64_t doc = 0;
 #pragma unroll
-    for (int j = 1; j < CTXPAR_CUDA_INLINE_BOUNDS - 1; j++)
-        doc += (j < m.num_docs && m.cu_inline[j] <= pos) ? 1 : 0;
-    return doc;
-}
-
-// ctxpar_mask_visible.
-__device__ __forceinline__ bool visible(const ctxpar_cuda_mask &m, int64_t q, int64_t k,
-                                        int64_t qdoc, int64_t kdoc) {
-    if (m.causal && k > q)
-        return false;
-    if (m.window_left > 0 && q - k >= m.window_left)
-        return false;
-    if (m.window_right > 0 && k - q > m.window_right)
-        return false;
-    return qdoc == kdoc;
-}
-
-// ctxpar_mask_classify, with the documents of the four corners already looked up.
-__device__ __forceinline__ int classify(const ctxpar_cuda_mask &m, int64_t qmin, int64_t qmax,
-                                        int64_t kmin, int64_t kmax) {
-    if (m.causal && kmin > qmax)
-        return CTXPAR_BLOCK_SKIP;
-    if (m.window_left > 0 && qmin - kmax >= m.window_left)
-        return CTXPAR_BLOCK_SKIP;
-    if (m.window_right > 0 && kmin - qmax > m.window_right)
-        return CTXPAR_BLOCK_SKIP;
-    bool full = true;
-    if (m.causal && kmax > qmin)
-        full = false;
-    if (m.window_left > 0 && qmax - kmin >= m.window_left)
-        full = false;
-    if (m.window_right > 0 && kmax - qmin > m.window_right)
-        full = false;
-    if (m.num_docs > 0) {
-        int64_t qd0 = doc_of(m, qmin), qd1 = doc_of(m, qmax);
-        int64_t kd0 = doc_of(m, kmin), kd1 = doc_of(m, kmax);
-        if (qd1 < kd0 || kd1 < qd0)
-            return CTXPAR_BLOCK_SKIP;
-        if (!(qd0 == qd1 && kd0 == kd1 && qd0 == kd0))
-            full = false;
+    for (int j = 1; j < CTXPAR_CUDA_INLINE_BOUNDS - 1; j++) {
+        if (j < m.num_docs) {
+            const int64_t c = m.cu_inline[j];
+            if (c <= pos)
+                *first = c;
+            else if (c - 1 < *last)
+                *last = c - 1;
+        }
     }
-    return full ? CTXPAR_BLOCK_FULL : CTXPAR_BLOCK_PARTIAL;
+}
+
+// ctxpar_mask_keys_of: the keys position q sees, [*lo, *hi].
+__device__ __forceinline__ void keys_of(const ctxpar_cuda_mask &m, int64_t q, int64_t *lo,
+                                        int64_t *hi) {
+    int64_t first, last;
+    doc_bounds(m, q, &first, &last);
+    ctxpar_mask_interval(m.causal, m.window_left, m.window_right, first, last, q, lo, hi);
 }
 
 } // namespace ctxpar_cuda

@@ -726,14 +726,7 @@ TEST(PlanCoverage, MaskKeysMatchPairByPair) {
             uint64_t n = 0, sum = 0, sumsq = 0;
             for (int64_t t = 0; t < k.len; t++) {
                 const int64_t key = k.start + t * k.stride;
-                int64_t dq = 0, dk = 0;
-                for (size_t d = 0; docs && d + 1 < cu.size(); d++) {
-                    if (cu[d] <= pos && pos < cu[d + 1])
-                        dq = static_cast<int64_t>(d);
-                    if (cu[d] <= key && key < cu[d + 1])
-                        dk = static_cast<int64_t>(d);
-                }
-                if (ctxpar_mask_visible(&m, pos, key, dq, dk)) {
+                if (ctxpar_mask_visible(&m, pos, key)) {
                     n++;
                     sum += static_cast<uint64_t>(key);
                     sumsq += static_cast<uint64_t>(key) * static_cast<uint64_t>(key);

@@ -377,7 +377,7 @@ static ctxpar_status begin(const ctxpar_run *run, const ctxpar_problem *pb, int 
     c->own_rows = (hyb_rows){0, {0}, NULL};
     c->piece = NULL;
     CTXPAR_CHECK(get_grid(run, c->grid, c->u));
-    c->sent0 = c->grid->group->bytes_sent + c->grid->ring->bytes_sent;
+    c->sent0 = ctxpar_comm_bytes_sent(c->grid->group) + ctxpar_comm_bytes_sent(c->grid->ring);
     CTXPAR_CHECK(group_rows(run, pb, c));
     c->r.map = &c->rows->ring_map;
     ctxpar_seg in[7], back[3];
@@ -405,7 +405,8 @@ static ctxpar_status begin(const ctxpar_run *run, const ctxpar_problem *pb, int 
 // and dropped: the next call splits again.
 static ctxpar_status end(const ctxpar_run *run, hyb_call *c, ctxpar_status st) {
     if (c->grid->group && c->grid->ring)
-        run->comm->bytes_sent += c->grid->group->bytes_sent + c->grid->ring->bytes_sent - c->sent0;
+        ctxpar_comm_count_sent(run->comm, ctxpar_comm_bytes_sent(c->grid->group) +
+                                              ctxpar_comm_bytes_sent(c->grid->ring) - c->sent0);
     if (st != CTXPAR_OK && c->grid->group) {
         ctxpar_comm_abort(c->grid->group);
         ctxpar_comm_abort(c->grid->ring);

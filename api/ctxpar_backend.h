@@ -550,14 +550,14 @@ struct ctxpar_comm_ops {
                            struct ctxpar_comm **comm_out);
 };
 
-/* The base object. rank/size are set by the constructor; the rest belongs to the dispatch. */
+/* The base object a comm's ops receive. The dispatch creates it (ctxpar_comm_create: rank and
+ * size as given) and keeps its own counts beside it, out of the comm's sight. */
 struct ctxpar_comm {
     const struct ctxpar_comm_ops *ops;
     void *impl;
     int rank;
     int size;
-    double timeout_s;    /* for blocking waits; default 60 */
-    uint64_t bytes_sent; /* counted by the dispatch wrappers */
+    double timeout_s; /* for blocking waits (ctxpar_comm_set_timeout); default 60 */
 };
 
 /* Checks the table and wraps it. On failure the caller still owns impl. */

@@ -74,7 +74,7 @@ ctxpar_status ctxpar_context_bytes_sent(const ctxpar_context *ctx, uint64_t *byt
     if (!ctx || !bytes_out)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "ctx (%p) and bytes_out (%p) must be set",
                             (const void *)ctx, (void *)bytes_out);
-    *bytes_out = ctx->comm->bytes_sent;
+    *bytes_out = ctxpar_comm_bytes_sent(ctx->comm);
     return CTXPAR_OK;
 }
 

@@ -75,6 +75,11 @@ ctxpar_status ctxpar_dev_attn_supported(const ctxpar_device *dev, const ctxpar_a
 
 /* ================================================================ comm */
 
+/* Bytes this rank's transfers on `comm` sent so far, as the wrappers count them (0 for NULL). */
+uint64_t ctxpar_comm_bytes_sent(const ctxpar_comm *comm);
+/* Adds bytes sent on comms derived from `comm` (the hybrid's sub-comms) to its count. */
+void ctxpar_comm_count_sent(ctxpar_comm *comm, uint64_t bytes);
+
 ctxpar_status ctxpar_comm_sendrecv(ctxpar_comm *comm, const void *sendbuf, size_t send_bytes,
                                    int dst, void *recvbuf, size_t recv_bytes, int src, int tag,
                                    ctxpar_stream *stream, ctxpar_request **req_out);

@@ -5,6 +5,24 @@
 
 #include "dispatch.h"
 
+// The object ctxpar_comm_create allocates: the comm's view first, the dispatch's counts after.
+typedef struct comm_state {
+    struct ctxpar_comm comm;
+    uint64_t bytes_sent; // what this rank's transfers sent, as the wrappers count it
+} comm_state;
+
+static comm_state *state_of(const ctxpar_comm *comm) {
+    return (comm_state *)(uintptr_t)comm; // comm is the first member
+}
+
+uint64_t ctxpar_comm_bytes_sent(const ctxpar_comm *comm) {
+    return comm ? state_of(comm)->bytes_sent : 0;
+}
+
+void ctxpar_comm_count_sent(ctxpar_comm *comm, uint64_t bytes) {
+    state_of(comm)->bytes_sent += bytes;
+}
+
 #define COMM_OPS struct ctxpar_comm_ops
 #define HAS(comm, member) CTXPAR_OPS_HAS((comm)->ops, COMM_OPS, member)
 
@@ -72,9 +90,10 @@ ctxpar_status ctxpar_comm_create(const COMM_OPS *ops, void *impl, int rank, int 
     if (size < 1 || rank < 0 || rank >= size)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "comm '%s': rank %d is not in [0, %d)", name,
                             rank, size);
-    ctxpar_comm *comm = calloc(1, sizeof *comm);
-    if (!comm)
+    comm_state *cs = calloc(1, sizeof *cs);
+    if (!cs)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate a comm object");
+    ctxpar_comm *comm = &cs->comm;
     comm->ops = ops;
     comm->impl = impl;
     comm->rank = rank;
@@ -88,7 +107,7 @@ void ctxpar_comm_destroy(ctxpar_comm *comm) {
     if (!comm)
         return;
     comm->ops->destroy(comm);
-    free(comm);
+    free(state_of(comm));
 }
 
 int ctxpar_comm_rank(const ctxpar_comm *comm) {
@@ -120,7 +139,7 @@ ctxpar_status ctxpar_comm_sendrecv(ctxpar_comm *comm, const void *sendbuf, size_
     CTXPAR_CHECK(comm->ops->sendrecv(comm, sendbuf, send_bytes, dst, recvbuf, recv_bytes, src, tag,
                                      stream, req_out));
     if (dst >= 0)
-        comm->bytes_sent += send_bytes;
+        state_of(comm)->bytes_sent += send_bytes;
     return CTXPAR_OK;
 }
 
@@ -130,7 +149,7 @@ ctxpar_status ctxpar_comm_allgather(ctxpar_comm *comm, const void *sendbuf, void
     CTXPAR_CHECK(times("allgather", bytes, (size_t)comm->size, &total));
     CTXPAR_CHECK(check_buffers("allgather", sendbuf, bytes, recvbuf, total, req_out));
     CTXPAR_CHECK(comm->ops->allgather(comm, sendbuf, recvbuf, bytes, stream, req_out));
-    comm->bytes_sent += bytes * (size_t)(comm->size - 1); // what a ring/direct exchange sends
+    state_of(comm)->bytes_sent += bytes * (size_t)(comm->size - 1); // what a ring/direct exchange sends
     return CTXPAR_OK;
 }
 
@@ -142,7 +161,7 @@ ctxpar_status ctxpar_comm_reduce_scatter(ctxpar_comm *comm, const float *sendbuf
     CTXPAR_CHECK(times("reduce_scatter", bytes, (size_t)comm->size, &total));
     CTXPAR_CHECK(check_buffers("reduce_scatter", sendbuf, total, recvbuf, bytes, req_out));
     CTXPAR_CHECK(comm->ops->reduce_scatter(comm, sendbuf, recvbuf, count, stream, req_out));
-    comm->bytes_sent += count * sizeof(float) * (size_t)(comm->size - 1);
+    state_of(comm)->bytes_sent += count * sizeof(float) * (size_t)(comm->size - 1);
     return CTXPAR_OK;
 }
 
@@ -152,7 +171,7 @@ ctxpar_status ctxpar_comm_alltoall(ctxpar_comm *comm, const void *sendbuf, void 
     CTXPAR_CHECK(times("alltoall", bytes, (size_t)comm->size, &total));
     CTXPAR_CHECK(check_buffers("alltoall", sendbuf, total, recvbuf, total, req_out));
     CTXPAR_CHECK(comm->ops->alltoall(comm, sendbuf, recvbuf, bytes, stream, req_out));
-    comm->bytes_sent += bytes * (size_t)(comm->size - 1);
+    state_of(comm)->bytes_sent += bytes * (size_t)(comm->size - 1);
     return CTXPAR_OK;
 }
 

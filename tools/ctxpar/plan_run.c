@@ -104,7 +104,7 @@ static ctxpar_status run_rank(plan_ctx *c, const ctxpar_algorithm *algo, ctxpar_
     if (st == CTXPAR_OK)
         st = ctxpar_workspace_finish(&c->ws, NULL);
     out->pairs = out->flops_fwd / (2.0 * (double)(pb->head_dim + pb->head_dim_v));
-    out->bytes_sent = comm->bytes_sent;
+    out->bytes_sent = ctxpar_comm_bytes_sent(comm);
     for (int l = 0; l < CPT_LINKS; l++)
         out->bytes_received += out->traffic.p2p_recv_bytes[l] + out->traffic.coll_recv_bytes[l];
     out->workspace_bytes = c->ws.bytes; // grown to this rank's largest call since its release

@@ -8,7 +8,18 @@ import numpy as np
 from . import _lib
 from . import _tensor as T
 
-ALGOS = {"auto": 0, "ring": 1, "allgather": 2, "alltoall": 3, "hybrid": 4}
+
+def _algorithms():
+    """{name: ctxpar_algo value}: "auto" and every entry of the library's table, by asking it
+    (ctxpar_algo_name answers "?" past the last one)."""
+    table, algo = {"auto": 0}, 1
+    while (name := _lib.lib.ctxpar_algo_name(algo).decode()) != "?":
+        table[name] = algo
+        algo += 1
+    return table
+
+
+ALGOS = _algorithms()
 LAYOUTS = {"contiguous": 0, "zigzag": 1, "striped": 2, "custom": 3}
 MASKS = {"none": 0, "causal": 1}
 _INT32 = np.iinfo(np.int32)

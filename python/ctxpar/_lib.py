@@ -80,6 +80,7 @@ _SIGNATURES = {
     "ctxpar_status_string": (c_char_p, [c_int]),
     "ctxpar_last_error": (c_char_p, []),
     "ctxpar_version": (c_char_p, []),
+    "ctxpar_algo_name": (c_char_p, [c_int]),
     "ctxpar_device_create_cpu": (c_int, [_P(CpuOptions), _P(c_void_p)]),
     "ctxpar_device_destroy": (None, [c_void_p]),
     "ctxpar_device_names": (c_int, [_P(ctypes.c_char_p), _P(ctypes.c_char_p), c_int]),

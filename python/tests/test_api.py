@@ -156,6 +156,13 @@ def test_devices_by_name():
     assert "'tpu'" in str(e.value) and "cpu" in str(e.value)
 
 
+def test_algorithm_names_come_from_the_library():
+    from ctxpar._core import ALGOS
+    assert ALGOS["auto"] == 0
+    assert {"ring", "allgather", "alltoall", "hybrid"} <= set(ALGOS)
+    assert sorted(ALGOS.values()) == list(range(len(ALGOS))), "the table's values, no gap"
+
+
 def test_comms_by_name():
     kinds = ctxpar.comms()
     assert kinds[0][0] == "local" and kinds[0][1]

@@ -21,7 +21,7 @@ gpu_init "$1" "${CTXPAR_GPU_BUDGET:-420}"
 TEST_TIMEOUT="${CTXPAR_GPU_TEST_TIMEOUT:-90}"
 gpu_environment
 # cuDNN's own log (errors and warnings; 3 adds every call), one file per step: a refused graph
-# says why there. The frontend's variables too, in case a build uses it.
+# says why there.
 export CUDNN_LOGLEVEL_DBG="${CUDNN_LOGLEVEL_DBG:-2}"
 cudnn_log() { export CUDNN_LOGDEST_DBG="$RESULTS_DIR/cudnn_$1.log"; }
 say "cuDNN log: level $CUDNN_LOGLEVEL_DBG, to $RESULTS_DIR/cudnn_<step>.log"
@@ -80,6 +80,9 @@ cudnn_log sanitizer
 gpu_sanitizers "*Cudnn*"
 gpu_test_totals
 
+for f in "$RESULTS_DIR"/cudnn_*.log; do
+    [ -s "$f" ] && say "cuDNN log $(basename "$f"): $(wc -l < "$f") lines"
+done
 gpu_done
 say "skips (tests and steps) are counted above, never as passes"
 exit $FAILED

@@ -60,6 +60,8 @@ gpu_environment() {
     fi
     HAVE_GPU=0
     if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then HAVE_GPU=1; fi
+    # The tests' skip-or-fail rule (gpu_rule.h) then fails what cannot run, whatever they probe.
+    [ $HAVE_GPU = 1 ] && export CTXPAR_GPU_EXPECTED=1
 
     section "environment"
     say "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || cat "$STAGE/COMMIT" 2>/dev/null)"
@@ -136,13 +138,17 @@ loads() { [ -x "$1" ] && ! ldd "$1" 2>&1 | grep -q "not found"; }
 # The staged tree as it travelled: its size, and each binary's unresolved libraries. Returns 1
 # when something is missing or does not load.
 gpu_check_stage() {
-    local total b bad=0
+    local total b head bad=0
     if [ ! -d "$STAGE/bin" ]; then
         say "stage: no gpu_stage/bin (testing/gpu/stage.sh was not run before the tree travelled)"
         return 1
     fi
     total=$(du -sb "$STAGE" | cut -f1)
     say "stage: $((total / 1024 / 1024)) MiB, commit $(cat "$STAGE/COMMIT" 2>/dev/null)"
+    head=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null)
+    if [ -n "$head" ] && [ "$(cat "$STAGE/COMMIT" 2>/dev/null)" != "$head" ]; then
+        say "stage: NOT built from this tree's commit $head: its binaries may be stale"
+    fi
     if [ "$total" -gt $((60 * 1024 * 1024)) ]; then
         say "stage: over 60 MiB"
         bad=1
@@ -257,10 +263,13 @@ build_from_source() {
     [ "$gt_inc" = /usr/include ] && gt_flag="" # already searched; -isystem would reorder it
     for t in testing/cuda_ops_test testing/device_conformance_test testing/gpu/nccl_comm_test \
         testing/gpu/comm_conformance_nccl_test testing/gpu/e2e_cuda_test; do
-        local more="" # the conformance suites' cases are in files of their own
+        # Every one takes the skip-or-fail rule; the conformance suites' cases are in files of
+        # their own.
+        local more="$ROOT/testing/gpu/gpu_rule.cc"
         [ "$t" = testing/device_conformance_test ] &&
-            more="$ROOT/testing/device_conformance.cc $ROOT/testing/nonfinite_oracle.cc"
-        [ "$t" = testing/gpu/comm_conformance_nccl_test ] && more="$ROOT/testing/comm_conformance.cc"
+            more="$more $ROOT/testing/device_conformance.cc $ROOT/testing/nonfinite_oracle.cc"
+        [ "$t" = testing/gpu/comm_conformance_nccl_test ] &&
+            more="$more $ROOT/testing/comm_conformance.cc"
         g++ -std=c++17 -O2 -fopenmp $inc $gt_flag "$ROOT/$t.cc" $more $LIBS -L"$gt_lib" \
             -lgtest_main -lgtest -o "$B/bin/$(basename $t)" || return 1
     done

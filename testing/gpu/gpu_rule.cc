@@ -55,10 +55,17 @@ bool Visible() {
     return visible;
 }
 
+// Fatal, so that gtest runs no test body after a SetUp that failed this way (a non-fatal failure
+// followed by GTEST_SKIP would run it, on a device that does not exist).
+static void FailFatally(const std::string &what) {
+    FAIL() << what;
+}
+
 std::string Report(Verdict v, const std::string &why) {
     if (v == Verdict::kFail) {
-        ADD_FAILURE() << "a GPU is visible but the test cannot run on it: " << why;
-        return "a GPU is visible but the test cannot run on it: " + why;
+        const std::string what = "a GPU is visible but the test cannot run on it: " + why;
+        FailFatally(what);
+        return what;
     }
     return v == Verdict::kSkip ? "no CUDA device (" + why + ")" : "";
 }

@@ -21,8 +21,8 @@ bool Visible();
 // build has no CUDA).
 const std::string &CudaReason();
 
-// What a test says for a verdict: kFail records a gtest failure naming why; the text returned is
-// the skip's reason, "no CUDA device (why)".
+// What a test says for a verdict: kFail records a fatal gtest failure naming why (so that no
+// test body runs after it in SetUp); kSkip returns the skip's reason, "no CUDA device (why)".
 std::string Report(Verdict v, const std::string &why);
 
 // Report(Decide(Visible(), false), why): for a device or comm that could not be made.

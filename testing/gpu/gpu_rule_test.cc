@@ -18,7 +18,7 @@ TEST(GpuRule, Decide) {
 }
 
 TEST(GpuRule, FailRecordsAFailureNamingWhy) {
-    EXPECT_NONFATAL_FAILURE(cpt_gpu::Report(Verdict::kFail, "ncclCommInitAll: unhandled"),
+    EXPECT_FATAL_FAILURE(cpt_gpu::Report(Verdict::kFail, "ncclCommInitAll: unhandled"),
                             "a GPU is visible but the test cannot run on it: ncclCommInitAll");
 }
 

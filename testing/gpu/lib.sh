@@ -397,9 +397,11 @@ gpu_sanitizers() {
     if [ $HAVE_GPU = 0 ]; then
         skip "compute-sanitizer: no CUDA device"
         return
-    elif [ ! -x "$san" ] || [ -z "${BIN[cuda_ops_test]:-}" ] ||
-        [ -z "${BIN[device_conformance_test]:-}" ]; then
-        fail "compute-sanitizer, cuda_ops_test or device_conformance_test missing"
+    elif [ ! -x "$san" ]; then
+        fail "compute-sanitizer not found (PATH, $CUDA_HOME/bin)"
+        return
+    elif [ -z "${BIN[cuda_ops_test]:-}" ] || [ -z "${BIN[device_conformance_test]:-}" ]; then
+        fail "compute-sanitizer: cuda_ops_test or device_conformance_test not available"
         return
     fi
     for tool in memcheck racecheck; do

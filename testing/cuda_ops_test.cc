@@ -12,12 +12,14 @@
 #include <cstdio>
 #include <string>
 
+#include "testing/gpu/gpu_rule.h"
+
 #ifdef CTXPAR_TEST_NO_CUDA
 
 namespace {
 TEST(CudaOps, NotBuilt) {
     std::printf("cuda_ops_test: skipped: no CUDA device (built without the CUDA toolkit)\n");
-    GTEST_SKIP() << "skipped: no CUDA device (built without the CUDA toolkit)";
+    GTEST_SKIP() << "skipped: " << cpt_gpu::Unavailable("built without the CUDA toolkit");
 }
 } // namespace
 
@@ -78,28 +80,12 @@ double OutTol(ctxpar_dtype dt, int64_t head_dim) {
 
 // ---------------------------------------------------------------- the GPU, or why not
 
-const std::string &NoGpuReason() {
-    static const std::string reason = [] {
-        int n = 0;
-        cudaError_t e = cudaGetDeviceCount(&n);
-        if (e != cudaSuccess)
-            return std::string(cudaGetErrorString(e));
-        return n > 0 ? std::string() : std::string("no device found");
-    }();
-    return reason;
-}
-
-#define SKIP_WITHOUT_GPU()                                                                         \
-    do {                                                                                           \
-        if (!NoGpuReason().empty())                                                                \
-            GTEST_SKIP() << "skipped: no CUDA device (" << NoGpuReason() << ")";                   \
-    } while (0)
-
 class Banner : public ::testing::Environment {
   public:
     void SetUp() override {
-        if (!NoGpuReason().empty())
-            std::printf("cuda_ops_test: skipped: no CUDA device (%s)\n", NoGpuReason().c_str());
+        if (!cpt_gpu::CudaReason().empty())
+            std::printf("cuda_ops_test: no CUDA device (%s): %s\n", cpt_gpu::CudaReason().c_str(),
+                        cpt_gpu::Visible() ? "FAILS, a GPU is visible" : "skipped");
     }
 };
 [[maybe_unused]] ::testing::Environment *const kBanner =
@@ -107,11 +93,11 @@ class Banner : public ::testing::Environment {
 
 class Gpu : public ::testing::Test {
   protected:
-    void SetUp() override { SKIP_WITHOUT_GPU(); }
+    void SetUp() override { CPT_SKIP_WITHOUT_GPU(); }
 };
 template <class P> class GpuP : public ::testing::TestWithParam<P> {
   protected:
-    void SetUp() override { SKIP_WITHOUT_GPU(); }
+    void SetUp() override { CPT_SKIP_WITHOUT_GPU(); }
 };
 
 // ---------------------------------------------------------------- devices and memory
@@ -182,14 +168,14 @@ const char *Name(ctxpar_dtype dt) {
 TEST(Construct, ClearErrorWithoutAUsableGpu) {
     ctxpar_device *dev = nullptr;
     ctxpar_cuda_options opt = CTXPAR_CUDA_OPTIONS_INIT;
-    if (NoGpuReason().empty())
+    if (cpt_gpu::CudaReason().empty())
         opt.device_ordinal = 1 << 20;
     ctxpar_clear_error();
     EXPECT_EQ(ctxpar_device_create_cuda(&opt, &dev), CTXPAR_ERR_DEVICE);
     EXPECT_EQ(dev, nullptr);
     std::string msg = ctxpar_last_error();
     EXPECT_NE(msg.find("CUDA"), std::string::npos) << msg;
-    if (!NoGpuReason().empty())
+    if (!cpt_gpu::CudaReason().empty())
         std::printf("cuda_ops_test: the constructor reports: %s\n", msg.c_str());
 }
 

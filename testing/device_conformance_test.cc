@@ -4,6 +4,7 @@
 
 #include "ctxpar_cpu.h"
 #include "testing/device_conformance.h"
+#include "testing/gpu/gpu_rule.h"
 #include "reference/tolerance.h"
 
 #ifndef CTXPAR_TEST_NO_CUDA
@@ -46,7 +47,7 @@ template <int kCudnn> std::string CreateCuda(ctxpar_device **dev_out) {
     o.use_cudnn = (ctxpar_cuda_cudnn)kCudnn;
     if (ctxpar_device_create_cuda(&o, dev_out) == CTXPAR_OK)
         return "";
-    return std::string("no CUDA device (") + ctxpar_last_error() + ")";
+    return cpt_gpu::Unavailable(ctxpar_last_error()); // fails where a GPU is visible
 }
 
 // F32 math (F32 inputs, or 16-bit with head_dim % 8 != 0 on the SIMT kernels): the F32 bound;
@@ -58,7 +59,7 @@ double CudaOutTol(ctxpar_dtype dt, int64_t head_dim) {
 }
 #else
 template <int> std::string CreateCuda(ctxpar_device **) {
-    return "no CUDA device (this build has no CUDA backend)";
+    return cpt_gpu::Unavailable("this build has no CUDA backend"); // fails on a GPU machine
 }
 
 double CudaOutTol(ctxpar_dtype, int64_t) {

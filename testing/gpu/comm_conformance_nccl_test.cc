@@ -6,13 +6,14 @@
 #include <string>
 
 #include "testing/comm_conformance.h"
+#include "testing/gpu/gpu_rule.h"
 
 #if defined(CTXPAR_TEST_NO_CUDA) || defined(CTXPAR_TEST_NO_NCCL)
 
 namespace cpt_commconf {
 std::vector<CommWorld> CommWorlds() {
     return {{"nccl", [](const CommBody &) -> std::string {
-                 return "no CUDA device (built without CUDA/NCCL)";
+                 return cpt_gpu::Unavailable("built without CUDA/NCCL");
              }}};
 }
 } // namespace cpt_commconf
@@ -31,21 +32,18 @@ std::vector<CommWorld> CommWorlds() {
 namespace cpt_commconf {
 namespace {
 
-int GpuCount() {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
 std::string RunNccl(const CommBody &body) {
-    const int n = GpuCount();
-    if (n == 0)
-        return "no CUDA device";
+    if (!cpt_gpu::CudaReason().empty())
+        return cpt_gpu::Unavailable(cpt_gpu::CudaReason());
+    int n = 0;
+    (void)cudaGetDeviceCount(&n); // CudaReason() saw it succeed
     // Threads of one process launch their own collectives: GROUP launch mode would make a rank
     // that fails early block the others on the host instead of timing out.
     setenv("NCCL_LAUNCH_MODE", "PARALLEL", 1);
     std::vector<ncclComm_t> nccl((size_t)n);
-    if (ncclCommInitAll(nccl.data(), n, nullptr) != ncclSuccess)
-        return "ncclCommInitAll failed";
+    const ncclResult_t init = ncclCommInitAll(nccl.data(), n, nullptr);
+    if (init != ncclSuccess) // a GPU is there: a failure, not a skip
+        return cpt_gpu::Unavailable(std::string("ncclCommInitAll: ") + ncclGetErrorString(init));
     std::vector<std::thread> threads;
     std::vector<int> aborted((size_t)n, 0);
     for (int r = 0; r < n; r++)

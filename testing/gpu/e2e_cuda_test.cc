@@ -7,12 +7,14 @@
 #include <cstdio>
 #include <string>
 
+#include "testing/gpu/gpu_rule.h"
+
 #ifdef CTXPAR_TEST_NO_CUDA
 
 namespace {
 TEST(EndToEndCuda, NotBuilt) {
     std::printf("e2e_cuda_test: skipped: no CUDA device (built without the CUDA toolkit)\n");
-    GTEST_SKIP() << "skipped: no CUDA device (built without the CUDA toolkit)";
+    GTEST_SKIP() << "skipped: " << cpt_gpu::Unavailable("built without the CUDA toolkit");
 }
 } // namespace
 
@@ -40,11 +42,6 @@ namespace {
 // table (reference/tolerance.c), measured with GPU-style kernels (P rounded to BF16 before P V).
 double Tol(ctxpar_dtype dt, const char *name) {
     return cpt_tolerance(dt, name);
-}
-
-bool HaveGpu() {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
 struct Case {
@@ -199,8 +196,7 @@ Global RunCase(const Case &c) {
 class EndToEndCuda : public ::testing::TestWithParam<Case> {
   protected:
     void SetUp() override {
-        if (!HaveGpu())
-            GTEST_SKIP() << "skipped: no CUDA device";
+        CPT_SKIP_WITHOUT_GPU();
     }
 };
 

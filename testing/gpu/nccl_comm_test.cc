@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <string>
 
+#include "testing/gpu/gpu_rule.h"
+
 #if defined(CTXPAR_TEST_NO_CUDA) || defined(CTXPAR_TEST_NO_NCCL)
 
 namespace {
 TEST(NcclComm, NotBuilt) {
     std::printf("nccl_comm_test: skipped: no CUDA device (built without CUDA/NCCL)\n");
-    GTEST_SKIP() << "skipped: no CUDA device (built without CUDA/NCCL)";
+    GTEST_SKIP() << "skipped: " << cpt_gpu::Unavailable("built without CUDA/NCCL");
 }
 } // namespace
 
@@ -72,8 +74,7 @@ struct Rank {
 class NcclComm : public ::testing::Test {
   protected:
     void SetUp() override {
-        if (GpuCount() == 0)
-            GTEST_SKIP() << "skipped: no CUDA device";
+        CPT_SKIP_WITHOUT_GPU();
     }
 
     void RunRanks(const std::function<void(Rank &)> &body,

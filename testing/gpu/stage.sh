@@ -7,7 +7,8 @@
 #                          comm_conformance_nccl_test e2e_cuda_test cuda_bench ctxpar
 #   gpu_stage/lib/         non-CUDA shared libraries the GPU machine may lack: the ctxpar tool's
 #                          OpenMPI and its dependencies (the tool links MPI, which the in-process
-#                          comm never initialises) and GCC's OpenMP runtime; run.sh puts this
+#                          comm never initialises) and GCC's OpenMP runtime (the reference is
+#                          built without OpenBLAS, so none is carried); lib.sh puts this
 #                          directory last on the library path, so the machine's own come first
 #   gpu_stage/googletest/  GoogleTest's sources (Debian's /usr/src/googletest), for run.sh's
 #                          from-source fallback: the GPU machine has no GoogleTest
@@ -26,7 +27,9 @@ LIMIT=$((60 * 1024 * 1024)) # what travels with the tree is capped at 64 MiB: ke
 targets=(//testing:cuda_ops_test //testing:device_conformance_test //testing/gpu:nccl_comm_test
          //testing/gpu:comm_conformance_nccl_test //testing/gpu:e2e_cuda_test
          //testing/gpu:cuda_bench //tools/ctxpar:ctxpar)
-bazel build "${targets[@]}"
+# The reference's plain loops, not OpenBLAS: the tool would carry libopenblas (36 MB) and
+# libgfortran, over the size the tree may travel with.
+bazel build --define=reference_blas=off "${targets[@]}"
 
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin" "$STAGE/lib"
@@ -57,8 +60,12 @@ else
     echo "stage.sh: $gt not found (Debian package googletest): no from-source fallback" >&2
 fi
 
-git rev-parse HEAD > "$STAGE/COMMIT" 2>/dev/null || echo unknown > "$STAGE/COMMIT"
-(cd "$STAGE" && find . -type f -printf '%s %p\n' | sort -k2) > "$STAGE/MANIFEST"
+# The commit, marked when the binaries hold uncommitted changes (first_run.sh shows it).
+commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
+echo "$commit" > "$STAGE/COMMIT"
+manifest=$(cd "$STAGE" && find . -type f -printf '%s %p\n' | sort -k2) # before it exists
+echo "$manifest" > "$STAGE/MANIFEST"
 total=$(du -sb "$STAGE" | cut -f1)
 echo "stage.sh: $STAGE holds $((total / 1024 / 1024)) MiB ($total bytes)"
 if [ "$total" -gt "$LIMIT" ]; then

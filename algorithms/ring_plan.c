@@ -116,10 +116,15 @@ static int outside_docs(const ctxpar_problem *pb, int k, int n, const int64_t *d
     return 1;
 }
 
-int ctxpar_ring_may_see(const ctxpar_ring_plan *plan, const ctxpar_problem *pb, int j) {
+// A row entry not classified yet (ring_seen.row): ctxpar_ring_account settles it with the
+// block's own accounting, which spares a striped layout (every block seen) a second pass.
+#define SEEN_UNKNOWN 2
+
+// The cache's row for rank pb->rank (made when the row is another rank's), or NULL for none.
+static ctxpar_ring_seen *seen_row(const ctxpar_ring_plan *plan, const ctxpar_problem *pb) {
     ctxpar_ring_seen *c = plan->seen;
     if (!c || c->nranks != pb->nranks)
-        return 1;
+        return NULL;
     if (c->rank != pb->rank) {
         // The documents of this rank's query spans (one row of documents, a few spans): most
         // blocks of a long packed sequence fall outside them.
@@ -133,16 +138,22 @@ int ctxpar_ring_may_see(const ctxpar_ring_plan *plan, const ctxpar_problem *pb, 
             d1[i] = pb->mask.cu_seqlens[ctxpar_mask_doc_of(&pb->mask, qmax) + 1] - 1;
         }
         for (int k = 0; k < pb->nranks; k++) {
-            c->row[k] = n > 0 && outside_docs(pb, k, n, d0, d1)
-                            ? 0
-                            : (unsigned char)ctxpar_shards_interact(pb, pb->rank, k);
+            c->row[k] = n > 0 && outside_docs(pb, k, n, d0, d1) ? 0 : SEEN_UNKNOWN;
             c->work[k].live = -1;
         }
         c->rank = pb->rank;
     }
-    return c->row[j];
+    return c;
 }
 
+int ctxpar_ring_may_see(const ctxpar_ring_plan *plan, const ctxpar_problem *pb, int j) {
+    ctxpar_ring_seen *c = seen_row(plan, pb);
+    if (!c)
+        return 1;
+    if (c->row[j] == SEEN_UNKNOWN)
+        c->row[j] = (unsigned char)ctxpar_shards_interact(pb, pb->rank, j);
+    return c->row[j];
+}
 // A cache for rings of nranks ranks (no row yet).
 static ctxpar_status ring_seen_init(ctxpar_ring_seen *seen, int nranks) {
     seen->rank = -1;
@@ -172,19 +183,25 @@ static void add_work(ctxpar_work_stats *to, const ctxpar_work_stats *w) {
 
 int ctxpar_ring_account(const ctxpar_ring_plan *plan, const ctxpar_run *run,
                         const ctxpar_problem *pb, ctxpar_spans qp, int j) {
-    if (!ctxpar_ring_may_see(plan, pb, j))
-        return 0;
     const ctxpar_spans kp = ctxpar_problem_spans(pb, j);
-    ctxpar_ring_seen *c = plan->seen;
-    if (!c || c->nranks != pb->nranks) // a real run: no cache
+    ctxpar_ring_seen *c = seen_row(plan, pb);
+    if (!c) // a real run: no cache
         return ctxpar_block_account(run, pb, qp, kp);
+    if (c->row[j] == 0)
+        return 0;
     ctxpar_ring_block_work *b = &c->work[j];
     if (b->live < 0) { // the block's counts alone, kept for the next call
         ctxpar_run alone = *run;
         b->work = (ctxpar_work_stats){0, 0, 0.0};
         alone.work = &b->work;
         b->live = (signed char)ctxpar_block_account(&alone, pb, qp, kp);
+        // A live block means the shards interact: a pair it computes is inside their ranges,
+        // and the mask's classes only widen with the ranges (ctxpar_mask_classify_keys).
+        if (c->row[j] == SEEN_UNKNOWN)
+            c->row[j] = b->live ? 1 : (unsigned char)ctxpar_shards_interact(pb, pb->rank, j);
     }
+    if (!c->row[j]) // as ctxpar_ring_may_see: a block it skips is not accounted
+        return 0;
     add_work(run->work, &b->work);
     return b->live;
 }

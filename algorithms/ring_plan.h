@@ -27,7 +27,7 @@ extern "C" {
 typedef struct ctxpar_ring_seen {
     int rank; /* the query rank whose row this is, or -1 */
     int nranks;
-    unsigned char *row; /* [nranks] */
+    unsigned char *row; /* [nranks]: 0 or 1, or 2 until a block is classified (ring_plan.c) */
     /* [nranks]: each block's accounting against this row's queries once it was made
      * (ctxpar_ring_account): the members of a hybrid group run the same ring on the same rows,
      * and the backward accounts the forward's blocks again. */

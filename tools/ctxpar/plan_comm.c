@@ -5,6 +5,7 @@
 
 typedef struct plan_comm {
     int group_size, link;
+    int g0; // the first rank of this rank's group: a peer's link is a compare, not a division
     cpt_plan_traffic *t;
     ctxpar_split_shape splits[CTXPAR_MAX_SPLITS];
     int nsplits, next; // next: the splits made so far
@@ -14,7 +15,7 @@ static int link_of(ctxpar_comm *c, int peer) {
     const plan_comm *p = c->impl;
     if (p->link >= 0)
         return p->link;
-    return peer / p->group_size == c->rank / p->group_size ? CPT_LINK_GROUP : CPT_LINK_ACROSS;
+    return peer >= p->g0 && peer - p->g0 < p->group_size ? CPT_LINK_GROUP : CPT_LINK_ACROSS;
 }
 
 static ctxpar_status pc_sendrecv(ctxpar_comm *c, const void *sendbuf, size_t send_bytes, int dst,
@@ -40,7 +41,7 @@ static void with_every_peer(ctxpar_comm *c, size_t sent, size_t received) {
     if (p->link >= 0) {
         peers[p->link] = (uint64_t)(c->size - 1);
     } else {
-        const int g0 = c->rank / p->group_size * p->group_size;
+        const int g0 = p->g0;
         const int g1 = g0 + p->group_size < c->size ? g0 + p->group_size : c->size;
         peers[CPT_LINK_GROUP] = (uint64_t)(g1 - g0 - 1);
         peers[CPT_LINK_ACROSS] = (uint64_t)(c->size - 1) - peers[CPT_LINK_GROUP];
@@ -146,6 +147,7 @@ ctxpar_status cpt_plan_comm_create(int rank, int size, int group_size, int link,
         p->splits[i] = splits[i];
     p->nsplits = nsplits;
     p->group_size = group_size > 0 ? group_size : 1;
+    p->g0 = rank / p->group_size * p->group_size;
     p->link = link;
     p->t = traffic;
     ctxpar_status st = ctxpar_comm_create(&plan_comm_ops, p, rank, size, comm_out);

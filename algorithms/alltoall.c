@@ -144,7 +144,8 @@ static ctxpar_status pack_tokens(const ctxpar_run *run, const ctxpar_problem *pb
 
 static ctxpar_attn_block whole(const ctxpar_problem *pb, const ctxpar_span *all,
                                const ctxpar_tensor *g) {
-    ctxpar_attn_block blk = {.q = g[0],
+    ctxpar_attn_block blk = {.struct_size = sizeof blk,
+                             .q = g[0],
                              .k = g[1],
                              .v = g[2],
                              .q_pos = {all, 1},

@@ -53,6 +53,7 @@ static int block_for_step(const ctxpar_run *run, const ctxpar_problem *pb,
     // Field by field into *blk: a dry run takes this P^2 times, and a whole-struct temporary
     // doubled its cost.
     memset(blk, 0, sizeof *blk);
+    blk->struct_size = sizeof *blk;
     blk->q = *q;
     blk->k = ctxpar_packed_kv(kv, pb->dtype, pb, n, 0);
     blk->v = ctxpar_packed_kv(kv, pb->dtype, pb, n, 1);
@@ -253,7 +254,8 @@ static ctxpar_status own_block_bwd(const ctxpar_run *run, const ctxpar_problem *
     CTXPAR_CHECK(ctxpar_dev_fill(run->dev, w->d[0], 0.0f, w->dkv_n, run->stream));
     if (!ctxpar_block_account(run, pb, qs, qs))
         return CTXPAR_OK;
-    ctxpar_attn_block blk = {.q = *q,
+    ctxpar_attn_block blk = {.struct_size = sizeof blk,
+                             .q = *q,
                              .k = *k,
                              .v = *v,
                              .q_pos = qs,

@@ -359,11 +359,15 @@ static ctxpar_attn_block block_row(const ctxpar_attn_block *blk, int64_t b) {
     return r;
 }
 
-// What a backend receives: the caller's block, its size as this library knows it.
-static ctxpar_attn_block stamped(const ctxpar_attn_block *blk) {
-    ctxpar_attn_block r = *blk;
-    r.struct_size = sizeof r;
-    return r;
+// What a backend receives: the caller's block with its size as this library knows it. The
+// algorithms set it themselves, so the per-block copy (planner: millions of blocks) is only for
+// other callers.
+static const ctxpar_attn_block *stamped(const ctxpar_attn_block *blk, ctxpar_attn_block *copy) {
+    if (blk->struct_size == sizeof *blk)
+        return blk;
+    *copy = *blk;
+    copy->struct_size = sizeof *copy;
+    return copy;
 }
 
 // Elements of one batch row of a dense [B, ...] accumulator of t's other dimensions.
@@ -396,8 +400,8 @@ ctxpar_status ctxpar_dev_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
     if (block_rows(blk) > 0 && (!out_acc || !lse_acc))
         return BAD("attn_block_fwd: out_acc (%p) or lse_acc (%p) is NULL", (void *)out_acc,
                    (void *)lse_acc);
-    const ctxpar_attn_block r = stamped(blk);
-    return dev->ops->attn_block_fwd(dev, &r, out_acc, lse_acc, merge, stream);
+    ctxpar_attn_block copy;
+    return dev->ops->attn_block_fwd(dev, stamped(blk, &copy), out_acc, lse_acc, merge, stream);
 }
 
 ctxpar_status ctxpar_dev_attn_merge(ctxpar_device *dev, float *out_acc, float *lse_acc,
@@ -462,8 +466,9 @@ ctxpar_status ctxpar_dev_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
     if (block_rows(blk) > 0 && (!lse || !delta))
         return BAD("attn_block_bwd: lse (%p) or delta (%p) is NULL", (const void *)lse,
                    (const void *)delta);
-    const ctxpar_attn_block r = stamped(blk);
-    return dev->ops->attn_block_bwd(dev, &r, dout, lse, delta, dq_acc, dk_acc, dv_acc, stream);
+    ctxpar_attn_block copy;
+    return dev->ops->attn_block_bwd(dev, stamped(blk, &copy), dout, lse, delta, dq_acc, dk_acc,
+                                    dv_acc, stream);
 }
 
 ctxpar_status ctxpar_dev_cast(ctxpar_device *dev, const ctxpar_tensor *src, ctxpar_tensor *dst,

@@ -25,6 +25,12 @@ for i in "${!archives[@]}"; do
     # A folder per archive: two libraries may both hold an object of the same name.
     mkdir "$tmp/$i"
     abs=$(cd "$(dirname "${archives[$i]}")" && pwd)/$(basename "${archives[$i]}")
+    # `ar x` keeps one of two members of the same name: refuse rather than lose an object.
+    dup=$(ar t "$abs" | sort | uniq -d)
+    if [ -n "$dup" ]; then
+        echo "merge_archives.sh: $abs holds two members named $dup" >&2
+        exit 1
+    fi
     (cd "$tmp/$i" && ar x "$abs")
     for o in "$tmp/$i"/*.o; do objs+=("$o"); done
 done

@@ -81,6 +81,31 @@ void ctxpar_layout_map_free(ctxpar_layout_map *map) {
     map->span = NULL;
 }
 
+// A rank whose tokens are single ones evenly spaced (token t on rank t mod P, given as a custom
+// assignment) gets one strided span, as STRIPED does: the same positions in the same order, but
+// the fast paths for whole classes of positions (the planner's counts and coverage) apply, where
+// a list of one-token runs costs a pass per block. Any other rank keeps its runs as they are.
+static void as_strided(ctxpar_layout_map *m) {
+    int64_t used = 0;
+    for (int r = 0; r < m->nranks; r++) {
+        const int64_t lo = m->first[r], hi = m->first[r + 1];
+        int even = hi - lo > 1;
+        for (int64_t j = lo; even && j < hi; j++)
+            even = m->span[j].len == 1 &&
+                   (j < lo + 2 || m->span[j].start - m->span[j - 1].start ==
+                                      m->span[lo + 1].start - m->span[lo].start);
+        m->first[r] = used;
+        if (even) {
+            m->span[used++] = (ctxpar_span){m->span[lo].start, hi - lo,
+                                            m->span[lo + 1].start - m->span[lo].start};
+            continue;
+        }
+        for (int64_t j = lo; j < hi; j++)
+            m->span[used++] = m->span[j];
+    }
+    m->first[m->nranks] = used;
+}
+
 ctxpar_status ctxpar_layout_map_make(ctxpar_layout layout, const int32_t *assignment,
                                      int64_t seq_global, int nranks, ctxpar_layout_map *map_out) {
     ctxpar_layout_map m = {nranks, seq_global, NULL, NULL, NULL};
@@ -112,6 +137,7 @@ ctxpar_status ctxpar_layout_map_make(ctxpar_layout layout, const int32_t *assign
                 m.span[next[a[t]]++] = (ctxpar_span){t, 1, 1};
         }
         free(next);
+        as_strided(&m);
     } else {
         m.span = malloc(sizeof *m.span * 2 * P);
         if (!m.span)

@@ -1,6 +1,7 @@
 // End to end: any sequence length and any sharding. Uneven shards (S not divisible by P or 2P),
 // fewer tokens than ranks (some ranks hold none), custom assignments of tokens to ranks (random,
-// and PyTorch's per-document head-tail) and different documents per batch row; every algorithm,
+// PyTorch's per-document head-tail, and token t on rank t mod P, which the library keeps as one
+// strided span per rank) and different documents per batch row; every algorithm,
 // P in {1, 2, 3, 4, 8}, F32 and BF16, forward and backward, against the fp64 oracle of the whole
 // sequence (which works on global positions) and against P = 1.
 #include <gtest/gtest.h>
@@ -15,9 +16,9 @@
 
 namespace {
 
-enum LayoutKind { kContiguous, kZigzag, kStriped, kCustomRandom, kCustomHeadTail };
-const char *const kLayoutName[] = {"contiguous", "zigzag", "striped", "custom_random",
-                                   "custom_headtail"};
+enum LayoutKind { kContiguous, kZigzag, kStriped, kCustomRandom, kCustomHeadTail, kCustomEvenly };
+const char *const kLayoutName[] = {"contiguous",    "zigzag",          "striped",
+                                   "custom_random", "custom_headtail", "custom_evenly"};
 enum Length { kUneven, kFewerThanRanks };
 enum MaskKind { kNone, kCausal, kDocsCausal, kRowDocsCausal, kRowDocsNone };
 const char *const kMaskName[] = {"none", "causal", "docs_causal", "row_docs_causal",
@@ -68,8 +69,8 @@ void Make(const Case &c, CptShardedRun *s) {
     cfg.batch = 2;
     cfg.dtype = c.dtype;
     cfg.params.algo = c.algo;
-    cfg.params.mask = c.mask == kNone || c.mask == kRowDocsNone ? CTXPAR_MASK_NONE
-                                                                : CTXPAR_MASK_CAUSAL;
+    cfg.params.mask =
+        c.mask == kNone || c.mask == kRowDocsNone ? CTXPAR_MASK_NONE : CTXPAR_MASK_CAUSAL;
     s->cu.resize(10);
     CptTestDocs(cfg.seq, 0, &s->cu[0]);
     CptTestDocs(cfg.seq, 1, &s->cu[5]);
@@ -91,8 +92,11 @@ void Make(const Case &c, CptShardedRun *s) {
                 x ^= x << 13, x ^= x >> 7, x ^= x << 17;
                 a = static_cast<int32_t>(x % static_cast<uint64_t>(c.ranks));
             }
-        } else {
+        } else if (c.layout == kCustomHeadTail) {
             HeadTail(s->cu.data(), 4, c.ranks, s->assign.data());
+        } else {
+            for (size_t t = 0; t < s->assign.size(); t++)
+                s->assign[t] = static_cast<int32_t>(t % static_cast<size_t>(c.ranks));
         }
         cfg.params.layout = CTXPAR_LAYOUT_CUSTOM;
         cfg.params.assignment = s->assign.data();
@@ -122,7 +126,8 @@ std::vector<Case> AllCases() {
     int n = 0;
     for (int p : {1, 2, 3, 4, 8})
         for (ctxpar_algo a : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL})
-            for (LayoutKind l : {kContiguous, kZigzag, kStriped, kCustomRandom, kCustomHeadTail})
+            for (LayoutKind l :
+                 {kContiguous, kZigzag, kStriped, kCustomRandom, kCustomHeadTail, kCustomEvenly})
                 for (Length len : {kUneven, kFewerThanRanks}) {
                     if (len == kFewerThanRanks && p == 1)
                         continue; // no S < 1

@@ -405,7 +405,10 @@ TEST(PlanMatchesRunCases, RefusedOnlyWhereIntended) {
 // has a few runs per rank (classified only within a query run's reach) and one of single tokens
 // many (a block counted whole); documents are many, some empty.
 struct BruteCase {
-    const char *layout; // "striped", "chunks" (custom, 8-token chunks), "tokens" (custom)
+    // "striped"; custom: "chunks" (8-token chunks at random), "tokens" (tokens at random),
+    // "evenly" (token t on rank t mod P: one strided span per rank, as striped), "mixed" (evenly
+    // but for the first 20 tokens, on rank 0: its runs stay runs beside the others' spans)
+    const char *layout;
     int64_t seq;
     int mask; // 0 causal + docs, 1 causal + window + docs, 2 two-sided + docs, 3 causal
     ctxpar_algo algo;
@@ -414,6 +417,12 @@ struct BruteCase {
 
 std::vector<int32_t> Assignment(const BruteCase &c, int P) {
     std::vector<int32_t> a(static_cast<size_t>(c.seq));
+    const bool mixed = std::strcmp(c.layout, "mixed") == 0;
+    if (mixed || std::strcmp(c.layout, "evenly") == 0) {
+        for (int64_t t = 0; t < c.seq; t++)
+            a[static_cast<size_t>(t)] = mixed && t < 20 ? 0 : static_cast<int32_t>(t % P);
+        return a;
+    }
     std::mt19937 rng(static_cast<uint32_t>(c.seq * 7 + c.mask));
     const int64_t chunk = std::strcmp(c.layout, "chunks") == 0 ? 8 : 1;
     int32_t r = 0;
@@ -439,14 +448,15 @@ TEST(PlanBruteForce, StripedAndCustomCounts) {
     const int P = 8;
     const int64_t batch = 2, heads = 8;
     std::vector<BruteCase> cases;
-    for (const char *l : {"striped", "chunks", "tokens"})
+    for (const char *l : {"striped", "chunks", "tokens", "evenly", "mixed"})
         for (int mask = 0; mask < 4; mask++)
             for (auto [algo, u] : {std::pair<ctxpar_algo, int64_t>{CTXPAR_ALGO_RING, 0},
                                    {CTXPAR_ALGO_HYBRID, 2},
                                    {CTXPAR_ALGO_HYBRID, 4},
                                    {CTXPAR_ALGO_ALLGATHER, 0}})
                 for (int64_t S : {240, 241})
-                    if (S == 240 || std::strcmp(l, "striped") == 0)
+                    if (S == 240 || std::strcmp(l, "striped") == 0 ||
+                        std::strcmp(l, "evenly") == 0)
                         cases.push_back({l, S, mask, algo, u});
     int with_docs = 0;
     for (const BruteCase &c : cases) {
@@ -508,8 +518,8 @@ TEST(PlanBruteForce, StripedAndCustomCounts) {
         EXPECT_EQ(plan.pairs_computed, plan.pairs_visible);
         cpt_plan_result_free(&plan);
     }
-    EXPECT_EQ(cases.size(), 64u);
-    EXPECT_EQ(with_docs, 48);
+    EXPECT_EQ(cases.size(), 112u);
+    EXPECT_EQ(with_docs, 84);
 }
 
 // The hybrid's first member standing for its group gives the plan of running every member:
@@ -573,6 +583,55 @@ TEST(PlanSharedMembers, SameAsEveryMember) {
                     cpt_plan_result_free(&shared);
                     cpt_plan_result_free(&every);
                 }
+}
+
+// A custom assignment whose rank holds evenly spaced single tokens maps that rank to one strided
+// span (the planner's fast paths for striped keys apply); any other rank keeps its runs. Token t
+// on rank t mod P is the striped map exactly, for even and uneven lengths.
+TEST(CustomMap, EvenlySpacedTokensAreOneStridedSpan) {
+    const int P = 8;
+    for (int64_t S : {96, 97, 5}) {
+        SCOPED_TRACE("S " + std::to_string(S));
+        std::vector<int32_t> a(static_cast<size_t>(S));
+        for (int64_t t = 0; t < S; t++)
+            a[static_cast<size_t>(t)] = static_cast<int32_t>(t % P);
+        ctxpar_layout_map c = {}, s = {};
+        ASSERT_EQ(ctxpar_layout_map_make(CTXPAR_LAYOUT_CUSTOM, a.data(), S, P, &c), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_layout_map_make(CTXPAR_LAYOUT_STRIPED, nullptr, S, P, &s), CTXPAR_OK);
+        for (int r = 0; r <= P; r++)
+            ASSERT_EQ(c.first[r], s.first[r]) << "rank " << r;
+        for (int64_t k = 0; k < s.first[P]; k++) {
+            EXPECT_EQ(c.span[k].start, s.span[k].start) << k;
+            EXPECT_EQ(c.span[k].len, s.span[k].len) << k;
+            // One token: its stride says nothing (striped's is P; a lone run's 1).
+            if (s.span[k].len > 1) {
+                EXPECT_EQ(c.span[k].stride, s.span[k].stride) << k;
+            }
+        }
+        ctxpar_layout_map_free(&c);
+        ctxpar_layout_map_free(&s);
+    }
+    // Rank 0: 0, 1 (a run of two), 8, 16; rank 1: 2, 5, 9 (uneven gaps); rank 2: 3, 6, 10, 14
+    // (gaps 3, 4, 4); rank 3: 4, 7, 11 (gaps 3, 4); rank 4: 12 alone; rank 5: 13, 15 (evenly).
+    const std::vector<int32_t> a = {0, 0, 1, 2, 3, 1, 2, 3, 0, 1, 2, 3, 4, 5, 2, 5, 0};
+    const int64_t S = static_cast<int64_t>(a.size());
+    ctxpar_layout_map m = {};
+    ASSERT_EQ(ctxpar_layout_map_make(CTXPAR_LAYOUT_CUSTOM, a.data(), S, 6, &m), CTXPAR_OK);
+    const int want_spans[6] = {3, 3, 4, 3, 1, 1};
+    for (int r = 0; r < 6; r++) {
+        const ctxpar_spans sp = ctxpar_layout_map_spans(&m, r);
+        EXPECT_EQ(sp.count, want_spans[r]) << "rank " << r;
+        std::vector<int64_t> got, want;
+        for (int x = 0; x < sp.count; x++)
+            for (int64_t t = 0; t < sp.span[x].len; t++)
+                got.push_back(sp.span[x].start + t * sp.span[x].stride);
+        for (int64_t t = 0; t < S; t++)
+            if (a[static_cast<size_t>(t)] == r)
+                want.push_back(t);
+        EXPECT_EQ(got, want) << "rank " << r;
+    }
+    EXPECT_EQ(ctxpar_layout_map_spans(&m, 5).span[0].stride, 2);
+    ctxpar_layout_map_free(&m);
 }
 
 // The hybrid's ring positions (ctxpar_layout_map_group): each group holds exactly its members'

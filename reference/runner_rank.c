@@ -54,6 +54,9 @@ typedef struct local_set {
     size_t bytes[L_COUNT];
     ctxpar_attn_params params; // cfg's, with the sinks and dsinks in the device's memory
     float *sinks, *dsinks;     // device memory, [heads], or NULL
+    // This rank's own stream on a device with streams (else NULL): ranks sharing one GPU then
+    // overlap as separate GPUs would, instead of queueing on the device's default stream.
+    ctxpar_stream *stream;
 } local_set;
 
 static int slot_used(const cpt_run_config *cfg, int i) {
@@ -180,15 +183,15 @@ static ctxpar_status call(ctxpar_context *ctx, ctxpar_comm *comm, local_set *t, 
     // Start together, so that the time is the call's and not a late peer's.
     CTXPAR_CHECK(ctxpar_comm_barrier(comm));
     double t0 = ctxpar_now();
-    CTXPAR_CHECK(ctxpar_attn_fwd(ctx, &params, &q, &k, &v, &out, lse, NULL));
-    CTXPAR_CHECK(ctxpar_dev_stream_sync(t->dev, NULL));
+    CTXPAR_CHECK(ctxpar_attn_fwd(ctx, &params, &q, &k, &v, &out, lse, t->stream));
+    CTXPAR_CHECK(ctxpar_dev_stream_sync(t->dev, t->stream));
     double t1 = ctxpar_now();
     if (cfg->backward) {
         ctxpar_tensor dout = slot_tensor(t, L_DOUT, 1), dq = slot_tensor(t, L_DQ, 1),
                       dk = slot_tensor(t, L_DK, 1), dv = slot_tensor(t, L_DV, 1);
-        CTXPAR_CHECK(ctxpar_attn_bwd(ctx, &params, &q, &k, &v, &out, lse, &dout, &dq, &dk, &dv,
-                                     NULL));
-        CTXPAR_CHECK(ctxpar_dev_stream_sync(t->dev, NULL));
+        CTXPAR_CHECK(
+            ctxpar_attn_bwd(ctx, &params, &q, &k, &v, &out, lse, &dout, &dq, &dk, &dv, t->stream));
+        CTXPAR_CHECK(ctxpar_dev_stream_sync(t->dev, t->stream));
     }
     *fwd_s = t1 - t0;
     *total_s = ctxpar_now() - t0;
@@ -236,6 +239,8 @@ void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *co
     CTXPAR_CHECK_GOTO(stage_sinks(&t), st, failed);
     ctxpar_context_options opts = CTXPAR_CONTEXT_OPTIONS_INIT;
     opts.verify_transfers = cfg->verify_transfers;
+    if (ctxpar_dev_has_streams(dev))
+        CTXPAR_CHECK_GOTO(ctxpar_dev_stream_create(dev, &t.stream), st, failed);
     CTXPAR_CHECK_GOTO(ctxpar_context_create(dev, comm, &opts, &ctx), st, failed);
     CTXPAR_CHECK_GOTO(ctxpar_context_set_trace(ctx, on_event, &rt), st, failed);
     CTXPAR_CHECK_GOTO(ctxpar_positions_assigned(cfg->params.layout, cfg->params.assignment,
@@ -291,6 +296,7 @@ failed:
     fail(r, st, rank);
 done:
     ctxpar_context_destroy(ctx);
+    ctxpar_dev_stream_destroy(dev, t.stream); // NULL: nothing
     free_local(&t);
     free(pos);
     free(times);

@@ -700,4 +700,121 @@ TEST(LocalCommDevice, CopiesGoThroughTheDevice) {
         ctxpar_device_destroy(d);
 }
 
+// The counting device with streams: streams are tokens, and every copy, add and stream sync
+// records the stream it was given.
+struct StreamDevice {
+    CountingDevice counts; // first: the counting ops read the impl as a CountingDevice
+    std::mutex mu;
+    std::vector<const void *> op_streams, sync_streams;
+};
+
+StreamDevice *Streams(ctxpar_device *dev) {
+    return reinterpret_cast<StreamDevice *>(dev->impl);
+}
+
+const ctxpar_device_ops *StreamOps() {
+    static ctxpar_device_ops ops = [] {
+        ctxpar_device_ops o = *CountingOps();
+        o.name = "counting-streams";
+        o.copy = [](ctxpar_device *dev, void *dst, const void *src, size_t n, ctxpar_copy_kind,
+                    ctxpar_stream *s) {
+            std::memcpy(dst, src, n);
+            std::lock_guard<std::mutex> lock(Streams(dev)->mu);
+            Streams(dev)->op_streams.push_back(s);
+            return CTXPAR_OK;
+        };
+        o.add = [](ctxpar_device *dev, float *dst, const float *src, size_t n, ctxpar_stream *s) {
+            for (size_t i = 0; i < n; i++)
+                dst[i] += src[i];
+            std::lock_guard<std::mutex> lock(Streams(dev)->mu);
+            Streams(dev)->op_streams.push_back(s);
+            return CTXPAR_OK;
+        };
+        o.stream_create = [](ctxpar_device *, ctxpar_stream **out) {
+            *out = reinterpret_cast<ctxpar_stream *>(new char);
+            return CTXPAR_OK;
+        };
+        o.stream_destroy = [](ctxpar_device *, ctxpar_stream *s) {
+            delete reinterpret_cast<char *>(s);
+        };
+        o.stream_sync = [](ctxpar_device *dev, ctxpar_stream *s) {
+            std::lock_guard<std::mutex> lock(Streams(dev)->mu);
+            Streams(dev)->sync_streams.push_back(s);
+            return CTXPAR_OK;
+        };
+        o.event_create = [](ctxpar_device *, ctxpar_event **out) {
+            *out = reinterpret_cast<ctxpar_event *>(new char);
+            return CTXPAR_OK;
+        };
+        o.event_destroy = [](ctxpar_device *, ctxpar_event *e) {
+            delete reinterpret_cast<char *>(e);
+        };
+        o.event_record = [](ctxpar_device *, ctxpar_event *, ctxpar_stream *) { return CTXPAR_OK; };
+        o.stream_wait_event = [](ctxpar_device *, ctxpar_stream *, ctxpar_event *) {
+            return CTXPAR_OK;
+        };
+        return o;
+    }();
+    return &ops;
+}
+
+// Ranks sharing a GPU each run on their own stream: every copy and sum the comm makes for a rank,
+// and every wait for them, is on the stream that rank gave the op (never the device's default
+// stream, which would make each rank wait for the others' work), for send/receive, all-gather,
+// all-to-all and reduce-scatter; and the data still arrives.
+TEST(LocalCommDevice, TransfersRunOnTheCallersStream) {
+    const int p = 3;
+    std::vector<StreamDevice> impls(p);
+    std::vector<ctxpar_device *> devs(p, nullptr);
+    std::vector<ctxpar_stream *> streams(p, nullptr);
+    for (int r = 0; r < p; r++) {
+        ASSERT_EQ(ctxpar_device_create(StreamOps(), &impls[(size_t)r], 1, &devs[(size_t)r]),
+                  CTXPAR_OK)
+            << ctxpar_last_error();
+        ASSERT_TRUE(ctxpar_dev_has_streams(devs[(size_t)r]));
+        ASSERT_EQ(ctxpar_dev_stream_create(devs[(size_t)r], &streams[(size_t)r]), CTXPAR_OK);
+    }
+    const size_t bytes = 512, count = 96;
+    RunRanks(
+        p,
+        [&](int r, ctxpar_comm *&comm) {
+            ctxpar_stream *s = streams[(size_t)r];
+            std::vector<uint8_t> send = Pattern(3, r, bytes * p), recv(bytes * p);
+            ctxpar_request *req = nullptr;
+            const int dst = (r + 1) % p, src = (r + p - 1) % p;
+            EXPECT_OK(ctxpar_comm_sendrecv(comm, send.data(), bytes, dst, recv.data(), bytes, src,
+                                           0, s, &req));
+            EXPECT_OK(ctxpar_comm_wait(comm, req, s));
+            std::vector<uint8_t> want = Pattern(3, src, bytes * p);
+            EXPECT_EQ(FirstDiff(recv.data(), want.data(), bytes), -1);
+            EXPECT_OK(ctxpar_comm_allgather(comm, send.data(), recv.data(), bytes, s, &req));
+            EXPECT_OK(ctxpar_comm_wait(comm, req, s));
+            EXPECT_OK(ctxpar_comm_alltoall(comm, send.data(), recv.data(), bytes, s, &req));
+            EXPECT_OK(ctxpar_comm_wait(comm, req, s));
+            for (int j = 0; j < p; j++) { // block r of rank j's send
+                want = Pattern(3, j, bytes * p);
+                EXPECT_EQ(FirstDiff(recv.data() + (size_t)j * bytes,
+                                    want.data() + (size_t)r * bytes, bytes),
+                          -1);
+            }
+            std::vector<float> rs_send(count * p, 1.0f), rs_recv(count);
+            EXPECT_OK(
+                ctxpar_comm_reduce_scatter(comm, rs_send.data(), rs_recv.data(), count, s, &req));
+            EXPECT_OK(ctxpar_comm_wait(comm, req, s));
+            EXPECT_EQ(rs_recv[0], static_cast<float>(p));
+        },
+        30, devs);
+    for (int r = 0; r < p; r++) {
+        StreamDevice &d = impls[(size_t)r];
+        EXPECT_FALSE(d.op_streams.empty()) << "rank " << r;
+        EXPECT_FALSE(d.sync_streams.empty()) << "rank " << r;
+        for (const void *s : d.op_streams)
+            EXPECT_EQ(s, streams[(size_t)r]) << "rank " << r << ": a copy or add";
+        for (const void *s : d.sync_streams)
+            EXPECT_EQ(s, streams[(size_t)r]) << "rank " << r << ": a stream sync";
+        ctxpar_dev_stream_destroy(devs[(size_t)r], streams[(size_t)r]);
+        ctxpar_device_destroy(devs[(size_t)r]);
+    }
+}
+
 } // namespace

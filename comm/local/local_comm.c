@@ -64,8 +64,10 @@ static struct ctxpar_request *collective(local_comm *c, local_op op, const void 
 
 // Registers req and posts its halves, unless this rank or a peer it needs is known dead.
 // Frees req on failure.
-static ctxpar_status start(local_comm *c, struct ctxpar_request *req) {
+// Posts req; the copies and sums this rank makes for it are ordered on `stream` (the op's).
+static ctxpar_status start(local_comm *c, struct ctxpar_request *req, ctxpar_stream *stream) {
     ctxpar_local_group *g = c->group;
+    req->stream = stream;
     ctxpar_status st = CTXPAR_OK;
     pthread_mutex_lock(&g->mu);
     if (g->state[c->rank] == LOCAL_RANK_DEAD) {
@@ -126,7 +128,7 @@ static ctxpar_status local_sendrecv(ctxpar_comm *comm, const void *sendbuf, size
         set_half(req, i++, 1, dst, send_bytes, tag, sendbuf, NULL);
     if (src >= 0)
         set_half(req, i++, 0, src, recv_bytes, tag, NULL, recvbuf);
-    CTXPAR_CHECK(start(c, req));
+    CTXPAR_CHECK(start(c, req, stream));
     *req_out = req;
     return CTXPAR_OK;
 }
@@ -140,7 +142,7 @@ static ctxpar_status local_allgather(ctxpar_comm *comm, const void *sendbuf, voi
         collective(c, LOCAL_OP_ALLGATHER, sendbuf, 0, recvbuf, bytes, bytes, 0, 0);
     if (!req)
         return out_of_memory("allgather", 2 * (size_t)comm->size);
-    CTXPAR_CHECK(start(c, req));
+    CTXPAR_CHECK(start(c, req, stream));
     *req_out = req;
     return CTXPAR_OK;
 }
@@ -153,7 +155,7 @@ static ctxpar_status local_alltoall(ctxpar_comm *comm, const void *sendbuf, void
         collective(c, LOCAL_OP_ALLTOALL, sendbuf, bytes, recvbuf, bytes, bytes, 0, 0);
     if (!req)
         return out_of_memory("alltoall", 2 * (size_t)comm->size);
-    CTXPAR_CHECK(start(c, req));
+    CTXPAR_CHECK(start(c, req, stream));
     *req_out = req;
     return CTXPAR_OK;
 }
@@ -169,7 +171,7 @@ static ctxpar_status local_reduce_scatter(ctxpar_comm *comm, const float *sendbu
         collective(c, LOCAL_OP_REDUCE_SCATTER, sendbuf, bytes, recvbuf, 0, bytes, 0, 0);
     if (!req)
         return out_of_memory("reduce_scatter", 2 * (size_t)comm->size);
-    CTXPAR_CHECK(start(c, req));
+    CTXPAR_CHECK(start(c, req, stream));
     *req_out = req;
     return CTXPAR_OK;
 }
@@ -217,8 +219,9 @@ static void local_cancel(ctxpar_comm *comm, ctxpar_request *req) {
 
 /* ---------------------------------------------------------------- blocking ops */
 
+// Blocking ops move host memory only (req->host_only): no stream orders them.
 static ctxpar_status run_blocking(local_comm *c, struct ctxpar_request *req) {
-    CTXPAR_CHECK(start(c, req));
+    CTXPAR_CHECK(start(c, req, NULL));
     pthread_mutex_lock(&c->group->mu);
     ctxpar_status st = ctxpar_local_complete(c, req);
     pthread_mutex_unlock(&c->group->mu);

@@ -117,6 +117,10 @@ struct ctxpar_request {
     local_op op;
     uint64_t seq;
     int host_only; // buffers are host memory whatever the device (allreduce, barrier)
+    // The op's stream: the device copies and sums this rank makes for the request are ordered on
+    // it and waited for there, so that ranks on one GPU, each with its own stream, do not wait
+    // for each other's work (a NULL-stream sync would wait for the whole device).
+    ctxpar_stream *stream;
     int pending;   // halves not yet DONE or FAILED
     int failed;    // halves FAILED: the request is finished as soon as one fails
     int nhalves;

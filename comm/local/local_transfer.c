@@ -176,18 +176,18 @@ static void post_half(ctxpar_local_group *g, local_half *h) {
 
 /* ---------------------------------------------------------------- data movement (unlocked) */
 
-static ctxpar_status copy_bytes(local_comm *c, void *dst, const void *src, size_t n,
-                                int host_only) {
+static ctxpar_status copy_bytes(local_comm *c, const struct ctxpar_request *req, void *dst,
+                                const void *src, size_t n) {
     if (n == 0)
         return CTXPAR_OK;
-    if (!c->dev || host_only) {
+    if (!c->dev || req->host_only) {
         memcpy(dst, src, n);
         return CTXPAR_OK;
     }
-    CTXPAR_CHECK(ctxpar_dev_copy(c->dev, dst, src, n, CTXPAR_COPY_D2D, NULL));
+    CTXPAR_CHECK(ctxpar_dev_copy(c->dev, dst, src, n, CTXPAR_COPY_D2D, req->stream));
     // The peer may read the data as soon as the half is DONE.
     if (ctxpar_dev_has_streams(c->dev))
-        CTXPAR_CHECK(ctxpar_dev_stream_sync(c->dev, NULL));
+        CTXPAR_CHECK(ctxpar_dev_stream_sync(c->dev, req->stream));
     return CTXPAR_OK;
 }
 
@@ -200,11 +200,11 @@ static ctxpar_status sum_blocks(local_comm *c, struct ctxpar_request *req, float
     if (c->dev) {
         size_t bytes = count * sizeof(float);
         CTXPAR_CHECK(
-            ctxpar_dev_copy(c->dev, out, in[0].partner->sbuf, bytes, CTXPAR_COPY_D2D, NULL));
+            ctxpar_dev_copy(c->dev, out, in[0].partner->sbuf, bytes, CTXPAR_COPY_D2D, req->stream));
         for (int s = 1; s < nranks; s++)
-            CTXPAR_CHECK(ctxpar_dev_add(c->dev, out, in[s].partner->sbuf, count, NULL));
+            CTXPAR_CHECK(ctxpar_dev_add(c->dev, out, in[s].partner->sbuf, count, req->stream));
         if (ctxpar_dev_has_streams(c->dev))
-            CTXPAR_CHECK(ctxpar_dev_stream_sync(c->dev, NULL));
+            CTXPAR_CHECK(ctxpar_dev_stream_sync(c->dev, req->stream));
         return CTXPAR_OK;
     }
     float tile[LOCAL_SUM_TILE];
@@ -240,7 +240,7 @@ void ctxpar_local_post(local_comm *c, struct ctxpar_request *req) {
             continue;
         const local_half *s = h->is_send ? h : h->partner;
         local_half *r = h->is_send ? h->partner : h;
-        ctxpar_status st = copy_bytes(c, r->rbuf, s->sbuf, s->bytes, req->host_only);
+        ctxpar_status st = copy_bytes(c, req, r->rbuf, s->sbuf, s->bytes);
         h->status = st;
         if (st != CTXPAR_OK)
             snprintf(h->msg, sizeof h->msg, "rank %d copying %s #%llu (%zu bytes) from rank %d: %s",

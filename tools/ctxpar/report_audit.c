@@ -174,9 +174,9 @@ static void ranges_table(FILE *f, const cpt_audit_verdict *v, int sampled) {
         fputs("<p class=\"ok\">No row out of its bound.</p>\n", f);
         return;
     }
-    fprintf(f, "<h3>Failing rows: %lld elements in %lld rows, in %lld runs</h3>\n",
-            (long long)v->failing_elements, (long long)v->failing_rows,
-            (long long)(v->n_ranges + v->more_ranges));
+    const long long runs = v->n_ranges + v->more_ranges;
+    fprintf(f, "<h3>Failing rows: %lld elements in %lld rows, in %lld run%s</h3>\n",
+            (long long)v->failing_elements, (long long)v->failing_rows, runs, runs > 1 ? "s" : "");
     fprintf(f,
             "<table class=\"ranges\"><tr><th>batch</th><th>positions</th><th>%s</th>"
             "<th>ranks</th><th>failing elements</th></tr>\n",

@@ -91,12 +91,13 @@ void cpt_html_text(FILE *f, const char *fmt, ...) {
 }
 
 const char *cpt_html_si(double x, char *buf, size_t n) {
-    static const char *const big[] = {"", " k", " M", " G", " T", " P", " E"};
-    static const char *const small[] = {"", " m", " µ", " n", " p"};
+    // The prefix always after a space ("512 B", "1.05 MB"): units follow it directly.
+    static const char *const big[] = {" ", " k", " M", " G", " T", " P", " E"};
+    static const char *const small[] = {" ", " m", " µ", " n", " p"};
     double a = fabs(x);
     int i = 0;
     if (!isfinite(x) || a == 0) {
-        snprintf(buf, n, "%g", x);
+        snprintf(buf, n, "%g ", x);
         return buf;
     }
     if (a >= 1) {

@@ -64,25 +64,41 @@ static void rank_strip(FILE *f, const judged_page *p, const cpt_audit_verdict *v
     int64_t borders = 0;
     for (int64_t s = 1; s < seq; s++)
         borders += p->owner[s] != p->owner[s - 1];
+    // Drawn by position while the runs are few; else by column (a striped layout changes rank
+    // every token), where -1 marks a column whose positions several ranks hold.
+    const int by_col = borders > HEAT_COLS;
+    const int64_t units = by_col ? v->heat_cols : seq, per = by_col ? v->heat_bucket : 1;
+    int *col = by_col ? malloc((size_t)v->heat_cols * sizeof *col) : NULL;
+    if (by_col && !col)
+        return; // no strip rather than no page
+    for (int64_t s = 0; by_col && s < seq; s++) {
+        int *c = &col[s / v->heat_bucket];
+        *c = s % v->heat_bucket == 0 || *c == p->owner[s] ? p->owner[s] : -1;
+    }
     fputs("<g class=\"ranks\">\n", f);
-    for (int64_t s = 0, start = 0; s <= seq; s++) {
-        if (s < seq && (s == start || p->owner[s] == p->owner[start]))
+    for (int64_t u = 0, start = 0; u <= units; u++) {
+        const int rank = by_col ? col[start] : p->owner[start];
+        if (u < units && (u == start || (by_col ? col[u] : p->owner[u]) == rank))
             continue;
-        const double x0 = LEFT + cw * (double)start / (double)v->heat_bucket;
-        const double w = cw * (double)(s - start) / (double)v->heat_bucket;
+        const double x0 = LEFT + cw * (double)(start * per) / (double)v->heat_bucket;
+        const double w = cw * (double)((u - start) * per) / (double)v->heat_bucket;
+        const long long last = u * per < seq ? (long long)(u * per) - 1 : (long long)seq - 1;
         fprintf(f,
                 "<rect class=\"rankrun\" data-rank=\"%d\" x=\"%.2f\" y=\"%d\" width=\"%.2f\" "
-                "height=\"%d\" fill=\"%s\"><title>positions %lld-%lld: rank %d</title></rect>\n",
-                p->owner[start], x0, TOP, w, STRIP, rank_colours[p->owner[start] % 8],
-                (long long)start, (long long)s - 1, p->owner[start]);
-        if (w >= 22)
-            cpt_html_svg_text(f, x0 + w / 2, TOP + 13, "middle", "r%d", p->owner[start]);
-        if (s > 0 && s < seq && borders <= 128)
+                "height=\"%d\" fill=\"%s\"><title>positions %lld-%lld: ",
+                rank, x0, TOP, w, STRIP, rank < 0 ? "#d0d0d0" : rank_colours[rank % 8],
+                (long long)(start * per), last);
+        fprintf(f, rank < 0 ? "several ranks</title></rect>\n" : "rank %d</title></rect>\n", rank);
+        if (w >= 22 && rank >= 0)
+            cpt_html_svg_text(f, x0 + w / 2, TOP + 13, "middle", "r%d", rank);
+        else if (w >= 160)
+            cpt_html_svg_text(f, x0 + w / 2, TOP + 13, "middle", "ranks alternate");
+        if (u > 0 && u < units && borders <= 128)
             fprintf(f, "<line class=\"chunk\" x1=\"%.2f\" y1=\"%d\" x2=\"%.2f\" y2=\"%d\"/>\n",
-                    LEFT + cw * (double)s / (double)v->heat_bucket, TOP,
-                    LEFT + cw * (double)s / (double)v->heat_bucket, TOP + STRIP + map_h);
-        start = s;
+                    x0 + w, TOP, x0 + w, TOP + STRIP + map_h);
+        start = u;
     }
+    free(col);
     // Zigzag's 2P chunks: rank P-1 holds two neighbours, whose border no change of rank shows.
     const int64_t P = p->cfg->ranks, chunk = seq / (2 * P);
     for (int64_t k = 1; p->cfg->params.layout == CTXPAR_LAYOUT_ZIGZAG &&
@@ -108,7 +124,7 @@ static void heat_map(FILE *f, const judged_page *p, const char *name, const cpt_
     cpt_html_svg_text(f, LEFT, 14, "start", "%s", title);
     cpt_html_svg_text(f, LEFT - 6, TOP + 13, "end", "rank");
     fprintf(f, "<g class=\"heat\" data-tensor=\"%s\">\n", name);
-    const int y0 = TOP + STRIP;
+    const int y0 = TOP + STRIP, titled = (int64_t)v->heat_cols * v->heat_heads <= 32768;
     for (int h = 0; h < v->heat_heads; h++) {
         const double *row = v->heat + (size_t)h * v->heat_cols;
         for (int c = 0, start = 0; c <= v->heat_cols; c++) {
@@ -125,11 +141,14 @@ static void heat_map(FILE *f, const judged_page *p, const char *name, const cpt_
             ratio_colour(row[start], b, sizeof b);
             fprintf(f,
                     "<rect class=\"cell\" x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" "
-                    "fill=\"%s\"><title>head %d, positions %lld-%lld: error/bound %.3g"
-                    "</title></rect>\n",
-                    LEFT + cw * start, y0 + h * rh, cw * (c - start), rh, b, h,
-                    (long long)(start * v->heat_bucket),
-                    (long long)fmin((double)(c * v->heat_bucket), (double)p->cfg->seq) - 1, worst);
+                    "fill=\"%s\">",
+                    LEFT + cw * start, y0 + h * rh, cw * (c - start), rh, b);
+            if (titled) // what the mouse shows; left out where it would make the page huge
+                fprintf(f, "<title>head %d, positions %lld-%lld: error/bound %.3g</title>", h,
+                        (long long)(start * v->heat_bucket),
+                        (long long)fmin((double)(c * v->heat_bucket), (double)p->cfg->seq) - 1,
+                        worst);
+            fputs("</rect>\n", f);
             start = c;
         }
         if (rh >= 9 && (v->heat_heads <= 16 || h % (v->heat_heads / 8) == 0))

@@ -53,10 +53,10 @@ inline Made Bench(const std::string &dir) {
     return m;
 }
 
-// q, k, v of [1, kSeq, kHeads, kDim] float32 in dir; "" on success, else what failed.
-inline std::string WriteInputs(const std::string &dir) {
-    const int64_t shape[4] = {1, kSeq, kHeads, kDim};
-    std::vector<float> t(static_cast<size_t>(kSeq * kHeads * kDim));
+// q, k, v of [1, seq, kHeads, kDim] float32 in dir; "" on success, else what failed.
+inline std::string WriteInputs(const std::string &dir, int64_t seq) {
+    const int64_t shape[4] = {1, seq, kHeads, kDim};
+    std::vector<float> t(static_cast<size_t>(seq * kHeads * kDim));
     for (int id = 0; id < 3; id++) {
         for (size_t i = 0; i < t.size(); i++)
             t[i] = static_cast<float>(cpt_test_value(5, static_cast<uint64_t>(id), i));
@@ -67,9 +67,9 @@ inline std::string WriteInputs(const std::string &dir) {
     return "";
 }
 
-// ctxpar's own results saved (--save), out spoilt in rows kBadFirst..kBadLast, head 1; "" on
-// success.
-inline std::string PlantFault(const std::string &dir, const std::string &inputs) {
+// ctxpar's own results saved (--save), out spoilt in rows first..last, head 1; "" on success.
+inline std::string PlantFault(const std::string &dir, const std::string &inputs, int64_t first,
+                              int64_t last) {
     cpt_tool::Outcome s = cpt_tool::Tool(inputs + " --save '" + dir + "/results'");
     if (s.code != 0)
         return "audit --save: " + s.out + s.err;
@@ -78,7 +78,7 @@ inline std::string PlantFault(const std::string &dir, const std::string &inputs)
     if (cpt_npy_read(out.c_str(), &a) != CTXPAR_OK)
         return "cannot read " + out;
     float *v = static_cast<float *>(a.data);
-    for (int64_t s2 = kBadFirst; s2 <= kBadLast; s2++)
+    for (int64_t s2 = first; s2 <= last; s2++)
         for (int64_t d = 0; d < kDim; d++)
             v[(s2 * kHeads + 1) * kDim + d] = 0.0f;
     const ctxpar_status st = cpt_npy_write(out.c_str(), CPT_NPY_F32, a.ndim, a.shape, a.data);
@@ -86,22 +86,22 @@ inline std::string PlantFault(const std::string &dir, const std::string &inputs)
     return st == CTXPAR_OK ? "" : "cannot write " + out;
 }
 
-// The audit of the spoilt results (--against) with extra flags; m.path "" when the setup
-// failed (m.o.err says why).
-inline Made Audit(const std::string &dir, const std::string &extra = "") {
+// The audit of results spoilt in rows first..last (--against); m.path "" when the setup failed
+// (m.o.err says why).
+inline Made Audit(const std::string &dir, int64_t seq = kSeq, int64_t first = kBadFirst,
+                  int64_t last = kBadLast) {
     const std::string inputs =
         "audit --ranks 4 --q '" + dir + "/q.npy' --k '" + dir + "/k.npy' --v '" + dir + "/v.npy'";
     Made m{dir + "/audit.html", {}};
-    std::string why = WriteInputs(dir);
+    std::string why = WriteInputs(dir, seq);
     if (why.empty())
-        why = PlantFault(dir, inputs);
+        why = PlantFault(dir, inputs, first, last);
     if (!why.empty()) {
         m.path.clear();
         m.o.err = why;
         return m;
     }
-    m.o = cpt_tool::Tool(inputs + " --against '" + dir + "/results' --report '" + m.path + "' " +
-                         extra);
+    m.o = cpt_tool::Tool(inputs + " --against '" + dir + "/results' --report '" + m.path + "'");
     return m;
 }
 

@@ -74,6 +74,22 @@ TEST(Report, AuditListsThePlantedRunOfRows) {
     EXPECT_EQ(Count(html, "class=\"heat\" data-tensor=\"out\""), 1);
 }
 
+// A long sequence is drawn in at most 1000 columns, each the worst of its bucket: one bad row
+// of 4096 still colours its column.
+TEST(Report, OneBadRowOfALongSequenceStaysVisible) {
+    cpt_report::Made m = cpt_report::Audit(Dir("long"), 4096, 3001, 3001);
+    ASSERT_FALSE(m.path.empty()) << m.o.err;
+    ASSERT_EQ(m.o.code, 1) << m.o.out << m.o.err;
+    const std::string html = ReadAll(m.path);
+    EXPECT_NE(html.find("820 columns of 5 positions each"), std::string::npos);
+    EXPECT_NE(html.find("<td>3001-3001</td><td>1</td><td>2</td>"), std::string::npos)
+        << "zigzag: 3001 is in chunk 5 of 8, rank 2's";
+    const std::string cell = "<title>head 1, positions 3000-3004: error/bound ";
+    const size_t at = html.find(cell);
+    ASSERT_NE(at, std::string::npos);
+    EXPECT_GT(std::stod(html.substr(at + cell.size(), 12)), 1.0);
+}
+
 TEST(Report, AuditEscapesThePathsItQuotes) {
     const std::string dir = Dir("a<b>&c");
     cpt_report::Made m = cpt_report::Audit(dir);

@@ -55,26 +55,18 @@ ctxpar_status cpt_html_close(FILE *f, const char *path) {
 }
 
 static void escape(FILE *f, const char *s) {
-    for (; *s; s++)
-        switch (*s) {
-        case '&':
-            fputs("&amp;", f);
-            break;
-        case '<':
-            fputs("&lt;", f);
-            break;
-        case '>':
-            fputs("&gt;", f);
-            break;
-        case '"':
-            fputs("&quot;", f);
-            break;
-        case '\'':
-            fputs("&#39;", f);
-            break;
-        default:
+    for (; *s; s++) {
+        const char *e = *s == '&'    ? "&amp;"
+                        : *s == '<'  ? "&lt;"
+                        : *s == '>'  ? "&gt;"
+                        : *s == '"'  ? "&quot;"
+                        : *s == '\'' ? "&#39;"
+                                     : NULL;
+        if (e)
+            fputs(e, f);
+        else
             fputc(*s, f);
-        }
+    }
 }
 
 static void vtext(FILE *f, const char *fmt, va_list ap) {

@@ -276,6 +276,8 @@ void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *co
     if (rank == 0)
         cpt_run_progress(cfg, stage, reps, reps);
     r->time_s = median(times, reps);
+    r->time_min_s = times[0]; // sorted by median()
+    r->time_max_s = times[reps - 1];
     r->time_fwd_s = median(fwd_times, reps);
     r->stats.compute_s = rt.compute_s / reps;
     r->stats.transfer_s = rt.transfer_s / reps;

@@ -100,7 +100,8 @@ class AuditReport:
     those errors by name. exit_code: the tool's (0 consistent and within tolerance, 1 not).
     command and folder: how to rerun it by hand (folder: where the files were kept, when audit()
     was given one; None otherwise).
-    json: the tool's whole report."""
+    json: the tool's whole report. report: the HTML report's path when audit() was asked for one
+    (report=), else None."""
     consistent: bool
     tensors: dict
     max_ratio: object  # float, or None when not asked for
@@ -110,6 +111,7 @@ class AuditReport:
     command: list
     folder: str
     json: dict
+    report: object = None  # str, or None
 
     @property
     def failing_elements(self):
@@ -213,7 +215,7 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
           algo="ring", layout="zigzag", mask="causal", window=0, cu_seqlens=None, scale=None,
           softcap=0.0, sinks=None, dsinks=None, format="bshd", lse_base="e", lse_layout="bhs",
           dtype=None, max_ratio=None, rows=None, seed=None, num_threads=0, folder=None,
-          tool=None, timeout=None):
+          tool=None, timeout=None, report=None):
     """Judges results computed elsewhere on the inputs q, k, v (and dout): an AuditReport.
 
     out, lse, dq, dk, dv: any of the results to judge (dq, dk, dv need dout), as computed by the
@@ -234,7 +236,9 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
     soft-capping the results were made with (0: none). sinks: float32 [Hq] attention sinks
     (written to sinks.npy for --sinks); dsinks: their gradient as the other implementation
     computed it, judged too (needs sinks and dout). v (and out, dout, dv) may have their own
-    head_dim (MLA).
+    head_dim (MLA). report: a path: also write the tool's self-contained HTML report there
+    (--report: error/bound by position and head per tensor with the ranks' chunks, per-rank bars,
+    the failing runs of rows), written once the verdict is made.
 
     It runs the ctxpar tool (tool_path(tool)) as `ctxpar audit --inputs inputs.safetensors
     --against results.safetensors ... --json` in `folder` (kept; default a temporary folder,
@@ -292,6 +296,9 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
         command += ["--rows", str(int(rows))]
     if seed is not None:
         command += ["--seed", str(int(seed))]
+    if report is not None:  # absolute: the tool runs in the work folder
+        report = os.path.abspath(os.fspath(report))
+        command += ["--report", report]
     if softcap:
         command += ["--softcap", repr(float(softcap))]
     sinks32 = None
@@ -301,12 +308,13 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
         command += ["--sinks", SINKS_FILE]
     if folder is not None:
         os.makedirs(folder, exist_ok=True)
-        return _run(command, str(folder), inputs, results, sinks32, timeout, keep=True)
+        return _run(command, str(folder), inputs, results, sinks32, timeout, keep=True,
+                    report_path=report)
     with tempfile.TemporaryDirectory(prefix="ctxpar-audit-") as tmp:
-        return _run(command, tmp, inputs, results, sinks32, timeout, keep=False)
+        return _run(command, tmp, inputs, results, sinks32, timeout, keep=False, report_path=report)
 
 
-def _run(command, folder, inputs, results, sinks, timeout, keep):
+def _run(command, folder, inputs, results, sinks, timeout, keep, report_path):
     _safetensors.write(os.path.join(folder, INPUTS_FILE), inputs)
     _safetensors.write(os.path.join(folder, RESULTS_FILE), results)
     if sinks is not None:
@@ -339,4 +347,4 @@ def _run(command, folder, inputs, results, sinks, timeout, keep):
                        None if max_ratio is None else float(max_ratio),
                        bool(report.get("ok", False)),
                        {n: _num(e) for n, e in report.get("errors", {}).items()},
-                       p.returncode, command, folder if keep else None, report)
+                       p.returncode, command, folder if keep else None, report, report_path)

@@ -267,3 +267,23 @@ def test_sampled_rows_still_name_the_rank_of_a_lost_ring_step(tool):
     assert ctxpar.audit(q, k, v, do, **res, ranks=P, rows=24).consistent
     with pytest.raises(ValueError, match="rows"):
         ctxpar.audit(q, k, v, do, **res, ranks=P, rows=0)
+
+
+def test_report_writes_a_self_contained_page_of_the_failing_rows(tmp_path, tool):
+    P, S = 4, 64
+    (q, k, v, do), res, _ = case("f32", s=S)
+    res["out"] = res["out"].copy()
+    res["out"][:, 20:27] = 0  # rows 20-26 lost: zigzag chunk 2 (rank 2) and chunk 3 (rank 3)
+    page = tmp_path / "audit.html"
+    rep = ctxpar.audit(q, k, v, out=res["out"], lse=res["lse"], ranks=P, report=page)
+    assert not rep.consistent and rep.report == str(page)
+    html = page.read_text()
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+    assert html.count('class="heat" data-tensor=') == 2  # out and lse
+    assert html.count('<rect class="bar') == 2 * P  # a bar per rank, per tensor
+    out = rep.tensors["out"]
+    assert [(r.first, r.last) for r in out.failing_ranges] == [(20, 26)]
+    assert (f"<td>20-26</td><td>7</td><td>2-3</td><td>{out.failing_elements}</td>" in html)
+    # A report that cannot be written is the tool's error, raised with its message.
+    with pytest.raises(ctxpar.AuditError, match="cannot write the report"):
+        ctxpar.audit(q, k, v, out=res["out"], ranks=P, report=tmp_path / "no" / "such.html")

@@ -51,9 +51,18 @@ typedef struct cpt_audit_report {
     int64_t dsinks_worst_head;
 } cpt_audit_report;
 
-/* Judges every result given against the run's oracle and ctxpar's own errors. */
+/* The layout the options declare (format, lse conventions, ranks, layout, --assign); no
+ * documents. */
+cpt_audit_layout cpt_audit_layout_of(const cpt_cli *cli);
+
+/* Judges every result given against the run's oracle and ctxpar's own errors; heat_cols > 0:
+ * with each verdict's heat map in at most that many columns (--report). */
 ctxpar_status cpt_audit_judge_all(const cpt_cli *cli, const cpt_audit_state *a,
-                                     const cpt_run_result *r, cpt_audit_report *rep);
+                                  const cpt_run_result *r, int heat_cols, cpt_audit_report *rep);
+/* ctxpar's own outputs judged the same way (r made with keep_oracle), owners by lay: what
+ * --report draws for check, and for an audit with no results of its own to judge. */
+ctxpar_status cpt_audit_judge_own(const cpt_cli *cli, const cpt_audit_layout *lay,
+                                  const cpt_run_result *r, int heat_cols, cpt_audit_report *rep);
 void cpt_audit_report_free(cpt_audit_report *rep);
 
 /* --save: ctxpar's results in the inputs' dtype, stored like the inputs. */

@@ -26,6 +26,10 @@ extern "C" {
  * ctxpar's own error at the same dtype. */
 typedef struct cpt_audit_bound {
     double max_ratio; /* 0: not applied */
+    /* > 0: also map error/bound by position and head (the verdict's heat, for --report) in at
+     * most this many columns over positions [0, heat_seq); heat_seq 0: the tensor's length. */
+    int heat_cols;
+    int64_t heat_seq;
 } cpt_audit_bound;
 
 #define CPT_AUDIT_WORST_ROWS 5
@@ -36,6 +40,7 @@ typedef struct cpt_audit_bound {
 typedef struct cpt_audit_range {
     int64_t batch, first, last;
     int rank_first, rank_last;
+    int64_t elements; /* out of their bound in it */
 } cpt_audit_range;
 
 /* One row (all heads of one position, or one head's LSE value). */
@@ -65,6 +70,12 @@ typedef struct cpt_audit_verdict {
     int ranks;
     double *rank_error; /* [ranks]: the error over the rows each rank held (malloc'ed) */
     double *rank_bound_ratio; /* [ranks]: the largest error/bound on each rank's rows (same) */
+    /* With bound->heat_cols: [heat_heads][heat_cols] the largest error/bound of each head in each
+     * bucket of heat_bucket positions (over the batch; -1 where no row was judged). The maximum,
+     * not the mean, so that one bad row stays visible however long the sequence. */
+    double *heat;
+    int heat_cols, heat_heads;
+    int64_t heat_bucket;
 } cpt_audit_verdict;
 
 /* Judges a global tensor: got is a dense [B, S, H, D] tensor (lse: NULL and got_lse a float

@@ -50,23 +50,25 @@ static void sample_tensor(const cpt_audit_tensor *t, int lse, const cpt_run_samp
                    (const char *)t->data + (size_t)(o * S + smp->rows[x]) * row, row);
 }
 
-ctxpar_status cpt_audit_judge_all(const cpt_cli *cli, const cpt_audit_state *a,
-                                     const cpt_run_result *r, cpt_audit_report *rep) {
+// Judges res[i] (global tensors; data NULL: not given) against r's oracle, owners by lay.
+static ctxpar_status judge_tensors(const cpt_cli *cli, const cpt_audit_layout *lay,
+                                   const cpt_audit_tensor *res, const cpt_run_result *r,
+                                   int heat_cols, cpt_audit_report *rep) {
     const cpt_run_config *c = &cli->cfg;
     memset(rep, 0, sizeof *rep);
     int *owner = malloc((size_t)c->seq * sizeof *owner);
     if (!owner)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate %lld owners",
                             (long long)c->seq);
-    ctxpar_status st = cpt_audit_owners(&a->lay, c->seq, owner);
-    cpt_audit_bound bound = {cli->max_ratio};
+    ctxpar_status st = cpt_audit_owners(lay, c->seq, owner);
+    cpt_audit_bound bound = {cli->max_ratio, heat_cols, c->seq};
     const cpt_run_sample *smp = &r->sample; // --rows: the oracle holds the judged rows only
     for (int64_t x = 0; smp->rows && x < smp->n; x++)
         owner[x] = owner[smp->rows[x]]; // rows are sorted: x <= rows[x]
     rep->consistent = 1;
     for (int i = 0; st == CTXPAR_OK && i < CPT_RUN_TENSORS; i++) {
         cpt_audit_tensor sampled;
-        const cpt_audit_tensor *t = &a->res[i];
+        const cpt_audit_tensor *t = &res[i];
         if (!t->data)
             continue;
         if (smp->rows) {
@@ -96,11 +98,36 @@ ctxpar_status cpt_audit_judge_all(const cpt_cli *cli, const cpt_audit_state *a,
             free(sampled.data);
         rep->consistent = rep->consistent && rep->v[i].consistent;
     }
-    if (st == CTXPAR_OK && a->dsinks)
-        st = judge_dsinks(cli, a, r, rep);
     rep->judged = st == CTXPAR_OK;
     free(owner);
     return st;
+}
+
+ctxpar_status cpt_audit_judge_all(const cpt_cli *cli, const cpt_audit_state *a,
+                                  const cpt_run_result *r, int heat_cols, cpt_audit_report *rep) {
+    ctxpar_status st = judge_tensors(cli, &a->lay, a->res, r, heat_cols, rep);
+    if (st == CTXPAR_OK && a->dsinks)
+        st = judge_dsinks(cli, a, r, rep);
+    rep->judged = st == CTXPAR_OK;
+    return st;
+}
+
+ctxpar_status cpt_audit_judge_own(const cpt_cli *cli, const cpt_audit_layout *lay,
+                                  const cpt_run_result *r, int heat_cols, cpt_audit_report *rep) {
+    const cpt_run_config *c = &cli->cfg;
+    cpt_audit_tensor own[CPT_RUN_TENSORS];
+    memset(own, 0, sizeof own);
+    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+        const int lse = i == CPT_T_LSE, kv = i == CPT_T_DK || i == CPT_T_DV;
+        const int64_t heads = kv ? c->kv_heads : c->heads;
+        const int64_t d = i == CPT_T_OUT || i == CPT_T_DV ? cpt_run_dim_v(c) : c->head_dim;
+        const int64_t dims[4] = {c->batch, lse ? c->heads : c->seq, lse ? c->seq : heads,
+                                 lse ? 1 : d};
+        own[i].data = r->outputs.t[i];
+        own[i].dtype = cpt_npy_of_dtype(lse ? CTXPAR_DTYPE_F32 : c->dtype);
+        memcpy(own[i].dims, dims, sizeof dims);
+    }
+    return judge_tensors(cli, lay, own, r, heat_cols, rep);
 }
 
 void cpt_audit_report_free(cpt_audit_report *rep) {

@@ -18,7 +18,7 @@ typedef enum opt_id {
     O_DOCS, O_BACKWARD, O_SEED, O_Q, O_K, O_V, O_DOUT, O_SAVE, O_THREADS,
     O_WARMUP, O_REPEAT, O_CHECK, O_NO_CHECK, O_SWEEP, O_PEAK, O_VERIFY, O_COMM, O_BACKEND, O_JSON,
     O_TRACE, O_INPUTS, O_AGAINST, O_SHARDS, O_FORMAT, O_LSE_BASE, O_LSE_LAYOUT, O_MAX_RATIO,
-    O_V_DIM, O_ROWS, O_NO_SINGLE,
+    O_V_DIM, O_ROWS, O_NO_SINGLE, O_REPORT,
     O_PARAM, // O_PARAM + i: attention parameter i's option (params_table.h)
 } opt_id;
 
@@ -88,6 +88,8 @@ static const opt options[] = {
     {"--json", O_JSON, C | A | B, 1, NULL, "print one JSON object instead of the table"},
     {"--trace", O_TRACE, C | A | B, 0, "FILE",
      "write a Chrome trace (per rank: compute, transfers, waits)"},
+    {"--report", O_REPORT, C | A | B, 0, "FILE.html",
+     "also write a self-contained HTML report with pictures (docs/auditing.md)"},
 };
 #define N_OPTIONS (sizeof options / sizeof options[0])
 
@@ -401,6 +403,7 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
         return 1;
     }
     case O_TRACE: cli->trace_path = val; return 1;
+    case O_REPORT: cli->report_path = val; return 1;
     default: break;
     }
     if (!parse_i64(val, 0, INT32_MAX, &v))

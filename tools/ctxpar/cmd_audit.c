@@ -8,6 +8,7 @@
 #include "audit.h"
 #include "commands.h"
 #include "reference/data.h"
+#include "report.h"
 
 enum { IN_Q, IN_K, IN_V, IN_DOUT, N_IN };
 static const char *const in_names[N_IN] = {"q", "k", "v", "dout"};
@@ -227,21 +228,25 @@ static int configure(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
     c->params.cu_seqlens = a->cu_seqlens;
     c->params.num_docs = a->cu_seqlens ? a->num_docs : 0;
     c->params.cu_seqlens_rows = a->cu_seqlens ? a->cu_seqlens_rows : 0;
-    c->keep_oracle = a->has_against;
+    c->keep_oracle = a->has_against || cli->report_path; // --report judges ctxpar's own
     return 1;
 }
 
+cpt_audit_layout cpt_audit_layout_of(const cpt_cli *cli) {
+    return (cpt_audit_layout){(cpt_tformat)cli->format,
+                              (cpt_lse_layout)cli->lse_layout,
+                              cli->lse_base2,
+                              cli->cfg.ranks,
+                              cli->cfg.params.layout,
+                              NULL,
+                              0,
+                              cli->cfg.params.assignment,
+                              0,
+                              cli->assign_len};
+}
+
 int cpt_audit_load(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
-    a->lay = (cpt_audit_layout){(cpt_tformat)cli->format,
-                                   (cpt_lse_layout)cli->lse_layout,
-                                   cli->lse_base2,
-                                   cli->cfg.ranks,
-                                   cli->cfg.params.layout,
-                                   NULL,
-                                   0,
-                                   cli->cfg.params.assignment,
-                                   0,
-                                   cli->assign_len};
+    a->lay = cpt_audit_layout_of(cli);
     const char *paths[N_IN + 1] = {cli->q_path, cli->k_path, cli->v_path, cli->dout_path,
                                    cli->cu_seqlens_path};
     for (int i = 0; i <= N_IN; i++)
@@ -345,7 +350,7 @@ int cpt_cmd_audit(int argc, char **argv) {
     cpt_audit_report rep;
     memset(&rep, 0, sizeof rep);
     if (s.rank == 0 && r.status == CTXPAR_OK && a.has_against) {
-        if (cpt_audit_judge_all(&cli, &a, &r, &rep) != CTXPAR_OK) {
+        if (cpt_audit_judge_all(&cli, &a, &r, cpt_report_heat_cols(&cli), &rep) != CTXPAR_OK) {
             cpt_session_error(&s, "%s", cpt_cli_message(ctxpar_last_error()));
             rc = CPT_EXIT_FAIL;
         } else if (!rep.consistent && rc == CPT_EXIT_OK) {
@@ -363,6 +368,7 @@ int cpt_cmd_audit(int argc, char **argv) {
     }
     if (s.rank == 0)
         cpt_audit_print(stdout, &cli, &a, &r, &rep, saved);
+    rc = cpt_report_judged(&s, &cli, &a.lay, &r, rep.judged ? &rep : NULL, rc);
     cpt_audit_report_free(&rep);
     cpt_run_result_free(&r);
     cpt_audit_state_free(&a);

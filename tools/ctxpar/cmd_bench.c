@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "report.h"
 
 // What bench reports for one run (the P ranks, or the baseline).
 typedef struct bench_numbers {
@@ -370,7 +371,8 @@ static int run_baseline(cpt_session *s, const cpt_run_config *cfg, baseline *b,
 // object (`sep` before it). `of` ends the progress line's configuration (" (3 of 8)" or "").
 // Returns the exit code.
 static int bench_one(cpt_session *s, const cpt_cli *cli, const cpt_run_config *cfg, baseline *base,
-                     const cpt_peak_info *peak, const char *sep, const char *of) {
+                     const cpt_peak_info *peak, const char *sep, const char *of,
+                     cpt_bench_report *report) {
     int rc = run_baseline(s, cfg, base, peak, of);
     if (rc != CPT_EXIT_OK)
         return rc;
@@ -395,6 +397,7 @@ static int bench_one(cpt_session *s, const cpt_cli *cli, const cpt_run_config *c
     if (s->rank == 0) {
         const char *comm = s->mpi ? "mpi" : "local";
         bench_numbers p = reuse ? base->n : numbers(cfg, cfg->ranks, r, peak);
+        cpt_bench_report_add(report, cfg, r, &base->r, p.threads);
         if (cli->json) {
             fputs(sep, stdout);
             print_json(cfg, comm, r, &p, &base->n, peak);
@@ -439,6 +442,9 @@ int cpt_cmd_bench(int argc, char **argv) {
         fflush(stdout);
     }
     int n = 0;
+    static cpt_bench_report report; // --report: every point measured (static: 18 KiB)
+    report.path = cli.report_path;
+    report.n = 0;
     for (int i = 0; i < cli.n_seqs && rc == CPT_EXIT_OK; i++) {
         baseline base;
         memset(&base, 0, sizeof base);
@@ -449,10 +455,11 @@ int cpt_cmd_bench(int argc, char **argv) {
             char of[32] = ""; // which configuration of the sweep, on the progress line
             if (cli.n_seqs * cli.n_ranks > 1)
                 snprintf(of, sizeof of, " (%d of %d)", n + 1, cli.n_seqs * cli.n_ranks);
-            rc = bench_one(&s, &cli, &c, &base, &peak, n++ ? "," : "", of);
+            rc = bench_one(&s, &cli, &c, &base, &peak, n++ ? "," : "", of, &report);
         }
     }
     if (s.rank == 0 && cli.sweep && cli.json)
         fputs("]}\n", stdout);
+    rc = cpt_bench_report_write(&s, &report, &cli.cfg, rc);
     return cpt_session_end(&s, rc);
 }

@@ -10,11 +10,12 @@
 #include "plan_model.h"
 #include "plan_run.h"
 #include "registry.h"
+#include "report.h"
 
 typedef struct plan_args {
     cpt_plan_config cfg;
     int64_t docs;
-    const char *dist, *cu_path, *model, *assign_path;
+    const char *dist, *cu_path, *model, *assign_path, *report_path;
     double sigma;
     uint64_t seed;
     int json, explain, per_rank, group_size_set;
@@ -45,7 +46,8 @@ static const char *const usage_text =
     "  --per-rank          the per-rank table in the text output (shown up to 16 ranks)\n"
     "  --share-members     the hybrid: the first member of a group stands for the others (the\n"
     "                      same plan, u times faster; by default every member is dry-run)\n"
-    "  --json              one JSON object\n";
+    "  --json              one JSON object\n"
+    "  --report FILE.html  also write a self-contained HTML report: per-rank bars\n";
 
 static int bad(const char *what, const char *val) {
     fprintf(stderr, "ctxpar plan: bad value for %s: '%s' (ctxpar plan --help)\n", what, val);
@@ -171,6 +173,8 @@ static int parse(int argc, char **argv, plan_args *a) {
             a->model = v;
         else if (!strcmp(o, "--assign"))
             a->assign_path = v;
+        else if (!strcmp(o, "--report"))
+            a->report_path = v;
         else if (!strcmp(o, "--algo") && pick_name(v, algo_n, 16, &e))
             c->params.algo = (ctxpar_algo)e;
         else if (!strcmp(o, "--layout") && pick_name(v, layout_n, 4, &e))
@@ -462,6 +466,7 @@ int cpt_cmd_plan(int argc, char **argv) {
     else
         print_table(&a, &r, &m);
     rc = r.coverage_checked && !r.coverage_ok ? CPT_EXIT_FAIL : CPT_EXIT_OK;
+    rc = cpt_report_plan(a.report_path, &a.cfg, &r, &m, rc);
     cpt_plan_result_free(&r);
     free(cu);
     free(assign);

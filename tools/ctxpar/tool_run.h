@@ -36,21 +36,28 @@ inline std::string ReadAll(const std::string &path) {
     return ss.str();
 }
 
+// Runs a shell command: its stdout, and its exit status in *code (-1: it did not exit normally).
+inline std::string Shell(const std::string &cmd, int *code) {
+    std::string out;
+    *code = -1;
+    FILE *p = popen(cmd.c_str(), "r");
+    if (!p)
+        return out;
+    char buf[4096];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, p)) > 0)
+        out.append(buf, got);
+    int status = pclose(p);
+    *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return out;
+}
+
 // Runs `prefix BINARY args` through the shell; stdout and stderr captured separately.
 inline Outcome RunWith(const std::string &prefix, const std::string &args) {
     static int n = 0;
     std::string err_path = TempDir() + "/stderr_" + std::to_string(n++) + ".txt";
-    std::string cmd = prefix + "'" + Binary() + "' " + args + " 2>'" + err_path + "'";
     Outcome o;
-    FILE *p = popen(cmd.c_str(), "r");
-    if (!p)
-        return o;
-    char buf[4096];
-    size_t got;
-    while ((got = fread(buf, 1, sizeof buf, p)) > 0)
-        o.out.append(buf, got);
-    int status = pclose(p);
-    o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    o.out = Shell(prefix + "'" + Binary() + "' " + args + " 2>'" + err_path + "'", &o.code);
     o.err = ReadAll(err_path);
     return o;
 }

@@ -1,6 +1,7 @@
 // Reading and writing the tensors of `ctxpar audit` (see audit_io.h).
 #include "tools/ctxpar/audit_io.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -166,6 +167,68 @@ int cpt_audit_src_has(const cpt_audit_src *src, const char *name) {
     int has = cpt_st_find(&f, name) != NULL;
     cpt_st_free(&f);
     return has;
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+// Appends "a, b" (sorted) of names[0..count) to buf; what does not fit ends in "...".
+static void join_sorted(const char **names, size_t count, char *buf, size_t n) {
+    qsort(names, count, sizeof *names, by_name);
+    size_t o = 0;
+    for (size_t i = 0; i < count && o < n; i++) {
+        int w = snprintf(buf + o, n - o, "%s%s", i ? ", " : "", names[i]);
+        o += w > 0 ? (size_t)w : 0;
+    }
+    if (o >= n && n > 4)
+        strcpy(buf + n - 4, "...");
+}
+
+// The names of the NAME.npy files in a folder (the names malloc'ed into names, at most cap).
+static size_t folder_names(const char *dir, char **names, size_t cap) {
+    DIR *d = opendir(dir);
+    size_t count = 0;
+    for (struct dirent *e; d && count < cap && (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len > 4 && ends_with(e->d_name, ".npy") && (names[count] = malloc(len - 3))) {
+            memcpy(names[count], e->d_name, len - 4);
+            names[count++][len - 4] = '\0';
+        }
+    }
+    if (d)
+        closedir(d);
+    return count;
+}
+
+const char *cpt_audit_src_list(const cpt_audit_src *src, char *buf, size_t n) {
+    enum { CAP = 256 };
+    const char *names[CAP];
+    char *owned[CAP];
+    size_t count = 0, n_owned = 0;
+    cpt_st_file shard = {0, NULL};
+    const cpt_st_file *f = src->kind == CPT_AUDIT_SRC_SAFETENSORS ? &src->st : NULL;
+    char path[4096];
+    int st;
+    // Per-rank .safetensors without {name}: rank 0's file shows what every rank's holds.
+    if (src->kind == CPT_AUDIT_SRC_SHARDS && !strstr(src->path, "{name}") &&
+        file_for(src, "", 0, path, sizeof path, &st) && cpt_st_read(path, &shard) == CTXPAR_OK)
+        f = &shard;
+    for (int i = 0; f && i < f->count && count < CAP; i++)
+        names[count++] = f->tensors[i].name;
+    if (src->kind == CPT_AUDIT_SRC_NPY_DIR)
+        n_owned = folder_names(src->path, owned, CAP);
+    for (size_t i = 0; i < n_owned; i++)
+        names[count++] = owned[i];
+    buf[0] = '\0';
+    if (count)
+        join_sorted(names, count, buf, n);
+    else
+        snprintf(buf, n, "no tensors");
+    for (size_t i = 0; i < n_owned; i++)
+        free(owned[i]);
+    cpt_st_free(&shard);
+    return buf;
 }
 
 static ctxpar_status copy_array(const cpt_npy_array *a, cpt_npy_array *out) {

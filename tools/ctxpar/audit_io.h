@@ -76,6 +76,11 @@ void cpt_audit_src_close(cpt_audit_src *src);
 /* Whether the source holds tensor `name` (SHARDS: rank 0's file for it exists). */
 int cpt_audit_src_has(const cpt_audit_src *src, const char *name);
 
+/* What the source holds, for messages: "dout, k, q" (sorted; a folder's NAME.npy files, a
+ * .safetensors file's tensors, rank 0's file of per-rank .safetensors), or "no tensors" (also
+ * for a pattern with {name}, whose files are looked for one name at a time). Returns buf. */
+const char *cpt_audit_src_list(const cpt_audit_src *src, char *buf, size_t n);
+
 /* Reads tensor `name` in global form. `lse` selects the LSE conventions of lay; otherwise the
  * tensor must be F32, F16 or BF16 in lay->format. cu_seqlens-like 1-D integer tensors: use
  * cpt_audit_read_raw. */

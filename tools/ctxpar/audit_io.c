@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "ctxpar_backend.h"
+#include "tools/ctxpar/text_ints.h"
 
 static int ends_with(const char *s, const char *tail) {
     size_t n = strlen(s), m = strlen(tail);
@@ -111,6 +112,8 @@ ctxpar_status cpt_audit_src_open(cpt_audit_src *src, const char *path) {
         CTXPAR_CHECK(cpt_st_read(path, &src->st));
     } else if (ends_with(path, ".npy")) {
         src->kind = CPT_AUDIT_SRC_NPY_FILE;
+    } else if (file_exists(path)) {
+        src->kind = CPT_AUDIT_SRC_TEXT;
     } else {
         struct stat st;
         if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
@@ -136,6 +139,7 @@ static int file_for(const cpt_audit_src *src, const char *name, int rank, char *
     case CPT_AUDIT_SRC_NPY_DIR:
         return snprintf(out, n, "%s/%s.npy", src->path, name) < (int)n;
     case CPT_AUDIT_SRC_NPY_FILE:
+    case CPT_AUDIT_SRC_TEXT:
         return snprintf(out, n, "%s", src->path) < (int)n;
     case CPT_AUDIT_SRC_SAFETENSORS:
         *st = 1;
@@ -247,7 +251,8 @@ ctxpar_status cpt_audit_read_raw(const cpt_audit_src *src, const char *name, int
     if (!file_for(src, name, rank, where, where_len, &st))
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: path too long", src->path);
     if (!st)
-        return cpt_npy_read(where, out);
+        return src->kind == CPT_AUDIT_SRC_TEXT ? cpt_text_ints_read(where, out)
+                                               : cpt_npy_read(where, out);
     const cpt_st_file *f = &src->st;
     cpt_st_file shard = {0, NULL};
     if (src->kind == CPT_AUDIT_SRC_SHARDS) {

@@ -28,6 +28,7 @@ typedef enum cpt_audit_src_kind {
     CPT_AUDIT_SRC_SAFETENSORS = 2, /* one file, tensors by name */
     CPT_AUDIT_SRC_NPY_FILE = 3,    /* one .npy file for one tensor (--q Q.npy) */
     CPT_AUDIT_SRC_SHARDS = 4,      /* pattern with {rank} (and {name}) */
+    CPT_AUDIT_SRC_TEXT = 5, /* any other file: integers as text (--cu-seqlens, text_ints.h) */
 } cpt_audit_src_kind;
 
 typedef struct cpt_audit_src {
@@ -69,7 +70,7 @@ typedef struct cpt_audit_tensor {
 } cpt_audit_tensor;
 
 /* Opens a source: a pattern with "{rank}" is SHARDS; a path ending in .safetensors is read now;
- * one ending in .npy is NPY_FILE; anything else is a folder. */
+ * one ending in .npy is NPY_FILE; another file is TEXT; anything else is a folder. */
 ctxpar_status cpt_audit_src_open(cpt_audit_src *src, const char *path);
 void cpt_audit_src_close(cpt_audit_src *src);
 

@@ -256,7 +256,7 @@ int cpt_audit_load(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
     // One .npy file holds one tensor: it cannot stand for the several that these name.
     const cpt_audit_src *several[2] = {&a->inputs_src, &a->against};
     for (int i = 0; i < 2; i++)
-        if (several[i]->kind == CPT_AUDIT_SRC_NPY_FILE) {
+        if (several[i]->kind == CPT_AUDIT_SRC_NPY_FILE || several[i]->kind == CPT_AUDIT_SRC_TEXT) {
             snprintf(msg, n, "%s: give a folder of NAME.npy files or a .safetensors file",
                      several[i]->path);
             return 0;

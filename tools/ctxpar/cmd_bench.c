@@ -160,20 +160,11 @@ static double timed_s(const bench_numbers *b, int backward) {
 static void print_json(const cpt_run_config *c, const char *comm,
                        const cpt_run_result *r, const bench_numbers *p,
                        const bench_numbers *base, const cpt_peak_info *peak) {
-    fprintf(stdout,
-            "{\"ok\":%s,\"status\":\"%s\",\"config\":{\"ranks\":%d,\"batch\":%lld,\"seq\":%lld,"
-            "\"heads\":%lld,\"kv_heads\":%lld,\"dim\":%lld,\"dtype\":\"%s\",\"mask\":\"%s\","
-            "\"window\":%lld,\"window_right\":%lld,\"docs\":%lld,\"algo\":\"%s\","
-            "\"algo_resolved\":\"%s\",\"layout\":\"%s\","
-            "\"backward\":%s,\"comm\":\"%s\",\"backend\":\"%s\",\"warmup\":%d,\"repeat\":%d},",
-            r->ok ? "true" : "false", ctxpar_status_string(r->status), c->ranks,
-            (long long)c->batch, (long long)c->seq, (long long)c->heads, (long long)c->kv_heads,
-            (long long)c->head_dim, ctxpar_dtype_name(c->dtype), ctxpar_mask_name(c->params.mask),
-            (long long)c->params.window_left, (long long)c->params.window_right, (long long)c->docs,
-            ctxpar_algo_name(c->params.algo),
-            ctxpar_algo_name(r->algo), ctxpar_layout_name(c->params.layout),
-            c->backward ? "true" : "false", comm, cpt_run_backend_name(c->backend), c->warmup,
-            c->repeat);
+    fprintf(stdout, "{\"ok\":%s,\"status\":\"%s\",\"config\":{", r->ok ? "true" : "false",
+            ctxpar_status_string(r->status));
+    cpt_json_config_members(stdout, c, r->algo);
+    fprintf(stdout, ",\"comm\":\"%s\",\"backend\":\"%s\",\"warmup\":%d,\"repeat\":%d},", comm,
+            cpt_run_backend_name(c->backend), c->warmup, c->repeat);
     cpt_peak_json_members(stdout, peak);
     fputc(',', stdout);
     json_numbers(stdout, p, c->backward);

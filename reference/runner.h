@@ -122,6 +122,9 @@ typedef struct cpt_run_rank_stats {
     /* Seconds per timed call, from the library's trace events: kernels (COMPUTE), transfers in
      * flight (TRANSFER, post to completion) and the rank blocked on them (WAIT). */
     double compute_s, transfer_s, wait_s;
+    /* This rank's fastest and slowest timed call (the call, and its forward alone): the spread
+     * of the median time_s / time_fwd_s over the repeats. */
+    double time_min_s, time_max_s, time_fwd_min_s, time_fwd_max_s;
 } cpt_run_rank_stats;
 
 /* One element of a global tensor: where it is and which rank held its row under the layout. */

@@ -239,9 +239,11 @@ static const char *const notes_audit =
     "failed run, 2 bad usage or a bad input file (one line names the file and the problem).\n";
 
 static const char *const notes_bench =
-    "Times context-parallel attention (median of --repeat calls after --warmup) and, in the\n"
-    "same run, the baseline: full-sequence attention on one rank with the same backend and the\n"
-    "same number of threads in all (threads x ranks; by default every core).\n"
+    "Times context-parallel attention (median of --repeat calls after --warmup, with the fastest\n"
+    "and slowest call beside it, and the speedup's range from them) and, in the same run, the\n"
+    "baseline: full-sequence attention on one rank with the same backend and the same number of\n"
+    "threads in all (threads x ranks; by default every core). More ranks x threads than cores\n"
+    "is warned about: the ranks then take turns on the cores.\n"
     "FLOPs: forward 2 * (head_dim + v-dim) * heads * (visible query-key pairs over the batch;\n"
     "4 * head_dim without --v-dim), the pairs being seq^2 a row without a mask and seq^2 / 2 with\n"
     "a causal one (the usual convention), counted exactly with --window, --window-right, --docs\n"

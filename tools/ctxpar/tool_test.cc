@@ -872,6 +872,63 @@ TEST(Bench, CheckComparesWithTheOracle) {
     EXPECT_TRUE(j["ok"].b);
 }
 
+// The median comes with its spread: the fastest and slowest of the repeats (min <= median <=
+// max, on each side and in the speedup's range), in the JSON and in the tables. More ranks x
+// threads than this machine's cores is said on stderr, flagged in the JSON and marked in a
+// sweep's row.
+TEST(Bench, SpreadOverRepeatsAndAWarningWhenRanksShareCores) {
+    Outcome o = Tool("bench --seq 256 --ranks 2 --threads 1 --heads 2 --dim 16 --backward "
+                     "--warmup 0 --repeat 3 --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    for (const Json *side : {static_cast<const Json *>(&j), &j["baseline"]})
+        for (const char *t : {"fwd_time", "fwd_bwd_time"}) {
+            const std::string k = t;
+            const double lo = (*side)[k + "_min_s"].num, mid = (*side)[k + "_s"].num,
+                         hi = (*side)[k + "_max_s"].num;
+            EXPECT_GT(lo, 0) << k;
+            EXPECT_LE(lo, mid) << k;
+            EXPECT_LE(mid, hi) << k;
+        }
+    EXPECT_LE(j["speedup_min"].num, j["speedup"].num);
+    EXPECT_GE(j["speedup_max"].num, j["speedup"].num);
+    const double want = j["baseline"]["fwd_bwd_time_min_s"].num / j["fwd_bwd_time_max_s"].num;
+    EXPECT_NEAR(j["speedup_min"].num, want, 1e-9 * want); // JSON keeps 12 digits
+    Outcome t = Tool("bench --seq 256 --ranks 2 --threads 1 --heads 2 --dim 16 --warmup 0 "
+                     "--repeat 3");
+    ASSERT_EQ(t.code, 0) << t.err;
+    EXPECT_NE(t.out.find("min - max"), std::string::npos) << t.out;
+
+    // Twice as many ranks as cores, one thread each: oversubscribed, whatever the machine.
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const std::string over = std::to_string(2 * cores);
+    o = Tool("bench --seq 256 --ranks " + over +
+             " --threads 1 --heads 2 --dim 16 --warmup 0 "
+             "--repeat 1 --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["oversubscribed"].b);
+    // The baseline has as many threads in all as the ranks: the same cores, shared alike.
+    EXPECT_TRUE(j["baseline"]["oversubscribed"].b) << o.out;
+    EXPECT_EQ(j["baseline"]["threads_per_rank"].num, 2 * cores);
+    EXPECT_NE(o.err.find("warning: " + over + " ranks x 1 threads on " + std::to_string(cores) +
+                         " cores"),
+              std::string::npos)
+        << o.err;
+    o = Tool("bench --seq 256 --ranks " + over +
+             " --threads 1 --heads 2 --dim 16 --warmup 0 "
+             "--repeat 1");
+    EXPECT_NE(o.out.find("warning: " + over + " ranks x 1 threads"), std::string::npos) << o.out;
+    o = Tool("bench --sweep --seq 256 --ranks 1," + over +
+             " --threads 1 --heads 2 --dim 16 "
+             "--warmup 0 --repeat 1");
+    ASSERT_EQ(o.code, 0) << o.err;
+    EXPECT_NE(o.out.find("| 256 | " + over + " | 1 (over the cores) |"), std::string::npos)
+        << o.out;
+    EXPECT_NE(o.out.find("| 256 | 1 | 1 |"), std::string::npos) << o.out;
+}
+
 TEST(Bench, SweepPrintsOneRowPerPair) {
     Outcome o = Tool("bench --sweep --seq 128,256 --ranks 1,2 --heads 2 --dim 16 --repeat 1 "
                     "--warmup 0");

@@ -529,18 +529,12 @@ static void set_flag(const opt *o, cpt_cli *cli) {
     case O_NO_SINGLE: cli->cfg.compare_single = 0; break;
     case O_SWEEP: cli->sweep = 1; break;
     case O_PEAK: cli->peak = 1; break;
-    case O_NO_COVERAGE:
-        cli->no_coverage = 1;
-        break;
-    case O_EXPLAIN:
-        cli->explain = 1;
-        break;
-    case O_PER_RANK:
-        cli->per_rank = 1;
-        break;
-    case O_SHARE_MEMBERS:
-        cli->share_members = 1;
-        break;
+    // clang-format off
+    case O_NO_COVERAGE: cli->no_coverage = 1; break;
+    case O_EXPLAIN: cli->explain = 1; break;
+    case O_PER_RANK: cli->per_rank = 1; break;
+    case O_SHARE_MEMBERS: cli->share_members = 1; break;
+    // clang-format on
     default: break;
     }
 }

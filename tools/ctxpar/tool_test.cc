@@ -1256,15 +1256,16 @@ TEST(Plan, SinksFromAFileLikeEveryCommand) {
     ASSERT_TRUE(ParseJson(without.out, &jo)) << without.out;
     EXPECT_GT(jw["bytes_max"].num, jo["bytes_max"].num) << "the dsinks all-gather";
     EXPECT_TRUE(jw["config"]["sinks"].b);
-    Outcome o = Tool("plan --ranks 4 --seq 512 --heads 4 --sinks");
-    EXPECT_EQ(o.code, 2);
-    EXPECT_NE(o.err.find("--sinks needs a value"), std::string::npos) << o.err;
-    o = Tool("plan --ranks 4 --seq 512 --heads 4 --sinks '" + three + "'");
-    EXPECT_EQ(o.code, 2);
-    EXPECT_NE(o.err.find("want float32 [4]"), std::string::npos) << o.err;
-    o = Tool("check --ranks 2 --seq 64 --heads 4 --dim 16 --sinks '" + three + "'");
-    EXPECT_EQ(o.code, 2);
-    EXPECT_NE(o.err.find("want float32 [4]"), std::string::npos) << o.err;
+    // A usage error (exit 2) whose message holds `why`.
+    auto refused = [](const std::string &args, const std::string &why) {
+        Outcome o = Tool(args);
+        EXPECT_EQ(o.code, 2) << args;
+        EXPECT_NE(o.err.find(why), std::string::npos) << args << ": " << o.err;
+    };
+    refused("plan --ranks 4 --seq 512 --heads 4 --sinks", "--sinks needs a value");
+    refused("plan --ranks 4 --seq 512 --heads 4 --sinks '" + three + "'", "want float32 [4]");
+    refused("check --ranks 2 --seq 64 --heads 4 --dim 16 --sinks '" + three + "'",
+            "want float32 [4]");
 }
 
 // MLA: bench counts 2 (D + Dv) FLOPs per visible pair, like the library's work statistics.

@@ -38,7 +38,8 @@ typedef struct opt {
 } opt;
 
 static const opt options[] = {
-    {"--ranks", O_RANKS, C | A | B | P, 0, "P", "ranks (threads; under mpirun the processes)"},
+    {"--ranks", O_RANKS, C | A | B | P, 0, "P",
+     "ranks (threads, or under mpirun the processes; plan: up to 65536)"},
     {"--batch", O_BATCH, C | B | P, 0, "N", "batch size"},
     {"--seq", O_SEQ, C | B | P, 0, "S", "global sequence length"},
     {"--heads", O_HEADS, C | B | P, 0, "N", "query heads"},

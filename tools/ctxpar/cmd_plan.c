@@ -312,7 +312,8 @@ int cpt_cmd_plan(int argc, char **argv) {
         st = cpt_plan_run(&a.cfg, &r);
     cpt_progress_clear(&progress);
     if (st != CTXPAR_OK) {
-        fprintf(stderr, "ctxpar plan: %s: %s\n", ctxpar_status_string(st), ctxpar_last_error());
+        fprintf(stderr, "ctxpar plan: %s: %s\n", ctxpar_status_string(st),
+                cpt_cli_message(ctxpar_last_error()));
         free(cu);
         return st == CTXPAR_ERR_INVALID_ARG || st == CTXPAR_ERR_NOT_SUPPORTED ? CPT_EXIT_USAGE
                                                                               : CPT_EXIT_FAIL;

@@ -19,7 +19,8 @@
 //   agree       the agreement's name for it; NULL: ranks may differ (agreed is then 0)
 //   agreed      the value every rank must share: an expression of p (the normalized params),
 //               pb (the resolved problem) and algo (the resolved algorithm), in agree.c
-//   flag, value, help  the tool's option (check, audit, bench) and its value's form; NULL: none
+//   flag, value, help  the tool's option (check, audit, bench, plan) and its value's form; NULL:
+//               none (ENUM: NULL, the tool lists the names function's values)
 #ifndef CTXPAR_PARAMS_TABLE_H
 #define CTXPAR_PARAMS_TABLE_H
 
@@ -35,21 +36,22 @@
       NULL, NULL, NULL)                                                                           \
     X(algo, ctxpar_algo, ENUM, CTXPAR_ALGO_AUTO, param_algo_name, 0, NULL,                        \
       "algorithm", algo,                                                                          \
-      "--algo", "ring|allgather|alltoall|hybrid|auto", "algorithm")                               \
+      "--algo", NULL, "algorithm")                               \
     X(layout, ctxpar_layout, ENUM, CTXPAR_LAYOUT_CONTIGUOUS, param_layout_name, 0, NULL,          \
       "layout", p->layout,                                                                        \
-      "--layout", "contiguous|zigzag|striped|custom",                                             \
-      "how tokens are sharded (any --seq: uneven shards differ by at most one token)")            \
+      "--layout", NULL,                                                                           \
+      "how tokens are sharded (any length: uneven shards differ by at most one token)")           \
     X(mask, ctxpar_mask, ENUM, CTXPAR_MASK_NONE, param_mask_name, 0, NULL,                        \
       "mask", p->mask,                                                                            \
-      "--mask", "none|causal", "attention mask")                                                  \
+      "--mask", NULL, "attention mask")                                                           \
     X(window_left, int64_t, INT, 0, NULL, 0, "no window",                                         \
       "window_left", p->window_left,                                                              \
       "--window", "W", "sliding window: query i sees keys k, i-k < W")                            \
     X(cu_seqlens, const int32_t *, POINTER, NULL, NULL, 0, NULL,                                  \
       "cu_seqlens contents", docs_hash(p),                                                        \
-      "--cu-seqlens", "CU.npy",                                                                   \
-      "packed documents: int32/int64 [docs + 1] or [batch, docs + 1], 0 ... seq")                 \
+      "--cu-seqlens", "FILE",                                                                     \
+      "packed documents: .npy int32/int64 or text, [docs + 1] or [batch, docs + 1] (text: a row " \
+      "a line), 0 ... seq")                                                                       \
     X(num_docs, int64_t, INT, 0, NULL, -INFINITY, NULL,                                           \
       "num_docs", p->num_docs,                                                                    \
       NULL, NULL, NULL)                                                                           \

@@ -13,6 +13,11 @@ prefix="$tmp/prefix"
 bazel run //:install -- --prefix "$prefix" >"$tmp/install.log" 2>&1 ||
     { cat "$tmp/install.log"; echo "FAIL: bazel run //:install"; exit 1; }
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+# The install says where the Python package went, and exports what finds it.
+for line in "Python package  $prefix/lib/python3/site-packages/ctxpar" \
+    "export PYTHONPATH=$prefix/lib/python3/site-packages" "export PKG_CONFIG_PATH=$PKG_CONFIG_PATH"; do
+    grep -qF "$line" "$tmp/install.log" || { cat "$tmp/install.log"; echo "FAIL: install log lacks '$line'"; exit 1; }
+done
 version=$(pkg-config --modversion ctxpar)
 status=0
 

@@ -85,4 +85,15 @@ for f in ctxparConfig.cmake ctxparConfigVersion.cmake; do
     fill "$f" && mv "$lib/pkgconfig/$f" "$lib/cmake/ctxpar/$f"
 done
 
-echo "installed ctxpar $version into $prefix"
+# Where each part went, and the variables that find it (the last lines a user sees).
+cat <<EOF
+installed ctxpar $version into $prefix
+  headers         $inc
+  libraries       $lib
+  tool            $prefix/bin/ctxpar
+  Python package  $lib/python3/site-packages/ctxpar
+use it with:
+  export PKG_CONFIG_PATH=$lib/pkgconfig
+  export PYTHONPATH=$lib/python3/site-packages
+  cmake ... -DCMAKE_PREFIX_PATH=$prefix
+EOF

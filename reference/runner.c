@@ -602,6 +602,8 @@ ctxpar_status cpt_run_collect(const cpt_run_config *cfg, int ranks, cpt_run_outp
             *time_fwd_out = r->time_fwd_s;
         res->time_min_s = fmax(res->time_min_s, r->time_min_s);
         res->time_max_s = fmax(res->time_max_s, r->time_max_s);
+        res->time_fwd_min_s = fmax(res->time_fwd_min_s, r->time_fwd_min_s);
+        res->time_fwd_max_s = fmax(res->time_fwd_max_s, r->time_fwd_max_s);
         if (r->stats.peak_bytes > *peak_out)
             *peak_out = r->stats.peak_bytes;
         if (ranks == cfg->ranks && i < 64)

@@ -169,8 +169,9 @@ typedef struct cpt_run_result {
     double time_s;          /* median wall time of the P-rank call (fwd, or fwd + bwd), slowest
                                rank */
     double time_fwd_s;      /* the same for the forward alone */
-    /* The fastest and the slowest of those timed calls (each rank's; the largest over ranks) */
-    double time_min_s, time_max_s;
+    /* The fastest and the slowest of those timed calls, and of their forward part (each rank's;
+     * the largest over ranks): the spread of time_s and time_fwd_s over the repeats. */
+    double time_min_s, time_max_s, time_fwd_min_s, time_fwd_max_s;
     double time_single_s;   /* time_s at P = 1 */
     double reference_time_s; /* wall time of the fp64 reference and its bound (0: not run) */
     size_t peak_bytes_per_rank;     /* max over ranks */

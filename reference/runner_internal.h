@@ -50,7 +50,8 @@ typedef struct cpt_rank_report {
     ctxpar_algo algo;
     double time_s;     /* median of the timed calls */
     double time_fwd_s; /* median of their forward part */
-    double time_min_s, time_max_s; /* the fastest and slowest timed call */
+    /* the fastest and slowest timed call, and forward part */
+    double time_min_s, time_max_s, time_fwd_min_s, time_fwd_max_s;
     cpt_run_rank_stats stats;
     cpt_rank_outputs out;
 } cpt_rank_report;

@@ -226,6 +226,10 @@ static ctxpar_status run_mpi(const cpt_run_config *cfg, cpt_run_result *res) {
     MPI_Reduce(&rep->time_fwd_s, &res->time_fwd_s, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Reduce(&rep->time_min_s, &res->time_min_s, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Reduce(&rep->time_max_s, &res->time_max_s, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    MPI_Reduce(&rep->time_fwd_min_s, &res->time_fwd_min_s, 1, MPI_DOUBLE, MPI_MAX, 0,
+               MPI_COMM_WORLD);
+    MPI_Reduce(&rep->time_fwd_max_s, &res->time_fwd_max_s, 1, MPI_DOUBLE, MPI_MAX, 0,
+               MPI_COMM_WORLD);
     unsigned long long peak = rep->stats.peak_bytes, max_peak = 0;
     MPI_Reduce(&peak, &max_peak, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, 0, MPI_COMM_WORLD);
     res->peak_bytes_per_rank = (size_t)max_peak;

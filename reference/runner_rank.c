@@ -275,10 +275,12 @@ void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *co
     r->stats.allocations = (ctxpar_dev_books_of(dev)->alloc_count - allocs0) / (uint64_t)reps;
     if (rank == 0)
         cpt_run_progress(cfg, stage, reps, reps);
-    r->time_s = median(times, reps);
-    r->time_min_s = times[0]; // sorted by median()
-    r->time_max_s = times[reps - 1];
+    r->time_s = median(times, reps); // sorts: the ends are the fastest and the slowest
     r->time_fwd_s = median(fwd_times, reps);
+    r->time_min_s = times[0];
+    r->time_max_s = times[reps - 1];
+    r->time_fwd_min_s = fwd_times[0];
+    r->time_fwd_max_s = fwd_times[reps - 1];
     r->stats.compute_s = rt.compute_s / reps;
     r->stats.transfer_s = rt.transfer_s / reps;
     r->stats.wait_s = rt.wait_s / reps;

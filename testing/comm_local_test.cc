@@ -310,6 +310,14 @@ TEST_P(LocalComm, RankWithoutCommMakesPeersTimeOut) {
             ASSERT_EQ(ctxpar_comm_create_local(group, r, nullptr, &comm), CTXPAR_OK);
             EXPECT_OK(ctxpar_comm_set_timeout(comm, 0.2));
             EXPECT_EQ(ctxpar_comm_barrier(comm), CTXPAR_ERR_TIMEOUT);
+            // What to do about it: every rank calls; how many did.
+            std::string msg = ctxpar_last_error(), want = std::to_string(p - 1) + " of " +
+                                                          std::to_string(p) +
+                                                          " ranks made this call";
+            EXPECT_NE(msg.find(want), std::string::npos) << msg;
+            EXPECT_NE(msg.find("every rank of the comm must make the same calls"),
+                      std::string::npos)
+                << msg;
             ctxpar_comm_destroy(comm);
         });
     }

@@ -367,6 +367,34 @@ static const local_half *first_waiting(const struct ctxpar_request *req) {
     return NULL;
 }
 
+// Whom the request waited for, and for a collective how many ranks made the call: a rank alone
+// (a one-rank program run on a comm of several) learns that every rank must call.
+static void timeout_message(const local_comm *c, const struct ctxpar_request *req, double timeout_s,
+                            char *msg, size_t n) {
+    const local_half *h = first_waiting(req);
+    int o = snprintf(msg, n, "%s #%llu timed out after %g s: rank %d waited for rank %d to %s",
+                     ctxpar_local_op_name(req->op), (unsigned long long)req->seq, timeout_s,
+                     c->rank, h ? h->peer : -1,
+                     !h           ? "arrive"
+                     : h->is_send ? (h->state == LOCAL_HALF_MATCHED ? "sum" : "receive")
+                                  : "send");
+    if (req->op == LOCAL_OP_SENDRECV || o < 0 || (size_t)o >= n)
+        return;
+    // A peer none of whose halves met ours has not made this call.
+    const int p = c->group->nranks;
+    int arrived = p;
+    for (int r = 0; r < p; r++)
+        for (int i = 0; i < req->nhalves; i++)
+            if (req->half[i].peer == r && req->half[i].state == LOCAL_HALF_QUEUED) {
+                arrived--;
+                break;
+            }
+    snprintf(msg + o, n - (size_t)o,
+             "; %d of %d ranks made this call: every rank of the comm must make the same calls "
+             "in the same order (one thread or process per rank)",
+             arrived, p);
+}
+
 ctxpar_status ctxpar_local_complete(local_comm *c, struct ctxpar_request *req) {
     ctxpar_local_group *g = c->group;
     double timeout_s = c->base->timeout_s;
@@ -381,14 +409,8 @@ ctxpar_status ctxpar_local_complete(local_comm *c, struct ctxpar_request *req) {
     while (!finished(req) && any_busy(req)) // data in flight at the deadline: let it land
         ctxpar_local_cond_wait(g, NULL);
     if (!finished(req)) {
-        const local_half *h = first_waiting(req);
-        char msg[LOCAL_MSG_LEN];
-        snprintf(msg, sizeof msg, "%s #%llu timed out after %g s: rank %d waited for rank %d to %s",
-                 ctxpar_local_op_name(req->op), (unsigned long long)req->seq, timeout_s, c->rank,
-                 h ? h->peer : -1,
-                 !h           ? "arrive"
-                 : h->is_send ? (h->state == LOCAL_HALF_MATCHED ? "sum" : "receive")
-                              : "send");
+        char msg[400];
+        timeout_message(c, req, timeout_s, msg, sizeof msg);
         ctxpar_local_retire(c, req, "timed out on");
         return CTXPAR_ERROR(CTXPAR_ERR_TIMEOUT, "%s", msg);
     }

@@ -184,6 +184,21 @@ def test_library_errors_carry_status_and_message():
     assert e.value.name == "CTXPAR_ERR_INVALID_ARG"
 
 
+def test_one_rank_of_several_alone_is_told_every_rank_must_call():
+    # The README's Context snippet run as one program: rank 0 of a group of 2, with nobody for
+    # rank 1. The timeout says what to do, and how many ranks came.
+    q, k, v, _ = inputs(s=32, hq=2, hk=2, d=8)
+    comm = ctxpar.local_group(2).comm(0)
+    comm.set_timeout(0.3)
+    with ctxpar.Context("cpu", comm) as ctx:
+        with pytest.raises(ctxpar.CtxparError) as e:
+            ctx.attention(ctxpar.shard(q, 0, 2, "zigzag"), ctxpar.shard(k, 0, 2, "zigzag"),
+                          ctxpar.shard(v, 0, 2, "zigzag"), layout="zigzag", mask="causal")
+    assert e.value.name == "CTXPAR_ERR_TIMEOUT"
+    assert "1 of 2 ranks made this call" in e.value.message, e.value.message
+    assert "every rank of the comm must make the same calls" in e.value.message
+
+
 def test_uneven_lengths_shard_and_match_one_rank():
     # 15 tokens on 4 ranks (zigzag: 2P = 8 chunks): shards of 4, 4, 4, 3 tokens, none padded.
     assert [len(ctxpar.positions("zigzag", 15, r, 4)) for r in range(4)] == [4, 4, 4, 3]

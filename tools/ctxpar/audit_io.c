@@ -1,6 +1,7 @@
 // Reading and writing the tensors of `ctxpar audit` (see audit_io.h).
 #include "tools/ctxpar/audit_io.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "ctxpar_backend.h"
+#include "tools/ctxpar/text_ints.h"
 
 static int ends_with(const char *s, const char *tail) {
     size_t n = strlen(s), m = strlen(tail);
@@ -110,6 +112,8 @@ ctxpar_status cpt_audit_src_open(cpt_audit_src *src, const char *path) {
         CTXPAR_CHECK(cpt_st_read(path, &src->st));
     } else if (ends_with(path, ".npy")) {
         src->kind = CPT_AUDIT_SRC_NPY_FILE;
+    } else if (file_exists(path)) {
+        src->kind = CPT_AUDIT_SRC_TEXT;
     } else {
         struct stat st;
         if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
@@ -135,6 +139,7 @@ static int file_for(const cpt_audit_src *src, const char *name, int rank, char *
     case CPT_AUDIT_SRC_NPY_DIR:
         return snprintf(out, n, "%s/%s.npy", src->path, name) < (int)n;
     case CPT_AUDIT_SRC_NPY_FILE:
+    case CPT_AUDIT_SRC_TEXT:
         return snprintf(out, n, "%s", src->path) < (int)n;
     case CPT_AUDIT_SRC_SAFETENSORS:
         *st = 1;
@@ -168,6 +173,68 @@ int cpt_audit_src_has(const cpt_audit_src *src, const char *name) {
     return has;
 }
 
+static int by_name(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+// Appends "a, b" (sorted) of names[0..count) to buf; what does not fit ends in "...".
+static void join_sorted(const char **names, size_t count, char *buf, size_t n) {
+    qsort(names, count, sizeof *names, by_name);
+    size_t o = 0;
+    for (size_t i = 0; i < count && o < n; i++) {
+        int w = snprintf(buf + o, n - o, "%s%s", i ? ", " : "", names[i]);
+        o += w > 0 ? (size_t)w : 0;
+    }
+    if (o >= n && n > 4)
+        strcpy(buf + n - 4, "...");
+}
+
+// The names of the NAME.npy files in a folder (the names malloc'ed into names, at most cap).
+static size_t folder_names(const char *dir, char **names, size_t cap) {
+    DIR *d = opendir(dir);
+    size_t count = 0;
+    for (struct dirent *e; d && count < cap && (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len > 4 && ends_with(e->d_name, ".npy") && (names[count] = malloc(len - 3))) {
+            memcpy(names[count], e->d_name, len - 4);
+            names[count++][len - 4] = '\0';
+        }
+    }
+    if (d)
+        closedir(d);
+    return count;
+}
+
+const char *cpt_audit_src_list(const cpt_audit_src *src, char *buf, size_t n) {
+    enum { CAP = 256 };
+    const char *names[CAP];
+    char *owned[CAP];
+    size_t count = 0, n_owned = 0;
+    cpt_st_file shard = {0, NULL};
+    const cpt_st_file *f = src->kind == CPT_AUDIT_SRC_SAFETENSORS ? &src->st : NULL;
+    char path[4096];
+    int st;
+    // Per-rank .safetensors without {name}: rank 0's file shows what every rank's holds.
+    if (src->kind == CPT_AUDIT_SRC_SHARDS && !strstr(src->path, "{name}") &&
+        file_for(src, "", 0, path, sizeof path, &st) && cpt_st_read(path, &shard) == CTXPAR_OK)
+        f = &shard;
+    for (int i = 0; f && i < f->count && count < CAP; i++)
+        names[count++] = f->tensors[i].name;
+    if (src->kind == CPT_AUDIT_SRC_NPY_DIR)
+        n_owned = folder_names(src->path, owned, CAP);
+    for (size_t i = 0; i < n_owned; i++)
+        names[count++] = owned[i];
+    buf[0] = '\0';
+    if (count)
+        join_sorted(names, count, buf, n);
+    else
+        snprintf(buf, n, "no tensors");
+    for (size_t i = 0; i < n_owned; i++)
+        free(owned[i]);
+    cpt_st_free(&shard);
+    return buf;
+}
+
 static ctxpar_status copy_array(const cpt_npy_array *a, cpt_npy_array *out) {
     size_t bytes = a->count * cpt_npy_dtype_size(a->dtype);
     *out = *a;
@@ -184,7 +251,8 @@ ctxpar_status cpt_audit_read_raw(const cpt_audit_src *src, const char *name, int
     if (!file_for(src, name, rank, where, where_len, &st))
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: path too long", src->path);
     if (!st)
-        return cpt_npy_read(where, out);
+        return src->kind == CPT_AUDIT_SRC_TEXT ? cpt_text_ints_read(where, out)
+                                               : cpt_npy_read(where, out);
     const cpt_st_file *f = &src->st;
     cpt_st_file shard = {0, NULL};
     if (src->kind == CPT_AUDIT_SRC_SHARDS) {

@@ -28,6 +28,7 @@ typedef enum cpt_audit_src_kind {
     CPT_AUDIT_SRC_SAFETENSORS = 2, /* one file, tensors by name */
     CPT_AUDIT_SRC_NPY_FILE = 3,    /* one .npy file for one tensor (--q Q.npy) */
     CPT_AUDIT_SRC_SHARDS = 4,      /* pattern with {rank} (and {name}) */
+    CPT_AUDIT_SRC_TEXT = 5, /* any other file: integers as text (--cu-seqlens, text_ints.h) */
 } cpt_audit_src_kind;
 
 typedef struct cpt_audit_src {
@@ -69,12 +70,17 @@ typedef struct cpt_audit_tensor {
 } cpt_audit_tensor;
 
 /* Opens a source: a pattern with "{rank}" is SHARDS; a path ending in .safetensors is read now;
- * one ending in .npy is NPY_FILE; anything else is a folder. */
+ * one ending in .npy is NPY_FILE; another file is TEXT; anything else is a folder. */
 ctxpar_status cpt_audit_src_open(cpt_audit_src *src, const char *path);
 void cpt_audit_src_close(cpt_audit_src *src);
 
 /* Whether the source holds tensor `name` (SHARDS: rank 0's file for it exists). */
 int cpt_audit_src_has(const cpt_audit_src *src, const char *name);
+
+/* What the source holds, for messages: "dout, k, q" (sorted; a folder's NAME.npy files, a
+ * .safetensors file's tensors, rank 0's file of per-rank .safetensors), or "no tensors" (also
+ * for a pattern with {name}, whose files are looked for one name at a time). Returns buf. */
+const char *cpt_audit_src_list(const cpt_audit_src *src, char *buf, size_t n);
 
 /* Reads tensor `name` in global form. `lse` selects the LSE conventions of lay; otherwise the
  * tensor must be F32, F16 or BF16 in lay->format. cu_seqlens-like 1-D integer tensors: use

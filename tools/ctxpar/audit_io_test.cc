@@ -3,6 +3,7 @@
 // cpt_audit_read with the same bits; shards land at the layout's positions (checked here
 // against zigzag positions written out in this file); the base-2 LSE comes back within an ulp.
 #include "tools/ctxpar/audit_io.h"
+#include "tools/ctxpar/text_ints.h"
 
 #include <sys/stat.h>
 
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -166,6 +168,52 @@ TEST(AuditIo, Base2LseComesBackWithinAnUlp) {
             << i;
     cpt_audit_tensor_free(&r);
     cpt_audit_src_close(&back);
+}
+
+// --cu-seqlens as text: one list of numbers, or rows of equal length one a line; the numbers as
+// written here.
+TEST(TextInts, ListsRowsAndErrors) {
+    struct Case {
+        const char *text;
+        int ndim;
+        int64_t rows, cols;
+        std::vector<int64_t> want;
+    } cases[] = {
+        {"0 100 100 612\n1024\n", 1, 5, 0, {0, 100, 100, 612, 1024}},
+        {"0\n10\n20\n", 1, 3, 0, {0, 10, 20}},
+        {"0, 5, 9", 1, 3, 0, {0, 5, 9}},
+        {"0 30 128 128\n\n0 0 100 128\n", 2, 2, 4, {0, 30, 128, 128, 0, 0, 100, 128}},
+        {"1 2\n3\n", 1, 3, 0, {1, 2, 3}}, // lines of different lengths: one list
+    };
+    const std::string path = Dir("text_ints") + "/cu.txt";
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.text);
+        std::ofstream(path) << c.text;
+        cpt_npy_array a;
+        ASSERT_EQ(cpt_text_ints_read(path.c_str(), &a), CTXPAR_OK) << ctxpar_last_error();
+        EXPECT_EQ(a.dtype, CPT_NPY_I64);
+        EXPECT_EQ(a.ndim, c.ndim);
+        EXPECT_EQ(a.shape[0], c.rows);
+        if (c.ndim == 2) {
+            EXPECT_EQ(a.shape[1], c.cols);
+        }
+        ASSERT_EQ(a.count, c.want.size());
+        for (size_t i = 0; i < a.count; i++)
+            EXPECT_EQ(static_cast<const int64_t *>(a.data)[i], c.want[i]) << i;
+        cpt_npy_free(&a);
+    }
+    std::ofstream(path) << "0 10\n20 x1\n";
+    cpt_npy_array a;
+    std::memset(&a, 0x5a, sizeof a);
+    EXPECT_EQ(cpt_text_ints_read(path.c_str(), &a), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("cu.txt:2: 'x1' is not an integer"),
+              std::string::npos)
+        << ctxpar_last_error();
+    EXPECT_EQ(a.ndim, 0x5a5a5a5a) << "untouched on failure";
+    std::ofstream(path) << " \n";
+    EXPECT_EQ(cpt_text_ints_read(path.c_str(), &a), CTXPAR_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(ctxpar_last_error()).find("holds no numbers"), std::string::npos);
+    EXPECT_EQ(cpt_text_ints_read((path + ".missing").c_str(), &a), CTXPAR_ERR_INVALID_ARG);
 }
 
 } // namespace

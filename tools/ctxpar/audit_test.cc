@@ -797,6 +797,41 @@ TEST(AuditAgainst, MalformedSafetensorsExit2WithOneLine) {
     }
 }
 
+// A tensor that is not there: the message lists what the source does hold, so that a misnamed
+// tensor ("V", "value") is seen at once.
+TEST(AuditAgainst, MissingTensorListsTheTensorsFound) {
+    Problem p = MakeProblem(CTXPAR_DTYPE_F32, false);
+    std::string dir = Dir("missing_tensor");
+    WriteSafetensors(
+        dir + "/missing_v.safetensors",
+        {{"q", p.q, kBSHD, p.dtype}, {"k", p.k, kBSHD, p.dtype}, {"value", p.v, kBSHD, p.dtype}});
+    Outcome o = Tool("audit --ranks 4 --inputs '" + dir + "/missing_v.safetensors'");
+    EXPECT_EQ(o.code, 2) << o.out << o.err;
+    EXPECT_EQ(Lines(o.err), 1) << o.err;
+    EXPECT_NE(o.err.find("no v here (found: k, q, value; name it v, or give --v FILE)"),
+              std::string::npos)
+        << o.err;
+
+    // A folder of NAME.npy files: its names, sorted.
+    std::string folder = dir + "/npy";
+    mkdir(folder.c_str(), 0755);
+    WriteNpy(folder + "/q.npy", {"q", p.q, kBSHD, p.dtype});
+    WriteNpy(folder + "/keys.npy", {"keys", p.k, kBSHD, p.dtype});
+    WriteNpy(folder + "/v.npy", {"v", p.v, kBSHD, p.dtype});
+    o = Tool("audit --ranks 4 --inputs '" + folder + "'");
+    EXPECT_EQ(o.code, 2) << o.out << o.err;
+    EXPECT_NE(o.err.find("no k here (found: keys, q, v;"), std::string::npos) << o.err;
+
+    // Results holding none of the names judged: what they do hold.
+    WriteSafetensors(dir + "/res.safetensors", {{"output", p.out, kBSHD, p.dtype}});
+    o = Tool("audit --ranks 4 --inputs '" + WriteInputs(dir, p) + "' --against '" + dir +
+             "/res.safetensors'");
+    EXPECT_EQ(o.code, 2) << o.out << o.err;
+    EXPECT_NE(o.err.find("holds none of out, lse, dq, dk, dv, dsinks (found: output)"),
+              std::string::npos)
+        << o.err;
+}
+
 TEST(AuditAgainst, ResultsOfTheWrongShapeOrWithoutDoutExit2) {
     Problem p = MakeProblem(CTXPAR_DTYPE_F32, false);
     std::string dir = Dir("wrong_shape");

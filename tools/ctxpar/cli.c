@@ -13,16 +13,20 @@
 #include "reference/tensor_format.h"
 #include "tools/ctxpar/audit_io.h"
 
+// clang-format off
 typedef enum opt_id {
     O_RANKS, O_BATCH, O_SEQ, O_HEADS, O_KV_HEADS, O_DIM, O_DTYPE,
     O_DOCS, O_BACKWARD, O_SEED, O_Q, O_K, O_V, O_DOUT, O_SAVE, O_THREADS,
     O_WARMUP, O_REPEAT, O_CHECK, O_NO_CHECK, O_SWEEP, O_PEAK, O_VERIFY, O_COMM, O_BACKEND, O_JSON,
     O_TRACE, O_INPUTS, O_AGAINST, O_SHARDS, O_FORMAT, O_LSE_BASE, O_LSE_LAYOUT, O_MAX_RATIO,
-    O_V_DIM, O_ROWS, O_NO_SINGLE, O_REPORT,
+    O_V_DIM, O_ROWS, O_NO_SINGLE,
+    O_DOC_DIST, O_DOC_SIGMA, O_MODEL, O_GROUP_SIZE, O_NO_COVERAGE, O_EXPLAIN, O_PER_RANK,
+    O_SHARE_MEMBERS, O_REPORT,
     O_PARAM, // O_PARAM + i: attention parameter i's option (params_table.h)
 } opt_id;
+// clang-format on
 
-enum { C = CPT_CMD_CHECK, A = CPT_CMD_AUDIT, B = CPT_CMD_BENCH };
+enum { C = CPT_CMD_CHECK, A = CPT_CMD_AUDIT, B = CPT_CMD_BENCH, P = CPT_CMD_PLAN };
 
 typedef struct opt {
     const char *name; // NULL: an attention parameter the tool has no option for
@@ -34,13 +38,14 @@ typedef struct opt {
 } opt;
 
 static const opt options[] = {
-    {"--ranks", O_RANKS, C | A | B, 0, "P", "ranks (threads; under mpirun the processes)"},
-    {"--batch", O_BATCH, C | B, 0, "N", "batch size"},
-    {"--seq", O_SEQ, C | B, 0, "S", "global sequence length"},
-    {"--heads", O_HEADS, C | B, 0, "N", "query heads"},
-    {"--kv-heads", O_KV_HEADS, C | B, 0, "N", "key/value heads (divides --heads)"},
-    {"--dim", O_DIM, C | B, 0, "D", "head dimension"},
-    {"--v-dim", O_V_DIM, C | B, 0, "DV",
+    {"--ranks", O_RANKS, C | A | B | P, 0, "P",
+     "ranks (threads, or under mpirun the processes; plan: up to 65536)"},
+    {"--batch", O_BATCH, C | B | P, 0, "N", "batch size"},
+    {"--seq", O_SEQ, C | B | P, 0, "S", "global sequence length"},
+    {"--heads", O_HEADS, C | B | P, 0, "N", "query heads"},
+    {"--kv-heads", O_KV_HEADS, C | B | P, 0, "N", "key/value heads (divides --heads)"},
+    {"--dim", O_DIM, C | B | P, 0, "D", "head dimension"},
+    {"--v-dim", O_V_DIM, C | B | P, 0, "DV",
      "head dimension of v, out, dout, dv (MLA: e.g. 128 with --dim 192)"},
     {"--q", O_Q, A, 0, "Q.npy", "queries in --format order (or q in --inputs, --shards)"},
     {"--k", O_K, A, 0, "K.npy", "keys, kv_heads heads (or k in --inputs, --shards)"},
@@ -56,18 +61,21 @@ static const opt options[] = {
     {"--lse-layout", O_LSE_LAYOUT, A, 0, "bhs|bsh|ht", "order of the lse's dimensions"},
     {"--lse-base", O_LSE_BASE, A, 0, "e|2", "logarithm base of the lse"},
     {"--max-ratio", O_MAX_RATIO, A, 0, "R",
-     "also require each error at most R x ctxpar's own at that dtype (default: off)"},
+     "also require each error at most R x ctxpar's own at that dtype"},
     {"--save", O_SAVE, A, 0, "DIR", "write ctxpar's results to DIR, stored like the inputs"},
-    {"--dtype", O_DTYPE, C | A | B, 0, "f32|f16|bf16", "storage dtype of q, k, v, out"},
+    {"--dtype", O_DTYPE, C | A | B | P, 0, "f32|f16|bf16", "storage dtype of q, k, v, out"},
 // The attention parameters' options, in the struct's order, from the library's table.
 #define PARAM_OPTION(name, type, kind, def, names, lo, unset, agree, agreed, flag, value, help)    \
-    {flag, (opt_id)(O_PARAM + CTXPAR_PARAM_##name), C | A | B, 0, value, help},
+    {flag, (opt_id)(O_PARAM + CTXPAR_PARAM_##name), C | A | B | P, 0, value, help},
     CTXPAR_PARAMS_TABLE(PARAM_OPTION)
 #undef PARAM_OPTION
-    {"--docs", O_DOCS, C | B, 0, "N",
+    {"--docs", O_DOCS, C | B | P, 0, "N",
      "pack N documents of varied lengths; attention stays inside each"},
-    {"--backward", O_BACKWARD, C | B, 1, NULL, "also run the backward pass (dq, dk, dv)"},
-    {"--seed", O_SEED, C | A | B, 0, "N", "seed of the generated inputs and of --rows' random rows"},
+    {"--backward", O_BACKWARD, C | B | P, 1, NULL, "also run the backward pass (dq, dk, dv)"},
+    {"--seed", O_SEED, C | A | B | P, 0, "N",
+     "seed of the generated inputs (plan: documents) and of --rows' random rows"},
+    {"--doc-dist", O_DOC_DIST, P, 0, "uniform|lognormal", "lengths of the --docs documents"},
+    {"--doc-sigma", O_DOC_SIGMA, P, 0, "X", "with --doc-dist lognormal: the spread of log length"},
     {"--rows", O_ROWS, C | A, 0, "N",
      "judge N query rows (and key rows): each rank's and layout chunk's first and last, then "
      "random ones; the reference then costs O(N S)"},
@@ -85,10 +93,20 @@ static const opt options[] = {
     {"--comm", O_COMM, C | A | B, 0, "local|mpi", "ranks as threads, or MPI processes"},
     {"--backend", O_BACKEND, C | A | B, 0, "NAME",
      "the device every rank computes on (ctxpar --list-backends)"},
-    {"--json", O_JSON, C | A | B, 1, NULL, "print one JSON object instead of the table"},
+    {"--json", O_JSON, C | A | B | P, 1, NULL, "print one JSON object instead of the table"},
+    {"--model", O_MODEL, P, 0, "h200|cpu|FILE", "hardware model (docs/performance.md)"},
+    {"--group-size", O_GROUP_SIZE, P, 0, "N", "ranks per node, for the link classes"},
+    {"--no-coverage", O_NO_COVERAGE, P, 1, NULL,
+     "skip the coverage proof (it keeps three uint64 per token: 24 bytes)"},
+    {"--explain", O_EXPLAIN, P, 1, NULL, "every algorithm's check and cost, and AUTO's choice"},
+    {"--per-rank", O_PER_RANK, P, 1, NULL,
+     "the per-rank table in the text output (shown up to 16 ranks without it)"},
+    {"--share-members", O_SHARE_MEMBERS, P, 1, NULL,
+     "the hybrid: the first member of a group stands for the others (the same plan, u times "
+     "faster; by default every member is dry-run)"},
     {"--trace", O_TRACE, C | A | B, 0, "FILE",
      "write a Chrome trace (per rank: compute, transfers, waits)"},
-    {"--report", O_REPORT, C | A | B, 0, "FILE.html",
+    {"--report", O_REPORT, C | A | B | P, 0, "FILE.html",
      "also write a self-contained HTML report with pictures (docs/auditing.md)"},
 };
 #define N_OPTIONS (sizeof options / sizeof options[0])
@@ -115,7 +133,11 @@ void cpt_cli_list_backends(FILE *out) {
 }
 
 static int cmd_bit(const char *cmd) {
-    return !strcmp(cmd, "check") ? C : !strcmp(cmd, "audit") ? A : !strcmp(cmd, "bench") ? B : 0;
+    return !strcmp(cmd, "check")   ? C
+           : !strcmp(cmd, "audit") ? A
+           : !strcmp(cmd, "bench") ? B
+           : !strcmp(cmd, "plan")  ? P
+                                   : 0;
 }
 
 static void defaults(int cmd, cpt_cli *cli) {
@@ -130,6 +152,13 @@ static void defaults(int cmd, cpt_cli *cli) {
         cli->cfg.repeat = 5;
         cli->cfg.compare_oracle = 0;
         cli->cfg.compare_single = 0;
+    }
+    if (cmd == P) { // the library's own choice, at the dtype a training run would use
+        cli->cfg.params.algo = CTXPAR_ALGO_AUTO;
+        cli->cfg.dtype = CTXPAR_DTYPE_BF16;
+        cli->model = "h200";
+        cli->doc_dist = "uniform";
+        cli->doc_sigma = 1.0;
     }
 }
 
@@ -168,6 +197,18 @@ static void default_text(const opt *o, const cpt_cli *d, char *buf, size_t n) {
     case O_LSE_LAYOUT: snprintf(buf, n, "bhs"); break;
     case O_LSE_BASE: snprintf(buf, n, "e"); break;
     case O_MAX_RATIO: snprintf(buf, n, "off"); break;
+    case O_MODEL:
+        snprintf(buf, n, "%s", d->model);
+        break;
+    case O_DOC_DIST:
+        snprintf(buf, n, "%s", d->doc_dist);
+        break;
+    case O_DOC_SIGMA:
+        snprintf(buf, n, "%g", d->doc_sigma);
+        break;
+    case O_GROUP_SIZE:
+        snprintf(buf, n, "the model's");
+        break;
     default: break;
     }
 }
@@ -201,9 +242,11 @@ static const char *const notes_audit =
     "failed run, 2 bad usage or a bad input file (one line names the file and the problem).\n";
 
 static const char *const notes_bench =
-    "Times context-parallel attention (median of --repeat calls after --warmup) and, in the\n"
-    "same run, the baseline: full-sequence attention on one rank with the same backend and the\n"
-    "same number of threads in all (threads x ranks; by default every core).\n"
+    "Times context-parallel attention (median of --repeat calls after --warmup, with the fastest\n"
+    "and slowest call beside it, and the speedup's range from them) and, in the same run, the\n"
+    "baseline: full-sequence attention on one rank with the same backend and the same number of\n"
+    "threads in all (threads x ranks; by default every core). More ranks x threads than cores\n"
+    "is warned about: the ranks then take turns on the cores.\n"
     "FLOPs: forward 2 * (head_dim + v-dim) * heads * (visible query-key pairs over the batch;\n"
     "4 * head_dim without --v-dim), the pairs being seq^2 a row without a mask and seq^2 / 2 with\n"
     "a causal one (the usual convention), counted exactly with --window, --window-right, --docs\n"
@@ -219,19 +262,48 @@ static const char *const notes_bench =
     "markdown table row per pair. Exit status: 0 ok, 1 a failed run (or out of tolerance with\n"
     "--check), 2 bad usage.\n";
 
+// What an option's value looks like: its table's form, or an enum's names ("ring|allgather|...",
+// from the library's names function, so that a new value needs no change here).
+static const char *value_text(const opt *o, char *buf, size_t n) {
+    const ctxpar_param_field *f = o->id >= O_PARAM ? &ctxpar_param_fields[o->id - O_PARAM] : NULL;
+    if (!f || f->kind != CTXPAR_KIND_ENUM)
+        return o->value;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int e = 0; e < 64 && strcmp(f->names(e), "?") != 0 && used < n; e++) {
+        int w = snprintf(buf + used, n - used, "%s%s", e ? "|" : "", f->names(e));
+        used += w > 0 ? (size_t)w : 0;
+    }
+    return buf;
+}
+
+static const char *const notes_plan =
+    "What one attention call does on every rank, without computing it: the library's own\n"
+    "algorithms run rank by rank on a device and comm that hold no data. Per rank: visible\n"
+    "(query, key) pairs and FLOPs, bytes sent and received inside the all-to-all group / node\n"
+    "and across, the peak workspace; the imbalance (max/mean - 1 of per-rank FLOPs); a coverage\n"
+    "proof (every visible pair computed exactly once: per query position, the count, sum and\n"
+    "sum of squares of the keys computed against the mask's); the predicted time of a hardware\n"
+    "model. --sinks needs only the file's count (one per query head); with --backward their\n"
+    "gradient's all-gather is counted. Exit status: 0 ok, 1 the coverage proof failed, 2 bad\n"
+    "usage or a problem the library refuses.\n";
+
 void cpt_cli_usage(const char *cmd, FILE *out) {
     int bit = cmd_bit(cmd);
     cpt_cli d;
     defaults(bit, &d);
     fprintf(out, "usage: ctxpar %s [options]\n\n%s\noptions:\n", cmd,
-            bit == A ? notes_audit : bit == B ? notes_bench : notes_check);
+            bit == A   ? notes_audit
+            : bit == B ? notes_bench
+            : bit == P ? notes_plan
+                       : notes_check);
     for (size_t i = 0; i < N_OPTIONS; i++) {
         const opt *o = &options[i];
         if (!o->name || !(o->cmds & bit))
             continue;
-        char lhs[64], def[48];
-        snprintf(lhs, sizeof lhs, "%s%s%s", o->name, o->value ? " " : "",
-                 o->value ? o->value : "");
+        char lhs[96], def[48], forms[80];
+        const char *value = o->flag ? NULL : value_text(o, forms, sizeof forms);
+        snprintf(lhs, sizeof lhs, "%s%s%s", o->name, value ? " " : "", value ? value : "");
         default_text(o, &d, def, sizeof def);
         fprintf(out, "  %-36s %s%s%s%s\n", lhs, o->help, def[0] ? " [" : "", def,
                 def[0] ? "]" : "");
@@ -370,7 +442,8 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
         c->seq = list[0];
         return 1;
     case O_RANKS:
-        if (!(n = parse_list(val, 1, 1024, list)))
+        // A plan holds no data: it models the largest jobs.
+        if (!(n = parse_list(val, 1, cli->cmd == P ? 65536 : 1024, list)))
             return 0;
         cli->n_ranks = n;
         for (int i = 0; i < n; i++)
@@ -403,7 +476,26 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
         return 1;
     }
     case O_TRACE: cli->trace_path = val; return 1;
-    case O_REPORT: cli->report_path = val; return 1;
+    case O_REPORT:
+        cli->report_path = val;
+        return 1;
+    case O_MODEL:
+        cli->model = val;
+        return 1;
+    case O_DOC_DIST:
+        if (strcmp(val, "uniform") && strcmp(val, "lognormal"))
+            return 0;
+        cli->doc_dist = val;
+        return 1;
+    case O_DOC_SIGMA: {
+        char *end;
+        errno = 0;
+        double x = strtod(val, &end);
+        if (errno || end == val || *end || !(x > 0) || !isfinite(x))
+            return 0;
+        cli->doc_sigma = x;
+        return 1;
+    }
     default: break;
     }
     if (!parse_i64(val, 0, INT32_MAX, &v))
@@ -423,6 +515,11 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
             return 0;
         c->repeat = (int)v;
         break;
+    case O_GROUP_SIZE:
+        if (v < 1)
+            return 0;
+        cli->group_size = (int)v;
+        break;
     default: return 0;
     }
     return 1;
@@ -438,6 +535,12 @@ static void set_flag(const opt *o, cpt_cli *cli) {
     case O_NO_SINGLE: cli->cfg.compare_single = 0; break;
     case O_SWEEP: cli->sweep = 1; break;
     case O_PEAK: cli->peak = 1; break;
+    // clang-format off
+    case O_NO_COVERAGE: cli->no_coverage = 1; break;
+    case O_EXPLAIN: cli->explain = 1; break;
+    case O_PER_RANK: cli->per_rank = 1; break;
+    case O_SHARE_MEMBERS: cli->share_members = 1; break;
+    // clang-format on
     default: break;
     }
 }
@@ -614,6 +717,7 @@ int cpt_cli_parse(const char *cmd, int argc, char **argv, cpt_cli *cli, FILE *ou
     cli->seqs[0] = cli->cfg.seq;
     cli->ranks[0] = cli->cfg.ranks;
     int kv_heads_set = 0;
+    char forms[80];
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -629,7 +733,7 @@ int cpt_cli_parse(const char *cmd, int argc, char **argv, cpt_cli *cli, FILE *ou
         }
         if (!(o->cmds & bit)) {
             fprintf(err, "ctxpar %s: %s does not apply to %s%s\n", cmd, o->name, cmd,
-                    bit == A && (o->cmds & C) ? " (the shapes come from the .npy files)" : "");
+                    bit == A && (o->cmds & C) ? " (the shapes come from the input files)" : "");
             return CPT_EXIT_USAGE;
         }
         if (o->flag) {
@@ -642,7 +746,8 @@ int cpt_cli_parse(const char *cmd, int argc, char **argv, cpt_cli *cli, FILE *ou
         }
         const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!val) {
-            fprintf(err, "ctxpar %s: %s needs a value (%s)\n", cmd, o->name, o->value);
+            fprintf(err, "ctxpar %s: %s needs a value (%s)\n", cmd, o->name,
+                    value_text(o, forms, sizeof forms));
             return CPT_EXIT_USAGE;
         }
         if (!set_value(o, val, cli) && o->id == O_BACKEND) {
@@ -653,7 +758,7 @@ int cpt_cli_parse(const char *cmd, int argc, char **argv, cpt_cli *cli, FILE *ou
         }
         if (!set_value(o, val, cli)) {
             fprintf(err, "ctxpar %s: bad value '%s' for %s (want %s: %s)\n", cmd, val, o->name,
-                    o->value, o->help);
+                    value_text(o, forms, sizeof forms), o->help);
             return CPT_EXIT_USAGE;
         }
         kv_heads_set |= o->id == O_KV_HEADS && cli->cfg.kv_heads != 0;

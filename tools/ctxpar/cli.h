@@ -14,7 +14,7 @@ extern "C" {
 #endif
 
 /* The subcommands, as bits: each option says which ones take it. */
-enum { CPT_CMD_CHECK = 1, CPT_CMD_AUDIT = 2, CPT_CMD_BENCH = 4 };
+enum { CPT_CMD_CHECK = 1, CPT_CMD_AUDIT = 2, CPT_CMD_BENCH = 4, CPT_CMD_PLAN = 8 };
 
 /* Most values one list option (--seq, --ranks with bench --sweep) may hold. */
 #define CPT_CLI_MAX_LIST 16
@@ -50,13 +50,19 @@ typedef struct cpt_cli {
     const char *sinks_path;
     int64_t n_sinks;
     float sinks[CPT_CLI_MAX_SINKS];
+    /* plan: the hardware model, the generated documents' lengths, the link classes, output */
+    const char *model;    /* --model h200|cpu|FILE */
+    const char *doc_dist; /* --doc-dist uniform|lognormal */
+    double doc_sigma;     /* --doc-sigma */
+    int group_size;       /* --group-size; 0: the model's */
+    int no_coverage, explain, per_rank, share_members;
 } cpt_cli;
 
 /* Exit codes of the tool. */
 enum { CPT_EXIT_OK = 0, CPT_EXIT_FAIL = 1, CPT_EXIT_USAGE = 2 };
 
-/* Parses the flags of subcommand `cmd` ("check", "audit", "bench") from argv[0..argc) into cli
- * (the command's defaults first). Returns -1 when parsing succeeded, or the exit code to leave
+/* Parses the flags of subcommand `cmd` ("check", "audit", "bench", "plan") from argv[0..argc) into
+ * cli (the command's defaults first). Returns -1 when parsing succeeded, or the exit code to leave
  * with: CPT_EXIT_OK after --help (printed to out), CPT_EXIT_USAGE after a one-line error
  * on err. */
 int cpt_cli_parse(const char *cmd, int argc, char **argv, cpt_cli *cli, FILE *out,

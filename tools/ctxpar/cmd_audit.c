@@ -176,7 +176,9 @@ static int read_results(const cpt_cli *cli, cpt_audit_state *a, char *msg, size_
     if (ds && !read_dsinks(cli, ds, a, msg, n))
         return 0;
     if (cli->against_path && !a->has_against) {
-        snprintf(msg, n, "%s: holds none of out, lse, dq, dk, dv, dsinks", cli->against_path);
+        char found[1024];
+        snprintf(msg, n, "%s: holds none of out, lse, dq, dk, dv, dsinks (found: %s)",
+                 cli->against_path, cpt_audit_src_list(&a->against, found, sizeof found));
         return 0;
     }
     return 1;
@@ -259,7 +261,7 @@ int cpt_audit_load(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
     // One .npy file holds one tensor: it cannot stand for the several that these name.
     const cpt_audit_src *several[2] = {&a->inputs_src, &a->against};
     for (int i = 0; i < 2; i++)
-        if (several[i]->kind == CPT_AUDIT_SRC_NPY_FILE) {
+        if (several[i]->kind == CPT_AUDIT_SRC_NPY_FILE || several[i]->kind == CPT_AUDIT_SRC_TEXT) {
             snprintf(msg, n, "%s: give a folder of NAME.npy files or a .safetensors file",
                      several[i]->path);
             return 0;
@@ -281,10 +283,13 @@ int cpt_audit_load(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
         if (!s && i == IN_DOUT)
             continue;
         if (!s) {
-            snprintf(msg, n, "%s: no %s here%s%s",
-                     cli->inputs_path ? cli->inputs_path : cli->shards_pattern, in_names[i],
+            const cpt_audit_src *where = cli->inputs_path ? &a->inputs_src : &a->shards;
+            char found[1024];
+            snprintf(msg, n, "%s: no %s here%s%s (found: %s; name it %s, or give --%s FILE)",
+                     where->path, in_names[i],
                      cli->inputs_path && cli->shards_pattern ? " nor in " : "",
-                     cli->inputs_path && cli->shards_pattern ? cli->shards_pattern : "");
+                     cli->inputs_path && cli->shards_pattern ? cli->shards_pattern : "",
+                     cpt_audit_src_list(where, found, sizeof found), in_names[i], in_names[i]);
             return 0;
         }
         if (i == IN_Q)

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "commands.h"
 #include "report.h"
@@ -12,6 +13,9 @@
 typedef struct bench_numbers {
     int ranks, threads;           // threads per rank
     double fwd_s, fwd_bwd_s;      // median seconds per call; fwd_bwd_s NAN without backward
+    // The fastest and slowest call of the repeats (the slowest rank's, like the median).
+    double fwd_min_s, fwd_max_s, fwd_bwd_min_s, fwd_bwd_max_s;
+    int cores;                    // of this machine; ranks x threads above it share cores
     double fwd_flops;             // per call, by the convention in the help
     double fwd_flops_per_s, fwd_bwd_flops_per_s, tokens_per_s, fwd_bwd_tokens_per_s;
     double bwd_s, bwd_flops_per_s; // the backward alone: fwd_bwd_s - fwd_s
@@ -76,6 +80,12 @@ static bench_numbers numbers(const cpt_run_config *c, int ranks, const cpt_run_r
     b.peak_flops = cpt_peak_flops(peak, ranks, b.threads);
     b.fwd_s = r->time_fwd_s;
     b.fwd_bwd_s = c->backward ? r->time_s : NAN;
+    b.fwd_min_s = r->time_fwd_min_s;
+    b.fwd_max_s = r->time_fwd_max_s;
+    b.fwd_bwd_min_s = c->backward ? r->time_min_s : NAN;
+    b.fwd_bwd_max_s = c->backward ? r->time_max_s : NAN;
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    b.cores = peak->cores > 0 ? peak->cores : online > 0 ? (int)online : 1;
     // 2 (D + Dv) per visible pair and head (q.k, then p.v): the library's work statistics.
     b.fwd_flops =
         2.0 * (double)(c->head_dim + cpt_run_dim_v(c)) * (double)c->heads * visible_pairs(c);
@@ -106,9 +116,20 @@ static bench_numbers numbers(const cpt_run_config *c, int ranks, const cpt_run_r
     return b;
 }
 
+// More threads than cores: the ranks take turns, and times measure the sharing.
+static int oversubscribed(const bench_numbers *b) {
+    return b->ranks * b->threads > b->cores;
+}
+
 static void json_numbers(FILE *f, const bench_numbers *b, int backward) {
-    fprintf(f, "\"ranks\":%d,\"threads_per_rank\":%d,\"fwd_time_s\":", b->ranks, b->threads);
+    fprintf(f,
+            "\"ranks\":%d,\"threads_per_rank\":%d,\"oversubscribed\":%s,\"fwd_time_s\":", b->ranks,
+            b->threads, oversubscribed(b) ? "true" : "false");
     cpt_json_num(f, b->fwd_s);
+    fputs(",\"fwd_time_min_s\":", f);
+    cpt_json_num(f, b->fwd_min_s);
+    fputs(",\"fwd_time_max_s\":", f);
+    cpt_json_num(f, b->fwd_max_s);
     fputs(",\"fwd_flops\":", f);
     cpt_json_num(f, b->fwd_flops);
     fputs(",\"fwd_flops_per_s\":", f);
@@ -122,6 +143,10 @@ static void json_numbers(FILE *f, const bench_numbers *b, int backward) {
     if (backward) {
         fputs(",\"fwd_bwd_time_s\":", f);
         cpt_json_num(f, b->fwd_bwd_s);
+        fputs(",\"fwd_bwd_time_min_s\":", f);
+        cpt_json_num(f, b->fwd_bwd_min_s);
+        fputs(",\"fwd_bwd_time_max_s\":", f);
+        cpt_json_num(f, b->fwd_bwd_max_s);
         fputs(",\"fwd_bwd_flops_per_s\":", f);
         cpt_json_num(f, b->fwd_bwd_flops_per_s);
         fputs(",\"fwd_bwd_tokens_per_s\":", f);
@@ -158,28 +183,35 @@ static double timed_s(const bench_numbers *b, int backward) {
     return backward ? b->fwd_bwd_s : b->fwd_s;
 }
 
+// The speedup's spread over the repeats: the baseline's fastest over this run's slowest, and
+// its slowest over this run's fastest.
+static void speedup_range(const bench_numbers *p, const bench_numbers *base, int backward,
+                          double *lo, double *hi) {
+    *lo = (backward ? base->fwd_bwd_min_s : base->fwd_min_s) /
+          (backward ? p->fwd_bwd_max_s : p->fwd_max_s);
+    *hi = (backward ? base->fwd_bwd_max_s : base->fwd_max_s) /
+          (backward ? p->fwd_bwd_min_s : p->fwd_min_s);
+}
+
 static void print_json(const cpt_run_config *c, const char *comm,
                        const cpt_run_result *r, const bench_numbers *p,
                        const bench_numbers *base, const cpt_peak_info *peak) {
-    fprintf(stdout,
-            "{\"ok\":%s,\"status\":\"%s\",\"config\":{\"ranks\":%d,\"batch\":%lld,\"seq\":%lld,"
-            "\"heads\":%lld,\"kv_heads\":%lld,\"dim\":%lld,\"dtype\":\"%s\",\"mask\":\"%s\","
-            "\"window\":%lld,\"window_right\":%lld,\"docs\":%lld,\"algo\":\"%s\","
-            "\"algo_resolved\":\"%s\",\"layout\":\"%s\","
-            "\"backward\":%s,\"comm\":\"%s\",\"backend\":\"%s\",\"warmup\":%d,\"repeat\":%d},",
-            r->ok ? "true" : "false", ctxpar_status_string(r->status), c->ranks,
-            (long long)c->batch, (long long)c->seq, (long long)c->heads, (long long)c->kv_heads,
-            (long long)c->head_dim, ctxpar_dtype_name(c->dtype), ctxpar_mask_name(c->params.mask),
-            (long long)c->params.window_left, (long long)c->params.window_right, (long long)c->docs,
-            ctxpar_algo_name(c->params.algo),
-            ctxpar_algo_name(r->algo), ctxpar_layout_name(c->params.layout),
-            c->backward ? "true" : "false", comm, cpt_run_backend_name(c->backend), c->warmup,
-            c->repeat);
+    fprintf(stdout, "{\"ok\":%s,\"status\":\"%s\",\"config\":{", r->ok ? "true" : "false",
+            ctxpar_status_string(r->status));
+    cpt_json_config_members(stdout, c, r->algo);
+    fprintf(stdout, ",\"comm\":\"%s\",\"backend\":\"%s\",\"warmup\":%d,\"repeat\":%d},", comm,
+            cpt_run_backend_name(c->backend), c->warmup, c->repeat);
     cpt_peak_json_members(stdout, peak);
     fputc(',', stdout);
     json_numbers(stdout, p, c->backward);
     fputs(",\"speedup\":", stdout);
     cpt_json_num(stdout, timed_s(base, c->backward) / timed_s(p, c->backward));
+    double lo, hi;
+    speedup_range(p, base, c->backward, &lo, &hi);
+    fputs(",\"speedup_min\":", stdout);
+    cpt_json_num(stdout, lo);
+    fputs(",\"speedup_max\":", stdout);
+    cpt_json_num(stdout, hi);
     fputs(",\"baseline\":{", stdout);
     json_numbers(stdout, base, c->backward);
     fputs("},\"flops_convention\":", stdout);
@@ -194,6 +226,14 @@ static void print_json(const cpt_run_config *c, const char *comm,
 static void ms_cell(char *buf, size_t n, double s) {
     if (isfinite(s))
         snprintf(buf, n, "%.3f ms", s * 1e3);
+    else
+        snprintf(buf, n, "-");
+}
+
+// "11.902 - 13.047 ms": the fastest and slowest of the repeats.
+static void spread_cell(char *buf, size_t n, double lo, double hi) {
+    if (isfinite(lo) && isfinite(hi))
+        snprintf(buf, n, "%.3f - %.3f ms", lo * 1e3, hi * 1e3);
     else
         snprintf(buf, n, "-");
 }
@@ -238,11 +278,17 @@ static void print_table(const cpt_run_config *c, const char *comm, const cpt_run
     printf("  %-26s %-16s %s\n", "threads per rank", a, b);
     ms_cell(a, sizeof a, p->fwd_s);
     ms_cell(b, sizeof b, base->fwd_s);
-    printf("  %-26s %-16s %s\n", "forward", a, b);
+    printf("  %-26s %-16s %s\n", "forward (median)", a, b);
+    spread_cell(a, sizeof a, p->fwd_min_s, p->fwd_max_s);
+    spread_cell(b, sizeof b, base->fwd_min_s, base->fwd_max_s);
+    row("  min - max", a, b);
     if (c->backward) {
         ms_cell(a, sizeof a, p->fwd_bwd_s);
         ms_cell(b, sizeof b, base->fwd_bwd_s);
         printf("  %-26s %-16s %s\n", "forward + backward", a, b);
+        spread_cell(a, sizeof a, p->fwd_bwd_min_s, p->fwd_bwd_max_s);
+        spread_cell(b, sizeof b, base->fwd_bwd_min_s, base->fwd_bwd_max_s);
+        row("  min - max", a, b);
     }
     printf("  %-26s %-16.2f %.2f\n", "forward GFLOP/s", p->fwd_flops_per_s / 1e9,
            base->fwd_flops_per_s / 1e9);
@@ -284,9 +330,15 @@ static void print_table(const cpt_run_config *c, const char *comm, const cpt_run
     else
         snprintf(a, sizeof a, "-");
     printf("  %-26s %-16s %s\n", "transfer time hidden", a, "-");
-    printf("\n  speedup over 1 rank: %.2fx (%s)\n",
+    double lo, hi;
+    speedup_range(p, base, c->backward, &lo, &hi);
+    printf("\n  speedup over 1 rank: %.2fx (%s; %.2fx - %.2fx from the repeats' min and max)\n",
            timed_s(base, c->backward) / timed_s(p, c->backward),
-           c->backward ? "forward + backward" : "forward");
+           c->backward ? "forward + backward" : "forward", lo, hi);
+    if (oversubscribed(p))
+        printf("  warning: %d ranks x %d threads on %d cores: the ranks share cores, so these "
+               "times measure the sharing\n",
+               p->ranks, p->threads, p->cores);
     if (c->compare_oracle) {
         printf("\n");
         cpt_report_rows(stdout, r);
@@ -310,28 +362,37 @@ static void print_sweep_header(const cpt_run_config *c, const char *comm,
                "Core class %s, tiles %s.\n\n",
                peak->core.flops_per_core * 1e-9, peak->core.kernels, peak->cores,
                peak->core.uarch, peak->core.tiles);
-    printf("| seq | ranks | threads/rank | fwd ms | fwd GFLOP/s | fwd %% of peak |%s tokens/s | "
-           "speedup | peak MiB/rank | MiB sent/rank | hidden |\n",
-           c->backward ? " fwd+bwd ms | fwd+bwd GFLOP/s | fwd+bwd % of peak |" : "");
-    printf("|---:|---:|---:|---:|---:|---:|%s---:|---:|---:|---:|---:|\n",
-           c->backward ? "---:|---:|---:|" : "");
+    printf(
+        "| seq | ranks | threads/rank | fwd ms | fwd ms min - max | fwd GFLOP/s | fwd %% of peak "
+        "|%s tokens/s | speedup | speedup min - max | peak MiB/rank | MiB sent/rank | hidden "
+        "|\n",
+        c->backward ? " fwd+bwd ms | fwd+bwd ms min - max | fwd+bwd GFLOP/s | fwd+bwd % of "
+                      "peak |"
+                    : "");
+    printf("|---:|---:|---:|---:|---:|---:|---:|%s---:|---:|---:|---:|---:|---:|\n",
+           c->backward ? "---:|---:|---:|---:|" : "");
 }
 
 static void print_sweep_row(const cpt_run_config *c, const bench_numbers *p,
                             const bench_numbers *base) {
     char pct[16];
     pct_cell(pct, sizeof pct, p->fwd_flops_per_s, p->peak_flops);
-    printf("| %lld | %d | %d | %.2f | %.2f | %s |", (long long)c->seq, p->ranks, p->threads,
-           p->fwd_s * 1e3, p->fwd_flops_per_s / 1e9, pct);
+    // An oversubscribed row's threads are marked: its times measure cores shared between ranks.
+    printf("| %lld | %d | %d%s | %.2f | %.2f - %.2f | %.2f | %s |", (long long)c->seq, p->ranks,
+           p->threads, oversubscribed(p) ? " (over the cores)" : "", p->fwd_s * 1e3,
+           p->fwd_min_s * 1e3, p->fwd_max_s * 1e3, p->fwd_flops_per_s / 1e9, pct);
     if (c->backward) {
         pct_cell(pct, sizeof pct, p->fwd_bwd_flops_per_s, p->peak_flops);
-        printf(" %.2f | %.2f | %s |", p->fwd_bwd_s * 1e3, p->fwd_bwd_flops_per_s / 1e9, pct);
+        printf(" %.2f | %.2f - %.2f | %.2f | %s |", p->fwd_bwd_s * 1e3, p->fwd_bwd_min_s * 1e3,
+               p->fwd_bwd_max_s * 1e3, p->fwd_bwd_flops_per_s / 1e9, pct);
     }
     char hidden[16] = "-";
     if (isfinite(p->hidden))
         snprintf(hidden, sizeof hidden, "%.0f %%", 100 * p->hidden);
-    printf(" %.0f | %.2fx | %.2f | %.2f | %s |\n", p->tokens_per_s,
-           timed_s(base, c->backward) / timed_s(p, c->backward), p->peak_bytes / 1048576.0,
+    double lo, hi;
+    speedup_range(p, base, c->backward, &lo, &hi);
+    printf(" %.0f | %.2fx | %.2fx - %.2fx | %.2f | %.2f | %s |\n", p->tokens_per_s,
+           timed_s(base, c->backward) / timed_s(p, c->backward), lo, hi, p->peak_bytes / 1048576.0,
            p->bytes_sent / 1048576.0, hidden);
     fflush(stdout);
 }
@@ -398,6 +459,12 @@ static int bench_one(cpt_session *s, const cpt_cli *cli, const cpt_run_config *c
         const char *comm = s->mpi ? "mpi" : "local";
         bench_numbers p = reuse ? base->n : numbers(cfg, cfg->ranks, r, peak);
         cpt_bench_report_add(report, cfg, r, &base->r, p.threads);
+        if (oversubscribed(&p))
+            cpt_session_error(s,
+                              "warning: %d ranks x %d threads on %d cores: the ranks share "
+                              "cores; times and speedups measure the sharing (--ranks, "
+                              "--threads)",
+                              p.ranks, p.threads, p.cores);
         if (cli->json) {
             fputs(sep, stdout);
             print_json(cfg, comm, r, &p, &base->n, peak);

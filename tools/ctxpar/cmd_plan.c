@@ -11,183 +11,40 @@
 #include "plan_run.h"
 #include "registry.h"
 #include "report.h"
+#include "units.h"
 
 typedef struct plan_args {
     cpt_plan_config cfg;
-    int64_t docs;
-    const char *dist, *cu_path, *model, *assign_path, *report_path;
-    double sigma;
-    uint64_t seed;
-    int json, explain, per_rank, group_size_set;
+    cpt_cli cli; // the options as given (cli.c: one table for every command)
+    int json, explain, per_rank;
 } plan_args;
 
-static const char *const usage_text =
-    "usage: ctxpar plan [options]\n"
-    "What one attention call does on every rank, without computing it: the library's own\n"
-    "algorithms run rank by rank on a device and comm that hold no data. Per rank: visible\n"
-    "(query, key) pairs and FLOPs, bytes sent and received inside the all-to-all group / node\n"
-    "and across, the peak workspace; the imbalance (max/mean - 1 of per-rank FLOPs); a coverage\n"
-    "proof (every visible pair computed exactly once: per query position, the count, sum and\n"
-    "sum of squares of the keys computed against the mask's); the predicted time of a hardware\n"
-    "model.\n"
-    "  --ranks P  --seq S  --batch B  --heads H  --kv-heads K  --dim D  --dtype f32|f16|bf16\n"
-    "  --v-dim DV          v's head_dim (MLA; default D)\n"
-    "  --sinks             attention sinks (with --backward: their gradient's all-gather)\n"
-    "  --mask none|causal  --window W  --window-right R\n"
-    "  --layout contiguous|zigzag|striped|custom\n"
-    "  --assign FILE.npy   with --layout custom: int32/int64 [seq], the rank holding each token\n"
-    "  --algo auto|ring|allgather|alltoall|hybrid  --ulysses U  --backward\n"
-    "  --docs N [--doc-dist uniform|lognormal] [--doc-sigma X] [--seed N]\n"
-    "  --cu-seqlens FILE   document boundaries, whitespace-separated, 0 ... seq\n"
-    "  --model h200|cpu|FILE  hardware model (docs/performance.md); default h200\n"
-    "  --group-size N      ranks per node for the link classes (default: the model's)\n"
-    "  --no-coverage       skip the coverage proof (it keeps three uint64 per token: 24 bytes)\n"
-    "  --explain           every algorithm's check and cost, and AUTO's choice\n"
-    "  --per-rank          the per-rank table in the text output (shown up to 16 ranks)\n"
-    "  --share-members     the hybrid: the first member of a group stands for the others (the\n"
-    "                      same plan, u times faster; by default every member is dry-run)\n"
-    "  --json              one JSON object\n"
-    "  --report FILE.html  also write a self-contained HTML report: per-rank bars\n";
-
-static int bad(const char *what, const char *val) {
-    fprintf(stderr, "ctxpar plan: bad value for %s: '%s' (ctxpar plan --help)\n", what, val);
-    return CPT_EXIT_USAGE;
-}
-
-static int pick_name(const char *val, const char *(*name)(int), int n, int *out) {
-    for (int i = 0; i < n; i++)
-        if (!strcmp(val, name(i))) {
-            *out = i;
-            return 1;
-        }
-    return 0;
-}
-static const char *algo_n(int i) {
-    return ctxpar_algo_name((ctxpar_algo)i);
-}
-static const char *layout_n(int i) {
-    return ctxpar_layout_name((ctxpar_layout)i);
-}
-static const char *mask_n(int i) {
-    return ctxpar_mask_name((ctxpar_mask)i);
-}
-static const char *dtype_n(int i) {
-    return ctxpar_dtype_name((ctxpar_dtype)i);
-}
-
+// The options of every command (cli.c), then the plan's configuration from them. -1 after
+// --help, 0 ok, or the exit code.
 static int parse(int argc, char **argv, plan_args *a) {
     memset(a, 0, sizeof *a);
+    cpt_cli *cli = &a->cli;
+    int rc = cpt_cli_parse("plan", argc, argv, cli, stdout, stderr);
+    if (rc != -1)
+        return rc == CPT_EXIT_OK ? -1 : rc;
+    const cpt_run_config *r = &cli->cfg;
     cpt_plan_config *c = &a->cfg;
-    c->ranks = 4;
-    c->batch = 1;
-    c->seq = 4096;
-    c->heads = 4;
-    c->head_dim = 64;
-    c->dtype = CTXPAR_DTYPE_BF16;
-    c->coverage = 1;
-    ctxpar_attn_params init = CTXPAR_ATTN_PARAMS_INIT;
-    c->params = init;
-    c->params.mask = CTXPAR_MASK_CAUSAL;
-    c->params.layout = CTXPAR_LAYOUT_ZIGZAG;
-    a->dist = "uniform";
-    a->sigma = 1.0;
-    a->seed = 42;
-    a->model = "h200";
-    for (int i = 0; i < argc; i++) {
-        const char *o = argv[i];
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
-            fputs(usage_text, stdout);
-            return -1;
-        }
-        if (!strcmp(o, "--backward")) {
-            c->backward = 1;
-            continue;
-        }
-        if (!strcmp(o, "--json")) {
-            a->json = 1;
-            continue;
-        }
-        if (!strcmp(o, "--explain")) {
-            a->explain = 1;
-            continue;
-        }
-        if (!strcmp(o, "--per-rank")) {
-            a->per_rank = 1;
-            continue;
-        }
-        if (!strcmp(o, "--share-members")) {
-            c->share_members = 1;
-            continue;
-        }
-        if (!strcmp(o, "--sinks")) { // never read: only whether there are sinks matters
-            static const float none;
-            c->params.sinks = &none;
-            continue;
-        }
-        if (!strcmp(o, "--no-coverage")) {
-            c->coverage = 0;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "ctxpar plan: unknown option or missing value: %s\n", o);
-            return CPT_EXIT_USAGE;
-        }
-        const char *v = argv[++i];
-        char *end = NULL;
-        long long n = strtoll(v, &end, 10);
-        const int num = end != v && *end == '\0' && n >= 0;
-        int e;
-        if (!strcmp(o, "--ranks") && num && n >= 1 && n <= 65536)
-            c->ranks = (int)n;
-        else if (!strcmp(o, "--seq") && num && n >= 1 && n <= INT32_MAX)
-            c->seq = n;
-        else if (!strcmp(o, "--batch") && num && n >= 1)
-            c->batch = n;
-        else if (!strcmp(o, "--heads") && num && n >= 1)
-            c->heads = n;
-        else if (!strcmp(o, "--kv-heads") && num && n >= 1)
-            c->kv_heads = n;
-        else if (!strcmp(o, "--dim") && num && n >= 1)
-            c->head_dim = n;
-        else if (!strcmp(o, "--v-dim") && num && n >= 1)
-            c->head_dim_v = n;
-        else if (!strcmp(o, "--window") && num)
-            c->params.window_left = n;
-        else if (!strcmp(o, "--window-right") && num)
-            c->params.window_right = n;
-        else if (!strcmp(o, "--ulysses") && num)
-            c->params.ulysses = n;
-        else if (!strcmp(o, "--docs") && num && n >= 1)
-            a->docs = n;
-        else if (!strcmp(o, "--seed") && num)
-            a->seed = (uint64_t)n;
-        else if (!strcmp(o, "--group-size") && num && n >= 1) {
-            c->group_size = (int)n;
-            a->group_size_set = 1;
-        } else if (!strcmp(o, "--doc-sigma") && (a->sigma = strtod(v, &end)) > 0 && *end == '\0') {
-        } else if (!strcmp(o, "--doc-dist"))
-            a->dist = v;
-        else if (!strcmp(o, "--cu-seqlens"))
-            a->cu_path = v;
-        else if (!strcmp(o, "--model"))
-            a->model = v;
-        else if (!strcmp(o, "--assign"))
-            a->assign_path = v;
-        else if (!strcmp(o, "--report"))
-            a->report_path = v;
-        else if (!strcmp(o, "--algo") && pick_name(v, algo_n, 16, &e))
-            c->params.algo = (ctxpar_algo)e;
-        else if (!strcmp(o, "--layout") && pick_name(v, layout_n, 4, &e))
-            c->params.layout = (ctxpar_layout)e;
-        else if (!strcmp(o, "--mask") && pick_name(v, mask_n, 2, &e))
-            c->params.mask = (ctxpar_mask)e;
-        else if (!strcmp(o, "--dtype") && pick_name(v, dtype_n, 3, &e))
-            c->dtype = (ctxpar_dtype)e;
-        else
-            return bad(o, v);
-    }
-    if (c->kv_heads == 0)
-        c->kv_heads = c->heads;
+    c->ranks = r->ranks;
+    c->batch = r->batch;
+    c->seq = r->seq;
+    c->heads = r->heads;
+    c->kv_heads = r->kv_heads;
+    c->head_dim = r->head_dim;
+    c->head_dim_v = r->head_dim_v;
+    c->dtype = r->dtype;
+    c->params = r->params; // documents, sinks and assignment held by cli.c until the next parse
+    c->backward = r->backward;
+    c->group_size = cli->group_size;
+    c->coverage = !cli->no_coverage;
+    c->share_members = cli->share_members;
+    a->json = cli->json;
+    a->explain = cli->explain;
+    a->per_rank = cli->per_rank;
     return 0;
 }
 
@@ -260,23 +117,36 @@ static void max_mean(const cpt_plan_result *r, rank_getter get, const cpt_plan_m
     *mean = sum / r->nranks;
 }
 
+enum { COUNT, BYTES, SECONDS }; // how the text table shows a column
+
 // The per-rank arrays, JSON key and getter (the text table prints the same columns).
 static const struct {
     const char *key, *column;
     rank_getter get;
+    int unit;
 } columns[] = {
-    {"pairs_per_rank", "pairs", get_pairs},
-    {"flops_per_rank", "FLOPs", get_flops},
-    {"bytes_per_rank", "sent", get_bytes},
-    {"bytes_group_per_rank", "sent grp", get_group},
-    {"bytes_across_per_rank", "sent acr", get_across},
-    {"bytes_received_per_rank", "recv", get_received},
-    {"bytes_group_received_per_rank", "recv grp", get_group_received},
-    {"bytes_across_received_per_rank", "recv acr", get_across_received},
-    {"workspace_per_rank", "workspace", get_workspace},
-    {"time_per_rank_s", "time s", get_time},
+    {"pairs_per_rank", "pairs", get_pairs, COUNT},
+    {"flops_per_rank", "FLOPs", get_flops, COUNT},
+    {"bytes_per_rank", "sent", get_bytes, BYTES},
+    {"bytes_group_per_rank", "sent grp", get_group, BYTES},
+    {"bytes_across_per_rank", "sent acr", get_across, BYTES},
+    {"bytes_received_per_rank", "recv", get_received, BYTES},
+    {"bytes_group_received_per_rank", "recv grp", get_group_received, BYTES},
+    {"bytes_across_received_per_rank", "recv acr", get_across_received, BYTES},
+    {"workspace_per_rank", "workspace", get_workspace, BYTES},
+    {"time_per_rank_s", "time", get_time, SECONDS},
 };
 #define COLUMNS (sizeof columns / sizeof columns[0])
+
+// A value of column c for people (JSON has the exact number).
+static const char *cell(size_t c, double v, char *buf, size_t n) {
+    if (columns[c].unit == BYTES)
+        return cpt_bytes_text(v, buf, n);
+    if (columns[c].unit == SECONDS)
+        return cpt_seconds_text(v, buf, n);
+    snprintf(buf, n, "%.4g", v);
+    return buf;
+}
 
 // AUTO's reasons: each algorithm's check (with the device's limits left out) and its cost.
 static void explain(FILE *f, const plan_args *a, int json) {
@@ -329,6 +199,13 @@ static void print_json(const plan_args *a, const cpt_plan_result *r, const cpt_p
     fprintf(f, "{\"algo\":\"%s\",\"ulysses\":%d,\"ranks\":%d,\"seq\":%lld,\"backward\":%s,",
             ctxpar_algo_name(r->algo), r->ulysses, r->nranks, (long long)a->cfg.seq,
             a->cfg.backward ? "true" : "false");
+    // What was planned, as every command echoes it, and the plan's own settings.
+    fputs("\"config\":{", f);
+    cpt_json_config_members(f, &a->cli.cfg, r->algo);
+    fputs(",\"model\":", f);
+    cpt_json_string(f, m->name);
+    fprintf(f, ",\"group_size\":%d,\"coverage\":%s,\"share_members\":%s},", a->cfg.group_size,
+            a->cfg.coverage ? "true" : "false", a->cfg.share_members ? "true" : "false");
     fprintf(f, "\"coverage_ok\":%s,\"coverage_checked\":%s,\"pairs_visible\":",
             r->coverage_ok ? "true" : "false", r->coverage_checked ? "true" : "false");
     cpt_json_num(f, r->pairs_visible);
@@ -361,9 +238,12 @@ static void print_table(const plan_args *a, const cpt_plan_result *r, const cpt_
     double v[COLUMNS][2]; // max, mean of each column, in the order of columns[]
     for (size_t c = 0; c < COLUMNS; c++)
         max_mean(r, columns[c].get, m, &v[c][0], &v[c][1]);
-    printf("plan: %s on %d ranks, seq %lld, %s (dry run %.2f s)\n", ctxpar_algo_name(r->algo),
-           r->nranks, (long long)a->cfg.seq, a->cfg.backward ? "forward + backward" : "forward",
-           r->seconds);
+    printf("plan: %s on %d ranks, seq %lld, batch %lld, heads %lld/%lld, dim %lld, %s, %s, %s "
+           "(dry run %.2f s)\n",
+           ctxpar_algo_name(r->algo), r->nranks, (long long)a->cfg.seq, (long long)a->cfg.batch,
+           (long long)a->cfg.heads, (long long)a->cfg.kv_heads, (long long)a->cfg.head_dim,
+           ctxpar_dtype_name(a->cfg.dtype), ctxpar_mask_name(a->cfg.params.mask),
+           a->cfg.backward ? "forward + backward" : "forward", r->seconds);
     if (r->ulysses)
         printf("  ulysses            %d ranks per all-to-all group, %d groups in the ring\n",
                r->ulysses, r->nranks / r->ulysses);
@@ -375,10 +255,15 @@ static void print_table(const plan_args *a, const cpt_plan_result *r, const cpt_
     printf("  pairs per rank     max %.4g, mean %.4g (x heads x batch)\n", v[0][0], v[0][1]);
     printf("  FLOPs per rank     max %.4g, mean %.4g (imbalance %.2f%%)\n", v[1][0], v[1][1],
            100.0 * r->imbalance);
-    printf("  sent per rank      max %.4g (group %.4g, across %.4g)\n", v[2][0], v[3][0], v[4][0]);
-    printf("  received per rank  max %.4g (group %.4g, across %.4g)\n", v[5][0], v[6][0], v[7][0]);
-    printf("  workspace per rank max %zu bytes\n", r->workspace_bytes);
-    printf("  predicted time     %.4g s (model %s)\n", cpt_plan_time(m, r), m->name);
+    char b[3][32];
+    printf("  sent per rank      max %s (group %s, across %s)\n", cell(2, v[2][0], b[0], 32),
+           cell(3, v[3][0], b[1], 32), cell(4, v[4][0], b[2], 32));
+    printf("  received per rank  max %s (group %s, across %s)\n", cell(5, v[5][0], b[0], 32),
+           cell(6, v[6][0], b[1], 32), cell(7, v[7][0], b[2], 32));
+    printf("  workspace per rank max %s\n", cpt_bytes_text((double)r->workspace_bytes, b[0], 32));
+    printf("  predicted time     %s (model %s, %s, %s)\n",
+           cpt_seconds_text(cpt_plan_time(m, r), b[0], 32), m->name,
+           ctxpar_dtype_name(a->cfg.dtype), a->cfg.backward ? "forward + backward" : "forward");
     if (a->per_rank || r->nranks <= 16) {
         printf("  %6s", "rank");
         for (size_t c = 0; c < COLUMNS; c++)
@@ -387,36 +272,12 @@ static void print_table(const plan_args *a, const cpt_plan_result *r, const cpt_
         for (int i = 0; i < r->nranks; i++) {
             printf("  %6d", i);
             for (size_t c = 0; c < COLUMNS; c++)
-                printf(" %10.4g", columns[c].get(&r->rank[i], m, r->nranks));
+                printf(" %10s", cell(c, columns[c].get(&r->rank[i], m, r->nranks), b[0], 32));
             printf("\n");
         }
     }
     if (a->explain)
         explain(stdout, a, 0);
-}
-
-// --layout custom's --assign FILE.npy (the two go together; one rank per token of --seq).
-static int load_assign(const plan_args *a, int32_t **assign_out) {
-    *assign_out = NULL;
-    if ((a->cfg.params.layout == CTXPAR_LAYOUT_CUSTOM) != (a->assign_path != NULL)) {
-        fprintf(stderr, "ctxpar plan: --layout custom and --assign FILE.npy go together\n");
-        return CPT_EXIT_USAGE;
-    }
-    if (!a->assign_path)
-        return CPT_EXIT_OK;
-    char msg[4200];
-    int64_t n = 0;
-    int32_t *assign = cpt_cli_read_assignment(a->assign_path, &n, msg, sizeof msg);
-    if (assign && n != a->cfg.seq)
-        snprintf(msg, sizeof msg, "%s holds %lld ranks but --seq is %lld", a->assign_path,
-                 (long long)n, (long long)a->cfg.seq);
-    if (!assign || n != a->cfg.seq) {
-        fprintf(stderr, "ctxpar plan: %s\n", msg);
-        free(assign);
-        return CPT_EXIT_USAGE;
-    }
-    *assign_out = assign;
-    return CPT_EXIT_OK;
 }
 
 int cpt_cmd_plan(int argc, char **argv) {
@@ -425,27 +286,24 @@ int cpt_cmd_plan(int argc, char **argv) {
     if (rc != 0)
         return rc < 0 ? CPT_EXIT_OK : rc;
     cpt_plan_model m;
-    if (!cpt_plan_model_builtin(a.model, &m) && cpt_plan_model_load(a.model, &m) != CTXPAR_OK) {
+    if (!cpt_plan_model_builtin(a.cli.model, &m) &&
+        cpt_plan_model_load(a.cli.model, &m) != CTXPAR_OK) {
         fprintf(stderr, "ctxpar plan: %s\n", ctxpar_last_error());
         return CPT_EXIT_USAGE;
     }
-    if (!a.group_size_set)
+    if (!a.cfg.group_size)
         a.cfg.group_size = m.group_size;
-    int32_t *assign = NULL;
-    if ((rc = load_assign(&a, &assign)) != CPT_EXIT_OK)
-        return rc;
-    a.cfg.params.assignment = assign;
-    int32_t *cu = NULL;
+    int32_t *cu = NULL; // --docs' generated documents (--cu-seqlens: read by cli.c)
     ctxpar_status st = CTXPAR_OK;
-    if (a.cu_path) {
-        st = cpt_plan_read_cu_seqlens(a.cu_path, &cu, &a.cfg.params.num_docs);
-    } else if (a.docs > 0) {
-        cu = malloc((size_t)(a.docs + 1) * sizeof *cu);
-        st = cu ? cpt_plan_docs(a.dist, a.sigma, a.seed, a.cfg.seq, a.docs, cu)
-                : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "no memory for the documents");
-        a.cfg.params.num_docs = a.docs;
+    const int64_t docs = a.cli.cfg.docs;
+    if (docs > 0) {
+        cu = malloc((size_t)(docs + 1) * sizeof *cu);
+        st =
+            cu ? cpt_plan_docs(a.cli.doc_dist, a.cli.doc_sigma, a.cli.cfg.seed, a.cfg.seq, docs, cu)
+               : CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "no memory for the documents");
+        a.cfg.params.num_docs = docs;
+        a.cfg.params.cu_seqlens = cu;
     }
-    a.cfg.params.cu_seqlens = cu;
     cpt_plan_result r;
     cpt_progress progress;
     cpt_progress_init(&progress, "plan", stderr, NULL);
@@ -455,9 +313,9 @@ int cpt_cmd_plan(int argc, char **argv) {
         st = cpt_plan_run(&a.cfg, &r);
     cpt_progress_clear(&progress);
     if (st != CTXPAR_OK) {
-        fprintf(stderr, "ctxpar plan: %s: %s\n", ctxpar_status_string(st), ctxpar_last_error());
+        fprintf(stderr, "ctxpar plan: %s: %s\n", ctxpar_status_string(st),
+                cpt_cli_message(ctxpar_last_error()));
         free(cu);
-        free(assign);
         return st == CTXPAR_ERR_INVALID_ARG || st == CTXPAR_ERR_NOT_SUPPORTED ? CPT_EXIT_USAGE
                                                                               : CPT_EXIT_FAIL;
     }
@@ -466,9 +324,8 @@ int cpt_cmd_plan(int argc, char **argv) {
     else
         print_table(&a, &r, &m);
     rc = r.coverage_checked && !r.coverage_ok ? CPT_EXIT_FAIL : CPT_EXIT_OK;
-    rc = cpt_report_plan(a.report_path, &a.cfg, &r, &m, rc);
+    rc = cpt_report_plan(a.cli.report_path, &a.cfg, &r, &m, rc);
     cpt_plan_result_free(&r);
     free(cu);
-    free(assign);
     return rc;
 }

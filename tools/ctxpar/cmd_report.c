@@ -74,24 +74,9 @@ void cpt_report_json_members(FILE *f, const cpt_run_config *c, const cpt_run_res
         cpt_json_string(f, r->message);
         fputc(',', f);
     }
-    fprintf(f,
-            "\"config\":{\"ranks\":%d,\"batch\":%lld,\"seq\":%lld,\"heads\":%lld,"
-            "\"kv_heads\":%lld,\"dim\":%lld,\"v_dim\":%lld,\"softcap\":%g,\"sinks\":%s,"
-            "\"dtype\":\"%s\",\"mask\":\"%s\",\"window\":%lld,"
-            "\"window_right\":%lld,\"ulysses\":%lld,"
-            "\"docs\":%lld,\"algo\":\"%s\",\"algo_resolved\":\"%s\",\"layout\":\"%s\","
-            "\"backward\":%s,\"backend\":\"%s\",\"seed\":%llu},",
-            c->ranks, (long long)c->batch, (long long)c->seq, (long long)c->heads,
-            (long long)c->kv_heads, (long long)c->head_dim, (long long)cpt_run_dim_v(c),
-            (double)c->params.softcap, c->params.sinks ? "true" : "false",
-            ctxpar_dtype_name(c->dtype),
-            ctxpar_mask_name(c->params.mask), (long long)c->params.window_left,
-            (long long)c->params.window_right, (long long)c->params.ulysses,
-            (long long)(c->params.num_docs > 0 ? c->params.num_docs : c->docs),
-            ctxpar_algo_name(c->params.algo),
-            ctxpar_algo_name(r->algo), ctxpar_layout_name(c->params.layout),
-            c->backward ? "true" : "false", cpt_run_backend_name(c->backend),
-            (unsigned long long)c->seed);
+    fputs("\"config\":{", f);
+    cpt_json_config_members(f, c, r->algo);
+    fprintf(f, ",\"backend\":\"%s\"},", cpt_run_backend_name(c->backend));
     cpt_report_json_errors(f, r);
     fprintf(f, ",\"time_s\":");
     cpt_json_num(f, r->time_s);

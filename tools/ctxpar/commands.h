@@ -30,6 +30,11 @@ int cpt_cmd_plan(int argc, char **argv);
 void cpt_json_string(FILE *f, const char *s);
 /* Writes x with 12 significant digits, or null when it is not finite. */
 void cpt_json_num(FILE *f, double x);
+/* The members (no braces) every command's "config" echoes: ranks, batch, seq, heads, kv_heads,
+ * dim, v_dim, dtype, mask, window, window_right, softcap, scale (the one used), sinks, ulysses,
+ * docs, docs_per_row, algo, algo_resolved (`resolved`: what AUTO chose), layout, backward,
+ * seed. */
+void cpt_json_config_members(FILE *f, const cpt_run_config *c, ctxpar_algo resolved);
 
 /* ---------------------------------------------------------------- Chrome trace */
 

@@ -1,4 +1,4 @@
-// The `ctxpar` command-line tool: check, audit, bench.
+// The `ctxpar` command-line tool: check, audit, bench, plan.
 #include <stdio.h>
 #include <string.h>
 
@@ -15,7 +15,8 @@ static const command commands[] = {
     {"check", cpt_cmd_check,
      "run context-parallel attention on generated inputs; compare with fp64 and P = 1"},
     {"audit", cpt_cmd_audit,
-     "the same on your own global Q, K, V (and dO) .npy files; --save the results"},
+     "the same on your own Q, K, V (dO): .npy, .safetensors or per-rank shards; --against judges "
+     "results made elsewhere"},
     {"bench", cpt_cmd_bench,
      "throughput, memory, compute vs transfer, next to one rank; --sweep for a table"},
     {"plan", cpt_cmd_plan,

@@ -1,6 +1,6 @@
 /*
- * plan_docs.h - the documents of a plan: N generated documents with a length distribution, or
- * the boundaries read from a text file.
+ * plan_docs.h - the documents of a plan: N generated documents with a length distribution (a
+ * file of boundaries is read as every command reads --cu-seqlens: cli.c).
  */
 #ifndef CPT_PLAN_DOCS_H
 #define CPT_PLAN_DOCS_H
@@ -17,10 +17,6 @@ extern "C" {
  * exp(sigma·z), z standard normal, scaled to fill seq. cu_out: docs + 1 entries. */
 ctxpar_status cpt_plan_docs(const char *dist, double sigma, uint64_t seed, int64_t seq,
                             int64_t docs, int32_t *cu_out);
-
-/* A text file of whitespace-separated boundaries 0 ... seq; *cu_out malloc'ed, *docs_out the
- * number of documents. */
-ctxpar_status cpt_plan_read_cu_seqlens(const char *path, int32_t **cu_out, int64_t *docs_out);
 
 #ifdef __cplusplus
 }

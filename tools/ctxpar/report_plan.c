@@ -6,12 +6,21 @@
 #include "ctxpar_backend.h"
 #include "report.h"
 #include "report_html.h"
+#include "units.h"
 
-// One per-rank quantity of the plan: its values, largest and mean.
+// One per-rank quantity of the plan: its values, largest and mean, and how a value reads in the
+// titles and the table (the tool's units: KiB/MiB/GiB, s/ms/us).
 typedef struct per_rank {
     const char *title, *unit;
+    const char *(*text)(double v, char *buf, size_t n);
     double *v, max, mean;
 } per_rank;
+
+static const char *flop_text(double v, char *buf, size_t n) {
+    char si[32];
+    snprintf(buf, n, "%sFLOP", cpt_html_si(v, si, sizeof si));
+    return buf;
+}
 
 static void stats(per_rank *q, int n) {
     double sum = 0;
@@ -29,8 +38,8 @@ static double imbalance(const per_rank *q) {
 
 static void chart(FILE *f, const per_rank *q, int n) {
     char title[160], mean[32];
-    snprintf(title, sizeof title, "%s per rank: max %s%s, imbalance %.2f%%", q->title,
-             cpt_html_si(q->max, mean, sizeof mean), q->unit, 100 * imbalance(q));
+    snprintf(title, sizeof title, "%s per rank: max %s, imbalance %.2f%%", q->title,
+             q->text(q->max, mean, sizeof mean), 100 * imbalance(q));
     snprintf(mean, sizeof mean, "mean");
     cpt_html_bars b = {title, q->unit, q->v, n, 0, q->mean, mean, NAN};
     cpt_html_bar_chart(f, &b);
@@ -43,9 +52,9 @@ static void write_page(FILE *f, const cpt_plan_config *cfg, const cpt_plan_resul
     fputs("<p class=\"verdict\">", f);
     cpt_html_text(f,
                   "%s on %d ranks%s: FLOPs imbalance %.2f%% (max / mean - 1), predicted time %s"
-                  "s on model %s; coverage %s.",
+                  " on model %s; coverage %s.",
                   ctxpar_algo_name(r->algo), n, r->ulysses ? " (hybrid groups)" : "",
-                  100 * r->imbalance, cpt_html_si(cpt_plan_time(m, r), t, sizeof t), m->name,
+                  100 * r->imbalance, cpt_seconds_text(cpt_plan_time(m, r), t, sizeof t), m->name,
                   !r->coverage_checked ? "not checked"
                   : r->coverage_ok     ? "ok, every visible pair computed once"
                                        : "FAILED");
@@ -70,7 +79,7 @@ static void write_page(FILE *f, const cpt_plan_config *cfg, const cpt_plan_resul
     for (int i = 0; i < n; i++) {
         fprintf(f, "<tr><td>%d</td>", i);
         for (int k = 0; k < nq; k++)
-            fprintf(f, "<td>%s%s</td>", cpt_html_si(q[k].v[i], t, sizeof t), q[k].unit);
+            fprintf(f, "<td>%s</td>", q[k].text(q[k].v[i], t, sizeof t));
         fputs("</tr>\n", f);
     }
     fputs("</table>\n", f);
@@ -81,10 +90,10 @@ int cpt_report_plan(const char *path, const cpt_plan_config *cfg, const cpt_plan
     if (!path)
         return rc;
     const int n = r->nranks;
-    per_rank q[4] = {{"FLOPs", "FLOP", NULL, 0, 0},
-                     {"bytes sent", "B", NULL, 0, 0},
-                     {"bytes received", "B", NULL, 0, 0},
-                     {"predicted time", "s", NULL, 0, 0}};
+    per_rank q[4] = {{"FLOPs", "FLOP", flop_text, NULL, 0, 0},
+                     {"bytes sent", "B", cpt_bytes_text, NULL, 0, 0},
+                     {"bytes received", "B", cpt_bytes_text, NULL, 0, 0},
+                     {"predicted time", "s", cpt_seconds_text, NULL, 0, 0}};
     double *all = malloc((size_t)n * 4 * sizeof *all);
     ctxpar_status st = CTXPAR_OK;
     if (!all) {

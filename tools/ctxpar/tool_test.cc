@@ -872,6 +872,63 @@ TEST(Bench, CheckComparesWithTheOracle) {
     EXPECT_TRUE(j["ok"].b);
 }
 
+// The median comes with its spread: the fastest and slowest of the repeats (min <= median <=
+// max, on each side and in the speedup's range), in the JSON and in the tables. More ranks x
+// threads than this machine's cores is said on stderr, flagged in the JSON and marked in a
+// sweep's row.
+TEST(Bench, SpreadOverRepeatsAndAWarningWhenRanksShareCores) {
+    Outcome o = Tool("bench --seq 256 --ranks 2 --threads 1 --heads 2 --dim 16 --backward "
+                     "--warmup 0 --repeat 3 --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    for (const Json *side : {static_cast<const Json *>(&j), &j["baseline"]})
+        for (const char *t : {"fwd_time", "fwd_bwd_time"}) {
+            const std::string k = t;
+            const double lo = (*side)[k + "_min_s"].num, mid = (*side)[k + "_s"].num,
+                         hi = (*side)[k + "_max_s"].num;
+            EXPECT_GT(lo, 0) << k;
+            EXPECT_LE(lo, mid) << k;
+            EXPECT_LE(mid, hi) << k;
+        }
+    EXPECT_LE(j["speedup_min"].num, j["speedup"].num);
+    EXPECT_GE(j["speedup_max"].num, j["speedup"].num);
+    const double want = j["baseline"]["fwd_bwd_time_min_s"].num / j["fwd_bwd_time_max_s"].num;
+    EXPECT_NEAR(j["speedup_min"].num, want, 1e-9 * want); // JSON keeps 12 digits
+    Outcome t = Tool("bench --seq 256 --ranks 2 --threads 1 --heads 2 --dim 16 --warmup 0 "
+                     "--repeat 3");
+    ASSERT_EQ(t.code, 0) << t.err;
+    EXPECT_NE(t.out.find("min - max"), std::string::npos) << t.out;
+
+    // Twice as many ranks as cores, one thread each: oversubscribed, whatever the machine.
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const std::string over = std::to_string(2 * cores);
+    o = Tool("bench --seq 256 --ranks " + over +
+             " --threads 1 --heads 2 --dim 16 --warmup 0 "
+             "--repeat 1 --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["oversubscribed"].b);
+    // The baseline has as many threads in all as the ranks: the same cores, shared alike.
+    EXPECT_TRUE(j["baseline"]["oversubscribed"].b) << o.out;
+    EXPECT_EQ(j["baseline"]["threads_per_rank"].num, 2 * cores);
+    EXPECT_NE(o.err.find("warning: " + over + " ranks x 1 threads on " + std::to_string(cores) +
+                         " cores"),
+              std::string::npos)
+        << o.err;
+    o = Tool("bench --seq 256 --ranks " + over +
+             " --threads 1 --heads 2 --dim 16 --warmup 0 "
+             "--repeat 1");
+    EXPECT_NE(o.out.find("warning: " + over + " ranks x 1 threads"), std::string::npos) << o.out;
+    o = Tool("bench --sweep --seq 256 --ranks 1," + over +
+             " --threads 1 --heads 2 --dim 16 "
+             "--warmup 0 --repeat 1");
+    ASSERT_EQ(o.code, 0) << o.err;
+    EXPECT_NE(o.out.find("| 256 | " + over + " | 1 (over the cores) |"), std::string::npos)
+        << o.out;
+    EXPECT_NE(o.out.find("| 256 | 1 | 1 |"), std::string::npos) << o.out;
+}
+
 TEST(Bench, SweepPrintsOneRowPerPair) {
     Outcome o = Tool("bench --sweep --seq 128,256 --ranks 1,2 --heads 2 --dim 16 --repeat 1 "
                     "--warmup 0");
@@ -1103,8 +1160,13 @@ TEST(CuSeqlens, CheckAndBenchTakeDocumentsPerRow) {
     const int64_t n4 = 4, shape2[2] = {2, 4};
     ASSERT_EQ(cpt_npy_write(flat.c_str(), CPT_NPY_I32, 1, &n4, cu_flat), CTXPAR_OK);
     ASSERT_EQ(cpt_npy_write(rows.c_str(), CPT_NPY_I64, 2, shape2, cu_rows), CTXPAR_OK);
-    for (const std::string &cu : {flat, rows}) {
+    // The same documents as text (numbers; a row a line): every command takes both forms.
+    const std::string flat_txt = TempDir() + "/cu_flat.txt", rows_txt = TempDir() + "/cu_rows.txt";
+    std::ofstream(flat_txt) << "0 50\n50\n128\n";
+    std::ofstream(rows_txt) << "0 30 128 128\n0 0 100 128\n";
+    for (const std::string &cu : {flat, rows, flat_txt, rows_txt}) {
         SCOPED_TRACE(cu);
+        const bool per_row = cu == rows || cu == rows_txt;
         Outcome o = Tool("check --seq 128 --batch 2 --ranks 3 --heads 2 --dim 16 --v-dim 8 "
                          "--mask causal --layout zigzag --backward --cu-seqlens " +
                          cu + " --json");
@@ -1124,12 +1186,22 @@ TEST(CuSeqlens, CheckAndBenchTakeDocumentsPerRow) {
                     auto doc = [&](int t) {
                         int d = 0;
                         for (int e = 1; e < 4; e++)
-                            d += cu == flat ? t >= cu_flat[e] : t >= cu_rows[b][e];
+                            d += per_row ? t >= cu_rows[b][e] : t >= cu_flat[e];
                         return d;
                     };
                     pairs += i - k < 40 && doc(i) == doc(k);
                 }
         EXPECT_DOUBLE_EQ(j["fwd_flops"].num, 2.0 * (16 + 8) * 2 * pairs);
+        // plan reads the same file the same way: its pairs are the ones counted here, x heads.
+        o = Tool("plan --seq 128 --batch 2 --ranks 2 --heads 2 --dim 16 --v-dim 8 --mask causal "
+                 "--window 40 --cu-seqlens " +
+                 cu + " --json");
+        ASSERT_EQ(o.code, 0) << o.err << o.out;
+        ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+        double planned = 0;
+        for (const Json &x : j["pairs_per_rank"].items)
+            planned += x.num;
+        EXPECT_EQ(planned, 2 * pairs);
     }
     Outcome o = Tool("check --seq 100 --ranks 2 --cu-seqlens " + flat);
     EXPECT_EQ(o.code, 2);
@@ -1140,6 +1212,60 @@ TEST(CuSeqlens, CheckAndBenchTakeDocumentsPerRow) {
     o = Tool("bench --seq 128 --ranks 2 --docs 3 --cu-seqlens " + flat);
     EXPECT_EQ(o.code, 2);
     EXPECT_NE(o.err.find("does not combine with --docs"), std::string::npos) << o.err;
+}
+
+// audit takes --cu-seqlens as text too: the same documents give the same bits as the .npy.
+TEST(CuSeqlens, AuditTakesTextLikeNpy) {
+    AuditFiles f = MakeAuditFiles("audit_cu_text", CTXPAR_DTYPE_F32, true);
+    const std::string txt = f.dir + "/cu.txt";
+    std::ofstream out(txt);
+    for (int32_t c : f.cu)
+        out << c << "\n";
+    out.close();
+    const std::string base = "audit --ranks 2 --mask causal --json --q '" + f.dir +
+                             "/q.npy' --k '" + f.dir + "/k.npy' --v '" + f.dir +
+                             "/v.npy' --cu-seqlens ";
+    Outcome npy = Tool(base + "'" + f.dir + "/cu.npy'"), text = Tool(base + "'" + txt + "'");
+    ASSERT_EQ(npy.code, 0) << npy.err << npy.out;
+    ASSERT_EQ(text.code, 0) << text.err << text.out;
+    Json jn, jt;
+    ASSERT_TRUE(ParseJson(npy.out, &jn)) << npy.out;
+    ASSERT_TRUE(ParseJson(text.out, &jt)) << text.out;
+    for (const char *t : {"out", "lse"})
+        EXPECT_EQ(jt["errors"][t].num, jn["errors"][t].num) << t;
+    std::ofstream(txt) << "0 20 x 64\n";
+    Outcome bad = Tool(base + "'" + txt + "'");
+    EXPECT_EQ(bad.code, 2);
+    EXPECT_NE(bad.err.find("cu.txt:1: 'x' is not an integer"), std::string::npos) << bad.err;
+}
+
+// plan --sinks takes the file every command takes (it needs only the count: one per query head);
+// with --backward the sinks' gradient all-gather adds bytes. A switch without the file, or a file
+// of the wrong count, is a usage error.
+TEST(Plan, SinksFromAFileLikeEveryCommand) {
+    const std::string dir = Dir("plan_sinks"), sinks = dir + "/sinks.npy", three = dir + "/s3.npy";
+    const float s4[4] = {0.5f, -1, 2, 0}, s3[3] = {0, 0, 0};
+    const int64_t n4 = 4, n3 = 3;
+    ASSERT_EQ(cpt_npy_write(sinks.c_str(), CPT_NPY_F32, 1, &n4, s4), CTXPAR_OK);
+    ASSERT_EQ(cpt_npy_write(three.c_str(), CPT_NPY_F32, 1, &n3, s3), CTXPAR_OK);
+    const std::string args = "plan --ranks 4 --seq 512 --heads 4 --dim 16 --backward --json";
+    Outcome with = Tool(args + " --sinks '" + sinks + "'"), without = Tool(args);
+    ASSERT_EQ(with.code, 0) << with.err;
+    Json jw, jo;
+    ASSERT_TRUE(ParseJson(with.out, &jw)) << with.out;
+    ASSERT_TRUE(ParseJson(without.out, &jo)) << without.out;
+    EXPECT_GT(jw["bytes_max"].num, jo["bytes_max"].num) << "the dsinks all-gather";
+    EXPECT_TRUE(jw["config"]["sinks"].b);
+    // A usage error (exit 2) whose message holds `why`.
+    auto refused = [](const std::string &args, const std::string &why) {
+        Outcome o = Tool(args);
+        EXPECT_EQ(o.code, 2) << args;
+        EXPECT_NE(o.err.find(why), std::string::npos) << args << ": " << o.err;
+    };
+    refused("plan --ranks 4 --seq 512 --heads 4 --sinks", "--sinks needs a value");
+    refused("plan --ranks 4 --seq 512 --heads 4 --sinks '" + three + "'", "want float32 [4]");
+    refused("check --ranks 2 --seq 64 --heads 4 --dim 16 --sinks '" + three + "'",
+            "want float32 [4]");
 }
 
 // MLA: bench counts 2 (D + Dv) FLOPs per visible pair, like the library's work statistics.
@@ -1399,6 +1525,47 @@ TEST(Plan, JsonFieldsAndCounts) {
     EXPECT_EQ(j["explain"]["candidates"].items.size(), 4u);
 }
 
+// The text table is for people (bytes in KiB/MiB/GiB, times in s/ms/us), the JSON exact and
+// echoing what was planned: dtype, shape, mask, layout, the model and its group size.
+TEST(Plan, HumanUnitsInTheTableExactNumbersAndTheConfigurationInJson) {
+    const std::string args =
+        "plan --ranks 4 --seq 65536 --heads 8 --dim 128 --backward --model h200";
+    Outcome text = Tool(args), json = Tool(args + " --json");
+    ASSERT_EQ(text.code, 0) << text.err;
+    ASSERT_EQ(json.code, 0) << json.err;
+    Json j;
+    ASSERT_TRUE(ParseJson(json.out, &j)) << json.out;
+    const double ws = j["workspace_bytes"].num, t = j["predicted_time_s"].num;
+    ASSERT_GT(ws, 1 << 20);
+    char want[64];
+    std::snprintf(want, sizeof want, "workspace per rank max %.3g MiB", ws / (1 << 20));
+    EXPECT_NE(text.out.find(want), std::string::npos) << want << "\n" << text.out;
+    ASSERT_GT(t, 1e-3);
+    ASSERT_LT(t, 1.0);
+    std::snprintf(want, sizeof want, "predicted time     %.3g ms", t * 1e3);
+    EXPECT_NE(text.out.find(want), std::string::npos) << want << "\n" << text.out;
+    std::snprintf(want, sizeof want, "%.0f", ws);
+    EXPECT_EQ(text.out.find(want), std::string::npos) << "raw bytes in the table: " << text.out;
+    EXPECT_NE(text.out.find("bf16"), std::string::npos) << text.out;
+    const Json &c = j["config"];
+    EXPECT_EQ(c["dtype"].str, "bf16");
+    EXPECT_EQ(c["model"].str, "h200");
+    EXPECT_EQ(c["heads"].num, 8);
+    EXPECT_EQ(c["dim"].num, 128);
+    EXPECT_EQ(c["mask"].str, "causal");
+    EXPECT_EQ(c["layout"].str, "zigzag");
+    EXPECT_EQ(c["algo"].str, "auto");
+    EXPECT_EQ(c["algo_resolved"].str, j["algo"].str);
+    EXPECT_TRUE(c["backward"].b);
+    EXPECT_GT(c["group_size"].num, 0);
+    // --dtype changes the bytes the plan moves, and the JSON says which it was.
+    Outcome f32 = Tool(args + " --json --dtype f32");
+    Json j32;
+    ASSERT_TRUE(ParseJson(f32.out, &j32)) << f32.out;
+    EXPECT_EQ(j32["config"]["dtype"].str, "f32");
+    EXPECT_GT(j32["bytes_max"].num, j["bytes_max"].num);
+}
+
 // A model file overrides the built-in model; a bad one is a usage error naming the field; a
 // problem the library refuses is refused with its message.
 TEST(Plan, ModelFileAndRefusals) {
@@ -1538,11 +1705,13 @@ TEST(Progress, OnStderrOnlyWithJsonOnStdout) {
 // ---------------------------------------------------------------- help and version
 
 TEST(Usage, HelpForEverySubcommand) {
-    for (const char *cmd : {"check", "audit", "bench"}) {
+    for (const char *cmd : {"check", "audit", "bench", "plan"}) {
         Outcome o = Tool(std::string(cmd) + " --help");
         EXPECT_EQ(o.code, 0) << cmd;
         EXPECT_EQ(o.out.rfind(std::string("usage: ctxpar ") + cmd, 0), 0u) << o.out;
-        EXPECT_NE(o.out.find("--trace"), std::string::npos) << cmd;
+        EXPECT_NE(o.out.find(cmd == std::string("plan") ? "--explain" : "--trace"),
+                  std::string::npos)
+            << cmd;
     }
     Outcome o = Tool("bench --help");
     EXPECT_NE(o.out.find("backward 2.5 x forward"), std::string::npos) << o.out;
@@ -1550,6 +1719,66 @@ TEST(Usage, HelpForEverySubcommand) {
     EXPECT_EQ(o.code, 0);
     for (const char *cmd : {"check", "audit", "bench"})
         EXPECT_NE(o.out.find(std::string("  ") + cmd), std::string::npos) << cmd;
+}
+
+// Every command's --help, option by option: "  --name FORM  help [default]".
+std::map<std::string, std::string> HelpForms(const std::string &cmd) {
+    std::map<std::string, std::string> forms;
+    std::istringstream in(Tool(cmd + " --help").out);
+    for (std::string line; std::getline(in, line);) {
+        if (line.rfind("  --", 0) != 0)
+            continue;
+        std::istringstream words(line);
+        std::string name, form;
+        words >> name >> form;
+        // A flag's second word is its help; a value's form is capitals, lists or a file name.
+        const bool value = !form.empty() && (std::isupper((unsigned char)form[0]) ||
+                                             form.find('|') != std::string::npos);
+        forms[name] = value ? form : "";
+    }
+    return forms;
+}
+
+// One table makes every command's options: an option two commands take has the same form in
+// both; the enums' forms are the library's names (a new algorithm needs no help text); defaults
+// are printed once, from the table, and name no option the command lacks.
+TEST(Usage, EveryCommandsOptionsAgree) {
+    const char *cmds[] = {"check", "audit", "bench", "plan"};
+    std::map<std::string, std::map<std::string, std::string>> help;
+    for (const char *c : cmds)
+        help[c] = HelpForms(c);
+    for (const char *a : cmds)
+        for (const char *b : cmds)
+            for (const auto &opt : help[a])
+                if (help[b].count(opt.first)) {
+                    EXPECT_EQ(opt.second, help[b][opt.first])
+                        << opt.first << ": " << a << " vs " << b;
+                }
+    for (const char *c : {"check", "audit", "plan"})
+        for (const char *o :
+             {"--cu-seqlens", "--sinks", "--layout", "--assign", "--algo", "--dtype"})
+            EXPECT_TRUE(help[c].count(o)) << c << " " << o;
+    std::string algos;
+    for (int i = 0; std::string(ctxpar_algo_name((ctxpar_algo)i)) != "?"; i++)
+        algos += (i ? "|" : "") + std::string(ctxpar_algo_name((ctxpar_algo)i));
+    EXPECT_EQ(help["plan"]["--algo"], algos);
+    EXPECT_NE(help["plan"]["--layout"].find("custom"), std::string::npos);
+
+    const std::string audit = Tool("audit --help").out, plan = Tool("plan --help").out;
+    EXPECT_EQ(audit.find("(default:"), std::string::npos) << "defaults come from the table only";
+    EXPECT_NE(audit.find("[causal]"), std::string::npos);
+    std::istringstream lines(audit);
+    for (std::string line; std::getline(lines, line);)
+        if (line.rfind("  --", 0) == 0) {
+            EXPECT_EQ(line.find("--seq"), std::string::npos) << "audit has no --seq: " << line;
+        }
+    EXPECT_NE(plan.find("--dtype f32|f16|bf16"), std::string::npos);
+    EXPECT_NE(plan.find("[bf16]"), std::string::npos);
+    EXPECT_NE(plan.find("--model h200|cpu|FILE"), std::string::npos);
+    // The command list says what audit reads.
+    const std::string top = Tool("--help").out;
+    for (const char *w : {"plan", ".safetensors", "shards", "--against"})
+        EXPECT_NE(top.find(w), std::string::npos) << w;
 }
 
 TEST(Usage, VersionAndUnknowns) {

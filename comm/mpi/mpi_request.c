@@ -392,6 +392,15 @@ static int first_pending(const struct ctxpar_request *req) {
     return send;
 }
 
+// Ranks whose message of a collective never came (a collective receives from every peer): they
+// have not made the call.
+static int missing_peers(const struct ctxpar_request *req) {
+    int missing = 0;
+    for (int i = 0; i < req->n; i++)
+        missing += req->req[i] != MPI_REQUEST_NULL && req->expect[i] >= 0;
+    return missing;
+}
+
 // Yields the core first (ranks are often oversubscribed), then sleeps briefly.
 static void backoff(int *spins) {
     if ((*spins)++ < 100) {
@@ -412,11 +421,17 @@ ctxpar_status ctxpar_mpi_wait(mpi_comm_impl *c, struct ctxpar_request *req) {
             break;
         if (ctxpar_now() > deadline) {
             int i = first_pending(req); // >= 0: the request is not complete
+            char hint[160] = "";
+            if (req->kind != KIND_SENDRECV)
+                snprintf(hint, sizeof hint,
+                         "; %d of %d ranks made this call: every rank of the comm must make the "
+                         "same calls in the same order",
+                         c->size - missing_peers(req), c->size);
             ctxpar_mpi_fail(req, CTXPAR_ERR_TIMEOUT,
-                            "%s #%llu timed out after %g s: rank %d waited for rank %d to %s",
+                            "%s #%llu timed out after %g s: rank %d waited for rank %d to %s%s",
                             ctxpar_mpi_kind_name(req->kind), (unsigned long long)req->seq,
                             timeout_s, c->rank, i >= 0 ? req->peer[i] : -1,
-                            i >= 0 && req->expect[i] < 0 ? "receive" : "send");
+                            i >= 0 && req->expect[i] < 0 ? "receive" : "send", hint);
             break;
         }
         backoff(&spins);

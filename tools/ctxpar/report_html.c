@@ -135,10 +135,29 @@ static double nice_step(double hi, int ticks) {
 // Plot area of the charts: left margin for the y labels, room for a title and x labels.
 enum { ML = 70, MR = 20, MT = 28, MB = 40 };
 
+// Bars drawn at most: past this many ranks each bar is a bucket of neighbouring ranks at its
+// largest value (a bar stays 2 px wide, and the worst rank of a bucket still shows).
+#define MAX_BARS 600
+
+// The largest value of ranks [i0, i1) (NaN and inf stand out: they win), and whether any fails.
+static double bucket_max(const cpt_html_bars *b, int i0, int i1, int *fail) {
+    double m = b->v[i0];
+    *fail = 0;
+    for (int i = i0; i < i1; i++) {
+        const double v = b->v[i];
+        if (isfinite(m) && (!isfinite(v) || v > m))
+            m = v;
+        *fail |= isfinite(b->fail_above) && !(v <= b->fail_above);
+    }
+    return m;
+}
+
 void cpt_html_bar_chart(FILE *f, const cpt_html_bars *b) {
-    // 24 px a rank, the plot 300 to 1200 px wide (a bar per rank even when thinner than a pixel).
-    const int pw = b->n * 24 < 300 ? 300 : b->n * 24 > 1200 ? 1200 : b->n * 24, ph = 180;
-    const double slot = b->n * 24 <= 1200 ? 24 : 1200.0 / b->n;
+    // 24 px a bar, the plot 300 to 1200 px wide; past MAX_BARS ranks a bar is a bucket of ranks.
+    const int per = b->n > MAX_BARS ? (b->n + MAX_BARS - 1) / MAX_BARS : 1;
+    const int nb = (b->n + per - 1) / per;
+    const int pw = nb * 24 < 300 ? 300 : nb * 24 > 1200 ? 1200 : nb * 24, ph = 180;
+    const double slot = nb * 24 <= 1200 ? 24 : 1200.0 / nb;
     double hi = 0, lo = INFINITY;
     for (int i = 0; i < b->n; i++)
         if (isfinite(b->v[i]) && b->v[i] > 0) {
@@ -172,16 +191,24 @@ void cpt_html_bar_chart(FILE *f, const cpt_html_bars *b) {
         cpt_html_svg_text(f, ML - 4, y + 4, "end", "%s", lab);
     }
     fprintf(f, "<g class=\"bars\">\n");
-    for (int i = 0; i < b->n; i++) {
-        const double v = b->v[i];
-        const int fail = isfinite(b->fail_above) && !(v <= b->fail_above);
-        const double top = isfinite(v) ? YPIX(v) : MT, x = ML + i * slot + slot * 0.15;
+    for (int k = 0; k < nb; k++) {
+        const int i0 = k * per, i1 = i0 + per < b->n ? i0 + per : b->n;
+        int fail;
+        const double v = bucket_max(b, i0, i1, &fail);
+        const double top = isfinite(v) ? YPIX(v) : MT, x = ML + k * slot + slot * 0.15;
         const double h = MT + ph - top;
-        char val[32];
+        char val[32], attr[40], name[48];
+        if (per == 1) {
+            snprintf(attr, sizeof attr, "data-rank=\"%d\"", i0);
+            snprintf(name, sizeof name, "rank %d", i0);
+        } else {
+            snprintf(attr, sizeof attr, "data-ranks=\"%d-%d\"", i0, i1 - 1);
+            snprintf(name, sizeof name, "ranks %d-%d, the largest", i0, i1 - 1);
+        }
         fprintf(f,
-                "<rect class=\"bar%s\" data-rank=\"%d\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
-                "height=\"%.1f\"><title>rank %d: %s%s</title></rect>\n",
-                fail ? " fail" : "", i, x, top, slot * 0.7, h > 0 ? h : 0, i,
+                "<rect class=\"bar%s\" %s x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
+                "height=\"%.1f\"><title>%s: %s%s</title></rect>\n",
+                fail ? " fail" : "", attr, x, top, slot * 0.7, h > 0 ? h : 0, name,
                 cpt_html_si(v, val, sizeof val), b->unit);
     }
     fputs("</g>\n", f);
@@ -194,10 +221,14 @@ void cpt_html_bar_chart(FILE *f, const cpt_html_bars *b) {
 #undef YPIX
     fprintf(f, "<line class=\"axis\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>\n", ML, MT + ph,
             ML + pw, MT + ph);
-    const int every = b->n <= 32 ? 1 : (b->n + 15) / 16; // at most about 16 labels
-    for (int i = 0; i < b->n; i += every)
-        cpt_html_svg_text(f, ML + (i + 0.5) * slot, MT + ph + 14, "middle", "%d", i);
-    cpt_html_svg_text(f, ML + pw / 2.0, MT + ph + 32, "middle", "rank");
+    const int every = nb <= 32 ? 1 : (nb + 15) / 16; // at most about 16 labels
+    for (int k = 0; k < nb; k += every)
+        cpt_html_svg_text(f, ML + (k + 0.5) * slot, MT + ph + 14, "middle", "%d", k * per);
+    if (per == 1)
+        cpt_html_svg_text(f, ML + pw / 2.0, MT + ph + 32, "middle", "rank");
+    else
+        cpt_html_svg_text(f, ML + pw / 2.0, MT + ph + 32, "middle",
+                          "rank (a bar: the largest of %d ranks)", per);
     cpt_html_svg_text(f, 12, MT + ph / 2.0, "start", "%s", b->unit);
     cpt_html_svg_end(f);
 }

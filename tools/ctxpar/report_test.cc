@@ -4,6 +4,9 @@
 // quote, leave --json unchanged, and a page that cannot be written is an error, not a crash.
 #include <jansson.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -110,6 +113,34 @@ TEST(Report, PlanBarsFlopsBytesAndTimePerRank) {
     EXPECT_EQ(Count(html, "<rect class=\"bar\" data-rank=\"3\""), 4);
     EXPECT_NE(html.find("FLOPs imbalance"), std::string::npos);
     EXPECT_NE(html.find("contiguous layout"), std::string::npos);
+}
+
+// Past 600 ranks a bar is a bucket of neighbouring ranks drawn at its largest value: 1300 ranks
+// give 434 bars of 3 (the last of one), and with a causal contiguous layout the last rank does
+// the most work, so the last bar is the tallest and reads the plan's largest FLOPs.
+TEST(Report, PlanOfManyRanksBarsBucketsAtTheirLargest) {
+    const std::string path = Dir("plan_many") + "/plan.html";
+    const cpt_tool::Outcome o = cpt_tool::Tool(
+        "plan --ranks 1300 --seq 2600 --heads 4 --dim 16 --layout contiguous --algo ring "
+        "--no-coverage --report '" + path + "' --json");
+    ASSERT_EQ(o.code, 0) << o.out << o.err;
+    const std::string html = ReadAll(path);
+    EXPECT_EQ(Count(html, "<rect class=\"bar"), 4 * 434);
+    EXPECT_EQ(Count(html, "data-rank=\""), 0);
+    EXPECT_EQ(Count(html, "data-ranks=\"0-2\""), 4);
+    EXPECT_EQ(Count(html, "data-ranks=\"1299-1299\""), 4);
+    EXPECT_NE(html.find("the largest of 3 ranks"), std::string::npos);
+    // The last bar of the FLOPs chart: the largest FLOPs of the plan (JSON: flops_max).
+    const size_t at = o.out.find("\"flops_max\":");
+    ASSERT_NE(at, std::string::npos) << o.out;
+    const double flops_max = std::strtod(o.out.c_str() + at + 12, nullptr);
+    const std::string want = "ranks 1299-1299, the largest: ";
+    const size_t bar = html.find(want);
+    ASSERT_NE(bar, std::string::npos);
+    char *end = nullptr;
+    double drawn = std::strtod(html.c_str() + bar + want.size(), &end);
+    ASSERT_EQ(std::string(end, 6), " MFLOP") << "1.3 million FLOPs, 3 digits with a prefix";
+    EXPECT_NEAR(drawn * 1e6, flops_max, flops_max * 0.005);
 }
 
 TEST(Report, BenchDrawsTimeAndSpeedupWithTheirSpread) {

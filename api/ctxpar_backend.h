@@ -422,6 +422,12 @@ struct ctxpar_device_ops {
      * default: OK (whatever the front door accepts). */
     ctxpar_status (*attn_supported)(const struct ctxpar_device *dev,
                                     const ctxpar_attn_query *query);
+
+    /* (optional) What the device computes its blocks with, for people (tools print it beside
+     * timings): its kernels or library, how many forward blocks went which way so far, and why
+     * a faster path was not taken. A NUL-terminated line in buf (n bytes, n >= 1); no side
+     * effects. default: the ops table's name. */
+    void (*describe)(const struct ctxpar_device *dev, char *buf, size_t n);
 };
 
 /* The base object a backend's ops receive. The dispatch layer creates it (ctxpar_device_create)

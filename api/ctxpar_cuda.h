@@ -40,6 +40,9 @@ typedef struct ctxpar_cuda_options {
     { sizeof(ctxpar_cuda_options), 0, CTXPAR_CUDA_CUDNN_AUTO }
 
 /* Creates a CUDA device on options->device_ordinal (options may be NULL: GPU 0, cuDNN AUTO).
+ * The registry's "cuda" (ctxpar_device_create_by_name, the tool's --backend cuda) is GPU 0 with
+ * use_cudnn from the environment: CTXPAR_CUDNN=auto (or unset), on or off; any other value is
+ * CTXPAR_ERR_INVALID_ARG.
  * Fails with CTXPAR_ERR_DEVICE naming the CUDA error when there is no usable GPU (no driver, no
  * device, ordinal out of range, compute capability below 8.0), and with
  * CTXPAR_ERR_NOT_SUPPORTED when use_cudnn is ON and cuDNN cannot be initialised. Destroy with

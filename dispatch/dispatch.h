@@ -72,6 +72,8 @@ ctxpar_status ctxpar_dev_fill(ctxpar_device *dev, float *dst, float value, size_
 ctxpar_status ctxpar_dev_checksum(ctxpar_device *dev, const void *data, size_t bytes,
                                   ctxpar_stream *stream, uint64_t *sum_out);
 ctxpar_status ctxpar_dev_attn_supported(const ctxpar_device *dev, const ctxpar_attn_query *query);
+/* The device's describe op into buf (n >= 1), else its name. */
+void ctxpar_dev_describe(const ctxpar_device *dev, char *buf, size_t n);
 
 /* ================================================================ comm */
 

@@ -2,6 +2,7 @@
 // once at creation, owns the fallbacks for optional ops and counts the memory the library holds.
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -543,4 +544,15 @@ ctxpar_status ctxpar_dev_attn_supported(const ctxpar_device *dev, const ctxpar_a
         return CTXPAR_ERROR(CTXPAR_ERR_INTERNAL, "device '%s': attn_supported returned %s",
                             dev->ops->name ? dev->ops->name : "?", ctxpar_status_string(st));
     return st;
+}
+
+void ctxpar_dev_describe(const ctxpar_device *dev, char *buf, size_t n) {
+    if (!buf || n == 0)
+        return;
+    buf[0] = '\0';
+    if (HAS(dev, describe))
+        dev->ops->describe(dev, buf, n);
+    else
+        snprintf(buf, n, "%s", dev->ops->name);
+    buf[n - 1] = '\0'; // a backend that filled every byte still ends the line
 }

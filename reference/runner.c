@@ -610,6 +610,8 @@ ctxpar_status cpt_run_collect(const cpt_run_config *cfg, int ranks, cpt_run_outp
             res->rank[i] = r->stats;
         if (i == 0)
             res->algo = r->algo;
+        if (i == 0 && ranks == cfg->ranks)
+            snprintf(res->device, sizeof res->device, "%s", r->device);
     }
     for (int i = 0; i < ranks; i++)
         cpt_rank_outputs_free(&reports[i].out);

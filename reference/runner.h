@@ -20,6 +20,7 @@ extern "C" {
 #endif
 
 #define CPT_RUN_TENSORS 5 /* out, lse, dq, dk, dv */
+#define CPT_RUN_DEVICE_LEN 256 /* cpt_run_result.device */
 
 typedef enum cpt_run_tensor {
     CPT_T_OUT = 0,
@@ -172,6 +173,9 @@ typedef struct cpt_run_result {
     /* The fastest and the slowest of those timed calls, and of their forward part (each rank's;
      * the largest over ranks): the spread of time_s and time_fwd_s over the repeats. */
     double time_min_s, time_max_s, time_fwd_min_s, time_fwd_max_s;
+    /* What rank 0's device computed with, after the timed calls (its describe op): kernels or
+     * library, and how many forward blocks went which way. */
+    char device[CPT_RUN_DEVICE_LEN];
     double time_single_s;   /* time_s at P = 1 */
     double reference_time_s; /* wall time of the fp64 reference and its bound (0: not run) */
     size_t peak_bytes_per_rank;     /* max over ranks */

@@ -52,6 +52,7 @@ typedef struct cpt_rank_report {
     double time_fwd_s; /* median of their forward part */
     /* the fastest and slowest timed call, and forward part */
     double time_min_s, time_max_s, time_fwd_min_s, time_fwd_max_s;
+    char device[CPT_RUN_DEVICE_LEN]; /* what the device computed with (ctxpar_dev_describe) */
     cpt_run_rank_stats stats;
     cpt_rank_outputs out;
 } cpt_rank_report;

@@ -243,6 +243,7 @@ static ctxpar_status run_mpi(const cpt_run_config *cfg, cpt_run_result *res) {
             MPI_Recv(&all[r], sizeof all[r], MPI_BYTE, r, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         memcpy(res->rank, all, (size_t)nstats * sizeof all[0]);
         res->algo = rep->algo;
+        snprintf(res->device, sizeof res->device, "%s", rep->device);
         st = cpt_run_outputs_alloc(cfg, &res->outputs);
     }
     for (int i = 0; i < CPT_RUN_TENSORS && st == CTXPAR_OK; i++)

@@ -281,6 +281,7 @@ void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *co
     r->time_max_s = times[reps - 1];
     r->time_fwd_min_s = fwd_times[0];
     r->time_fwd_max_s = fwd_times[reps - 1];
+    ctxpar_dev_describe(dev, r->device, sizeof r->device);
     r->stats.compute_s = rt.compute_s / reps;
     r->stats.transfer_s = rt.transfer_s / reps;
     r->stats.wait_s = rt.wait_s / reps;

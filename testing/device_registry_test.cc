@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ctxpar_backend.h"
+#include "dispatch.h"
 
 namespace {
 
@@ -82,6 +83,35 @@ TEST(DeviceRegistry, ARegisteredBackendIsFoundAndBadOnesAreRefused) {
     EXPECT_EQ(static_cast<int>(before) + 1 + added, 16);
     EXPECT_EQ(Names().size(), 16u);
     EXPECT_NE(std::string(ctxpar_last_error()).find("full"), std::string::npos);
+}
+
+// What a device computes with, for people (the tool prints it beside timings): the CPU device
+// names its kernels and threads; a device without the op is its name; a short buffer is cut and
+// still ends.
+TEST(DeviceRegistry, EveryDeviceDescribesItself) {
+    ctxpar_device *cpu = nullptr;
+    ASSERT_EQ(ctxpar_device_create_by_name("cpu", 3, &cpu), CTXPAR_OK) << ctxpar_last_error();
+    char buf[256];
+    ctxpar_dev_describe(cpu, buf, sizeof buf);
+    const std::string d = buf;
+    EXPECT_EQ(d.rfind("cpu: ", 0), 0u) << d;
+    EXPECT_NE(d.find(" kernels"), std::string::npos) << d;
+    EXPECT_NE(d.find(", 3 threads"), std::string::npos) << d;
+    char tiny[5];
+    ctxpar_dev_describe(cpu, tiny, sizeof tiny);
+    EXPECT_STREQ(tiny, "cpu:");
+    // The same device without the op: its ops table's name.
+    ctxpar_device_ops plain_ops = *cpu->ops;
+    plain_ops.name = "plain";
+    plain_ops.describe = nullptr;
+    plain_ops.destroy = [](ctxpar_device *) {}; // the impl stays cpu's
+    ctxpar_device *plain = nullptr;
+    ASSERT_EQ(ctxpar_device_create(&plain_ops, cpu->impl, cpu->host_memory, &plain), CTXPAR_OK)
+        << ctxpar_last_error();
+    ctxpar_dev_describe(plain, buf, sizeof buf);
+    EXPECT_STREQ(buf, "plain");
+    ctxpar_device_destroy(plain);
+    ctxpar_device_destroy(cpu);
 }
 
 } // namespace

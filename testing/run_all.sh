@@ -75,7 +75,7 @@ grep -h "skipped: no CUDA device" bazel-testlogs/testing/*cuda*/test.log \
 # would compile them all again for the sanitizer configuration. Only what the tests need is
 # built (the optimised run above built everything).
 bazel_suite --config=asan --build_tests_only --test_tag_filters=-gpu -- //... -//backends/cuda/... \
-    -//comm/nccl/... -//testing/gpu/... -//testing:cuda_ops_test \
+    -//comm/nccl/... -//testing/gpu/... -//testing:cuda_ops_test -//testing:cuda_registry_test \
     -//packaging/cuda/...
 # Threads under ThreadSanitizer: the local comm (ranks as threads), and the end-to-end cases
 # whose ranks are threads on one OpenMP thread each (TSan cannot see libgomp's barriers, so the

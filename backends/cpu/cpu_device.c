@@ -168,6 +168,14 @@ static ctxpar_status cpu_attn_supported(const ctxpar_device *dev, const ctxpar_a
     return CTXPAR_OK;
 }
 
+// "cpu: avx512 kernels (intel-2fma cores), 2 threads".
+static void cpu_describe(const ctxpar_device *dev, char *buf, size_t n) {
+    const ctxpar_cpu_device *cpu = dev->impl;
+    const int threads = ctxpar_cpu_threads(cpu);
+    snprintf(buf, n, "cpu: %s kernels (%s cores), %d thread%s", cpu->kern->name,
+             ctxpar_cpu_uarch_name(cpu->uarch), threads, threads == 1 ? "" : "s");
+}
+
 static const struct ctxpar_device_ops cpu_ops = {
     .version = CTXPAR_DEVICE_OPS_VERSION,
     .struct_size = sizeof(struct ctxpar_device_ops),
@@ -186,6 +194,7 @@ static const struct ctxpar_device_ops cpu_ops = {
     .add = ctxpar_cpu_add,
     .fill = ctxpar_cpu_fill,
     .attn_supported = cpu_attn_supported,
+    .describe = cpu_describe,
 };
 
 ctxpar_status ctxpar_device_create_cpu(const ctxpar_cpu_options *options,

@@ -305,6 +305,22 @@ ctxpar_status ctxpar_cuda_device_diag(const ctxpar_device *device, ctxpar_cuda_d
     return CTXPAR_OK;
 }
 
+// "cuda GPU 0: forward blocks so far: 12 on cuDNN 9.28.0 (sdpa operation), 4 native; not
+// cuDNN: <the latest reason>". No CUDA call: it only reads the device's counters.
+static void cuda_describe(const struct ctxpar_device *dev, char *buf, size_t n) {
+    const ctxpar_cuda_impl *impl = dev->impl;
+    const int v = ctxpar_cudnn_runtime_version(impl->cudnn);
+    char lib[96] = "cuDNN off";
+    if (impl->cudnn)
+        snprintf(lib, sizeof lib, "cuDNN %d.%d.%d%s%s%s", v / 10000, v / 100 % 100, v % 100,
+                 impl->cudnn_graph ? " (" : "", impl->cudnn_graph ? impl->cudnn_graph : "",
+                 impl->cudnn_graph ? ")" : "");
+    snprintf(buf, n, "cuda GPU %d: forward blocks so far: %llu on %s, %llu native%s%s",
+             impl->ordinal, (unsigned long long)impl->fwd_cudnn, lib,
+             (unsigned long long)impl->fwd_native, impl->cudnn_reason[0] ? "; not cuDNN: " : "",
+             impl->cudnn_reason);
+}
+
 const struct ctxpar_device_ops ctxpar_cuda_device_ops = {
     .version = CTXPAR_DEVICE_OPS_VERSION,
     .struct_size = sizeof(struct ctxpar_device_ops),
@@ -330,12 +346,32 @@ const struct ctxpar_device_ops ctxpar_cuda_device_ops = {
     .fill = ctxpar_cuda_fill,
     .checksum = ctxpar_cuda_checksum,
     .attn_supported = ctxpar_cuda_attn_supported,
+    .describe = cuda_describe,
 };
 
-// The registry's "cuda": GPU 0 with the default options (threads do not apply).
+// CTXPAR_CUDNN's value: unset or empty is AUTO.
+static ctxpar_status cudnn_from_env(const char *value, ctxpar_cuda_cudnn *out) {
+    static const char *const names[] = {"auto", "on", "off"};
+    static const ctxpar_cuda_cudnn modes[] = {CTXPAR_CUDA_CUDNN_AUTO, CTXPAR_CUDA_CUDNN_ON,
+                                              CTXPAR_CUDA_CUDNN_OFF};
+    *out = CTXPAR_CUDA_CUDNN_AUTO;
+    if (!value || !*value)
+        return CTXPAR_OK;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(value, names[i])) {
+            *out = modes[i];
+            return CTXPAR_OK;
+        }
+    return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "CTXPAR_CUDNN is '%s': auto, on or off", value);
+}
+
+// The registry's "cuda": GPU 0, cuDNN as CTXPAR_CUDNN says (auto when unset; threads do not
+// apply), so that a tool choosing devices by name can run the native kernels alone.
 static ctxpar_status create_default(int num_threads, ctxpar_device **device_out) {
     (void)num_threads;
-    return ctxpar_device_create_cuda(NULL, device_out);
+    ctxpar_cuda_options opt = CTXPAR_CUDA_OPTIONS_INIT;
+    CTXPAR_CHECK(cudnn_from_env(getenv("CTXPAR_CUDNN"), &opt.use_cudnn));
+    return ctxpar_device_create_cuda(&opt, device_out);
 }
 
 // Loading this library (or linking it in) makes "cuda" a device name (ctxpar_device_names).

@@ -1,5 +1,6 @@
 // Flag parsing for the `ctxpar` tool: one table of options (which subcommands take each), strict
 // values, one-line errors, and --help generated from the same table.
+#define _POSIX_C_SOURCE 200809L // setenv
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -21,7 +22,7 @@ typedef enum opt_id {
     O_TRACE, O_INPUTS, O_AGAINST, O_SHARDS, O_FORMAT, O_LSE_BASE, O_LSE_LAYOUT, O_MAX_RATIO,
     O_V_DIM, O_ROWS, O_NO_SINGLE,
     O_DOC_DIST, O_DOC_SIGMA, O_MODEL, O_GROUP_SIZE, O_NO_COVERAGE, O_EXPLAIN, O_PER_RANK,
-    O_SHARE_MEMBERS, O_REPORT,
+    O_SHARE_MEMBERS, O_REPORT, O_CUDNN,
     O_PARAM, // O_PARAM + i: attention parameter i's option (params_table.h)
 } opt_id;
 // clang-format on
@@ -93,6 +94,9 @@ static const opt options[] = {
     {"--comm", O_COMM, C | A | B, 0, "local|mpi", "ranks as threads, or MPI processes"},
     {"--backend", O_BACKEND, C | A | B, 0, "NAME",
      "the device every rank computes on (ctxpar --list-backends)"},
+    {"--cudnn", O_CUDNN, C | A | B, 0, "auto|on|off",
+     "with --backend cuda: cuDNN's fused attention for the forward blocks where it applies "
+     "(auto), required (on), or never: ctxpar's own kernels (off); sets CTXPAR_CUDNN"},
     {"--json", O_JSON, C | A | B | P, 1, NULL, "print one JSON object instead of the table"},
     {"--model", O_MODEL, P, 0, "h200|cpu|FILE", "hardware model (docs/performance.md)"},
     {"--group-size", O_GROUP_SIZE, P, 0, "N", "ranks per node, for the link classes"},
@@ -193,6 +197,7 @@ static void default_text(const opt *o, const cpt_cli *d, char *buf, size_t n) {
     case O_REPEAT: snprintf(buf, n, "%d", c->repeat > 0 ? c->repeat : 1); break;
     case O_COMM: snprintf(buf, n, "mpi under mpirun, else local"); break;
     case O_BACKEND: snprintf(buf, n, "cpu"); break;
+    case O_CUDNN: snprintf(buf, n, "auto"); break;
     case O_FORMAT: snprintf(buf, n, "bshd"); break;
     case O_LSE_LAYOUT: snprintf(buf, n, "bhs"); break;
     case O_LSE_BASE: snprintf(buf, n, "e"); break;
@@ -479,6 +484,11 @@ static int set_value(const opt *o, const char *val, cpt_cli *cli) {
     case O_REPORT:
         cli->report_path = val;
         return 1;
+    case O_CUDNN:
+        if (strcmp(val, "auto") && strcmp(val, "on") && strcmp(val, "off"))
+            return 0;
+        cli->cudnn = val;
+        return 1;
     case O_MODEL:
         cli->model = val;
         return 1;
@@ -695,6 +705,16 @@ static int check_combination(const char *cmd, cpt_cli *cli, FILE *err) {
     if (cli->cmd == A && some_qkv && cli->inputs_path) {
         fprintf(err, "ctxpar %s: give the inputs by --inputs or by --q, --k, --v, not both\n",
                 cmd);
+        return CPT_EXIT_USAGE;
+    }
+    if (cli->cudnn && strcmp(cpt_run_backend_name(cli->cfg.backend), "cuda") != 0) {
+        fprintf(err, "ctxpar %s: --cudnn chooses the CUDA device's path: it needs --backend cuda\n",
+                cmd);
+        return CPT_EXIT_USAGE;
+    }
+    // The registry makes the devices by name: the CUDA device reads its cuDNN choice here.
+    if (cli->cudnn && setenv("CTXPAR_CUDNN", cli->cudnn, 1) != 0) {
+        fprintf(err, "ctxpar %s: --cudnn: cannot set CTXPAR_CUDNN\n", cmd);
         return CPT_EXIT_USAGE;
     }
     if (cli->peak && cli->cfg.backend != CPT_RUN_CPU) {

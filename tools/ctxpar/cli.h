@@ -27,6 +27,7 @@ typedef struct cpt_cli {
     int json;               /* --json */
     const char *trace_path; /* --trace FILE */
     const char *report_path; /* --report FILE.html */
+    const char *cudnn;       /* --cudnn auto|on|off (--backend cuda), or NULL */
     int comm;               /* --comm: 0 auto (MPI when launched by mpirun), 1 local, 2 mpi */
     int ranks_set;          /* --ranks was given */
     int dtype_set;          /* --dtype was given (audit: else the files' dtype) */

@@ -201,6 +201,9 @@ static void print_json(const cpt_run_config *c, const char *comm,
     cpt_json_config_members(stdout, c, r->algo);
     fprintf(stdout, ",\"comm\":\"%s\",\"backend\":\"%s\",\"warmup\":%d,\"repeat\":%d},", comm,
             cpt_run_backend_name(c->backend), c->warmup, c->repeat);
+    fputs("\"device\":", stdout); // what the P-rank run computed with (rank 0's device)
+    cpt_json_string(stdout, r->device);
+    fputc(',', stdout);
     cpt_peak_json_members(stdout, peak);
     fputc(',', stdout);
     json_numbers(stdout, p, c->backward);
@@ -264,6 +267,7 @@ static void print_table(const cpt_run_config *c, const char *comm, const cpt_run
            (long long)c->batch, (long long)c->seq, (long long)c->heads, (long long)c->kv_heads,
            (long long)c->head_dim, c->ranks, (long long)((c->seq + c->ranks - 1) / c->ranks),
            cpt_run_backend_name(c->backend), comm, c->repeat, c->warmup);
+    printf("              device: %s\n\n", r->device);
     if (peak->have)
         printf("              peak: %.1f GFLOP/s per core (%s FMA, measured), %d cores; core "
                "class %s, tiles %s\n\n",

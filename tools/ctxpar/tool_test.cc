@@ -778,6 +778,27 @@ TEST(Bench, JsonHasEveryFieldWithSaneValues) {
     EXPECT_EQ(j["baseline"]["hidden_transfer_fraction"].kind, Json::Null);
     EXPECT_GT(j["speedup"].num, 0);
     EXPECT_EQ(j["config"]["comm"].str, "local");
+    // What the device computed with: the CPU's kernels and the threads each rank had (one of
+    // the 2 cores each: 2 ranks).
+    EXPECT_EQ(j["device"].str.rfind("cpu: ", 0), 0u) << j["device"].str;
+    EXPECT_NE(j["device"].str.find(" kernels ("), std::string::npos) << j["device"].str;
+    EXPECT_NE(j["device"].str.find(", " + std::to_string(static_cast<int>(j["threads_per_rank"].num)) +
+                                   " thread"),
+              std::string::npos)
+        << j["device"].str;
+}
+
+// --cudnn picks the CUDA device's path: any other backend is a usage error naming why, and a
+// value other than auto, on, off is refused.
+TEST(Bench, CudnnNeedsTheCudaBackend) {
+    Outcome o = Tool("bench --seq 64 --ranks 2 --cudnn off");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("--cudnn chooses the CUDA device's path: it needs --backend cuda"),
+              std::string::npos)
+        << o.err;
+    o = Tool("check --seq 64 --ranks 2 --cudnn maybe");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_NE(o.err.find("bad value 'maybe' for --cudnn"), std::string::npos) << o.err;
 }
 
 // The percentages of peak, from numbers of the same JSON: FLOP/s over one core's measured peak

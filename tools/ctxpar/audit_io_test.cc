@@ -214,6 +214,16 @@ TEST(TextInts, ListsRowsAndErrors) {
     EXPECT_EQ(cpt_text_ints_read(path.c_str(), &a), CTXPAR_ERR_INVALID_ARG);
     EXPECT_NE(std::string(ctxpar_last_error()).find("holds no numbers"), std::string::npos);
     EXPECT_EQ(cpt_text_ints_read((path + ".missing").c_str(), &a), CTXPAR_ERR_INVALID_ARG);
+    // Thousands of documents on one line (print(*cu) in Python): one list, however long.
+    std::string line;
+    for (int i = 0; i <= 5000; i++)
+        line += std::to_string(i * 1000) + (i < 5000 ? " " : "\n");
+    std::ofstream(path) << line;
+    ASSERT_EQ(cpt_text_ints_read(path.c_str(), &a), CTXPAR_OK) << ctxpar_last_error();
+    EXPECT_EQ(a.ndim, 1);
+    ASSERT_EQ(a.count, 5001u);
+    EXPECT_EQ(static_cast<const int64_t *>(a.data)[5000], 5000000);
+    cpt_npy_free(&a);
 }
 
 } // namespace

@@ -1,4 +1,5 @@
 // A text file of integers as an array (see text_ints.h).
+#define _POSIX_C_SOURCE 200809L // getline: a list of thousands of documents may be one line
 #include "tools/ctxpar/text_ints.h"
 
 #include <errno.h>
@@ -57,17 +58,13 @@ ctxpar_status cpt_text_ints_read(const char *path, cpt_npy_array *out) {
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: cannot open it (%s)", path,
                             strerror(errno));
     ints a = {NULL, 0, 0};
-    char line[4096];
+    char *line = NULL;
+    size_t room = 0;
     long line_no = 0, rows = 0, width = 0, widest = 0;
     int ragged = 0;
     ctxpar_status st = CTXPAR_OK;
-    while (st == CTXPAR_OK && fgets(line, sizeof line, f)) {
+    while (st == CTXPAR_OK && getline(&line, &room, f) >= 0) {
         line_no++;
-        if (!strchr(line, '\n') && !feof(f)) {
-            st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s:%ld: a line longer than %zu characters",
-                              path, line_no, sizeof line - 1);
-            break;
-        }
         long n = 0;
         st = parse_line(path, line_no, line, &a, &n);
         if (n > 0) {
@@ -77,6 +74,7 @@ ctxpar_status cpt_text_ints_read(const char *path, cpt_npy_array *out) {
             widest = n > widest ? n : widest;
         }
     }
+    free(line);
     fclose(f);
     if (st == CTXPAR_OK && a.n == 0)
         st = CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "%s: holds no numbers", path);

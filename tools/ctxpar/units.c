@@ -20,6 +20,8 @@ const char *cpt_seconds_text(double seconds, char *buf, size_t n) {
     const double a = fabs(seconds);
     if (!isfinite(seconds))
         snprintf(buf, n, "-");
+    else if (a >= 1000.0) // whole seconds, never "1.23e+03 s"
+        snprintf(buf, n, "%.0f s", seconds);
     else if (a >= 1.0 || a == 0.0)
         snprintf(buf, n, "%.3g s", seconds);
     else if (a >= 1e-3)

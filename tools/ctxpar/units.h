@@ -14,7 +14,8 @@ extern "C" {
 /* "673186816" -> "642 MiB"; "1536" -> "1.5 KiB"; below 1024: "12 B". Returns buf. */
 const char *cpt_bytes_text(double bytes, char *buf, size_t n);
 
-/* 3.987e-05 -> "39.9 us"; 0.0123 -> "12.3 ms"; 6.1 -> "6.1 s". Returns buf. */
+/* 3.987e-05 -> "39.9 us"; 0.0123 -> "12.3 ms"; 6.1 -> "6.1 s"; 1234.4 -> "1234 s". Returns
+ * buf. */
 const char *cpt_seconds_text(double seconds, char *buf, size_t n);
 
 #ifdef __cplusplus

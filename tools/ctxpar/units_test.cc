@@ -33,6 +33,8 @@ TEST(Units, Bytes) {
 
 TEST(Units, Seconds) {
     EXPECT_EQ(Seconds(6.1), "6.1 s");
+    EXPECT_EQ(Seconds(999.4), "999 s");
+    EXPECT_EQ(Seconds(1234.4), "1234 s");
     EXPECT_EQ(Seconds(1.0), "1 s");
     EXPECT_EQ(Seconds(0.0123), "12.3 ms");
     EXPECT_EQ(Seconds(3.987e-05), "39.9 us");

@@ -146,6 +146,14 @@ struct HostTensor {
     }
 };
 
+// How many positions the spans hold (Sq()/Sk() are called in per-element loops: no vector).
+inline int64_t Count(const std::vector<ctxpar_span> &spans) {
+    int64_t n = 0;
+    for (const ctxpar_span &s : spans)
+        n += s.len;
+    return n;
+}
+
 inline std::vector<int64_t> Positions(const std::vector<ctxpar_span> &spans) {
     std::vector<int64_t> pos;
     for (const ctxpar_span &s : spans)
@@ -209,8 +217,8 @@ struct Problem {
     std::unique_ptr<HostTensor> q, k, v, dout;
     std::vector<int64_t> qpos, kpos;
 
-    int64_t Sq() const { return (int64_t)Positions(qs).size(); }
-    int64_t Sk() const { return (int64_t)Positions(ks).size(); }
+    int64_t Sq() const { return Count(qs); }
+    int64_t Sk() const { return Count(ks); }
     float Scale() const { return scale != 0.0f ? scale : 1.0f / std::sqrt((float)D); }
     int64_t DV() const { return Dv > 0 ? Dv : D; }
     size_t OutSize() const { return (size_t)(B * Sq() * Hq * DV()); } // out, dout

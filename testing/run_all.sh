@@ -74,9 +74,11 @@ grep -h "skipped: no CUDA device" bazel-testlogs/testing/*cuda*/test.log \
 # The CUDA targets are left out here: their device code cannot run on this machine, and nvcc
 # would compile them all again for the sanitizer configuration. Only what the tests need is
 # built (the optimised run above built everything).
+# The browser test is left out too: under ASan it would check chromium's rendering again, while
+# the tool's report writing runs under ASan in report_test.
 bazel_suite --config=asan --build_tests_only --test_tag_filters=-gpu -- //... -//backends/cuda/... \
     -//comm/nccl/... -//testing/gpu/... -//testing:cuda_ops_test -//testing:cuda_registry_test \
-    -//packaging/cuda/...
+    -//packaging/cuda/... -//tools/ctxpar:report_browser_test
 # Threads under ThreadSanitizer: the local comm (ranks as threads), and the end-to-end cases
 # whose ranks are threads on one OpenMP thread each (TSan cannot see libgomp's barriers, so the
 # thread-count and seq-4096 cases stay out): every algorithm, mask and the P = 3 and P = 4

@@ -170,6 +170,17 @@ static inline int ctxpar_span_whole_class(const ctxpar_span *k, int64_t seq_glob
 int ctxpar_block_account(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_spans q_pos,
                          ctxpar_spans k_pos);
 
+/* Above this many (q span, k span) pairs in a block (a custom layout's runs),
+ * ctxpar_block_account classifies the lists as a whole and counts the pairs per query. */
+#define CTXPAR_SPAN_PAIRS_MAX 256
+
+/* Whether the spans are runs (stride 1, or one position) in increasing order, not overlapping. */
+int ctxpar_spans_sorted_runs(ctxpar_spans k);
+
+/* The FLOPs (as ctxpar_block_account counts them) of the queries of q_pos against every key of
+ * the sequence: O(queries). */
+double ctxpar_row_flops(const ctxpar_problem *pb, ctxpar_spans q_pos);
+
 /* Whether the spans' first positions and their last positions both never decrease from one
  * span to the next (a layout's spans, a hybrid group's). */
 int ctxpar_spans_ordered(ctxpar_spans s);

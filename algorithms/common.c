@@ -257,10 +257,10 @@ static double visible_pairs(ctxpar_count_cache *cache, const ctxpar_mask_desc *m
 // cost as much as the attention: the lists are then classified as a whole (a SKIP is still an
 // exact claim; anything else runs the kernel, which masks element by element) and the visible
 // pairs are counted per query against the key runs' prefix sums.
-#define SPAN_PAIRS_MAX 256
+#define SPAN_PAIRS_MAX CTXPAR_SPAN_PAIRS_MAX
 
 // Key runs in increasing order, stride 1, not overlapping: what the per-query count needs.
-static int sorted_runs(ctxpar_spans k) {
+int ctxpar_spans_sorted_runs(ctxpar_spans k) {
     for (int j = 0; j < k.count; j++)
         if ((k.span[j].stride != 1 && k.span[j].len > 1) ||
             (j > 0 && k.span[j].start < k.span[j - 1].start + k.span[j - 1].len))
@@ -380,6 +380,26 @@ int ctxpar_spans_interact(const ctxpar_mask_desc *mask, ctxpar_spans q, ctxpar_s
     return 0;
 }
 
+// The FLOPs of the queries of q_pos against the keys of k_pos (sorted runs, prefix their
+// positions' prefix sums), counted per query, every batch row.
+static double runs_flops(const ctxpar_problem *pb, ctxpar_spans q_pos, ctxpar_spans k_pos,
+                         const int64_t *prefix) {
+    double pairs = 0;
+    for (int64_t b = 0; b < (pb->mask.doc_rows > 0 ? pb->mask.doc_rows : 1); b++) {
+        ctxpar_mask_desc m = ctxpar_mask_row(&pb->mask, b);
+        pairs += visible_pairs_runs(&m, q_pos, k_pos, prefix, pb->seq_global);
+    }
+    if (pb->mask.doc_rows == 0)
+        pairs *= (double)pb->batch;
+    return 2.0 * (double)(pb->head_dim + pb->head_dim_v) * (double)pb->heads_q * pairs;
+}
+
+double ctxpar_row_flops(const ctxpar_problem *pb, ctxpar_spans q_pos) {
+    const ctxpar_span all = {0, pb->seq_global, 1};
+    const int64_t prefix = 0;
+    return runs_flops(pb, q_pos, (ctxpar_spans){&all, 1}, &prefix);
+}
+
 // Many runs: one block for the whole lists, its pairs counted per query (see SPAN_PAIRS_MAX).
 static int account_runs(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_spans q_pos,
                         ctxpar_spans k_pos, int *live) {
@@ -394,14 +414,7 @@ static int account_runs(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_
             run->work->blocks_skipped++;
         } else {
             run->work->blocks_computed++;
-            double pairs = 0;
-            for (int64_t b = 0; b < (pb->mask.doc_rows > 0 ? pb->mask.doc_rows : 1); b++) {
-                ctxpar_mask_desc m = ctxpar_mask_row(&pb->mask, b);
-                pairs += visible_pairs_runs(&m, q_pos, k_pos, prefix, pb->seq_global);
-            }
-            if (pb->mask.doc_rows == 0)
-                pairs *= (double)pb->batch;
-            run->work->flops += 2.0 * (double)(pb->head_dim + pb->head_dim_v) * (double)pb->heads_q * pairs;
+            run->work->flops += runs_flops(pb, q_pos, k_pos, prefix);
         }
     }
     free(prefix);
@@ -439,7 +452,7 @@ static int account_pair(const ctxpar_run *run, const ctxpar_problem *pb, const c
 int ctxpar_block_account(const ctxpar_run *run, const ctxpar_problem *pb, ctxpar_spans q_pos,
                          ctxpar_spans k_pos) {
     int live = 0;
-    if ((int64_t)q_pos.count * k_pos.count > SPAN_PAIRS_MAX && sorted_runs(k_pos) &&
+    if ((int64_t)q_pos.count * k_pos.count > SPAN_PAIRS_MAX && ctxpar_spans_sorted_runs(k_pos) &&
         account_runs(run, pb, q_pos, k_pos, &live))
         return live;
     // Only the key spans within a query span's reach are classified: the others are SKIP.

@@ -1,4 +1,5 @@
 // The ring's transfer plan under a mask: how far each K/V block must travel.
+#include <math.h>
 #include <stdlib.h>
 
 #include "ring_plan.h"
@@ -56,10 +57,14 @@ static ctxpar_status ring_seen_init(ctxpar_ring_seen *seen, int nranks);
 static void ring_seen_free(ctxpar_ring_seen *seen);
 
 ctxpar_status ctxpar_ring_dry_make(const ctxpar_problem *pb, ctxpar_ring_dry *dry) {
-    *dry = (ctxpar_ring_dry){{0, NULL, NULL, 0, NULL}, {-1, 0, NULL, NULL}};
+    *dry = (ctxpar_ring_dry){{0, NULL, NULL, 0, NULL}, {-1, 0, NULL, NULL, 0, NAN}};
     CTXPAR_CHECK(ctxpar_ring_plan_make(pb, &dry->plan));
-    if (ring_seen_init(&dry->seen, pb->nranks) == CTXPAR_OK)
+    if (ring_seen_init(&dry->seen, pb->nranks) == CTXPAR_OK) {
         dry->plan.seen = &dry->seen;
+        dry->seen.sorted_runs = 1;
+        for (int j = 0; j < pb->nranks && dry->seen.sorted_runs; j++)
+            dry->seen.sorted_runs = ctxpar_spans_sorted_runs(ctxpar_problem_spans(pb, j));
+    }
     return CTXPAR_OK;
 }
 
@@ -142,6 +147,7 @@ static ctxpar_ring_seen *seen_row(const ctxpar_ring_plan *plan, const ctxpar_pro
             c->work[k].live = -1;
         }
         c->rank = pb->rank;
+        c->row_flops = NAN;
     }
     return c;
 }
@@ -181,6 +187,30 @@ static void add_work(ctxpar_work_stats *to, const ctxpar_work_stats *w) {
     to->flops += w->flops;
 }
 
+// A block of a row of many query runs, the keys sorted runs (a custom layout of short runs),
+// where counting every block query by query made plans of P^2 blocks take hours. The blocks of a
+// row hold the sequence's keys between them, each once, and the ring computes every live one (the
+// planner's coverage proof checks that), so the row's pairs against the whole sequence are its
+// blocks' pairs: they are counted once and given to its own block. Each block is still classified
+// as ctxpar_block_account classifies lists of many runs (computed or skipped).
+static int account_in_row(ctxpar_ring_seen *c, const ctxpar_run *run, const ctxpar_problem *pb,
+                          ctxpar_spans qp, ctxpar_spans kp, int j) {
+    if (kp.count == 0)
+        return 0;
+    const int live = ctxpar_spans_interact(&pb->mask, qp, kp);
+    if (!live) {
+        run->work->blocks_skipped++;
+        return 0;
+    }
+    run->work->blocks_computed++;
+    if (j == pb->rank) { // a query sees itself: a rank's own block is always live
+        if (isnan(c->row_flops))
+            c->row_flops = ctxpar_row_flops(pb, qp);
+        run->work->flops += c->row_flops;
+    }
+    return 1;
+}
+
 int ctxpar_ring_account(const ctxpar_ring_plan *plan, const ctxpar_run *run,
                         const ctxpar_problem *pb, ctxpar_spans qp, int j) {
     const ctxpar_spans kp = ctxpar_problem_spans(pb, j);
@@ -194,7 +224,9 @@ int ctxpar_ring_account(const ctxpar_ring_plan *plan, const ctxpar_run *run,
         ctxpar_run alone = *run;
         b->work = (ctxpar_work_stats){0, 0, 0.0};
         alone.work = &b->work;
-        b->live = (signed char)ctxpar_block_account(&alone, pb, qp, kp);
+        const int in_row = c->sorted_runs && qp.count > CTXPAR_SPAN_PAIRS_MAX;
+        b->live = (signed char)(in_row ? account_in_row(c, &alone, pb, qp, kp, j)
+                                       : ctxpar_block_account(&alone, pb, qp, kp));
         // A live block means the shards interact: a pair it computes is inside their ranges,
         // and the mask's classes only widen with the ranges (ctxpar_mask_classify_keys).
         if (c->row[j] == SEEN_UNKNOWN)

@@ -32,6 +32,10 @@ typedef struct ctxpar_ring_seen {
      * (ctxpar_ring_account): the members of a hybrid group run the same ring on the same rows,
      * and the backward accounts the forward's blocks again. */
     struct ctxpar_ring_block_work *work;
+    /* Every rank's spans are sorted runs (ctxpar_spans_sorted_runs): then a row of many query
+     * runs is counted as a whole (ctxpar_ring_account), its FLOPs in row_flops (NAN: not yet). */
+    int sorted_runs;
+    double row_flops;
 } ctxpar_ring_seen;
 
 /* What ctxpar_block_account added to the work statistics for one block, and its result. */

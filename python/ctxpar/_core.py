@@ -165,6 +165,14 @@ class Comm:
         _lib.check(_lib.mpi_library().ctxpar_comm_create_mpi(handle, ctypes.byref(h)))
         return cls(h, mpi_comm)
 
+    @classmethod
+    def torch(cls, group=None):
+        """Over a torch.distributed ProcessGroup (gloo for CPU tensors), a 1-D DeviceMesh, or
+        None for the default group; this process is one rank, numbered as in the group."""
+        from . import _torch_comm
+        h, state = _torch_comm.create(group)
+        return cls(h, state)
+
     @property
     def rank(self):
         return _lib.lib.ctxpar_comm_rank(self._handle)
@@ -209,7 +217,8 @@ def comms():
 class Context:
     """One rank's device + comm: attention() and attention_backward() on its local shard.
 
-    comm: a Comm (local_group(P).comm(rank)) or an mpi4py communicator. device: a name from
+    comm: a Comm (local_group(P).comm(rank)), an mpi4py communicator, or a torch.distributed
+    ProcessGroup or 1-D DeviceMesh (Comm.torch). device: a name from
     devices(), "cpu" (the CPU device of libctxpar.so) by default; this package passes host
     arrays, so the device must keep its memory on the host. num_threads: OpenMP threads of the
     device (0: OpenMP's default).
@@ -222,9 +231,13 @@ class Context:
         if comm is None:
             comm = local_group(1).comm(0)
         elif not isinstance(comm, Comm):
-            if not hasattr(comm, "Get_rank"):
-                raise TypeError("comm must be a ctxpar Comm or an mpi4py communicator")
-            comm = Comm.mpi(comm)
+            if T.is_torch(comm):
+                comm = Comm.torch(comm)
+            elif hasattr(comm, "Get_rank"):
+                comm = Comm.mpi(comm)
+            else:
+                raise TypeError("comm must be a ctxpar Comm, an mpi4py communicator or a "
+                                "torch.distributed ProcessGroup / DeviceMesh")
         self.comm = comm
         dev = ctypes.c_void_p()
         _lib.check(_lib.lib.ctxpar_device_create_by_name(device.encode(), int(num_threads),

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="skipped: torch is not installed")
-import torch.nn.functional as F  # noqa: E402
 
 import ctxpar  # noqa: E402
 import ctxpar.torch  # noqa: E402
@@ -21,10 +20,12 @@ def bhsd_inputs(b, h, hk, s, d, dtype, seed=0):
 
 
 def sdpa64(q, k, v, dout, causal):
-    """torch's own attention in float64 on the same (rounded) inputs: out and gradients."""
+    """SDPA's result in float64 on the same (rounded) [B, H, S, D] inputs, out and gradients:
+    attention64 written out in torch ops (torch 1.13, Debian's, has no
+    F.scaled_dot_product_attention)."""
     q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                         enable_gqa=q.shape[1] != k.shape[1])
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    out = t(attention64(t(q), t(k), t(v), causal=causal))
     out.backward(dout.double())
     return out.detach(), q.grad, k.grad, v.grad
 
@@ -98,9 +99,20 @@ def test_sdpa_rejects_what_it_cannot_do():
         ctxpar.torch.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(16, 16))
     with pytest.raises(ValueError, match="dropout"):
         ctxpar.torch.scaled_dot_product_attention(q, k, v, dropout_p=0.1, enable_gqa=True)
-    with pytest.raises(ValueError, match="float64"):
-        ctxpar.torch.scaled_dot_product_attention(q.double(), k.double(), v.double(),
-                                                  enable_gqa=True)
+
+
+def test_float64_computed_in_float32_with_a_note():
+    """float64 tensors (non-causal SDPA, GQA) come back as float64, gradients too, with
+    float32 accuracy against float64 SDPA, and a warning that says so."""
+    q, k, v, do = (x.double() for x in bhsd_inputs(1, 4, 2, 40, 8, torch.float32, seed=4))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    with pytest.warns(UserWarning, match="float64 inputs in float32"):
+        out = ctxpar.torch.scaled_dot_product_attention(*leaves, enable_gqa=True)
+    out.backward(do)
+    assert out.dtype == torch.float64 and all(x.grad.dtype == torch.float64 for x in leaves)
+    ref = sdpa64(q, k, v, do, False)
+    for got, want, name in zip([out] + [x.grad for x in leaves], ref, "o q k v".split()):
+        assert max_error(got.detach().numpy(), want.numpy()) <= 4e-6, name
 
 
 def test_simulate_takes_torch_tensors():

@@ -29,3 +29,32 @@ def test_process_group(P, cases):
     want = [c if not c.startswith("seed:") else "seed_{}_{}_S{}".format(*c.split(":")[1:])
             for c in cases]
     assert all(w in printed for w in want), (want, printed)
+
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+
+
+def run_example(name, P):
+    codes, out, err = torch_launch.run(P, os.path.join(EXAMPLES, name), timeout=300)
+    print(out)
+    assert codes == [0] * P, f"exit codes {codes}\n{out}\n{err[-4000:]}"
+    return out
+
+
+def test_example_attention_layer():
+    """examples/torch_attention_layer.py: 3 training steps on 2 processes; it checks its first
+    weight gradient against the whole sequence in float64 itself."""
+    out = run_example("torch_attention_layer.py", 2)
+    assert "vs float64 whole sequence" in out
+
+
+def test_example_seed_context_parallel():
+    """examples/torch_context_parallel.py, the seed's example (seq 4096, BF16): needs
+    init_device_mesh and torch.nn.attention (torch >= 2.3)."""
+    try:
+        from torch.distributed.device_mesh import init_device_mesh  # noqa: F401
+        from torch.nn.attention import sdpa_kernel  # noqa: F401
+    except ImportError:
+        pytest.skip(f"skipped: the seed example needs torch >= 2.3 (init_device_mesh), this "
+                    f"is {torch.__version__}")
+    assert "max error relative to max |fp64|" in run_example("torch_context_parallel.py", 2)

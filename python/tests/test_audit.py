@@ -287,3 +287,37 @@ def test_report_writes_a_self_contained_page_of_the_failing_rows(tmp_path, tool)
     # A report that cannot be written is the tool's error, raised with its message.
     with pytest.raises(ctxpar.AuditError, match="cannot write the report"):
         ctxpar.audit(q, k, v, out=res["out"], ranks=P, report=tmp_path / "no" / "such.html")
+
+
+MASK_HINT = "is the mask right? (--mask none for non-causal results)"
+
+
+def test_a_non_causal_result_judged_as_causal_gets_the_mask_hint(tool):
+    """PyTorch's SDPA is non-causal by default: such a result audited with the default causal
+    mask fails from position 0 on, and the verdict asks about the mask; with mask "none" it is
+    consistent, and a lost rank's rows (a real bug) get no such hint."""
+    (q, k, v, do), res, _ = case("f32", mask="none")
+    rep = ctxpar.audit(q, k, v, do, **res, ranks=2)
+    assert not rep.consistent and rep.json.get("hint") == MASK_HINT
+    assert rep.tensors["out"].worst.position == 0 or rep.tensors["out"].failing_rows >= 32
+    assert ctxpar.audit(q, k, v, do, **res, ranks=2, mask="none").consistent
+    (q, k, v, do), res, _ = case("f32")
+    res["out"] = res["out"].copy()
+    res["out"][:, ctxpar.positions("zigzag", 64, 1, 2)] = 0
+    rep = ctxpar.audit(q, k, v, do, **res, ranks=2)
+    assert not rep.consistent and "hint" not in rep.json
+
+
+def test_bhsd_files_read_as_bshd_get_a_warning(tmp_path, tool):
+    """[B, H, S, D] files (4 heads, 64 tokens) audited in the default bshd order read as 64
+    heads of 4 tokens: the tool warns and names --format bhsd; read as bhsd, no warning."""
+    (q, k, v, _), _, _ = case("f32", hk=4)
+    for name, x in zip("qkv", (q, k, v)):
+        np.save(tmp_path / f"{name}.npy", np.ascontiguousarray(to_format(x, "bhsd")))
+    files = [arg for n in "qkv" for arg in (f"--{n}", str(tmp_path / f"{n}.npy"))]
+    run = subprocess.run([tool, "audit", *files, "--ranks", "2"], capture_output=True,
+                         text=True)
+    assert "more heads than tokens" in run.stderr and "--format bhsd" in run.stderr, run.stderr
+    run = subprocess.run([tool, "audit", *files, "--ranks", "2", "--format", "bhsd"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and "warning" not in run.stderr, run.stderr

@@ -1,10 +1,12 @@
 """Contexts, local groups and simulate(): attention through libctxpar.so."""
+import contextlib
 import ctypes
 import os
 import threading
 
 import numpy as np
 
+from . import _cuda
 from . import _lib
 from . import _tensor as T
 
@@ -69,7 +71,8 @@ def _ptr(a, ctype):
 
 
 def _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global, *, assignment=None,
-            ulysses=0, sinks=None, softcap=0.0, heads=None, lse_lo=None, rows=None):
+            ulysses=0, sinks=None, softcap=0.0, heads=None, lse_lo=None, rows=None,
+            like=None):
     """ctxpar_attn_params, and the buffers it points to (keep both alive). Everything the
     library would read or write past a buffer's end is checked here: assignment's length
     (seq_len_global), the sinks' (heads) and lse_lo's shape (rows: the lse's [B, Hq, S/P]); the
@@ -107,8 +110,11 @@ def _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global, *, as
         if sk.ndim != 1 or (heads is not None and sk.shape[0] != heads):
             raise ValueError(f"sinks shape {sk.shape}: expected [{heads}], one logit per query "
                              "head")
+        if like is not None and T.is_torch(like) and like.device.type != "cpu":
+            import torch  # the library reads the sinks in the device's memory
+            sk = torch.from_numpy(sk).to(like.device)
         keep.append(sk)
-        p.sinks = sk.ctypes.data
+        p.sinks = T.data_pointer(sk)
     if lse_lo is not None:
         T.check_lse(lse_lo, *rows, "lse_lo")
         p.lse_lo = T.data_pointer(lse_lo)
@@ -219,8 +225,9 @@ class Context:
 
     comm: a Comm (local_group(P).comm(rank)), an mpi4py communicator, or a torch.distributed
     ProcessGroup or 1-D DeviceMesh (Comm.torch). device: a name from
-    devices(), "cpu" (the CPU device of libctxpar.so) by default; this package passes host
-    arrays, so the device must keep its memory on the host. num_threads: OpenMP threads of the
+    devices(), "cpu" (the CPU device of libctxpar.so) by default: NumPy arrays and CPU tensors;
+    "cuda" (libctxpar_cuda.so, loaded when asked for): torch CUDA tensors, each call on torch's
+    current stream (ctxpar._cuda). num_threads: OpenMP threads of the
     device (0: OpenMP's default).
     """
 
@@ -239,14 +246,18 @@ class Context:
                 raise TypeError("comm must be a ctxpar Comm, an mpi4py communicator or a "
                                 "torch.distributed ProcessGroup / DeviceMesh")
         self.comm = comm
+        if device == "cuda":
+            _cuda.library()  # registers "cuda"
         dev = ctypes.c_void_p()
         _lib.check(_lib.lib.ctxpar_device_create_by_name(device.encode(), int(num_threads),
                                                          ctypes.byref(dev)))
         self._device = dev
-        if not _lib.lib.ctxpar_device_host_memory(dev):
+        # Where the tensors must live: "cpu" (host memory), else the name of torch's device type.
+        self.memory = "cpu" if _lib.lib.ctxpar_device_host_memory(dev) else device
+        if self.memory not in ("cpu", "cuda"):
             self.close()
-            raise ValueError(f"device '{device}' keeps its memory off the host; this package passes "
-                             "host arrays (NumPy, CPU tensors) only")
+            raise ValueError(f"device '{device}' keeps its memory off the host, and this package "
+                             "passes host arrays or torch CUDA tensors only")
         copt = _lib.ContextOptions(ctypes.sizeof(_lib.ContextOptions), int(bool(verify_transfers)))
         ctx = ctypes.c_void_p()
         _lib.check(_lib.lib.ctxpar_context_create(dev, comm._handle, ctypes.byref(copt),
@@ -271,6 +282,13 @@ class Context:
 
     def __enter__(self):
         return self
+
+    def _stream(self, like):
+        """The ctxpar_stream of a call: None (the device's own) on the host, torch's current
+        stream on CUDA."""
+        if self.memory == "cuda":
+            return _cuda.current_stream(self._device, like)
+        return contextlib.nullcontext(None)
 
     def __exit__(self, *exc):
         self.close()
@@ -332,7 +350,7 @@ class Context:
         every row's denominator; softcap C > 0: scores C tanh(x / C). lse_lo: a float32 array
         like lse that receives the LSE's low part (lse + lse_lo), for attention_backward.
         """
-        q, k, v = (T.prepare(x, format) for x in (q, k, v))
+        q, k, v = (T.prepare(x, format, self.memory) for x in (q, k, v))
         tensors = {"q": q, "k": k, "v": v}
         if out is not None:
             tensors["out"] = out
@@ -344,11 +362,13 @@ class Context:
         T.check_lse(lse, b, hq, s)
         params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global,
                                assignment=assignment, ulysses=ulysses, sinks=sinks,
-                               softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s))
+                               softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s),
+                               like=q)
         views = [T.view(x, format, dtype) for x in (q, k, v, out)]
-        _lib.check(_lib.lib.ctxpar_attn_fwd(self._ctx, ctypes.byref(params),
-                                            *(ctypes.byref(t) for t in views),
-                                            T.data_pointer(lse), None))
+        with self._stream(q) as stream:
+            _lib.check(_lib.lib.ctxpar_attn_fwd(self._ctx, ctypes.byref(params),
+                                                *(ctypes.byref(t) for t in views),
+                                                T.data_pointer(lse), stream))
         del keep
         return out, lse
 
@@ -360,7 +380,7 @@ class Context:
         """Backward of attention() with the same arguments, out and lse (and lse_lo when the
         forward wrote one): (dq, dk, dv), or (dq, dk, dv, dsinks) with sinks (float32 [Hq], the
         sinks' gradient summed over batch and rows; written into dsinks when given)."""
-        q, k, v, out, dout = (T.prepare(x, format) for x in (q, k, v, out, dout))
+        q, k, v, out, dout = (T.prepare(x, format, self.memory) for x in (q, k, v, out, dout))
         tensors = {"q": q, "k": k, "v": v, "out": out, "dout": dout}
         for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
             if t is not None:
@@ -372,7 +392,8 @@ class Context:
         dv = T.empty(v, kshape[:3] + (vdim,), format) if dv is None else dv
         params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global,
                                assignment=assignment, ulysses=ulysses, sinks=sinks,
-                               softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s))
+                               softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s),
+                               like=q)
         if sinks is not None:
             if dsinks is None:
                 dsinks = T.empty_lse(q, 1, 1, hq).reshape(hq)
@@ -382,10 +403,11 @@ class Context:
             raise ValueError("dsinks is the gradient of sinks: pass sinks too")
         views = [T.view(x, format, dtype) for x in (q, k, v, out)]
         grads = [T.view(x, format, dtype) for x in (dout, dq, dk, dv)]
-        _lib.check(_lib.lib.ctxpar_attn_bwd(self._ctx, ctypes.byref(params),
-                                            *(ctypes.byref(t) for t in views),
-                                            T.data_pointer(lse),
-                                            *(ctypes.byref(t) for t in grads), None))
+        with self._stream(q) as stream:
+            _lib.check(_lib.lib.ctxpar_attn_bwd(self._ctx, ctypes.byref(params),
+                                                *(ctypes.byref(t) for t in views),
+                                                T.data_pointer(lse),
+                                                *(ctypes.byref(t) for t in grads), stream))
         del keep
         return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 

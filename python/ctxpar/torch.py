@@ -27,10 +27,13 @@ __all__ = ["Attention", "attention", "context_parallel", "context_parallel_shard
 _default = threading.local()
 
 
-def _default_context():
-    if getattr(_default, "ctx", None) is None:
-        _default.ctx = Context("cpu")
-    return _default.ctx
+def _default_context(like):
+    """This thread's one-rank context for like's device type ("cpu" or "cuda")."""
+    kind = like.device.type
+    contexts = _default.__dict__.setdefault("contexts", {})
+    if kind not in contexts:
+        contexts[kind] = Context(kind)
+    return contexts[kind]
 
 
 def _bshd(x, fmt):
@@ -56,7 +59,8 @@ class Attention(torch.autograd.Function):
     def forward(fctx, q, k, v, sinks, ctx, options):
         T.check_format(options["format"])
         b, s, hq, _ = T.bshd_shape(q, options["format"])
-        lse_lo = torch.empty((b, hq, s), dtype=torch.float32)  # the backward reads lse + lse_lo
+        # The backward reads the LSE as lse + lse_lo.
+        lse_lo = torch.empty((b, hq, s), dtype=torch.float32, device=q.device)
         out, lse = ctx.attention(q, k, v, sinks=sinks, lse_lo=lse_lo, **options)
         # The inputs are kept as detached aliases of their memory, not through
         # save_for_backward: context_parallel points its buffers at other memory (.data) when
@@ -106,7 +110,7 @@ def attention(q, k, v, *, ctx=None, algo="ring", layout="zigzag", mask="causal",
     options = dict(algo=algo, layout=layout, mask=mask, window=window, cu_seqlens=cu_seqlens,
                    scale=scale, seq_len_global=seq_len_global, assignment=assignment,
                    ulysses=ulysses, softcap=softcap, format=format)
-    return Attention.apply(q, k, v, sinks, ctx if ctx is not None else _default_context(),
+    return Attention.apply(q, k, v, sinks, ctx if ctx is not None else _default_context(q),
                            options)
 
 

@@ -233,3 +233,38 @@ def test_autograd_sinks_one_rank_and_no_grad():
     ref_out = attention64(q.double(), k.double(), v.double(), causal=True,
                           sinks=torch.tensor([1.0, -0.5], dtype=torch.float64))
     assert max_error(out.numpy(), ref_out.numpy()) <= 4e-6
+
+
+def test_cuda_tensors_through_the_cuda_device():
+    """Context("cuda") on torch CUDA tensors (torch's current stream): the SDPA drop-in
+    forward and backward, GQA, BF16 and F32, against float64 attention on the same inputs.
+    Needs a GPU and a ctxpar built with CUDA."""
+    if not torch.cuda.is_available():
+        pytest.skip("skipped: no CUDA device (torch.cuda.is_available() is False)")
+    try:
+        ctx = ctxpar.Context("cuda")
+    except (ValueError, ctxpar.CtxparError) as e:
+        pytest.skip(f"skipped: ctxpar's CUDA device is not usable here ({e})")
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v, do = bhsd_inputs(1, 4, 2, 128, 64, dtype, seed=6)
+        leaves = [x.cuda().requires_grad_() for x in (q, k, v)]
+        out = ctxpar.torch.scaled_dot_product_attention(*leaves, is_causal=True,
+                                                        enable_gqa=True, ctx=ctx)
+        out.backward(do.cuda())
+        assert out.device.type == "cuda"
+        ref = sdpa64(q, k, v, do, True)
+        for got, want, name in zip([out] + [x.grad for x in leaves], ref, "o q k v".split()):
+            assert max_error(got.detach().double().cpu().numpy(), want.numpy()) <= \
+                TOL[dtype], (dtype, name)
+
+
+def test_cuda_device_without_a_gpu_is_a_clear_error():
+    """Where there is no GPU, Context("cuda") raises a ctxpar error naming why (no
+    libctxpar_cuda.so, or the CUDA error), and CPU tensors given to a CPU context on a CUDA
+    tensor's path are refused in Python."""
+    if torch.cuda.is_available():
+        pytest.skip("skipped: this machine has a GPU (the test above runs instead)")
+    with pytest.raises((ValueError, ctxpar.CtxparError), match="cuda|CUDA"):
+        ctxpar.Context("cuda")
+    with pytest.raises(TypeError, match="torch CUDA tensors"):
+        _tensor.prepare(np.zeros((1, 2, 2, 4), np.float32), "bshd", "cuda")

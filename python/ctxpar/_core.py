@@ -3,6 +3,7 @@ import contextlib
 import ctypes
 import os
 import threading
+import warnings
 
 import numpy as np
 
@@ -485,7 +486,8 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
     cu_seqlens: [docs+1] document boundaries, or [B, docs+1] for each batch row its own.
     layout "custom": assignment (int [S], the rank of each token). algo "hybrid": ulysses.
     sinks (float32 [Hq]) and softcap: see Context.attention. lse_lo: also compute the LSE's low
-    part and hand it to the backward.
+    part and hand it to the backward. float64 inputs (NumPy's default) with dtype None are
+    computed in float32, with a warning (F64_NOTE), and come back as float32.
     """
     P = int(ranks)
     if P < 1:
@@ -495,6 +497,9 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
     inputs = {"q": q, "k": k, "v": v}
     if dout is not None:
         inputs["dout"] = dout
+    if dtype is None and T.is_float64(q):  # NumPy's default
+        warnings.warn(T.F64_NOTE + "; simulate returns float32", stacklevel=2)
+        dtype = "f32"
     if dtype is None:
         dtype = T.dtype_name(q)
     if dtype not in T.DTYPES:

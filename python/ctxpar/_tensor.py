@@ -11,6 +11,14 @@ import numpy as np
 from . import _lib
 
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
+
+F64_NOTE = ("ctxpar computes float64 inputs in float32 (its CPU backend has no float64): the "
+            "results carry float32 accuracy (about 1e-6 relative), so float64 tolerances such as "
+            "torch.autograd.gradcheck's do not hold")
+
+
+def is_float64(x):
+    return str(x.dtype) in ("float64", "torch.float64")
 FORMATS = ("bshd", "bhsd")
 
 

@@ -114,14 +114,12 @@ def attention(q, k, v, *, ctx=None, algo="ring", layout="zigzag", mask="causal",
                            options)
 
 
-F64_NOTE = ("ctxpar computes float64 inputs in float32 (its CPU backend has no float64): the "
-            "results and gradients come back as float64 with float32 accuracy (about 1e-6 "
-            "relative), so torch.autograd.gradcheck's float64 tolerances do not hold")
+F64_NOTE = T.F64_NOTE
 
 
 def _in_float32(fn, q, k, v, **kw):
     """fn on float32 copies of float64 q, k, v, its result back in float64; autograd carries the
-    casts (the gradients come back as float64 too). Warns once per call site (F64_NOTE)."""
+    casts (the gradients come back as float64 too). Warns (F64_NOTE), once per call site."""
     warnings.warn(F64_NOTE, stacklevel=3)
     return fn(q.float(), k.float(), v.float(), **kw).double()
 

@@ -81,6 +81,7 @@ class TorchComm:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.requests, self.ids = {}, itertools.count(1)
+        self.orphans = []  # works of cancelled requests, still running: kept referenced
         self.timeout_s = 60.0
 
     def global_rank(self, r):
@@ -261,7 +262,7 @@ def _cancel(comm, req):
                 try:
                     w.wait(datetime.timedelta(seconds=1))
                 except Exception:  # noqa: BLE001 - the transfer is being abandoned
-                    c.orphans = getattr(c, "orphans", []) + [w]
+                    c.orphans.append(w)
     except Exception:  # noqa: BLE001 - cancel has no status to return
         pass
 

@@ -15,7 +15,7 @@ SEEDS = [f"seed:{d}:{m}:512" for d in ("float32", "bfloat16") for m in ("causal"
 
 
 @pytest.mark.parametrize("P,cases", [
-    (2, ["comm_ops", "algorithms", "buffers"] + SEEDS),
+    (2, ["comm_ops", "algorithms", "buffers"] + SEEDS + ["timeout"]),  # timeout: last
     (4, ["comm_ops", "algorithms", "buffers", SEEDS[0], SEEDS[3]]),
 ])
 def test_process_group(P, cases):

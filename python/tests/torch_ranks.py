@@ -4,7 +4,9 @@ launch (starting processes and torch is the slow part) and prints one line per c
 "CASE name: max error E" (E against a float64 oracle of the whole sequence) or "CASE name: ok".
 Any failure raises: the process exits non-zero."""
 import ctypes
+import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -166,7 +168,30 @@ def case_buffers():
     report("buffers")
 
 
-CASES = {"comm_ops": case_comm_ops, "algorithms": case_algorithms, "buffers": case_buffers}
+def case_timeout():
+    """A receive from a peer that never sends gives CTXPAR_ERR_TIMEOUT after the comm's
+    timeout (ctxpar_comm_set_timeout), not a hang. gloo then closes its connections: the
+    process group is done for, so this case comes last, and rank 1 stays up meanwhile (its
+    exit would close them first)."""
+    comm = ctxpar.Comm.torch(None)
+    comm.set_timeout(1.0)
+    base = ctypes.cast(comm._handle, ctypes.POINTER(_torch_comm._CommBase))
+    ops, req = _torch_comm._OPS, ctypes.c_void_p()
+    if RANK == 0:
+        buf = np.zeros(8, np.uint8)
+        assert ops.sendrecv(base, None, 0, -1, buf.ctypes.data, 8, 1, 77, None,
+                            ctypes.byref(req)) == 0
+        status = ops.wait(base, req, None)
+        message = ctxpar._lib.lib.ctxpar_last_error().decode()
+        assert status == -8 and "no peer after 1 s" in message, (status, message)  # TIMEOUT
+    else:
+        time.sleep(2.5)
+    report("timeout")
+    sys.stdout.flush()
+    os._exit(0)  # no destroy_process_group on a group gloo has closed
+
+
+CASES = {"comm_ops": case_comm_ops, "timeout": case_timeout, "algorithms": case_algorithms, "buffers": case_buffers}
 for name in sys.argv[1:]:
     if name.startswith("seed:"):
         _, dtype_name, causal, seq = name.split(":")

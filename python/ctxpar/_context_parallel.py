@@ -91,7 +91,7 @@ def _context(group):
     """This process's ctxpar Context on the group, made once (OpenMP threads: this machine's
     cores shared among torchrun's local processes)."""
     key = id(group)
-    if key not in _contexts:
+    if key not in _contexts or _contexts[key][0] is not group:  # an id may be reused
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         threads = max(1, (os.cpu_count() or 1) // max(local, 1))
         comm = _core.Comm.torch(group)

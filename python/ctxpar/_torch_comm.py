@@ -10,7 +10,6 @@ asynchronous torch works; wait() retires them with the comm's timeout. Not provi
 """
 import ctypes
 import datetime
-import inspect
 import itertools
 
 import torch
@@ -288,6 +287,8 @@ def process_group(group_or_mesh):
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call "
                                "torch.distributed.init_process_group (torchrun sets it up)")
+        if group_or_mesh is None:  # the group itself: a new one after re-initialising differs
+            return dist.distributed_c10d._get_default_group()
         return group_or_mesh
     if group_or_mesh.ndim != 1:
         raise ValueError(f"a {group_or_mesh.ndim}-D DeviceMesh: pass a 1-D one (or "
@@ -309,7 +310,3 @@ def create(group_or_mesh):
         raise
     return h, state
 
-
-def is_group(obj):
-    """Whether obj is a torch ProcessGroup or DeviceMesh (what Context takes as a torch comm)."""
-    return any(c.__name__ in ("ProcessGroup", "DeviceMesh") for c in inspect.getmro(type(obj)))

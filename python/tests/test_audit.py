@@ -203,7 +203,7 @@ def test_bad_options_raise_before_the_tool_runs(monkeypatch):
                       (dict(out=out, lse_base=10), "lse_base"), (dict(out=out, ranks=0), "ranks"),
                       (dict(out=out, scale=float("nan")), "scale"), (dict(out=out, mask="sliding"), "mask"),
                       (dict(out=out, max_ratio=0.5), "max_ratio"),
-                      (dict(out=out.astype(np.float64)), "float64")):
+                      (dict(out=out.astype(np.complex64)), "complex64")):
         kw.setdefault("ranks", 2)
         with pytest.raises(ValueError, match=match):
             ctxpar.audit(q, k, v, **kw)
@@ -321,3 +321,18 @@ def test_bhsd_files_read_as_bshd_get_a_warning(tmp_path, tool):
     run = subprocess.run([tool, "audit", *files, "--ranks", "2", "--format", "bhsd"],
                          capture_output=True, text=True)
     assert run.returncode == 0 and "warning" not in run.stderr, run.stderr
+
+
+def test_float64_inputs_are_reference_data_results_judged_at_their_dtype(tool):
+    """NumPy's float64 inputs (here with more digits than float32 holds): the tool reads them
+    rounded to float32 (saying so on stderr) and judges the results at their own dtype: float64
+    attention on the float64 inputs, stored as float32 results, is consistent; a lost rank's
+    dv rows are not."""
+    q, k, v, do = (x.astype(np.float64) * (1 + 1e-9) for x in inputs(s=64, hq=4, hk=2, d=16))
+    ref = ctxpar.oracle(q, k, v, do)
+    res = {n: ref[n].astype(np.float32) for n in ("out", "lse", "dq", "dk", "dv")}
+    rep = ctxpar.audit(q, k, v, do, **res, ranks=2)
+    assert rep.consistent, str(rep)
+    res["dv"][:, ctxpar.positions("zigzag", 64, 1, 2)] = 0
+    rep = ctxpar.audit(q, k, v, do, **res, ranks=2)
+    assert not rep.consistent and rep.tensors["dv"].worst.rank == 1

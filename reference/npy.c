@@ -34,6 +34,7 @@ size_t cpt_npy_dtype_size(cpt_npy_dtype dtype) {
     case CPT_NPY_BF16:
         return 2;
     case CPT_NPY_I64:
+    case CPT_NPY_F64:
         return 8;
     }
     return 0;
@@ -51,6 +52,8 @@ const char *cpt_npy_dtype_descr(cpt_npy_dtype dtype) {
         return "<i8";
     case CPT_NPY_BF16:
         return "<V2";
+    case CPT_NPY_F64:
+        return "<f8";
     }
     return "?";
 }
@@ -62,6 +65,8 @@ const char *cpt_npy_dtype_text(cpt_npy_dtype dtype) {
     case CPT_NPY_BF16: return "bfloat16";
     case CPT_NPY_I32: return "int32";
     case CPT_NPY_I64: return "int64";
+    case CPT_NPY_F64:
+        return "float64";
     }
     return "?";
 }
@@ -268,7 +273,7 @@ static ctxpar_status parse_descr(hparser *p, npy_meta *m) {
         m->dtype = CPT_NPY_BF16;
         return CTXPAR_OK;
     }
-    for (int t = CPT_NPY_F32; t <= CPT_NPY_BF16; t++) {
+    for (int t = CPT_NPY_F32; t <= CPT_NPY_F64; t++) {
         if (strcmp(descr, cpt_npy_dtype_descr((cpt_npy_dtype)t)) == 0) {
             m->dtype = (cpt_npy_dtype)t;
             return CTXPAR_OK;
@@ -277,11 +282,11 @@ static ctxpar_status parse_descr(hparser *p, npy_meta *m) {
     if (descr[0] == '>')
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "%s: big-endian dtype '%s' not supported (want '<f4', '<f2', '<V2', "
-                            "'<i4' or '<i8')",
+                            "'<f8', '<i4' or '<i8')",
                             p->name, descr);
     return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                         "%s: dtype '%s' not supported (want '<f4', '<f2', '<V2' (bfloat16), "
-                        "'<i4' or '<i8')",
+                        "'<f8', '<i4' or '<i8')",
                         p->name, descr);
 }
 

@@ -27,11 +27,12 @@ extern "C" {
 #define CPT_NPY_MAX_DIMS 8
 
 typedef enum cpt_npy_dtype {
-    CPT_NPY_F32 = 0, /* '<f4' */
-    CPT_NPY_F16 = 1, /* '<f2' (IEEE half, as uint16_t bits) */
-    CPT_NPY_I32 = 2, /* '<i4' */
-    CPT_NPY_I64 = 3, /* '<i8' */
+    CPT_NPY_F32 = 0,  /* '<f4' */
+    CPT_NPY_F16 = 1,  /* '<f2' (IEEE half, as uint16_t bits) */
+    CPT_NPY_I32 = 2,  /* '<i4' */
+    CPT_NPY_I64 = 3,  /* '<i8' */
     CPT_NPY_BF16 = 4, /* '<V2' (bfloat16 bits as uint16_t, as ml_dtypes writes them) */
+    CPT_NPY_F64 = 5,  /* '<f8' (read; the audit rounds it to float32: cpt_audit_read_raw) */
 } cpt_npy_dtype;
 
 /* Bytes per element (0 for an unknown dtype) and the 'descr' string ("<f4"; "?" if unknown). */

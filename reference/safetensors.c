@@ -28,7 +28,7 @@ static const struct {
     cpt_npy_dtype dtype;
 } st_dtypes[] = {
     {"F32", CPT_NPY_F32}, {"F16", CPT_NPY_F16}, {"BF16", CPT_NPY_BF16},
-    {"I32", CPT_NPY_I32}, {"I64", CPT_NPY_I64},
+    {"I32", CPT_NPY_I32}, {"I64", CPT_NPY_I64}, {"F64", CPT_NPY_F64},
 };
 #define N_ST_DTYPES (sizeof st_dtypes / sizeof st_dtypes[0])
 
@@ -67,8 +67,8 @@ static ctxpar_status parse_dtype(json_t *v, const char *file, const char *tensor
             return CTXPAR_OK;
         }
     return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
-                        "%s: tensor '%s': dtype '%.32s' not supported (want F32, F16, BF16, I32 "
-                        "or I64)",
+                        "%s: tensor '%s': dtype '%.32s' not supported (want F32, F16, BF16, F64, "
+                        "I32 or I64)",
                         file, tensor, s);
 }
 

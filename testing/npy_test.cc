@@ -209,7 +209,7 @@ INSTANTIATE_TEST_SUITE_P(
                       RoundTrip{CPT_NPY_F32, {7}}, RoundTrip{CPT_NPY_F32, {2, 3, 4, 5}},
                       RoundTrip{CPT_NPY_F16, {3, 5}}, RoundTrip{CPT_NPY_I32, {4, 1, 2}},
                       RoundTrip{CPT_NPY_I64, {1, 1, 1, 1, 1, 1, 1, 9}},
-                      RoundTrip{CPT_NPY_BF16, {2, 3}},
+                      RoundTrip{CPT_NPY_BF16, {2, 3}}, RoundTrip{CPT_NPY_F64, {3, 2}},
                       RoundTrip{CPT_NPY_F32, {1000, 1000}}));
 
 // Each malformed image: INVALID_ARG, the file name and `why` in the message, nothing leaked.
@@ -241,7 +241,7 @@ std::vector<Bad> BadFiles() {
         {"trailing_bytes", v1 + "x", "unexpected bytes"},
         {"fortran", Build(1, 0, Header("<f4", "True", "(2, 3)"), d6), "fortran_order"},
         {"big_endian", Build(1, 0, Header(">f4", "False", "(2, 3)"), d6), "big-endian"},
-        {"f8", Build(1, 0, Header("<f8", "False", "(3,)"), Bytes(24, 0)), "'<f8' not supported"},
+        {"c8", Build(1, 0, Header("<c8", "False", "(3,)"), Bytes(24, 0)), "'<c8' not supported"},
         {"u1", Build(1, 0, Header("|u1", "False", "(24,)"), Bytes(24, 0)), "not supported"},
         {"negative_dim", Build(1, 0, Header("<f4", "False", "(-2, 3)"), d6), "negative"},
         {"int_not_tuple", Build(1, 0, Header("<f4", "False", "(6)"), d6), "not a tuple"},

@@ -8,10 +8,12 @@
     devices()                                    the device names this process can create
     comms()                                      the comm kinds the library knows by name
     Context(device="cpu", comm=...)              one rank of a real distributed program:
-        comm = local_group(P).comm(rank), or an mpi4py communicator
+        comm = local_group(P).comm(rank), an mpi4py communicator, or a torch.distributed
+        ProcessGroup / DeviceMesh; device "cuda": torch CUDA tensors
         ctx.attention(q, k, v, ...), ctx.attention_backward(...)
     positions/shard_count/shard/unshard(...)     a layout's tokens per rank (uneven, custom)
-    ctxpar.torch                                 autograd Function and an SDPA drop-in
+    ctxpar.torch                                 autograd Function, an SDPA drop-in, and
+                                                 PyTorch's context_parallel API
 
 libctxpar.so is found through $CTXPAR_LIBRARY, else relative to this package in an installed
 prefix (PREFIX/lib), else through the dynamic loader's search path.

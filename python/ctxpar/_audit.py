@@ -221,8 +221,8 @@ def audit(q, k, v, dout=None, *, out=None, lse=None, dq=None, dk=None, dv=None, 
     out, lse, dq, dk, dv: any of the results to judge (dq, dk, dv need dout), as computed by the
     other implementation, gathered into global order; the report names, for each bad row, the
     rank that held it under `layout` and `ranks` (how the other run split the sequence).
-    Tensors: NumPy arrays (float32, float16, bfloat16 as uint16 bits or ml_dtypes) or PyTorch
-    tensors (any device: they are copied), every one in `format`: "bshd", "bhsd", "sbhd", or
+    Tensors: NumPy arrays (float32, float16, bfloat16 as uint16 bits or ml_dtypes, float64:
+    read rounded to float32, the results judged at their own dtype) or PyTorch tensors (any device: they are copied), every one in `format`: "bshd", "bhsd", "sbhd", or
     "thd" (packed [tokens, heads, dim] with cu_seqlens); K and V may have fewer heads (GQA).
     lse: float32 (or the results' dtype) in `lse_layout` ("bhs", "bsh", "ht" = [heads, tokens]),
     natural log or base 2 (`lse_base` "e" or "2"). cu_seqlens: packed documents, int32/int64.

@@ -1,10 +1,13 @@
 """Contexts, local groups and simulate(): attention through libctxpar.so."""
+import contextlib
 import ctypes
 import os
 import threading
+import warnings
 
 import numpy as np
 
+from . import _cuda
 from . import _lib
 from . import _tensor as T
 
@@ -69,7 +72,8 @@ def _ptr(a, ctype):
 
 
 def _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global, *, assignment=None,
-            ulysses=0, sinks=None, softcap=0.0, heads=None, lse_lo=None, rows=None):
+            ulysses=0, sinks=None, softcap=0.0, heads=None, lse_lo=None, rows=None,
+            like=None):
     """ctxpar_attn_params, and the buffers it points to (keep both alive). Everything the
     library would read or write past a buffer's end is checked here: assignment's length
     (seq_len_global), the sinks' (heads) and lse_lo's shape (rows: the lse's [B, Hq, S/P]); the
@@ -107,8 +111,11 @@ def _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global, *, as
         if sk.ndim != 1 or (heads is not None and sk.shape[0] != heads):
             raise ValueError(f"sinks shape {sk.shape}: expected [{heads}], one logit per query "
                              "head")
+        if like is not None and T.is_torch(like) and like.device.type != "cpu":
+            import torch  # the library reads the sinks in the device's memory
+            sk = torch.from_numpy(sk).to(like.device)
         keep.append(sk)
-        p.sinks = sk.ctypes.data
+        p.sinks = T.data_pointer(sk)
     if lse_lo is not None:
         T.check_lse(lse_lo, *rows, "lse_lo")
         p.lse_lo = T.data_pointer(lse_lo)
@@ -165,6 +172,14 @@ class Comm:
         _lib.check(_lib.mpi_library().ctxpar_comm_create_mpi(handle, ctypes.byref(h)))
         return cls(h, mpi_comm)
 
+    @classmethod
+    def torch(cls, group=None):
+        """Over a torch.distributed ProcessGroup (gloo for CPU tensors), a 1-D DeviceMesh, or
+        None for the default group; this process is one rank, numbered as in the group."""
+        from . import _torch_comm
+        h, state = _torch_comm.create(group)
+        return cls(h, state)
+
     @property
     def rank(self):
         return _lib.lib.ctxpar_comm_rank(self._handle)
@@ -209,9 +224,11 @@ def comms():
 class Context:
     """One rank's device + comm: attention() and attention_backward() on its local shard.
 
-    comm: a Comm (local_group(P).comm(rank)) or an mpi4py communicator. device: a name from
-    devices(), "cpu" (the CPU device of libctxpar.so) by default; this package passes host
-    arrays, so the device must keep its memory on the host. num_threads: OpenMP threads of the
+    comm: a Comm (local_group(P).comm(rank)), an mpi4py communicator, or a torch.distributed
+    ProcessGroup or 1-D DeviceMesh (Comm.torch). device: a name from
+    devices(), "cpu" (the CPU device of libctxpar.so) by default: NumPy arrays and CPU tensors;
+    "cuda" (libctxpar_cuda.so, loaded when asked for): torch CUDA tensors, each call on torch's
+    current stream (ctxpar._cuda). num_threads: OpenMP threads of the
     device (0: OpenMP's default).
     """
 
@@ -222,18 +239,26 @@ class Context:
         if comm is None:
             comm = local_group(1).comm(0)
         elif not isinstance(comm, Comm):
-            if not hasattr(comm, "Get_rank"):
-                raise TypeError("comm must be a ctxpar Comm or an mpi4py communicator")
-            comm = Comm.mpi(comm)
+            if T.is_torch(comm):
+                comm = Comm.torch(comm)
+            elif hasattr(comm, "Get_rank"):
+                comm = Comm.mpi(comm)
+            else:
+                raise TypeError("comm must be a ctxpar Comm, an mpi4py communicator or a "
+                                "torch.distributed ProcessGroup / DeviceMesh")
         self.comm = comm
+        if device == "cuda":
+            _cuda.library()  # registers "cuda"
         dev = ctypes.c_void_p()
         _lib.check(_lib.lib.ctxpar_device_create_by_name(device.encode(), int(num_threads),
                                                          ctypes.byref(dev)))
         self._device = dev
-        if not _lib.lib.ctxpar_device_host_memory(dev):
+        # Where the tensors must live: "cpu" (host memory), else the name of torch's device type.
+        self.memory = "cpu" if _lib.lib.ctxpar_device_host_memory(dev) else device
+        if self.memory not in ("cpu", "cuda"):
             self.close()
-            raise ValueError(f"device '{device}' keeps its memory off the host; this package passes "
-                             "host arrays (NumPy, CPU tensors) only")
+            raise ValueError(f"device '{device}' keeps its memory off the host, and this package "
+                             "passes host arrays or torch CUDA tensors only")
         copt = _lib.ContextOptions(ctypes.sizeof(_lib.ContextOptions), int(bool(verify_transfers)))
         ctx = ctypes.c_void_p()
         _lib.check(_lib.lib.ctxpar_context_create(dev, comm._handle, ctypes.byref(copt),
@@ -258,6 +283,13 @@ class Context:
 
     def __enter__(self):
         return self
+
+    def _stream(self, like):
+        """The ctxpar_stream of a call: None (the device's own) on the host, torch's current
+        stream on CUDA."""
+        if self.memory == "cuda":
+            return _cuda.current_stream(self._device, like)
+        return contextlib.nullcontext(None)
 
     def __exit__(self, *exc):
         self.close()
@@ -319,7 +351,7 @@ class Context:
         every row's denominator; softcap C > 0: scores C tanh(x / C). lse_lo: a float32 array
         like lse that receives the LSE's low part (lse + lse_lo), for attention_backward.
         """
-        q, k, v = (T.prepare(x, format) for x in (q, k, v))
+        q, k, v = (T.prepare(x, format, self.memory) for x in (q, k, v))
         tensors = {"q": q, "k": k, "v": v}
         if out is not None:
             tensors["out"] = out
@@ -331,11 +363,13 @@ class Context:
         T.check_lse(lse, b, hq, s)
         params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global,
                                assignment=assignment, ulysses=ulysses, sinks=sinks,
-                               softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s))
+                               softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s),
+                               like=q)
         views = [T.view(x, format, dtype) for x in (q, k, v, out)]
-        _lib.check(_lib.lib.ctxpar_attn_fwd(self._ctx, ctypes.byref(params),
-                                            *(ctypes.byref(t) for t in views),
-                                            T.data_pointer(lse), None))
+        with self._stream(q) as stream:
+            _lib.check(_lib.lib.ctxpar_attn_fwd(self._ctx, ctypes.byref(params),
+                                                *(ctypes.byref(t) for t in views),
+                                                T.data_pointer(lse), stream))
         del keep
         return out, lse
 
@@ -347,7 +381,7 @@ class Context:
         """Backward of attention() with the same arguments, out and lse (and lse_lo when the
         forward wrote one): (dq, dk, dv), or (dq, dk, dv, dsinks) with sinks (float32 [Hq], the
         sinks' gradient summed over batch and rows; written into dsinks when given)."""
-        q, k, v, out, dout = (T.prepare(x, format) for x in (q, k, v, out, dout))
+        q, k, v, out, dout = (T.prepare(x, format, self.memory) for x in (q, k, v, out, dout))
         tensors = {"q": q, "k": k, "v": v, "out": out, "dout": dout}
         for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
             if t is not None:
@@ -359,7 +393,8 @@ class Context:
         dv = T.empty(v, kshape[:3] + (vdim,), format) if dv is None else dv
         params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global,
                                assignment=assignment, ulysses=ulysses, sinks=sinks,
-                               softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s))
+                               softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s),
+                               like=q)
         if sinks is not None:
             if dsinks is None:
                 dsinks = T.empty_lse(q, 1, 1, hq).reshape(hq)
@@ -369,10 +404,11 @@ class Context:
             raise ValueError("dsinks is the gradient of sinks: pass sinks too")
         views = [T.view(x, format, dtype) for x in (q, k, v, out)]
         grads = [T.view(x, format, dtype) for x in (dout, dq, dk, dv)]
-        _lib.check(_lib.lib.ctxpar_attn_bwd(self._ctx, ctypes.byref(params),
-                                            *(ctypes.byref(t) for t in views),
-                                            T.data_pointer(lse),
-                                            *(ctypes.byref(t) for t in grads), None))
+        with self._stream(q) as stream:
+            _lib.check(_lib.lib.ctxpar_attn_bwd(self._ctx, ctypes.byref(params),
+                                                *(ctypes.byref(t) for t in views),
+                                                T.data_pointer(lse),
+                                                *(ctypes.byref(t) for t in grads), stream))
         del keep
         return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 
@@ -450,7 +486,8 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
     cu_seqlens: [docs+1] document boundaries, or [B, docs+1] for each batch row its own.
     layout "custom": assignment (int [S], the rank of each token). algo "hybrid": ulysses.
     sinks (float32 [Hq]) and softcap: see Context.attention. lse_lo: also compute the LSE's low
-    part and hand it to the backward.
+    part and hand it to the backward. float64 inputs (NumPy's default) with dtype None are
+    computed in float32, with a warning (F64_NOTE), and come back as float32.
     """
     P = int(ranks)
     if P < 1:
@@ -460,6 +497,9 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
     inputs = {"q": q, "k": k, "v": v}
     if dout is not None:
         inputs["dout"] = dout
+    if dtype is None and T.is_float64(q):  # NumPy's default
+        warnings.warn(T.F64_NOTE + "; simulate returns float32", stacklevel=2)
+        dtype = "f32"
     if dtype is None:
         dtype = T.dtype_name(q)
     if dtype not in T.DTYPES:

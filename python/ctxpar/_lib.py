@@ -127,19 +127,24 @@ def version():
     return lib.ctxpar_version().decode()
 
 
+def load_sibling(env, soname):
+    """A backend's or comm's library: from $env, else next to libctxpar.so, else through the
+    loader's search path (RTLD_GLOBAL: it registers itself with libctxpar.so when loaded)."""
+    path = os.environ.get(env)
+    if not path:
+        sibling = pathlib.Path(library_path).with_name(soname)
+        path = str(sibling) if sibling.exists() else soname
+    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+
 _mpi = None
 
 
 def mpi_library():
-    """libctxpar_mpi.so (the MPI comm), loaded on first use: from CTXPAR_MPI_LIBRARY, else next
-    to libctxpar.so, else through the loader's search path."""
+    """libctxpar_mpi.so (the MPI comm), loaded on first use (load_sibling)."""
     global _mpi
     if _mpi is None:
-        path = os.environ.get("CTXPAR_MPI_LIBRARY")
-        if not path:
-            sibling = pathlib.Path(library_path).with_name("libctxpar_mpi.so.0")
-            path = str(sibling) if sibling.exists() else "libctxpar_mpi.so.0"
-        _mpi = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        _mpi = load_sibling("CTXPAR_MPI_LIBRARY", "libctxpar_mpi.so.0")
         _mpi.ctxpar_comm_create_mpi.restype = c_int
         _mpi.ctxpar_comm_create_mpi.argtypes = [c_void_p, _P(c_void_p)]
     return _mpi

@@ -8,10 +8,11 @@ import numpy as np
 
 from . import _tensor as T
 
+# float64: the tool reads it rounded to float32 (ctxpar computes in float32 at most).
 _NUMPY = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "uint16": "BF16",
-          "int32": "I32", "int64": "I64"}
+          "float64": "F64", "int32": "I32", "int64": "I64"}
 _TORCH = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16",
-          "torch.int32": "I32", "torch.int64": "I64"}
+          "torch.float64": "F64", "torch.int32": "I32", "torch.int64": "I64"}
 
 
 def as_bytes(name, x):
@@ -20,7 +21,7 @@ def as_bytes(name, x):
     if T.is_torch(x):
         dtype = _TORCH.get(str(x.dtype))
         if dtype is None:
-            raise ValueError(f"{name} is {x.dtype}: use float32, float16 or bfloat16 "
+            raise ValueError(f"{name} is {x.dtype}: use float32, float16, bfloat16 or float64 "
                              "(int32 or int64 for cu_seqlens)")
         import torch
         x = x.detach().to("cpu").contiguous()
@@ -33,8 +34,8 @@ def as_bytes(name, x):
                             f"{type(x).__name__}")
         dtype = _NUMPY.get(x.dtype.name)
         if dtype is None:
-            raise ValueError(f"{name} is {x.dtype}: use float32, float16 or bfloat16 (uint16 "
-                             "bits or ml_dtypes), and int32 or int64 for cu_seqlens")
+            raise ValueError(f"{name} is {x.dtype}: use float32, float16, bfloat16 (uint16 "
+                             "bits or ml_dtypes) or float64, and int32 or int64 for cu_seqlens")
         arr, shape = x, x.shape
     arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
     return dtype, [int(n) for n in shape], arr.tobytes()

@@ -11,6 +11,14 @@ import numpy as np
 from . import _lib
 
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
+
+F64_NOTE = ("ctxpar computes float64 inputs in float32 (its CPU backend has no float64): the "
+            "results carry float32 accuracy (about 1e-6 relative), so float64 tolerances such as "
+            "torch.autograd.gradcheck's do not hold")
+
+
+def is_float64(x):
+    return str(x.dtype) in ("float64", "torch.float64")
 FORMATS = ("bshd", "bhsd")
 
 
@@ -71,15 +79,20 @@ def _strides(x):
     return st, usable
 
 
-def prepare(x, fmt):
-    """x itself when the library can read it in place, else a dense copy (inputs only)."""
+def prepare(x, fmt, memory="cpu"):
+    """x itself when the library can read it in place, else a dense copy (inputs only).
+    memory: where the context's device reads tensors, "cpu" or "cuda" (torch tensors only)."""
     if is_torch(x):
-        if x.device.type != "cpu":
-            raise ValueError(f"tensor on {x.device}: only CPU tensors are supported")
+        if x.device.type != memory:
+            raise ValueError(f"tensor on {x.device}: this context's device takes "
+                             f"{'CPU' if memory == 'cpu' else memory.upper()} tensors")
         if x.requires_grad:
             x = x.detach()
     elif not isinstance(x, np.ndarray):
         raise TypeError(f"expected a numpy.ndarray or torch.Tensor, got {type(x).__name__}")
+    elif memory != "cpu":
+        raise TypeError(f"the {memory} device takes torch {memory.upper()} tensors, not NumPy "
+                        "arrays")
     bshd_shape(x, fmt)  # 4-D
     _, usable = _strides(x)
     if usable:
@@ -121,7 +134,8 @@ def empty(like, shape_bshd, fmt, np_dtype=None):
     shape = (b, s, h, d) if fmt == "bshd" else (b, h, s, d)
     if is_torch(like):
         import torch
-        return torch.empty(shape, dtype=like.dtype if np_dtype is None else torch.float32)
+        return torch.empty(shape, dtype=like.dtype if np_dtype is None else torch.float32,
+                           device=like.device)
     return np.empty(shape, dtype=like.dtype if np_dtype is None else np_dtype)
 
 
@@ -129,7 +143,7 @@ def empty_lse(like, batch, heads, seq):
     """LSE: F32 [batch, heads, seq], dense."""
     if is_torch(like):
         import torch
-        return torch.empty((batch, heads, seq), dtype=torch.float32)
+        return torch.empty((batch, heads, seq), dtype=torch.float32, device=like.device)
     return np.empty((batch, heads, seq), dtype=np.float32)
 
 

@@ -1,26 +1,39 @@
-"""PyTorch front: ctxpar attention as an autograd Function, and a drop-in for
-torch.nn.functional.scaled_dot_product_attention (CPU tensors, F32/F16/BF16).
+"""PyTorch front: ctxpar attention as an autograd Function, a drop-in for
+torch.nn.functional.scaled_dot_product_attention, and PyTorch's context_parallel API (CPU
+tensors, F32/F16/BF16; float64 computed in float32, see F64_NOTE).
 
     out = ctxpar.torch.attention(q, k, v, ctx=ctx, mask="causal", layout="zigzag")  # BSHD
     out = ctxpar.torch.scaled_dot_product_attention(q, k, v, is_causal=True, ctx=ctx)  # BHSD
+    with ctxpar.torch.context_parallel(mesh_or_group, buffers=(q, k, v),
+                                       buffer_seq_dims=(2, 2, 2)):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # through ctxpar
 
 ctx: a ctxpar.Context holding this rank's comm; each rank passes its local shard. Without ctx,
 one rank (the whole sequence) on a per-thread default context.
 """
 import threading
+import warnings
 
 import torch
 
 from . import _tensor as T
+from ._context_parallel import (context_parallel, context_parallel_shard,
+                                context_parallel_unshard)
 from ._core import Context
+
+__all__ = ["Attention", "attention", "context_parallel", "context_parallel_shard",
+           "context_parallel_unshard", "scaled_dot_product_attention", "F64_NOTE"]
 
 _default = threading.local()
 
 
-def _default_context():
-    if getattr(_default, "ctx", None) is None:
-        _default.ctx = Context("cpu")
-    return _default.ctx
+def _default_context(like):
+    """This thread's one-rank context for like's device type ("cpu" or "cuda")."""
+    kind = like.device.type
+    contexts = _default.__dict__.setdefault("contexts", {})
+    if kind not in contexts:
+        contexts[kind] = Context(kind)
+    return contexts[kind]
 
 
 def _bshd(x, fmt):
@@ -46,15 +59,27 @@ class Attention(torch.autograd.Function):
     def forward(fctx, q, k, v, sinks, ctx, options):
         T.check_format(options["format"])
         b, s, hq, _ = T.bshd_shape(q, options["format"])
-        lse_lo = torch.empty((b, hq, s), dtype=torch.float32)  # the backward reads lse + lse_lo
+        # The backward reads the LSE as lse + lse_lo.
+        lse_lo = torch.empty((b, hq, s), dtype=torch.float32, device=q.device)
         out, lse = ctx.attention(q, k, v, sinks=sinks, lse_lo=lse_lo, **options)
-        fctx.save_for_backward(q, k, v, out, lse, lse_lo, sinks)
+        # The inputs are kept as detached aliases of their memory, not through
+        # save_for_backward: context_parallel points its buffers at other memory (.data) when
+        # its block ends, before the backward; the aliases keep the shards. The version check
+        # that save_for_backward would make is made in backward.
+        fctx.inputs = tuple(None if x is None else x.detach() for x in (q, k, v, sinks))
+        fctx.versions = tuple(None if x is None else x._version for x in fctx.inputs)
+        fctx.save_for_backward(out, lse, lse_lo)
         fctx.ctx, fctx.options = ctx, options
         return out
 
     @staticmethod
     def backward(fctx, dout):
-        q, k, v, out, lse, lse_lo, sinks = fctx.saved_tensors
+        out, lse, lse_lo = fctx.saved_tensors
+        q, k, v, sinks = fctx.inputs
+        for x, version, name in zip(fctx.inputs, fctx.versions, ("q", "k", "v", "sinks")):
+            if x is not None and x._version != version:
+                raise RuntimeError(f"ctxpar attention: {name} was modified in place after the "
+                                   "forward; its backward needs the values it was called with")
         grads = fctx.ctx.attention_backward(q, k, v, out, lse, dout, sinks=sinks, lse_lo=lse_lo,
                                             **fctx.options)
         dsinks = None
@@ -77,17 +102,33 @@ def attention(q, k, v, *, ctx=None, algo="ring", layout="zigzag", mask="causal",
     """
     if sinks is not None and not isinstance(sinks, torch.Tensor):
         sinks = torch.as_tensor(sinks, dtype=torch.float32)
+    if q.dtype == torch.float64:
+        return _in_float32(attention, q, k, v, ctx=ctx, algo=algo, layout=layout, mask=mask,
+                           window=window, cu_seqlens=cu_seqlens, scale=scale,
+                           seq_len_global=seq_len_global, assignment=assignment,
+                           ulysses=ulysses, sinks=sinks, softcap=softcap, format=format)
     options = dict(algo=algo, layout=layout, mask=mask, window=window, cu_seqlens=cu_seqlens,
                    scale=scale, seq_len_global=seq_len_global, assignment=assignment,
                    ulysses=ulysses, softcap=softcap, format=format)
-    return Attention.apply(q, k, v, sinks, ctx if ctx is not None else _default_context(),
+    return Attention.apply(q, k, v, sinks, ctx if ctx is not None else _default_context(q),
                            options)
+
+
+F64_NOTE = T.F64_NOTE
+
+
+def _in_float32(fn, q, k, v, **kw):
+    """fn on float32 copies of float64 q, k, v, its result back in float64; autograd carries the
+    casts (the gradients come back as float64 too). Warns (F64_NOTE), once per call site."""
+    warnings.warn(F64_NOTE, stacklevel=3)
+    return fn(q.float(), k.float(), v.float(), **kw).double()
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False, *, ctx=None,
-                                 algo="ring", layout="zigzag"):
-    """F.scaled_dot_product_attention's signature over ctxpar: [B, H, S, D] tensors."""
+                                 algo="ring", layout="zigzag", seq_len_global=0):
+    """F.scaled_dot_product_attention's signature over ctxpar: [B, H, S, D] tensors (non-causal
+    unless is_causal, as PyTorch's). float64 is computed in float32 (F64_NOTE)."""
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported: ctxpar masks are is_causal, windows and "
                          "documents (ctxpar.torch.attention)")
@@ -99,4 +140,5 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: pass "
                          "enable_gqa=True for grouped-query attention")
     return attention(query, key, value, ctx=ctx, algo=algo, layout=layout,
-                     mask="causal" if is_causal else "none", scale=scale, format="bhsd")
+                     mask="causal" if is_causal else "none", scale=scale,
+                     seq_len_global=seq_len_global, format="bhsd")

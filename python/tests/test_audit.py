@@ -203,7 +203,7 @@ def test_bad_options_raise_before_the_tool_runs(monkeypatch):
                       (dict(out=out, lse_base=10), "lse_base"), (dict(out=out, ranks=0), "ranks"),
                       (dict(out=out, scale=float("nan")), "scale"), (dict(out=out, mask="sliding"), "mask"),
                       (dict(out=out, max_ratio=0.5), "max_ratio"),
-                      (dict(out=out.astype(np.float64)), "float64")):
+                      (dict(out=out.astype(np.complex64)), "complex64")):
         kw.setdefault("ranks", 2)
         with pytest.raises(ValueError, match=match):
             ctxpar.audit(q, k, v, **kw)
@@ -287,3 +287,52 @@ def test_report_writes_a_self_contained_page_of_the_failing_rows(tmp_path, tool)
     # A report that cannot be written is the tool's error, raised with its message.
     with pytest.raises(ctxpar.AuditError, match="cannot write the report"):
         ctxpar.audit(q, k, v, out=res["out"], ranks=P, report=tmp_path / "no" / "such.html")
+
+
+MASK_HINT = "is the mask right? (--mask none for non-causal results)"
+
+
+def test_a_non_causal_result_judged_as_causal_gets_the_mask_hint(tool):
+    """PyTorch's SDPA is non-causal by default: such a result audited with the default causal
+    mask fails from position 0 on, and the verdict asks about the mask; with mask "none" it is
+    consistent, and a lost rank's rows (a real bug) get no such hint."""
+    (q, k, v, do), res, _ = case("f32", mask="none")
+    rep = ctxpar.audit(q, k, v, do, **res, ranks=2)
+    assert not rep.consistent and rep.json.get("hint") == MASK_HINT
+    assert rep.tensors["out"].worst.position == 0 or rep.tensors["out"].failing_rows >= 32
+    assert ctxpar.audit(q, k, v, do, **res, ranks=2, mask="none").consistent
+    (q, k, v, do), res, _ = case("f32")
+    res["out"] = res["out"].copy()
+    res["out"][:, ctxpar.positions("zigzag", 64, 1, 2)] = 0
+    rep = ctxpar.audit(q, k, v, do, **res, ranks=2)
+    assert not rep.consistent and "hint" not in rep.json
+
+
+def test_bhsd_files_read_as_bshd_get_a_warning(tmp_path, tool):
+    """[B, H, S, D] files (4 heads, 64 tokens) audited in the default bshd order read as 64
+    heads of 4 tokens: the tool warns and names --format bhsd; read as bhsd, no warning."""
+    (q, k, v, _), _, _ = case("f32", hk=4)
+    for name, x in zip("qkv", (q, k, v)):
+        np.save(tmp_path / f"{name}.npy", np.ascontiguousarray(to_format(x, "bhsd")))
+    files = [arg for n in "qkv" for arg in (f"--{n}", str(tmp_path / f"{n}.npy"))]
+    run = subprocess.run([tool, "audit", *files, "--ranks", "2"], capture_output=True,
+                         text=True)
+    assert "more heads than tokens" in run.stderr and "--format bhsd" in run.stderr, run.stderr
+    run = subprocess.run([tool, "audit", *files, "--ranks", "2", "--format", "bhsd"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and "warning" not in run.stderr, run.stderr
+
+
+def test_float64_inputs_are_reference_data_results_judged_at_their_dtype(tool):
+    """NumPy's float64 inputs (here with more digits than float32 holds): the tool reads them
+    rounded to float32 (saying so on stderr) and judges the results at their own dtype: float64
+    attention on the float64 inputs, stored as float32 results, is consistent; a lost rank's
+    dv rows are not."""
+    q, k, v, do = (x.astype(np.float64) * (1 + 1e-9) for x in inputs(s=64, hq=4, hk=2, d=16))
+    ref = ctxpar.oracle(q, k, v, do)
+    res = {n: ref[n].astype(np.float32) for n in ("out", "lse", "dq", "dk", "dv")}
+    rep = ctxpar.audit(q, k, v, do, **res, ranks=2)
+    assert rep.consistent, str(rep)
+    res["dv"][:, ctxpar.positions("zigzag", 64, 1, 2)] = 0
+    rep = ctxpar.audit(q, k, v, do, **res, ranks=2)
+    assert not rep.consistent and rep.tensors["dv"].worst.rank == 1

@@ -86,3 +86,16 @@ def test_simulate_window_one_sees_only_itself():
     res = ctxpar.simulate(q, k, v, do, ranks=2, mask="causal", window=1, num_threads=1)
     check(res, ctxpar.oracle(q, k, v, do, mask="causal", window=1), "f32")
     np.testing.assert_allclose(res["out"], v, atol=1e-6)
+
+
+def test_simulate_float64_is_computed_in_float32_with_a_note():
+    """NumPy's default dtype: float64 inputs are rounded to float32 (a warning says so) and
+    the results, float32, match the float64 oracle on the float64 inputs within float32's
+    bound plus that rounding."""
+    q, k, v, do = (x.astype(np.float64) + 1e-9 for x in inputs(s=40, hq=4, hk=2, d=16, seed=8))
+    with pytest.warns(UserWarning, match="float64 inputs in float32"):
+        res = ctxpar.simulate(q, k, v, do, ranks=3, num_threads=1)
+    ref = ctxpar.oracle(q, k, v, do)
+    for name in ("out", "dq", "dk", "dv"):
+        assert res[name].dtype == np.float32
+        assert max_error(res[name], ref[name]) <= 4e-6, name

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="skipped: torch is not installed")
-import torch.nn.functional as F  # noqa: E402
 
 import ctxpar  # noqa: E402
 import ctxpar.torch  # noqa: E402
@@ -21,10 +20,12 @@ def bhsd_inputs(b, h, hk, s, d, dtype, seed=0):
 
 
 def sdpa64(q, k, v, dout, causal):
-    """torch's own attention in float64 on the same (rounded) inputs: out and gradients."""
+    """SDPA's result in float64 on the same (rounded) [B, H, S, D] inputs, out and gradients:
+    attention64 written out in torch ops (torch 1.13, Debian's, has no
+    F.scaled_dot_product_attention)."""
     q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                         enable_gqa=q.shape[1] != k.shape[1])
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    out = t(attention64(t(q), t(k), t(v), causal=causal))
     out.backward(dout.double())
     return out.detach(), q.grad, k.grad, v.grad
 
@@ -98,9 +99,20 @@ def test_sdpa_rejects_what_it_cannot_do():
         ctxpar.torch.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(16, 16))
     with pytest.raises(ValueError, match="dropout"):
         ctxpar.torch.scaled_dot_product_attention(q, k, v, dropout_p=0.1, enable_gqa=True)
-    with pytest.raises(ValueError, match="float64"):
-        ctxpar.torch.scaled_dot_product_attention(q.double(), k.double(), v.double(),
-                                                  enable_gqa=True)
+
+
+def test_float64_computed_in_float32_with_a_note():
+    """float64 tensors (non-causal SDPA, GQA) come back as float64, gradients too, with
+    float32 accuracy against float64 SDPA, and a warning that says so."""
+    q, k, v, do = (x.double() for x in bhsd_inputs(1, 4, 2, 40, 8, torch.float32, seed=4))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    with pytest.warns(UserWarning, match="float64 inputs in float32"):
+        out = ctxpar.torch.scaled_dot_product_attention(*leaves, enable_gqa=True)
+    out.backward(do)
+    assert out.dtype == torch.float64 and all(x.grad.dtype == torch.float64 for x in leaves)
+    ref = sdpa64(q, k, v, do, False)
+    for got, want, name in zip([out] + [x.grad for x in leaves], ref, "o q k v".split()):
+        assert max_error(got.detach().numpy(), want.numpy()) <= 4e-6, name
 
 
 def test_simulate_takes_torch_tensors():
@@ -221,3 +233,38 @@ def test_autograd_sinks_one_rank_and_no_grad():
     ref_out = attention64(q.double(), k.double(), v.double(), causal=True,
                           sinks=torch.tensor([1.0, -0.5], dtype=torch.float64))
     assert max_error(out.numpy(), ref_out.numpy()) <= 4e-6
+
+
+def test_cuda_tensors_through_the_cuda_device():
+    """Context("cuda") on torch CUDA tensors (torch's current stream): the SDPA drop-in
+    forward and backward, GQA, BF16 and F32, against float64 attention on the same inputs.
+    Needs a GPU and a ctxpar built with CUDA."""
+    if not torch.cuda.is_available():
+        pytest.skip("skipped: no CUDA device (torch.cuda.is_available() is False)")
+    try:
+        ctx = ctxpar.Context("cuda")
+    except (ValueError, ctxpar.CtxparError) as e:
+        pytest.skip(f"skipped: ctxpar's CUDA device is not usable here ({e})")
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v, do = bhsd_inputs(1, 4, 2, 128, 64, dtype, seed=6)
+        leaves = [x.cuda().requires_grad_() for x in (q, k, v)]
+        out = ctxpar.torch.scaled_dot_product_attention(*leaves, is_causal=True,
+                                                        enable_gqa=True, ctx=ctx)
+        out.backward(do.cuda())
+        assert out.device.type == "cuda"
+        ref = sdpa64(q, k, v, do, True)
+        for got, want, name in zip([out] + [x.grad for x in leaves], ref, "o q k v".split()):
+            assert max_error(got.detach().double().cpu().numpy(), want.numpy()) <= \
+                TOL[dtype], (dtype, name)
+
+
+def test_cuda_device_without_a_gpu_is_a_clear_error():
+    """Where there is no GPU, Context("cuda") raises a ctxpar error naming why (no
+    libctxpar_cuda.so, or the CUDA error), and CPU tensors given to a CPU context on a CUDA
+    tensor's path are refused in Python."""
+    if torch.cuda.is_available():
+        pytest.skip("skipped: this machine has a GPU (the test above runs instead)")
+    with pytest.raises((ValueError, ctxpar.CtxparError), match="cuda|CUDA"):
+        ctxpar.Context("cuda")
+    with pytest.raises(TypeError, match="torch CUDA tensors"):
+        _tensor.prepare(np.zeros((1, 2, 2, 4), np.float32), "bshd", "cuda")

@@ -49,7 +49,13 @@ typedef struct cpt_audit_report {
     int has_dsinks, dsinks_consistent;
     double dsinks_error, dsinks_reference_error, dsinks_bound_ratio;
     int64_t dsinks_worst_head;
+    /* out fails at its first row and at half its rows or more: what a result computed under
+     * another mask looks like (a non-causal one judged as causal, or the reverse). */
+    int mask_hint;
 } cpt_audit_report;
+
+/* The hint printed with such a verdict. */
+#define CPT_AUDIT_MASK_HINT "is the mask right? (--mask none for non-causal results)"
 
 /* The layout the options declare (format, lse conventions, ranks, layout, --assign); no
  * documents. */

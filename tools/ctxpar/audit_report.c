@@ -103,12 +103,23 @@ static ctxpar_status judge_tensors(const cpt_cli *cli, const cpt_audit_layout *l
     return st;
 }
 
+// A wrong mask fails the first row (causal: it sees only itself) and most rows after it;
+// a bug of the algorithm fails some ranks' rows, seldom the first and half of them at once.
+static int looks_like_mask_mismatch(const cpt_cli *cli, const cpt_run_result *r,
+                                    const cpt_audit_verdict *out) {
+    const int64_t rows =
+        r->sample.rows ? r->sample.n * cli->cfg.batch : cli->cfg.seq * cli->cfg.batch;
+    return out->ranks && !out->consistent && out->n_ranges && out->ranges[0].first == 0 &&
+           2 * out->failing_rows >= rows;
+}
+
 ctxpar_status cpt_audit_judge_all(const cpt_cli *cli, const cpt_audit_state *a,
                                   const cpt_run_result *r, int heat_cols, cpt_audit_report *rep) {
     ctxpar_status st = judge_tensors(cli, &a->lay, a->res, r, heat_cols, rep);
     if (st == CTXPAR_OK && a->dsinks)
         st = judge_dsinks(cli, a, r, rep);
     rep->judged = st == CTXPAR_OK;
+    rep->mask_hint = rep->judged && looks_like_mask_mismatch(cli, r, &rep->v[CPT_T_OUT]);
     return st;
 }
 
@@ -239,6 +250,8 @@ static void print_verdict(FILE *f, const cpt_cli *cli, const cpt_run_result *r,
         fprintf(f, "; an error above --max-ratio %g x ctxpar's own", cli->max_ratio);
     }
     fputc('\n', f);
+    if (rep->mask_hint)
+        fprintf(f, "hint: %s\n", CPT_AUDIT_MASK_HINT);
 }
 
 static void print_table(FILE *f, const cpt_cli *cli, const cpt_audit_report *rep) {
@@ -314,6 +327,8 @@ static void print_against_json(FILE *f, const cpt_cli *cli, const cpt_audit_repo
         cpt_json_num(f, cli->max_ratio);
     else
         fputs("null", f);
+    if (rep->mask_hint)
+        fputs(",\"hint\":\"" CPT_AUDIT_MASK_HINT "\"", f);
     fputs(",\"against\":{", f);
     for (int i = 0, first = 1; i < CPT_RUN_TENSORS; i++) {
         const cpt_audit_verdict *v = &rep->v[i];

@@ -49,6 +49,22 @@ static const cpt_audit_src *find(const cpt_audit_src *const *order, int count,
     return NULL;
 }
 
+// PyTorch's SDPA tensors are [B, H, S, D]: read as [B, S, H, D] they show more heads than
+// tokens, or as many heads as cu_seqlens has tokens. A warning, not an error: such shapes can
+// be meant.
+static void warn_bhsd_as_bshd(const cpt_audit_state *a, const cpt_audit_layout *lay) {
+    const int64_t *d = a->in[IN_Q].dims; // [B, S, H, D] whatever the files' order
+    const int32_t cu_end = a->cu_seqlens ? a->cu_seqlens[a->num_docs] : -1;
+    if (lay->format != CPT_TFORMAT_BSHD || (d[2] <= d[1] && cu_end != d[2]))
+        return;
+    fprintf(stderr,
+            "warning: q read as [B, S, H, D] = [%lld, %lld, %lld, %lld] has %s; if the files "
+            "are [B, H, S, D] (PyTorch's scaled_dot_product_attention order), pass --format "
+            "bhsd\n",
+            (long long)d[0], (long long)d[1], (long long)d[2], (long long)d[3],
+            d[2] > d[1] ? "more heads than tokens" : "as many heads as cu_seqlens has tokens");
+}
+
 // k and v alike but for v's head_dim (MLA: Dv); batch, seq and head_dim as q's; q's heads a
 // multiple of k's; dout like q with v's head_dim; one dtype for all.
 static int check_inputs(const cpt_audit_state *a, const cpt_audit_layout *lay, char *msg,
@@ -299,6 +315,7 @@ int cpt_audit_load(cpt_cli *cli, cpt_audit_state *a, char *msg, size_t n) {
     }
     if (!check_inputs(a, &a->lay, msg, n))
         return 0;
+    warn_bhsd_as_bshd(a, &a->lay);
     if (cli->sinks_path && !cpt_cli_load_sinks(cli, a->in[IN_Q].dims[2], msg, n))
         return 0;
     for (int64_t r = 0; a->cu_seqlens && r < (a->cu_seqlens_rows ? a->cu_seqlens_rows : 1); r++)

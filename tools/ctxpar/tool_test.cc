@@ -1543,7 +1543,7 @@ TEST(Plan, JsonFieldsAndCounts) {
     EXPECT_GT(j["predicted_time_s"].num, 0);
     EXPECT_EQ(j["model"].str, "cpu");
     ASSERT_TRUE(j.Has("explain"));
-    EXPECT_EQ(j["explain"]["candidates"].items.size(), 4u);
+    EXPECT_EQ(j["explain"]["candidates"].items.size(), 5u); // every entry, decode refusing
 }
 
 // The text table is for people (bytes in KiB/MiB/GiB, times in s/ms/us), the JSON exact and

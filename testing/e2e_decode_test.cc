@@ -209,8 +209,8 @@ TEST(Decode, AutoPicksDecodeForFewQueries) {
 }
 
 // The front door's checks of q_len, on one rank: each a clear INVALID_ARG naming the field, and
-// the caller's out and lse untouched.
-TEST(Decode, BadShortQueriesAreInvalidAndWriteNothing) {
+// the caller's out and lse untouched; then the calls that only look (choose, supported, reserve).
+TEST(Decode, FrontDoorOnOneRank) {
     ctxpar_device *dev = nullptr;
     ctxpar_local_group *group = nullptr;
     ctxpar_comm *comm = nullptr;
@@ -245,6 +245,19 @@ TEST(Decode, BadShortQueriesAreInvalidAndWriteNothing) {
         ASSERT_EQ(x, 7.0f);
     for (float x : lse)
         ASSERT_EQ(x, 7.0f);
+    // The queries without a call: what AUTO takes, whether it can run, its workspace.
+    ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
+    p.mask = CTXPAR_MASK_CAUSAL;
+    p.q_len = 2;
+    ctxpar_tensor tq = ctxpar_tensor_bshd(q.data(), CTXPAR_DTYPE_F32, 1, 2, H, D);
+    ctxpar_tensor tk = ctxpar_tensor_bshd(k.data(), CTXPAR_DTYPE_F32, 1, S, H, D);
+    ctxpar_algo algo = CTXPAR_ALGO_AUTO;
+    ASSERT_EQ(ctxpar_attn_choose_algo(ctx, &p, &tq, &tk, &algo), CTXPAR_OK) << ctxpar_last_error();
+    EXPECT_EQ(algo, CTXPAR_ALGO_DECODE);
+    EXPECT_EQ(ctxpar_attn_supported(ctx, &p, &tq, &tk, &tk), CTXPAR_OK) << ctxpar_last_error();
+    EXPECT_EQ(ctxpar_context_reserve(ctx, &p, &tq, &tk, &tk), CTXPAR_OK) << ctxpar_last_error();
+    p.algo = CTXPAR_ALGO_RING;
+    EXPECT_EQ(ctxpar_attn_supported(ctx, &p, &tq, &tk, &tk), CTXPAR_ERR_NOT_SUPPORTED);
     ctxpar_context_destroy(ctx);
     ctxpar_comm_destroy(comm);
     ctxpar_local_group_destroy(group);

@@ -208,6 +208,39 @@ TEST(Decode, AutoPicksDecodeForFewQueries) {
     }
 }
 
+// What decode moves per call is its partials, B x N x Hq x (Dv + 1) floats to each other rank
+// (docs/algorithms.md), never K/V; after the first call it allocates nothing.
+TEST(Decode, SendsOnlyThePartialsAndAllocatesNothing) {
+    for (int p : {2, 4, 5}) {
+        cpt_run_config cfg;
+        cpt_run_config_default(&cfg);
+        cfg.ranks = p;
+        cfg.seq = 301;
+        cfg.heads = 4;
+        cfg.kv_heads = 2;
+        cfg.head_dim = 16;
+        cfg.head_dim_v = 24;
+        cfg.batch = 2;
+        cfg.threads = 1;
+        cfg.warmup = 1;
+        cfg.repeat = 2;
+        cfg.compare_single = 0;
+        cfg.params.algo = CTXPAR_ALGO_DECODE;
+        cfg.params.layout = CTXPAR_LAYOUT_STRIPED;
+        cfg.params.q_len = 3;
+        cpt_run_result r;
+        ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
+        ASSERT_EQ(r.status, CTXPAR_OK) << r.message;
+        EXPECT_TRUE(r.ok);
+        const uint64_t part = 2 * 3 * 4 * (24 + 1) * sizeof(float);
+        for (int i = 0; i < p; i++) {
+            EXPECT_EQ(r.rank[i].bytes_sent, part * static_cast<uint64_t>(p - 1)) << "rank " << i;
+            EXPECT_EQ(r.rank[i].allocations, 0u) << "rank " << i;
+        }
+        cpt_run_result_free(&r);
+    }
+}
+
 // The front door's checks of q_len, on one rank: each a clear INVALID_ARG naming the field, and
 // the caller's out and lse untouched; then the calls that only look (choose, supported, reserve).
 TEST(Decode, FrontDoorOnOneRank) {

@@ -153,8 +153,8 @@ std::vector<Case> AllCases() {
 
 INSTANTIATE_TEST_SUITE_P(Decode, EndToEndDecode, testing::ValuesIn(AllCases()), CaseName);
 
-// One run of a small problem with q_len; returns its result (status and message).
-cpt_run_result RunShort(ctxpar_algo algo, int ranks, int64_t q_len, int backward) {
+// A small problem with q_len.
+cpt_run_config ShortConfig(ctxpar_algo algo, int ranks, int64_t q_len) {
     cpt_run_config cfg;
     cpt_run_config_default(&cfg);
     cfg.ranks = ranks;
@@ -163,9 +163,15 @@ cpt_run_result RunShort(ctxpar_algo algo, int ranks, int64_t q_len, int backward
     cfg.kv_heads = 4;
     cfg.head_dim = 16;
     cfg.threads = 1;
-    cfg.backward = backward;
     cfg.params.algo = algo;
     cfg.params.q_len = q_len;
+    return cfg;
+}
+
+// One run of it; returns its result (status and message).
+cpt_run_result RunShort(ctxpar_algo algo, int ranks, int64_t q_len, int backward) {
+    cpt_run_config cfg = ShortConfig(algo, ranks, q_len);
+    cfg.backward = backward;
     cpt_run_result r;
     EXPECT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
     return r;
@@ -207,22 +213,15 @@ TEST(Decode, AutoPicksDecodeForFewQueries) {
 // (docs/algorithms.md), never K/V; after the first call it allocates nothing.
 TEST(Decode, SendsOnlyThePartialsAndAllocatesNothing) {
     for (int p : {2, 4, 5}) {
-        cpt_run_config cfg;
-        cpt_run_config_default(&cfg);
-        cfg.ranks = p;
+        cpt_run_config cfg = ShortConfig(CTXPAR_ALGO_DECODE, p, 3);
         cfg.seq = 301;
-        cfg.heads = 4;
         cfg.kv_heads = 2;
-        cfg.head_dim = 16;
         cfg.head_dim_v = 24;
         cfg.batch = 2;
-        cfg.threads = 1;
         cfg.warmup = 1;
         cfg.repeat = 2;
         cfg.compare_single = 0;
-        cfg.params.algo = CTXPAR_ALGO_DECODE;
         cfg.params.layout = CTXPAR_LAYOUT_STRIPED;
-        cfg.params.q_len = 3;
         cpt_run_result r;
         ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();
         ASSERT_EQ(r.status, CTXPAR_OK) << r.message;

@@ -85,6 +85,10 @@ typedef struct ctxpar_problem {
     float *dsinks;        /* [Hq] device memory, or NULL */
     int64_t sinks_hash;   /* of the sink values' bits, for the agreement check */
     float *lse_lo; /* params.lse_lo: the caller's LSE low part [B, Hq, S/P], or NULL */
+    /* params.q_len: 0, or the queries every rank holds at the last q_len global positions (then
+     * seq_local and the map are the keys' shards); q_span: their positions with q_len. */
+    int64_t q_len;
+    ctxpar_span q_span;
 } ctxpar_problem;
 
 /* Rank j's token count and positions in a problem. */
@@ -93,6 +97,17 @@ static inline int64_t ctxpar_problem_count(const ctxpar_problem *pb, int j) {
 }
 static inline ctxpar_spans ctxpar_problem_spans(const ctxpar_problem *pb, int j) {
     return ctxpar_layout_map_spans(pb->map, j);
+}
+/* The rows of this rank's q, out and lse: its shard's, or q_len. */
+static inline int64_t ctxpar_problem_q_rows(const ctxpar_problem *pb) {
+    return pb->q_len ? pb->q_len : pb->seq_local;
+}
+/* The positions of this rank's queries: its shard, or the last q_len positions. */
+static inline ctxpar_spans ctxpar_problem_q_spans(const ctxpar_problem *pb) {
+    if (pb->q_len == 0)
+        return ctxpar_problem_spans(pb, pb->rank);
+    ctxpar_spans s = {&pb->q_span, 1};
+    return s;
 }
 
 /*

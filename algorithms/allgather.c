@@ -70,7 +70,7 @@ static size_t allgather_layout(const ctxpar_problem *pb, int backward, char *bas
     const int P = pb->nranks;
     const size_t block = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_max);
     const size_t q_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
-    const size_t row_n = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1);
+    const size_t row_n = ctxpar_count(pb->batch, pb->heads_q, ctxpar_problem_q_rows(pb), 1);
     const size_t dkv_global = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_global);
     ctxpar_carve c = {base, 0};
     memset(w, 0, sizeof *w);
@@ -79,12 +79,12 @@ static size_t allgather_layout(const ctxpar_problem *pb, int backward, char *bas
     w->kv_global = ctxpar_carve_take(&c, ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_global));
     if (!backward) {
         w->out_acc = ctxpar_carve_take(
-            &c, ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim_v) *
+            &c, ctxpar_count(pb->batch, ctxpar_problem_q_rows(pb), pb->heads_q, pb->head_dim_v) *
                     sizeof(float));
         w->lse_acc = ctxpar_carve_take(&c, row_n * sizeof(float));
         if (pb->sinks)
-            w->fold = ctxpar_carve_take(&c, ctxpar_sinks_fold_bytes(pb, pb->seq_local,
-                                                                    pb->heads_q));
+            w->fold = ctxpar_carve_take(
+                &c, ctxpar_sinks_fold_bytes(pb, ctxpar_problem_q_rows(pb), pb->heads_q));
         w->lse_lo = ctxpar_carve_take(&c, row_n * sizeof(float));
         return c.used;
     }
@@ -128,16 +128,15 @@ static ctxpar_status ctxpar_allgather_fwd(const ctxpar_run *run, const ctxpar_pr
     allgather_ws w;
     CTXPAR_CHECK(setup(run, pb, 0, k, v, &w));
     ctxpar_span all = {0, pb->seq_global, 1};
-    ctxpar_attn_block blk = whole_block(pb, ctxpar_problem_spans(pb, pb->rank), &all, q,
-                                        w.kv_global);
+    ctxpar_attn_block blk = whole_block(pb, ctxpar_problem_q_spans(pb), &all, q, w.kv_global);
     (void)ctxpar_block_account(run, pb, blk.q_pos, blk.k_pos);
     blk.lse_lo = w.lse_lo; // 0 stands for a device that does not keep it
     CTXPAR_CHECK(ctxpar_dev_fill(run->dev, w.lse_lo, 0.0f,
-                                 ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1),
+                                 ctxpar_count(pb->batch, pb->heads_q, ctxpar_problem_q_rows(pb), 1),
                                  run->stream));
     // The kernel handles rows that see nothing (out 0, lse -inf), so it runs unless this rank
     // holds no rows at all.
-    if (pb->seq_local > 0) {
+    if (ctxpar_problem_q_rows(pb) > 0) {
         double t0 = ctxpar_now();
         CTXPAR_CHECK(
             ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc, 0, run->stream));
@@ -231,14 +230,18 @@ done:
 // the whole K/V at once: the part of it beyond the local Q and out it sits beside is counted
 // against it. Where the gathered K/V is no larger (Hkv·P <= Hq, GQA with few K/V heads) it wins
 // the tie with the ring (the 0.5) for its bitwise reproducibility and its single large transfer.
+// With params.q_len the Q and out beside it are q_len rows, not S/P.
 static double allgather_cost(const ctxpar_problem *pb) {
-    const double held = (double)pb->heads_kv * pb->nranks, beside = (double)pb->heads_q;
+    const double held = (double)pb->heads_kv * pb->nranks;
+    const double beside =
+        pb->q_len ? (double)pb->heads_q * (double)pb->q_len * pb->nranks / (double)pb->seq_global
+                  : (double)pb->heads_q;
     return 2.0 * held + (held - beside) - 0.5;
 }
 
-// The local queries against the whole sequence, all heads.
+// The local queries (or the q_len replicated ones) against the whole sequence, all heads.
 static void allgather_blocks(const ctxpar_problem *pb, ctxpar_attn_query *q) {
-    q->seq_q = pb->seq_max; // the same bound on every rank
+    q->seq_q = pb->q_len ? pb->q_len : pb->seq_max; // the same bound on every rank
     q->seq_k = pb->seq_global;
 }
 
@@ -256,4 +259,5 @@ const ctxpar_algorithm ctxpar_allgather_algorithm = {
     .blocks = allgather_blocks,
     .workspace_bytes = ctxpar_allgather_workspace_bytes,
     .cost = allgather_cost,
+    .short_queries = 1,
 };

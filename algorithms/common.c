@@ -498,18 +498,19 @@ ctxpar_status ctxpar_store_fwd(const ctxpar_run *run, const ctxpar_problem *pb, 
                                float *lse_acc, float *lse_lo_acc, void *fold_scratch,
                                ctxpar_tensor *out, float *lse) {
     if (pb->sinks) { // once, on the finished rows
-        CTXPAR_CHECK(ctxpar_sinks_fold(run, pb, out_acc, lse_acc, pb->seq_local, pb->heads_q, 0,
-                                       fold_scratch));
+        CTXPAR_CHECK(ctxpar_sinks_fold(run, pb, out_acc, lse_acc, ctxpar_problem_q_rows(pb),
+                                       pb->heads_q, 0, fold_scratch));
         // The fold rounds the new LSE to F32: the old low part no longer belongs to it.
         if (lse_lo_acc)
-            CTXPAR_CHECK(ctxpar_dev_fill(run->dev, lse_lo_acc, 0.0f,
-                                         ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1),
-                                         run->stream));
+            CTXPAR_CHECK(ctxpar_dev_fill(
+                run->dev, lse_lo_acc, 0.0f,
+                ctxpar_count(pb->batch, pb->heads_q, ctxpar_problem_q_rows(pb), 1), run->stream));
     }
-    ctxpar_tensor acc = ctxpar_tensor_bshd(out_acc, CTXPAR_DTYPE_F32, pb->batch, pb->seq_local,
-                                           pb->heads_q, pb->head_dim_v);
+    ctxpar_tensor acc = ctxpar_tensor_bshd(out_acc, CTXPAR_DTYPE_F32, pb->batch,
+                                           ctxpar_problem_q_rows(pb), pb->heads_q, pb->head_dim_v);
     CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &acc, out, run->stream));
-    size_t bytes = ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) * sizeof(float);
+    size_t bytes =
+        ctxpar_count(pb->batch, pb->heads_q, ctxpar_problem_q_rows(pb), 1) * sizeof(float);
     if (pb->lse_lo && lse_lo_acc)
         CTXPAR_CHECK(ctxpar_dev_copy(run->dev, pb->lse_lo, lse_lo_acc, bytes, CTXPAR_COPY_D2D,
                                      run->stream));

@@ -5,11 +5,12 @@
 #include "registry.h"
 
 extern const ctxpar_algorithm ctxpar_ring_algorithm, ctxpar_allgather_algorithm,
-    ctxpar_alltoall_algorithm, ctxpar_hybrid_algorithm;
+    ctxpar_alltoall_algorithm, ctxpar_hybrid_algorithm, ctxpar_decode_algorithm;
 
 // In ctxpar_algo order: entry i has id i + 1.
 static const ctxpar_algorithm *const table[] = {&ctxpar_ring_algorithm, &ctxpar_allgather_algorithm,
-                                                &ctxpar_alltoall_algorithm, &ctxpar_hybrid_algorithm};
+                                                &ctxpar_alltoall_algorithm,
+                                                &ctxpar_hybrid_algorithm, &ctxpar_decode_algorithm};
 #define COUNT ((int)(sizeof table / sizeof table[0]))
 
 const ctxpar_algorithm *const *ctxpar_algorithms(int *count_out) {
@@ -26,11 +27,19 @@ const ctxpar_algorithm *ctxpar_algorithm_find(ctxpar_algo algo) {
 
 ctxpar_status ctxpar_algorithm_check(const ctxpar_algorithm *algo, const ctxpar_problem *pb,
                                      const ctxpar_device *dev, int backward) {
+    if (pb->q_len > 0 && !algo->short_queries)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "the %s algorithm does not take queries shorter than the keys "
+                            "(params.q_len %lld): use decode or allgather",
+                            algo->name, (long long)pb->q_len);
     CTXPAR_CHECK(algo->check(pb));
     if (!dev)
         return CTXPAR_OK;
-    ctxpar_attn_query q = {pb->dtype,    pb->batch,    pb->seq_local, pb->seq_local, pb->heads_q,
-                           pb->heads_kv, pb->head_dim, pb->mask,      backward,
+    if (pb->q_len > 0) // forward only: ctxpar_attn_bwd refuses such a problem
+        backward = 0;
+    ctxpar_attn_query q = {pb->dtype,      pb->batch,   ctxpar_problem_q_rows(pb),
+                           pb->seq_local,  pb->heads_q, pb->heads_kv,
+                           pb->head_dim,   pb->mask,    backward,
                            pb->head_dim_v, pb->softcap, pb->sinks != NULL};
     algo->blocks(pb, &q);
     return ctxpar_dev_attn_supported(dev, &q);

@@ -47,6 +47,10 @@ typedef struct ctxpar_algorithm {
 
     /* The optional hooks below: NULL / 0 for none. */
 
+    /* 1: it runs queries shorter than the keys (params.q_len > 0, forward only); 0: such a
+     * problem is NOT_SUPPORTED for it, before its own check runs. */
+    int short_queries;
+
     /* State kept between calls (the hybrid's sub-comms): the caller of ctxpar_call_forward /
      * _backward (a context; a rank of a dry run) keeps one zeroed block of state_bytes for the
      * algorithm, made at its first call and passed to every call as run->state; state_release

@@ -92,6 +92,8 @@ typedef enum ctxpar_algo {
     CTXPAR_ALGO_ALLGATHER = 2, /* gather all K/V, then compute; bitwise equal to P = 1 */
     CTXPAR_ALGO_ALLTOALL = 3,  /* Ulysses: re-shard heads; needs heads divisible by P */
     CTXPAR_ALGO_HYBRID = 4,    /* all-to-all in groups of params.ulysses ranks, ring across them */
+    CTXPAR_ALGO_DECODE = 5,    /* params.q_len > 0: replicated queries over the sharded K/V, each
+                                  rank's partial (out, lse) merged by LSE; forward only */
 } ctxpar_algo;
 
 typedef enum ctxpar_layout {
@@ -164,13 +166,22 @@ typedef struct ctxpar_attn_params {
      * into a relative error of every P of the row (docs/numerics.md); NULL = lse alone. A
      * backend that does not compute it writes 0. */
     float *lse_lo;
+    /* Queries shorter than the keys (a prefill chunk or decode steps over a KV cache): 0 = q is
+     * this rank's shard of the sequence, like k and v. N > 0 = q holds the N queries at the last
+     * N positions S - N .. S - 1 of the global sequence of S keys (N <= S), the same on every
+     * rank (replicated, not sharded): q, out and dout are [B, N, Hq, D], lse [B, Hq, N], and
+     * every rank's out and lse are the whole result. k and v stay sharded by the layout. Masks
+     * keep their meaning in global positions (causal aligned bottom-right, windows, documents).
+     * Forward only, with CTXPAR_ALGO_DECODE or CTXPAR_ALGO_ALLGATHER (or AUTO); the other
+     * algorithms and ctxpar_attn_bwd return CTXPAR_ERR_NOT_SUPPORTED. */
+    int64_t q_len;
 } ctxpar_attn_params;
 
 /* A new field is also a line of core/params_table.h (the build fails until it is). */
-#define CTXPAR_ATTN_PARAMS_INIT                                                                   \
-    {                                                                                             \
-        sizeof(ctxpar_attn_params), CTXPAR_ALGO_AUTO, CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_MASK_NONE, \
-            0, NULL, 0, 0.0f, 0, 0, NULL, NULL, 0.0f, NULL, 0, 0, NULL                            \
+#define CTXPAR_ATTN_PARAMS_INIT                                                                    \
+    {                                                                                              \
+        sizeof(ctxpar_attn_params), CTXPAR_ALGO_AUTO, CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_MASK_NONE,  \
+            0, NULL, 0, 0.0f, 0, 0, NULL, NULL, 0.0f, NULL, 0, 0, NULL, 0                          \
     }
 
 /* "auto", "ring", ...;  "contiguous", "zigzag", "striped", "custom";  "none", "causal". */

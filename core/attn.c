@@ -132,6 +132,10 @@ static ctxpar_status validate_bwd(const ctxpar_context *ctx, const ctxpar_attn_p
                                   const ctxpar_tensor *dv, ctxpar_attn_params *norm,
                                   ctxpar_problem *pb, const ctxpar_algorithm **algo) {
     CTXPAR_CHECK(validate_fwd(ctx, params, q, k, v, out, 1, 1, norm, pb, algo));
+    if (norm->q_len > 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "params.q_len (%lld): queries shorter than the keys are forward only",
+                            (long long)norm->q_len);
     CTXPAR_CHECK(check_lse("lse", lse));
     CTXPAR_CHECK(ctxpar_validate_like("dout", dout, "q", q, "v.shape[3]", v->shape[3]));
     CTXPAR_CHECK(ctxpar_validate_same("dq", dq, "q", q));

@@ -89,7 +89,12 @@
       NULL, NULL, NULL)                                                                           \
     X(lse_lo, float *, POINTER, NULL, NULL, 0, NULL,                                              \
       NULL, 0, /* each rank's own output */                                                       \
-      NULL, NULL, NULL)
+      NULL, NULL, NULL)                                                                           \
+    X(q_len, int64_t, INT, 0, NULL, 0, "q is the local shard",                                    \
+      "q_len", p->q_len,                                                                          \
+      "--q-len", "N",                                                                             \
+      "queries at the last N positions of the seq keys, the same on every rank (decode, a "      \
+      "prefill chunk over a cache)")
 // clang-format on
 
 #ifdef __cplusplus

@@ -237,9 +237,11 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     if (k->dtype != q->dtype)
         return BAD("k.dtype (%s) != q.dtype (%s)", ctxpar_dtype_name(k->dtype),
                    ctxpar_dtype_name(q->dtype));
+    // With params.q_len, q holds the last q_len positions on every rank: its seq is its own.
+    const int64_t q_len = p ? p->q_len : 0;
     const char *dim_name[4] = {"batch", "seq", "heads", "head_dim"};
     for (int d = 0; d < 4; d++)
-        if (d != 2 && k->shape[d] != q->shape[d])
+        if (d != 2 && !(d == 1 && q_len != 0) && k->shape[d] != q->shape[d])
             return BAD("k.shape[%d] (%lld) != q.shape[%d] (%lld): %s must match", d,
                        (long long)k->shape[d], d, (long long)q->shape[d], dim_name[d]);
     // v after k is checked against q, so that a message names the tensor that is off. v has
@@ -264,8 +266,8 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     // or out: 32 bytes per element of [B, S, Hq, D] bounds them all (Hkv <= Hq).
     size_t elems;
     const int64_t dmax = q->shape[3] > v->shape[3] ? q->shape[3] : v->shape[3];
-    int too_large = !ctxpar_count_checked(&elems, q->shape[0], q->shape[1] > 0 ? q->shape[1] : 1,
-                                          P, q->shape[2]) ||
+    int too_large = !ctxpar_count_checked(&elems, q->shape[0], k->shape[1] > 0 ? k->shape[1] : 1, P,
+                                          q->shape[2]) ||
                     ctxpar_count_mul(ctxpar_count_mul(elems, (size_t)dmax), 32) > PTRDIFF_MAX;
     // 0 = equal shards (local seq x P); otherwise each rank's local seq is checked against its
     // share, and the agreement step compares the total across ranks.
@@ -274,7 +276,7 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
         if (p->layout == CTXPAR_LAYOUT_CUSTOM)
             return BAD("params.seq_len_global must be set with the custom layout (the length of "
                        "params.assignment)");
-        seq_global = too_large ? 0 : q->shape[1] * P;
+        seq_global = too_large ? 0 : k->shape[1] * P;
     }
     too_large = too_large ||
                 !ctxpar_count_checked(&elems, q->shape[0], seq_global > 0 ? seq_global : 1,
@@ -283,7 +285,7 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     if (too_large)
         return BAD("problem too large: batch %lld x seq %lld (local %lld, %d ranks) x q heads "
                    "%lld x head_dim %lld x 32 bytes does not fit in 2^63",
-                   (long long)q->shape[0], (long long)seq_global, (long long)q->shape[1], P,
+                   (long long)q->shape[0], (long long)seq_global, (long long)k->shape[1], P,
                    (long long)q->shape[2], (long long)dmax);
     if (seq_global < 1)
         return BAD("params.seq_len_global (%lld) must be >= 1", (long long)seq_global);
@@ -291,12 +293,21 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     CTXPAR_CHECK(
         ctxpar_validate_assignment("params.assignment", p->layout, p->assignment, seq_global, P));
     const int64_t mine = ctxpar_layout_count(p->layout, p->assignment, seq_global, comm->rank, P);
-    if (mine != q->shape[1])
-        return BAD("q.shape[1] (%lld) != %lld, the tokens rank %d holds of the global sequence "
+    const char *shard = q_len ? "k" : "q"; // the tensor that holds this rank's shard
+    if (mine != k->shape[1])
+        return BAD("%s.shape[1] (%lld) != %lld, the tokens rank %d holds of the global sequence "
                    "length %lld under the %s layout (%s); see ctxpar_shard_count",
-                   (long long)q->shape[1], (long long)mine, comm->rank, (long long)seq_global,
-                   ctxpar_layout_name(p->layout),
+                   shard, (long long)k->shape[1], (long long)mine, comm->rank,
+                   (long long)seq_global, ctxpar_layout_name(p->layout),
                    p->seq_len_global ? "params.seq_len_global" : "local seq x ranks");
+    if (q_len > seq_global)
+        return BAD("params.q_len (%lld) must be <= the global sequence length (%lld): the "
+                   "queries are the last q_len of its positions",
+                   (long long)q_len, (long long)seq_global);
+    if (q_len && q->shape[1] != q_len)
+        return BAD("q.shape[1] (%lld) != params.q_len (%lld): with q_len every rank passes the "
+                   "same q_len queries",
+                   (long long)q->shape[1], (long long)q_len);
     const int64_t seq_max = ctxpar_layout_max_count(p->layout, p->assignment, seq_global, P);
     if (seq_max < 0)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot count the tokens of %d ranks", P);
@@ -315,7 +326,9 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     pb.scale = p->softmax_scale != 0.0f ? p->softmax_scale : 1.0f / sqrtf((float)q->shape[3]);
     pb.dtype = q->dtype;
     pb.batch = q->shape[0];
-    pb.seq_local = q->shape[1];
+    pb.seq_local = k->shape[1];
+    pb.q_len = q_len;
+    pb.q_span = (ctxpar_span){q_len ? seq_global - q_len : 0, q_len, 1};
     pb.seq_global = seq_global;
     pb.heads_q = q->shape[2];
     pb.heads_kv = k->shape[2];

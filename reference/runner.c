@@ -56,12 +56,21 @@ static int64_t tensor_dim(const cpt_run_config *cfg, int i) {
     return i == CPT_T_OUT || i == CPT_T_DV ? cpt_run_dim_v(cfg) : cfg->head_dim;
 }
 
+// Whether every rank holds all of tensor i (the queries' with params.q_len), not its shard.
+static int replicated(const cpt_run_config *cfg, int i) {
+    return cfg->params.q_len > 0 && (i == CPT_T_OUT || i == CPT_T_LSE || i == CPT_T_DQ);
+}
+
+int64_t cpt_run_rows(const cpt_run_config *cfg, int tensor) {
+    return replicated(cfg, tensor) ? cfg->params.q_len : cfg->seq;
+}
+
 // Element counts of the five global tensors.
 static size_t global_count(const cpt_run_config *cfg, int i) {
     int64_t heads = (i == CPT_T_DK || i == CPT_T_DV) ? cfg->kv_heads : cfg->heads;
     if (i == CPT_T_LSE)
-        return (size_t)(cfg->batch * cfg->heads * cfg->seq);
-    return (size_t)(cfg->batch * cfg->seq * heads * tensor_dim(cfg, i));
+        return (size_t)(cfg->batch * cfg->heads * cpt_run_rows(cfg, i));
+    return (size_t)(cfg->batch * cpt_run_rows(cfg, i) * heads * tensor_dim(cfg, i));
 }
 
 static int has_dsinks(const cpt_run_config *cfg) {
@@ -103,7 +112,30 @@ void cpt_run_outputs_free(cpt_run_outputs *out) {
 
 static ctxpar_tensor global_view(const cpt_run_config *cfg, void *data, int i) {
     int64_t heads = (i == CPT_T_DK || i == CPT_T_DV) ? cfg->kv_heads : cfg->heads;
-    return ctxpar_tensor_bshd(data, cfg->dtype, cfg->batch, cfg->seq, heads, tensor_dim(cfg, i));
+    return ctxpar_tensor_bshd(data, cfg->dtype, cfg->batch, cpt_run_rows(cfg, i), heads,
+                              tensor_dim(cfg, i));
+}
+
+// A tensor every rank holds whole (the queries' results with params.q_len): rank 0's, and NaN
+// wherever another rank's bits differ from it (ranks must agree exactly).
+static void place_replicated(size_t bytes, size_t elems, int is_f32, int rank, const void *local,
+                             void *global) {
+    if (rank == 0) {
+        memcpy(global, local, bytes);
+        return;
+    }
+    if (memcmp(global, local, bytes) == 0)
+        return;
+    const size_t es = bytes / elems;
+    for (size_t e = 0; e < elems; e++) {
+        char *g = (char *)global + e * es;
+        if (memcmp(g, (const char *)local + e * es, es) == 0)
+            continue;
+        if (is_f32)
+            *(float *)g = NAN;
+        else // all ones: a NaN in F16 and BF16 as in F32
+            memset(g, 0xff, es);
+    }
 }
 
 ctxpar_status cpt_run_outputs_place(const cpt_run_config *cfg, int rank, int nranks,
@@ -123,6 +155,13 @@ ctxpar_status cpt_run_outputs_place(const cpt_run_config *cfg, int rank, int nra
     for (int i = 0; i < CPT_RUN_TENSORS; i++) {
         if (!has_tensor(cfg, i) || !local->t[i])
             continue;
+        if (replicated(cfg, i)) {
+            const size_t es = i == CPT_T_LSE ? sizeof(float) : ctxpar_dtype_size(cfg->dtype);
+            place_replicated(global_count(cfg, i) * es, global_count(cfg, i),
+                             i == CPT_T_LSE || cfg->dtype == CTXPAR_DTYPE_F32, rank, local->t[i],
+                             global->t[i]);
+            continue;
+        }
         if (i == CPT_T_LSE) { // [B, H, S]: place by positions
             int64_t *pos = malloc((size_t)seq * sizeof *pos + 1);
             if (!pos)
@@ -270,7 +309,11 @@ static void reference_progress(void *user, int64_t done, int64_t total) {
 static ctxpar_status run_oracle(const cpt_run_config *cfg, const cpt_run_sample *smp,
                                 oracle_result *o) {
     memset(o, 0, sizeof *o);
-    size_t nq = global_count(cfg, CPT_T_DQ), nk = global_count(cfg, CPT_T_DK);
+    if (cfg->params.q_len > 0 && cfg->backward) // the library refuses it before this
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "no reference backward with q_len");
+    // q as generated over every position (its last q_len rows kept below, with params.q_len).
+    size_t nq = (size_t)(cfg->batch * cfg->seq * cfg->heads * cfg->head_dim);
+    size_t nk = global_count(cfg, CPT_T_DK);
     size_t no = global_count(cfg, CPT_T_OUT), nv = global_count(cfg, CPT_T_DV);
     cpt_run_config cc = *cfg; // the results' sizes
     if (smp->rows)
@@ -283,7 +326,8 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, const cpt_run_sample 
         o->mag_dsinks = malloc((size_t)cfg->heads * sizeof(double));
         o->mag16_dsinks = malloc((size_t)cfg->heads * sizeof(double));
     }
-    int64_t *pos = malloc((size_t)cfg->seq * sizeof *pos);
+    const int64_t Sq = cpt_run_rows(cfg, CPT_T_OUT);
+    int64_t *pos = malloc((size_t)(cfg->seq + Sq) * sizeof *pos), *q_pos = pos + cfg->seq;
     ctxpar_status st = CTXPAR_OK;
     // Results judged at a 16-bit dtype need the 16-bit magnitudes (audit may judge any dtype).
     const int want16 = cfg->dtype != CTXPAR_DTYPE_F32 || cfg->keep_oracle;
@@ -308,6 +352,13 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, const cpt_run_sample 
     cpt_run_fill_global_f64(cfg, CPT_RUN_ID_V, v);
     for (int64_t i = 0; i < cfg->seq; i++)
         pos[i] = i;
+    // The queries are the last Sq positions: their rows of the generated q, packed.
+    for (int64_t i = 0; i < Sq; i++)
+        q_pos[i] = cfg->seq - Sq + i;
+    const size_t row = (size_t)(cfg->heads * cfg->head_dim);
+    for (int64_t b = 0; Sq < cfg->seq && b < cfg->batch; b++)
+        memmove(q + (size_t)(b * Sq) * row, q + (size_t)(b * cfg->seq + cfg->seq - Sq) * row,
+                (size_t)Sq * row * sizeof *q);
     double scale = cfg->params.softmax_scale != 0.0f ? (double)cfg->params.softmax_scale
                                                      : 1.0 / sqrt((double)cfg->head_dim);
     // The library resolves the default scale in float; use the same value.
@@ -322,8 +373,8 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, const cpt_run_sample 
     const cpt_oracle_features feat = {cpt_run_dim_v(cfg), (double)cfg->params.softcap, sinks,
                                       per_row ? cfg->params.cu_seqlens : NULL,
                                       per_row ? cfg->params.num_docs : 0};
-    const cpt_oracle_shape shape = {cfg->batch, cfg->seq, cfg->seq, cfg->heads, cfg->kv_heads,
-                                    cfg->head_dim};
+    const cpt_oracle_shape shape = {cfg->batch,    Sq,           cfg->seq, cfg->heads,
+                                    cfg->kv_heads, cfg->head_dim};
     ctxpar_mask_desc mask = cpt_oracle_mask(&cfg->params);
     if (per_row) // the features carry them
         mask.cu_seqlens = NULL;
@@ -335,7 +386,7 @@ static ctxpar_status run_oracle(const cpt_run_config *cfg, const cpt_run_sample 
                       o->mag16_dsinks};
     const cpt_ref_progress prog = {reference_progress, (void *)cfg};
     const cpt_ref_select sel = {smp->rows, smp->n, cfg->backward ? smp->rows : NULL, smp->n};
-    st = cpt_reference(&shape, q, k, v, dout, pos, pos, &mask, &feat, scale,
+    st = cpt_reference(&shape, q, k, v, dout, q_pos, pos, &mask, &feat, scale,
                        smp->rows ? &sel : NULL, &prog, &ro);
 done:
     free(sinks);
@@ -396,7 +447,7 @@ static ctxpar_status bound_verdict(const cpt_run_config *full, const cpt_run_con
     w->rank = -1;
     if (bs.worst < 0)
         return CTXPAR_OK;
-    const int64_t x = bs.worst, S = cfg->seq, D = tensor_dim(cfg, i);
+    const int64_t x = bs.worst, S = cpt_run_rows(cfg, i), D = tensor_dim(cfg, i);
     const int64_t H = (i == CPT_T_DK || i == CPT_T_DV) ? cfg->kv_heads : cfg->heads;
     if (i == CPT_T_LSE) {
         *w = (cpt_run_where){x / (H * S), x % S, x / S % H, 0, -1,
@@ -411,6 +462,10 @@ static ctxpar_status bound_verdict(const cpt_run_config *full, const cpt_run_con
                                  o->mag16[i] ? o->mag16[i][x] : 0.0, o->t[i][x]);
     if (smp->rows) // a sampled row's global position
         w->position = smp->rows[w->position];
+    if (replicated(full, i)) { // every rank held this row: none is to blame alone
+        w->position += full->seq - S;
+        return CTXPAR_OK;
+    }
     cfg = full;
     int64_t *pos = malloc((size_t)cfg->seq * sizeof *pos);
     if (!pos)
@@ -573,6 +628,10 @@ ctxpar_status cpt_run_check_config(const cpt_run_config *cfg) {
                         (cfg->backward && !cfg->inputs->dout)))
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG, "inputs: q, k, v%s must be given",
                             cfg->backward ? " and dout" : "");
+    if (cfg->params.q_len > 0 && (cfg->inputs || (cfg->rows > 0 && cfg->rows < cfg->seq)))
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "q_len (%lld) is not supported yet with given inputs or sampled rows",
+                            (long long)cfg->params.q_len);
     if (!cpt_run_backend_available(cfg->backend))
         return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED, "backend '%s' is not built into this binary",
                             cpt_run_backend_name(cfg->backend));

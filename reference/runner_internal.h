@@ -17,6 +17,10 @@ int64_t cpt_run_input_dim(const cpt_run_config *cfg, int id);
 /* Fills `local` ([B, S/P, H, D], host, the run's dtype) with the rows of global input `id`
  * (CPT_RUN_ID_*) that `rank` of `nranks` holds: from cfg->inputs when given (sharded by the
  * layout), else from the generator at the global positions pos. */
+/* Rows of global tensor `tensor` (cpt_run_tensor): params.q_len for the queries' (out, lse, dq)
+ * when it is set, else cfg->seq. */
+int64_t cpt_run_rows(const cpt_run_config *cfg, int tensor);
+
 /* Tokens rank holds of cfg->seq under the layout (and CUSTOM's assignment); -1 if invalid. */
 int64_t cpt_run_local_seq(const cpt_run_config *cfg, int rank, int nranks);
 

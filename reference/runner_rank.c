@@ -48,7 +48,8 @@ enum { L_Q, L_K, L_V, L_DOUT, L_OUT, L_LSE, L_DQ, L_DK, L_DV, L_LSE_LO, L_COUNT 
 typedef struct local_set {
     const cpt_run_config *cfg;
     ctxpar_device *dev;
-    int64_t seq; // local
+    int64_t seq;   // local: this rank's shard
+    int64_t seq_q; // rows of q, dout, out, lse, dq: the shard, or params.q_len
     void *host[L_COUNT];
     void *devp[L_COUNT];
     size_t bytes[L_COUNT];
@@ -73,10 +74,15 @@ static int64_t slot_dim(const cpt_run_config *cfg, int i) {
                                                              : cfg->head_dim;
 }
 
+// The queries' slots have the queries' rows; k, v, dk, dv the shard's.
+static int64_t slot_rows(const local_set *t, int i) {
+    return i == L_K || i == L_V || i == L_DK || i == L_DV ? t->seq : t->seq_q;
+}
+
 static ctxpar_tensor slot_tensor(const local_set *t, int i, int on_device) {
     const cpt_run_config *c = t->cfg;
-    return ctxpar_tensor_bshd(on_device ? t->devp[i] : t->host[i], c->dtype, c->batch, t->seq,
-                              slot_heads(c, i), slot_dim(c, i));
+    return ctxpar_tensor_bshd(on_device ? t->devp[i] : t->host[i], c->dtype, c->batch,
+                              slot_rows(t, i), slot_heads(c, i), slot_dim(c, i));
 }
 
 // Stages the sinks (cfg: host memory) in the device's memory, with room for dsinks.
@@ -103,10 +109,11 @@ static ctxpar_status alloc_local(local_set *t) {
     for (int i = 0; i < L_COUNT; i++) {
         if (!slot_used(c, i))
             continue;
-        t->bytes[i] = i == L_LSE || i == L_LSE_LO
-                          ? (size_t)(c->batch * c->heads * t->seq) * sizeof(float)
-                          : (size_t)(c->batch * t->seq * slot_heads(c, i) * slot_dim(c, i)) *
-                                       ctxpar_dtype_size(c->dtype);
+        t->bytes[i] =
+            i == L_LSE || i == L_LSE_LO
+                ? (size_t)(c->batch * c->heads * t->seq_q) * sizeof(float)
+                : (size_t)(c->batch * slot_rows(t, i) * slot_heads(c, i) * slot_dim(c, i)) *
+                      ctxpar_dtype_size(c->dtype);
         if (t->bytes[i] == 0) // a rank with no tokens still passes real (unread) pointers
             t->bytes[i] = 1;
         t->host[i] = calloc(1, t->bytes[i]);
@@ -198,14 +205,17 @@ static ctxpar_status call(ctxpar_context *ctx, ctxpar_comm *comm, local_set *t, 
     return CTXPAR_OK;
 }
 
-static ctxpar_status fill_inputs(local_set *t, int rank, int P, const int64_t *pos) {
+// pos: the shard's positions; q_pos: the queries' (pos itself without params.q_len).
+static ctxpar_status fill_inputs(local_set *t, int rank, int P, const int64_t *pos,
+                                 const int64_t *q_pos) {
     static const int ids[4] = {CPT_RUN_ID_Q, CPT_RUN_ID_K, CPT_RUN_ID_V,
                                CPT_RUN_ID_DOUT};
     for (int i = L_Q; i <= L_DOUT; i++) {
         if (!t->host[i])
             continue;
         ctxpar_tensor h = slot_tensor(t, i, 0);
-        CTXPAR_CHECK(cpt_run_fill_local(t->cfg, ids[i], rank, P, pos, &h));
+        CTXPAR_CHECK(
+            cpt_run_fill_local(t->cfg, ids[i], rank, P, i == L_K || i == L_V ? pos : q_pos, &h));
     }
     return copy_slots(t, L_Q, L_DOUT, CTXPAR_COPY_H2D);
 }
@@ -219,7 +229,9 @@ void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *co
     snprintf(stage, sizeof stage, "%d rank%s", P, P > 1 ? "s" : "");
     ctxpar_context *ctx = NULL;
     local_set t = {.cfg = cfg, .dev = dev, .seq = cpt_run_local_seq(cfg, rank, P)};
-    int64_t *pos = t.seq >= 0 ? malloc((size_t)t.seq * sizeof *pos + 1) : NULL;
+    const int64_t q_len = cfg->params.q_len;
+    t.seq_q = q_len > 0 ? q_len : t.seq;
+    int64_t *pos = t.seq >= 0 ? malloc((size_t)(t.seq + t.seq_q) * sizeof *pos + 1) : NULL;
     double *times = malloc((size_t)reps * sizeof *times);
     double *fwd_times = malloc((size_t)reps * sizeof *fwd_times);
     rank_trace rt = {cfg, rank, 0, 0, 0, 0};
@@ -246,7 +258,10 @@ void cpt_run_rank(const cpt_run_config *cfg, ctxpar_device *dev, ctxpar_comm *co
     CTXPAR_CHECK_GOTO(ctxpar_positions_assigned(cfg->params.layout, cfg->params.assignment,
                                                 cfg->seq, rank, P, pos),
                       st, failed);
-    CTXPAR_CHECK_GOTO(fill_inputs(&t, rank, P, pos), st, failed);
+    int64_t *q_pos = pos + t.seq; // the last q_len positions, on every rank
+    for (int64_t i = 0; q_len > 0 && i < q_len; i++)
+        q_pos[i] = cfg->seq - q_len + i;
+    CTXPAR_CHECK_GOTO(fill_inputs(&t, rank, P, pos, q_len > 0 ? q_pos : pos), st, failed);
     ctxpar_tensor q = slot_tensor(&t, L_Q, 1), k = slot_tensor(&t, L_K, 1);
     CTXPAR_CHECK_GOTO(ctxpar_attn_choose_algo(ctx, &cfg->params, &q, &k, &r->algo), st, failed);
     double fwd_s, total_s;

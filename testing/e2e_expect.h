@@ -14,8 +14,10 @@
 #include "reference/runner.h"
 #include "reference/tolerance.h"
 
-inline void CptExpectTensorsMatch(const cpt_run_result &r, int ranks) {
-    for (int i = 0; i < CPT_RUN_TENSORS; i++) {
+// tensors: the first that many of out, lse, dq, dk, dv (2: a forward-only run).
+inline void CptExpectTensorsMatch(const cpt_run_result &r, int ranks,
+                                  int tensors = CPT_RUN_TENSORS) {
+    for (int i = 0; i < tensors; i++) {
         const char *name = cpt_run_tensor_name(static_cast<cpt_run_tensor>(i));
         ASSERT_TRUE(r.has[i]) << name;
         const auto &w = r.bound_worst[i];
@@ -35,13 +37,14 @@ inline void CptExpectTensorsMatch(const cpt_run_result &r, int ranks) {
 
 // The bitwise promises: all-gather gives one rank's out and lse bits (the design's promise), and
 // a run at P = 1, compared with itself, is reproducible bit for bit in every tensor.
-inline void CptExpectBitwisePromises(const cpt_run_result &r, int ranks, ctxpar_algo algo) {
+inline void CptExpectBitwisePromises(const cpt_run_result &r, int ranks, ctxpar_algo algo,
+                                     int tensors = CPT_RUN_TENSORS) {
     if (algo == CTXPAR_ALGO_ALLGATHER) {
         EXPECT_TRUE(r.bitwise_single[CPT_T_OUT]);
         EXPECT_TRUE(r.bitwise_single[CPT_T_LSE]);
     }
     if (ranks == 1) {
-        for (int i = 0; i < CPT_RUN_TENSORS; i++)
+        for (int i = 0; i < tensors; i++)
             EXPECT_TRUE(r.bitwise_single[i]) << cpt_run_tensor_name((cpt_run_tensor)i);
     }
 }

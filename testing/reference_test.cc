@@ -290,6 +290,31 @@ TEST(Reference, MqaUnevenCustomPositions) {
     ExpectSameAsPlain(c);
 }
 
+// Queries shorter than the keys (params.q_len): N queries at the last N positions of S keys,
+// causal aligned bottom-right, forward only as the library runs it; N = 1, 4, 64 and S/4, with
+// a window, documents the queries extend, MLA, soft-capping and sinks.
+TEST(Reference, QueriesAtTheLastPositions) {
+    const int64_t S = 300;
+    for (int64_t n : {int64_t{1}, int64_t{4}, int64_t{64}, S / 4}) {
+        Case c;
+        c.name = "q_len " + std::to_string(n);
+        c.sh = {2, n, S, 4, 2, 16};
+        c.backward = false;
+        c.mask.causal = 1;
+        for (int64_t i = 0; i < n; i++)
+            c.q_pos.push_back(S - n + i);
+        ExpectSameAsPlain(c);
+        c.name += ", window 70, documents, MLA 16/12, softcap, sinks";
+        c.mask.window_left = 70;
+        c.cu = {0, 100, 129, 290, 300};
+        c.num_docs = 4;
+        c.dv = 12;
+        c.softcap = 1.5;
+        c.sinks = true;
+        ExpectSameAsPlain(c);
+    }
+}
+
 TEST(Reference, SelectedRowsEqualTheWholeComputation) {
     for (bool backward : {true, false}) {
         Case c = Base("selection");

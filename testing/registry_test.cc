@@ -11,7 +11,7 @@
 namespace {
 
 const ctxpar_algo kAll[] = {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER, CTXPAR_ALGO_ALLTOALL,
-                            CTXPAR_ALGO_HYBRID};
+                            CTXPAR_ALGO_HYBRID, CTXPAR_ALGO_DECODE};
 
 TEST(Registry, EveryAlgorithmHasACompleteEntry) {
     int n = 0;
@@ -94,6 +94,15 @@ ctxpar_algo DocumentedRule(int P, int64_t hq, int64_t hkv) {
     return CTXPAR_ALGO_RING;
 }
 
+// With queries shorter than the keys (q_len of S = 8P, head_dim 16 = Dv): decode unless its
+// partials cost more than all-gather in the table's unit, whose Q and out beside the gathered
+// K/V are q_len rows (docs/algorithms.md).
+ctxpar_algo DocumentedShortRule(int P, int64_t hq, int64_t hkv, int64_t q_len) {
+    const double decode = (double)hq * P * P * q_len / (8.0 * P) * 17.0 / 16.0;
+    const double allgather = 3.0 * hkv * P - (double)hq * q_len / 8.0 - 0.5;
+    return decode <= allgather ? CTXPAR_ALGO_DECODE : CTXPAR_ALGO_ALLGATHER;
+}
+
 TEST(Registry, AutoPicksTheCheapestAcceptedEntry) {
     int n = 0;
     const ctxpar_algorithm *const *table = ctxpar_algorithms(&n);
@@ -101,25 +110,30 @@ TEST(Registry, AutoPicksTheCheapestAcceptedEntry) {
     std::set<int> seen;
     for (int P = 1; P <= 16; P++)
         for (int64_t hkv = 1; hkv <= 16; hkv++)
-            for (int64_t g = 1; g <= 8; g++) {
-                const int64_t hq = hkv * g;
-                const ctxpar_problem pb = Problem(P, hq, hkv);
-                const ctxpar_algorithm *best = nullptr;
-                for (int i = 0; i < n; i++) {
-                    if (table[i]->check(&pb) != CTXPAR_OK)
-                        continue;
-                    if (!best || table[i]->cost(&pb) < best->cost(&pb))
-                        best = table[i];
+            for (int64_t g = 1; g <= 8; g++)
+                for (int64_t q_len : {0, 1, 4 * P, 8 * P}) {
+                    const int64_t hq = hkv * g;
+                    ctxpar_problem pb = Problem(P, hq, hkv);
+                    pb.q_len = q_len;
+                    const ctxpar_algorithm *best = nullptr;
+                    for (int i = 0; i < n; i++) {
+                        if ((q_len && !table[i]->short_queries) ||
+                            table[i]->check(&pb) != CTXPAR_OK)
+                            continue;
+                        if (!best || table[i]->cost(&pb) < best->cost(&pb))
+                            best = table[i];
+                    }
+                    ctxpar_clear_error();
+                    const ctxpar_algorithm *got =
+                        ctxpar_algorithm_choose(CTXPAR_ALGO_AUTO, &pb, nullptr, 0);
+                    ASSERT_EQ(got, best) << "P=" << P << " hq=" << hq << " hkv=" << hkv;
+                    ASSERT_EQ(got->id, q_len ? DocumentedShortRule(P, hq, hkv, q_len)
+                                             : DocumentedRule(P, hq, hkv))
+                        << "P=" << P << " hq=" << hq << " hkv=" << hkv << " q_len=" << q_len;
+                    EXPECT_STREQ(ctxpar_last_error(), "") << "a rejecting check leaks its message";
+                    seen.insert(got->id);
+                    cases++;
                 }
-                ctxpar_clear_error();
-                const ctxpar_algorithm *got = ctxpar_algorithm_choose(CTXPAR_ALGO_AUTO, &pb, nullptr, 0);
-                ASSERT_EQ(got, best) << "P=" << P << " hq=" << hq << " hkv=" << hkv;
-                ASSERT_EQ(got->id, DocumentedRule(P, hq, hkv))
-                    << "P=" << P << " hq=" << hq << " hkv=" << hkv;
-                EXPECT_STREQ(ctxpar_last_error(), "") << "a rejecting check leaks its message";
-                seen.insert(got->id);
-                cases++;
-            }
     EXPECT_EQ(seen.size(), (size_t)n) << "the sweep reaches every algorithm";
     EXPECT_GT(cases, 1000);
 }

@@ -73,7 +73,7 @@ def _ptr(a, ctype):
 
 def _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global, *, assignment=None,
             ulysses=0, sinks=None, softcap=0.0, heads=None, lse_lo=None, rows=None,
-            like=None):
+            like=None, q_len=0):
     """ctxpar_attn_params, and the buffers it points to (keep both alive). Everything the
     library would read or write past a buffer's end is checked here: assignment's length
     (seq_len_global), the sinks' (heads) and lse_lo's shape (rows: the lse's [B, Hq, S/P]); the
@@ -106,6 +106,7 @@ def _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global, *, as
         raise ValueError(f"ulysses ({ulysses}) must be >= 0 (0: chosen by the library)")
     p.ulysses = int(ulysses)
     p.softcap = float(softcap or 0.0)
+    p.q_len = int(q_len or 0)  # its range and shapes are the library's to judge
     if sinks is not None:
         sk = np.ascontiguousarray(_host_array(sinks), dtype=np.float32)
         if sk.ndim != 1 or (heads is not None and sk.shape[0] != heads):
@@ -298,8 +299,9 @@ class Context:
         self.close()
 
     @staticmethod
-    def _views(tensors, fmt, dtype):
-        """Checks q, k, v (and friends) in Python, before any C call; returns their views."""
+    def _views(tensors, fmt, dtype, q_len=0):
+        """Checks q, k, v (and friends) in Python, before any C call; returns their views.
+        q_len > 0: q holds its own rows (queries at the last q_len positions), not k's."""
         T.check_format(fmt)
         kinds = {T.is_torch(t) for t in tensors.values()}
         if len(kinds) != 1:
@@ -321,7 +323,7 @@ class Context:
             raise ValueError(f"v shape {tuple(tensors['v'].shape)} and k shape "
                              f"{tuple(tensors['k'].shape)} must share batch, seq and heads "
                              "(v may have its own head_dim)")
-        if (bk, sk, dk) != (bq, sq, dq) or hk == 0 or hq % hk:
+        if (bk, dk) != (bq, dq) or (not q_len and sk != sq) or hk == 0 or hq % hk:
             raise ValueError(f"q ({fmt} {tuple(q.shape)}) and k ({tuple(tensors['k'].shape)}) "
                              "must share batch, seq and head_dim, and q's heads must be a "
                              "multiple of k's")
@@ -337,7 +339,7 @@ class Context:
     def attention(self, q, k, v, *, algo="ring", layout="zigzag", mask="causal", window=0,
                   cu_seqlens=None, scale=None, seq_len_global=0, assignment=None, ulysses=0,
                   sinks=None, softcap=0.0, format="bshd", dtype=None, out=None, lse=None,
-                  lse_lo=None):
+                  lse_lo=None, q_len=0):
         """Forward attention on this rank's shard (collective over the comm): (out, lse).
 
         q [B, S/P, Hq, D], k [B, S/P, Hkv, D] and v [B, S/P, Hkv, Dv] in `format` (Dv: v's own
@@ -350,12 +352,15 @@ class Context:
         all-to-all group; 0: the library chooses). sinks: float32 [Hq] logits added once to
         every row's denominator; softcap C > 0: scores C tanh(x / C). lse_lo: a float32 array
         like lse that receives the LSE's low part (lse + lse_lo), for attention_backward.
+        q_len N > 0: q [B, N, Hq, D] holds the queries at the last N global positions, the same on
+        every rank (k and v stay this rank's shard; set seq_len_global); out and lse are the
+        whole [B, N, ...] result on every rank. Forward only; algo "decode" or "allgather".
         """
         q, k, v = (T.prepare(x, format, self.memory) for x in (q, k, v))
         tensors = {"q": q, "k": k, "v": v}
         if out is not None:
             tensors["out"] = out
-        dtype, (b, s, hq, d), _, dv = self._views(tensors, format, dtype)
+        dtype, (b, s, hq, d), _, dv = self._views(tensors, format, dtype, q_len)
         if out is None:
             out = T.empty(q, (b, s, hq, dv), format)
         if lse is None:
@@ -364,7 +369,7 @@ class Context:
         params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global,
                                assignment=assignment, ulysses=ulysses, sinks=sinks,
                                softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s),
-                               like=q)
+                               like=q, q_len=q_len)
         views = [T.view(x, format, dtype) for x in (q, k, v, out)]
         with self._stream(q) as stream:
             _lib.check(_lib.lib.ctxpar_attn_fwd(self._ctx, ctypes.byref(params),
@@ -377,16 +382,17 @@ class Context:
                            mask="causal", window=0, cu_seqlens=None, scale=None,
                            seq_len_global=0, assignment=None, ulysses=0, sinks=None,
                            softcap=0.0, format="bshd", dtype=None, dq=None, dk=None, dv=None,
-                           lse_lo=None, dsinks=None):
+                           lse_lo=None, dsinks=None, q_len=0):
         """Backward of attention() with the same arguments, out and lse (and lse_lo when the
         forward wrote one): (dq, dk, dv), or (dq, dk, dv, dsinks) with sinks (float32 [Hq], the
-        sinks' gradient summed over batch and rows; written into dsinks when given)."""
+        sinks' gradient summed over batch and rows; written into dsinks when given). q_len > 0
+        is forward only: the library refuses it."""
         q, k, v, out, dout = (T.prepare(x, format, self.memory) for x in (q, k, v, out, dout))
         tensors = {"q": q, "k": k, "v": v, "out": out, "dout": dout}
         for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
             if t is not None:
                 tensors[name] = t
-        dtype, (b, s, hq, d), kshape, vdim = self._views(tensors, format, dtype)
+        dtype, (b, s, hq, d), kshape, vdim = self._views(tensors, format, dtype, q_len)
         T.check_lse(lse, b, hq, s)
         dq = T.empty(q, (b, s, hq, d), format) if dq is None else dq
         dk = T.empty(k, kshape, format) if dk is None else dk
@@ -394,7 +400,7 @@ class Context:
         params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global,
                                assignment=assignment, ulysses=ulysses, sinks=sinks,
                                softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s),
-                               like=q)
+                               like=q, q_len=q_len)
         if sinks is not None:
             if dsinks is None:
                 dsinks = T.empty_lse(q, 1, 1, hq).reshape(hq)
@@ -470,7 +476,7 @@ def unshard(local, rank, nranks, out, layout="zigzag", format="bshd", assignment
 def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="causal",
              window=0, cu_seqlens=None, scale=None, assignment=None, ulysses=0, sinks=None,
              softcap=0.0, lse_lo=False, dtype=None, format="bshd", num_threads=None,
-             timeout=None):
+             timeout=None, q_len=0):
     """Context-parallel attention over `ranks` ranks as threads of this process.
 
     q [B, S, Hq, D], k [B, S, Hkv, D] and v [B, S, Hkv, Dv] (Dv: v's own head_dim, MLA; dout
@@ -488,6 +494,9 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
     sinks (float32 [Hq]) and softcap: see Context.attention. lse_lo: also compute the LSE's low
     part and hand it to the backward. float64 inputs (NumPy's default) with dtype None are
     computed in float32, with a warning (F64_NOTE), and come back as float32.
+    q_len N > 0: q [B, N, Hq, D] holds the queries at the last N positions of k's S, every rank
+    gets all of it (k and v are sharded), and out and lse are [B, N, ...]; forward only, with
+    algo "decode" or "allgather" (docs/algorithms.md). Every rank must return the same bits.
     """
     P = int(ranks)
     if P < 1:
@@ -505,12 +514,12 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
     if dtype not in T.DTYPES:
         raise ValueError(f"dtype '{dtype}' is not one of {sorted(T.DTYPES)}")
     inputs = {n: _cast(x, dtype) for n, x in inputs.items()}
-    b, s, hq, d = T.bshd_shape(inputs["q"], format)
-    hk = T.bshd_shape(inputs["k"], format)[2]
+    b, sq, hq, d = T.bshd_shape(inputs["q"], format)
+    s, hk = T.bshd_shape(inputs["k"], format)[1:3]
     dv = T.bshd_shape(inputs["v"], format)[3]
     _choice("layout", LAYOUTS, layout)
     # Argument errors surface here, on the caller's thread, before any rank starts.
-    Context._views(inputs, format, dtype)
+    Context._views(inputs, format, dtype, q_len)
     _, keep = _params(algo, layout, mask, window, cu_seqlens, scale, s, assignment=assignment,
                       ulysses=ulysses, sinks=sinks, softcap=softcap, heads=hq)
     asg = _assignment(layout, assignment, s)
@@ -521,12 +530,14 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
     results, errors = [None] * P, [None] * P
     kw = dict(algo=algo, layout=layout, mask=mask, window=window, cu_seqlens=cu_seqlens,
               scale=scale, seq_len_global=s, assignment=asg, ulysses=ulysses, sinks=sinks,
-              softcap=softcap, format=format, dtype=dtype)
+              softcap=softcap, format=format, dtype=dtype, q_len=q_len)
+    whole = ("q", "dout") if q_len else ()  # every rank holds all the queries
 
     def rank_main(r):
         try:
-            local = {n: shard(x, r, P, layout, format, asg) for n, x in inputs.items()}
-            n = shard_count(layout, s, r, P, asg)
+            local = {n: x if n in whole else shard(x, r, P, layout, format, asg)
+                     for n, x in inputs.items()}
+            n = sq if q_len else shard_count(layout, s, r, P, asg)
             with Context("cpu", group.comm(r), num_threads=num_threads) as ctx:
                 if timeout is not None:
                     ctx.comm.set_timeout(timeout)
@@ -558,6 +569,8 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
                      failed[0])
         raise first
 
+    if q_len:
+        return _replicated(results, lse_lo, dtype, torch_in)
     out = {}
     for name, like, heads, dim in (("out", inputs["q"], hq, dv), ("dq", inputs["q"], hq, d),
                                    ("dk", inputs["k"], hk, d), ("dv", inputs["k"], hk, dv)):
@@ -574,6 +587,27 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
         out[name] = g
     if "dsinks" in results[0]:
         out["dsinks"] = results[0]["dsinks"]  # the library writes the same bits on every rank
+    return out
+
+
+def _bits(x):
+    """A tensor's bytes (NumPy or torch, any dtype)."""
+    if T.is_torch(x):
+        import torch
+        return x.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+    return np.ascontiguousarray(x).tobytes()
+
+
+def _replicated(results, lse_lo, dtype, torch_in):
+    """The results every rank holds whole (q_len): rank 0's, once every rank's bits equal them."""
+    names = ("out", "lse", "lse_lo") if lse_lo else ("out", "lse")
+    for r, res in enumerate(results):
+        for name in names:
+            if _bits(res[name]) != _bits(results[0][name]):
+                raise RuntimeError(f"rank {r}'s {name} differs from rank 0's: with q_len every "
+                                   "rank must hold the same result")
+    out = {name: results[0][name] for name in names}
+    out["out"] = _uncast(out["out"], dtype, torch_in)
     return out
 
 

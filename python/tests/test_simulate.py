@@ -99,3 +99,27 @@ def test_simulate_float64_is_computed_in_float32_with_a_note():
     for name in ("out", "dq", "dk", "dv"):
         assert res[name].dtype == np.float32
         assert max_error(res[name], ref[name]) <= 4e-6, name
+
+
+@pytest.mark.parametrize("algo", ["decode", "allgather"])
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+@pytest.mark.parametrize("q_len", [1, 4, 12])
+@pytest.mark.parametrize("window,cu", [(0, None), (9, [0, 20, 45, 50])])
+def test_simulate_queries_at_the_last_positions(algo, layout, q_len, window, cu):
+    # q_len queries over a cache of S keys sharded on 3 ranks: the full sequence's oracle, last
+    # q_len rows (causal aligned bottom-right; the queries extend the last document).
+    q, k, v, _ = inputs(s=50, hq=4, hk=2, d=16, seed=q_len)
+    res = ctxpar.simulate(q[:, -q_len:], k, v, ranks=3, algo=algo, layout=layout, window=window,
+                          cu_seqlens=cu, num_threads=1, q_len=q_len)
+    ref = ctxpar.oracle(q, k, v, window=window, cu_seqlens=cu)
+    assert res["out"].shape == (1, q_len, 4, 16) and res["lse"].shape == (1, 4, q_len)
+    check(res, {"out": ref["out"][:, -q_len:], "lse": ref["lse"][:, :, -q_len:]}, "f32",
+          grads=False)
+
+
+def test_simulate_queries_at_the_last_positions_refused():
+    q, k, v, do = inputs(s=32, hq=4, hk=4, d=8)
+    with pytest.raises(ctxpar.CtxparError, match="q_len"):
+        ctxpar.simulate(q[:, -2:], k, v, ranks=2, algo="ring", q_len=2)
+    with pytest.raises(ctxpar.CtxparError, match="forward only"):
+        ctxpar.simulate(q[:, -2:], k, v, do[:, -2:], ranks=2, algo="decode", q_len=2)

@@ -127,6 +127,9 @@ static int decode_features(const reader *r, int64_t seq_global, fuzz_problem *pb
     const int cap = ext(r, FUZZ_EXT_SOFTCAP);
     p->softcap = cap == 255 ? NAN : cap == 254 ? INFINITY : (int8_t)cap / 4.0f;
     p->ulysses = (int8_t)ext(r, FUZZ_EXT_ULYSSES);
+    // Half the inputs keep q a shard (most shapes are drawn for that).
+    const int ql = ext(r, FUZZ_EXT_Q_LEN);
+    p->q_len = ql < 128 ? 0 : ql - 132;
     const size_t hq = (size_t)pb->heads_q;
     if (fl & FUZZ_EXT_SINKS) {
         const int sc = ext(r, FUZZ_EXT_SINK_SCALE);

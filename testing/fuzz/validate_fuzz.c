@@ -17,6 +17,7 @@
  */
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -244,7 +245,14 @@ static void check_oracle(fuzz_problem *pb, int bwd) {
     if (!bwd) {
         double *out = malloc(sizeof(double) * no);
         double *lse = malloc(sizeof(double) * (size_t)(sh.batch * sh.heads_q * sh.seq_q));
-        cpt_oracle_fwd_ex(&sh, dq, dk, dv, NULL, NULL, &mask, &f, resolved_scale(pb), out, lse);
+        // params.q_len (when the struct_size passed reaches it): the last positions of the keys.
+        const int q_len =
+            p->struct_size >= offsetof(ctxpar_attn_params, q_len) + sizeof p->q_len && p->q_len > 0;
+        int64_t *q_pos = q_len ? malloc(sizeof(int64_t) * (size_t)(sh.seq_q + 1)) : NULL;
+        for (int64_t i = 0; q_pos && i < sh.seq_q; i++)
+            q_pos[i] = sh.seq_k - sh.seq_q + i;
+        cpt_oracle_fwd_ex(&sh, dq, dk, dv, q_pos, NULL, &mask, &f, resolved_scale(pb), out, lse);
+        free(q_pos);
         expect_close("fwd", "out", dt, 1, cpt_compare_tensor(&pb->tensor[FUZZ_OUT], out));
         if (pb->lse)
             expect_close("fwd", "lse", dt, 1, cpt_compare_f32(pb->lse, lse, pb->lse_count));

@@ -51,6 +51,12 @@ int cpt_session_begin(cpt_session *s, const char *cmd, cpt_cli *cli) {
         cli->n_ranks = 1;
     }
     cpt_progress_init(&s->progress, cmd, s->rank == 0 ? stderr : NULL, NULL);
+    // Queries shorter than the keys: check judges them; bench's model, audit's files and the
+    // report's pages per position do not know them yet.
+    if (cli->cfg.params.q_len && (strcmp(cmd, "check") != 0 || cli->report_path)) {
+        cpt_session_error(s, "--q-len is taken by check (without --report) only, for now");
+        return cpt_session_end(s, CPT_EXIT_USAGE);
+    }
     if (cli->trace_path) {
         if (cpt_trace_open(&s->trace, cli->cfg.ranks) != 0) {
             cpt_session_error(s, "cannot allocate the trace");

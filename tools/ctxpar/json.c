@@ -38,9 +38,10 @@ void cpt_json_config_members(FILE *f, const cpt_run_config *c, ctxpar_algo resol
     cpt_json_num(f, p->softmax_scale != 0.0f ? (double)p->softmax_scale
                                              : (double)(1.0f / sqrtf((float)c->head_dim)));
     fprintf(f,
-            ",\"sinks\":%s,\"ulysses\":%lld,\"docs\":%lld,\"docs_per_row\":%s,\"algo\":\"%s\","
+            ",\"sinks\":%s,\"q_len\":%lld,\"ulysses\":%lld,\"docs\":%lld,\"docs_per_row\":%s,"
+            "\"algo\":\"%s\","
             "\"algo_resolved\":\"%s\",\"layout\":\"%s\",\"backward\":%s,\"seed\":%llu",
-            p->sinks ? "true" : "false", (long long)p->ulysses,
+            p->sinks ? "true" : "false", (long long)p->q_len, (long long)p->ulysses,
             (long long)(p->num_docs > 0 ? p->num_docs : c->docs),
             p->cu_seqlens_rows > 0 ? "true" : "false", ctxpar_algo_name(p->algo),
             ctxpar_algo_name(resolved), ctxpar_layout_name(p->layout),

@@ -36,6 +36,11 @@ ctxpar_status cpt_plan_problem(const cpt_plan_config *cfg, ctxpar_problem *pb) {
                             cfg->ranks, (long long)cfg->seq);
     ctxpar_attn_params p;
     CTXPAR_CHECK(ctxpar_params_normalize(&cfg->params, &p));
+    if (p.q_len != 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "plan: queries shorter than the keys (--q-len %lld) are not modelled "
+                            "yet; run them with check",
+                            (long long)p.q_len);
     p.seq_len_global = cfg->seq; // any length: shards differ as the layout makes them
     if (p.sinks && cfg->backward && !p.dsinks)
         p.dsinks = FAKE_DATA; // a training step wants the sinks' gradient

@@ -1007,6 +1007,31 @@ TEST(Check, HybridWithUlysses) {
     EXPECT_NE((o.err + o.out).find("ulysses"), std::string::npos) << o.err << o.out;
 }
 
+// Queries at the last N positions over a sharded cache: check runs decode and AUTO and judges
+// them against the fp64 reference; the commands that do not take --q-len yet say so.
+TEST(Check, QueriesShorterThanTheKeys) {
+    Outcome o = Tool("check --seq 200 --q-len 4 --ranks 3 --layout striped --heads 4 "
+                     "--kv-heads 2 --dim 16 --algo decode --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["ok"].b);
+    EXPECT_EQ(j["config"]["algo_resolved"].str, "decode");
+    EXPECT_EQ(j["config"]["q_len"].num, 4);
+    o = Tool("check --seq 200 --q-len 1 --ranks 2 --dim 16 --algo auto --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_EQ(j["config"]["algo_resolved"].str, "decode");
+    o = Tool("check --seq 200 --q-len 4 --ranks 2 --dim 16 --algo ring");
+    EXPECT_NE(o.code, 0);
+    EXPECT_NE((o.err + o.out).find("q_len"), std::string::npos) << o.err << o.out;
+    for (const char *cmd : {"bench", "plan"}) {
+        o = Tool(std::string(cmd) + " --seq 200 --q-len 4 --ranks 2 --dim 16 --algo decode");
+        EXPECT_NE(o.code, 0) << cmd;
+        EXPECT_NE((o.err + o.out).find("q-len"), std::string::npos) << cmd << o.err << o.out;
+    }
+}
+
 // MLA, sinks and soft-capping from the command line: judged like every tensor, dsinks included
 // (the same bits on every rank, within its bound); bad values are named.
 TEST(Check, MlaSinksAndSoftcap) {
@@ -1543,7 +1568,7 @@ TEST(Plan, JsonFieldsAndCounts) {
     EXPECT_GT(j["predicted_time_s"].num, 0);
     EXPECT_EQ(j["model"].str, "cpu");
     ASSERT_TRUE(j.Has("explain"));
-    EXPECT_EQ(j["explain"]["candidates"].items.size(), 4u);
+    EXPECT_EQ(j["explain"]["candidates"].items.size(), 5u); // every entry, decode refusing
 }
 
 // The text table is for people (bytes in KiB/MiB/GiB, times in s/ms/us), the JSON exact and

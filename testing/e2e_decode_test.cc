@@ -185,10 +185,11 @@ TEST(Decode, RefusesWhatItDoesNotRun) {
         int64_t q_len;
         int backward;
         const char *says;
-    } cases[] = {{CTXPAR_ALGO_RING, 4, 0, "q_len"},         {CTXPAR_ALGO_ALLTOALL, 4, 0, "q_len"},
-                 {CTXPAR_ALGO_HYBRID, 4, 0, "q_len"},       {CTXPAR_ALGO_DECODE, 0, 0, "q_len"},
-                 {CTXPAR_ALGO_DECODE, 4, 1, "forward only"}, {CTXPAR_ALGO_ALLGATHER, 4, 1, "forward only"},
-                 {CTXPAR_ALGO_AUTO, 4, 1, "forward only"}};
+    } cases[] = {
+        {CTXPAR_ALGO_RING, 4, 0, "q_len"},          {CTXPAR_ALGO_ALLTOALL, 4, 0, "q_len"},
+        {CTXPAR_ALGO_HYBRID, 4, 0, "q_len"},        {CTXPAR_ALGO_DECODE, 0, 0, "q_len"},
+        {CTXPAR_ALGO_DECODE, 4, 1, "forward only"}, {CTXPAR_ALGO_ALLGATHER, 4, 1, "forward only"},
+        {CTXPAR_ALGO_AUTO, 4, 1, "forward only"}};
     for (const Refused &c : cases) {
         cpt_run_result r = RunShort(c.algo, 2, c.q_len, c.backward);
         EXPECT_EQ(r.status, CTXPAR_ERR_NOT_SUPPORTED) << ctxpar_algo_name(c.algo);

@@ -34,6 +34,7 @@ def case_comm_ops():
     """The comm's ops called as the library calls them (through the ops table), on bytes whose
     expected values are computed here: tagged sendrecv around the ring, allgather, alltoall,
     reduce_scatter (added in rank order: the same float32 bits as a sum written out here),
+    a sendrecv split into its send and receive halves and one with both skipped,
     allreduce_i64 (sum, min, max), barrier, test, and zero-byte transfers."""
     comm = ctxpar.Comm.torch(None)
     base = ctypes.cast(comm._handle, ctypes.POINTER(_torch_comm._CommBase))
@@ -60,6 +61,20 @@ def case_comm_ops():
         assert done.value in (0, 1)
         ok(ops.wait(base, req, None))
         assert (recv == pattern(prv, n, tag)).all(), "sendrecv"
+    # The send and the receive as two ops, retired in the other order; then both halves
+    # skipped: a request that is done at once.
+    send, recv = pattern(RANK, n, 7), np.zeros(n, np.uint8)
+    sreq, rreq = ctypes.c_void_p(), ctypes.c_void_p()
+    ok(ops.sendrecv(base, ptr(send), n, nxt, None, 0, -1, 0, None, ctypes.byref(sreq)))
+    ok(ops.sendrecv(base, None, 0, -1, ptr(recv), n, prv, 0, None, ctypes.byref(rreq)))
+    ok(ops.wait(base, rreq, None))
+    ok(ops.wait(base, sreq, None))
+    assert (recv == pattern(prv, n, 7)).all(), "sendrecv in two halves"
+    ok(ops.sendrecv(base, None, 0, -1, None, 0, -1, 0, None, ctypes.byref(req)))
+    done = ctypes.c_int(-1)
+    ok(ops.test(base, req, ctypes.byref(done)))
+    assert done.value == 1, "a sendrecv with both halves skipped is done at once"
+    ok(ops.wait(base, req, None))
     send, recv = pattern(RANK, n, 1), np.zeros(n * P, np.uint8)
     ok(ops.allgather(base, ptr(send), ptr(recv), n, None, ctypes.byref(req)))
     ok(ops.wait(base, req, None))

@@ -5,8 +5,10 @@ trainer's processes already are (torchrun).
 
 The library calls the ops on the thread that called it (ctypes releases the GIL around that
 call, and a callback takes it back). Point-to-point transfers and the collectives are
-asynchronous torch works; wait() retires them with the comm's timeout. Not provided: split (the
-"hybrid" algorithm answers NOT_SUPPORTED) and abort (a failed rank's peers see TIMEOUT).
+asynchronous torch works; wait() retires them with the comm's timeout. split (the "hybrid"
+algorithm's groups) makes torch.distributed groups, which is collective over every process: a comm
+over the whole default group splits (its sub-comms do not: NOT_SUPPORTED). Not provided: abort (a
+failed rank's peers see TIMEOUT).
 """
 import ctypes
 import datetime
@@ -17,7 +19,7 @@ import torch.distributed as dist
 
 from . import _lib
 
-OK, ERR_INVALID_USAGE, ERR_COMM, ERR_TIMEOUT = 0, -2, -6, -8
+OK, ERR_INVALID_USAGE, ERR_NOT_SUPPORTED, ERR_COMM, ERR_TIMEOUT = 0, -2, -3, -6, -8
 _REDUCE = {0: dist.ReduceOp.SUM, 1: dist.ReduceOp.MIN, 2: dist.ReduceOp.MAX}
 
 
@@ -47,7 +49,7 @@ _TYPES = {
 
 
 class _Ops(ctypes.Structure):
-    """struct ctxpar_comm_ops, version 2 (abort and split left NULL: the library's defaults)."""
+    """struct ctxpar_comm_ops, version 2 (abort left NULL: the library's default)."""
     _fields_ = ([("version", ctypes.c_uint32), ("struct_size", ctypes.c_size_t),
                  ("name", ctypes.c_char_p)] + [(n, t) for n, t in _TYPES.items()])
 
@@ -72,22 +74,60 @@ class _Request:
         self.works, self.finish = works, finish
 
 
-class TorchComm:
-    """The state of one ctxpar comm over `group` (None: the default group)."""
+def _global_rank(group, r):
+    get = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
+    return get(group, r)
 
-    def __init__(self, group):
+
+class TorchComm:
+    """The state of one ctxpar comm over `group`. members: the global rank of each of its ranks
+    (a split's order, by key; torch numbers a group's ranks in global order), or None: the
+    group's own order."""
+
+    def __init__(self, group, members=None):
         self.group = group
-        self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
+        if members is None:
+            members = [_global_rank(group, r) for r in range(self.size)]
+        self.members = list(members)
+        self.rank = self.members.index(dist.get_rank())
+        # torch's rank t of the group is our rank c2t.index(t); identity: no reordering
+        by_global = sorted(self.members)
+        self.t2c = [self.members.index(g) for g in by_global]
+        self.identity = self.t2c == list(range(self.size))
         self.requests, self.ids = {}, itertools.count(1)
         self.orphans = []  # works of cancelled requests, still running: kept referenced
         self.timeout_s = 60.0
 
     def global_rank(self, r):
-        if self.group is None:
-            return r
-        get = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
-        return get(self.group, r)
+        return self.members[r]
+
+    def torch_order(self, x, n):
+        """x's P blocks of n (ours in rank order) in torch's rank order (a copy unless the same)."""
+        if self.identity:
+            return x
+        return torch.cat([x[c * n:(c + 1) * n] for c in self.t2c])
+
+    def split(self, color, key):
+        """The sub-comm of the ranks passing `color` (>= 0), ranked by (key, rank), or None.
+        Every rank learns every (color, key), then all make every group in the same order."""
+        if self.size != dist.get_world_size():
+            raise CommFailure(ERR_NOT_SUPPORTED, "split: torch.distributed makes a group with "
+                              "every process, so only a comm over the whole default group "
+                              f"splits (this one has {self.size} of {dist.get_world_size()})")
+        mine = torch.tensor([color, key], dtype=torch.int64)
+        every = [torch.empty(2, dtype=torch.int64) for _ in range(self.size)]
+        self.finish(self.request([dist.all_gather(every, mine, group=self.group,
+                                                  async_op=True)]))
+        ck = {self.t2c[t]: (int(e[0]), int(e[1])) for t, e in enumerate(every)}
+        sub = None
+        for col in sorted({cc for cc, _ in ck.values() if cc >= 0}):
+            order = sorted((k, r) for r, (cc, k) in ck.items() if cc == col)
+            members = [self.members[r] for _, r in order]
+            group = dist.new_group(sorted(members))
+            if col == color:
+                sub = TorchComm(group, members)
+        return sub
 
     def request(self, works, finish=None):
         rid = next(self.ids)
@@ -119,6 +159,7 @@ class TorchComm:
         if nbytes == 0:
             return self.request([])
         parts = list(recv.view(self.size, nbytes).unbind(0))
+        parts = [parts[c] for c in self.t2c]  # torch fills them in its rank order
         return self.request([dist.all_gather(parts, send, group=self.group, async_op=True)])
 
     def reduce_scatter(self, send, recv, count):
@@ -127,12 +168,14 @@ class TorchComm:
         if count == 0:
             return self.request([])
         blocks = torch.empty(self.size * count, dtype=torch.float32)
-        work = dist.all_to_all_single(blocks, send, group=self.group, async_op=True)
+        work = dist.all_to_all_single(blocks, self.torch_order(send, count), group=self.group,
+                                      async_op=True)
+        at = {c: t for t, c in enumerate(self.t2c)}  # our rank c's block is torch's t
 
         def add_in_rank_order():
-            acc = blocks[:count].clone()
+            acc = blocks[at[0] * count:(at[0] + 1) * count].clone()
             for r in range(1, self.size):
-                acc += blocks[r * count:(r + 1) * count]
+                acc += blocks[at[r] * count:(at[r] + 1) * count]
             recv.copy_(acc)
 
         return self.request([work], add_in_rank_order)
@@ -140,8 +183,18 @@ class TorchComm:
     def alltoall(self, send, recv, nbytes):
         if nbytes == 0:
             return self.request([])
-        return self.request([dist.all_to_all_single(recv, send, group=self.group,
-                                                    async_op=True)])
+        if self.identity:
+            return self.request([dist.all_to_all_single(recv, send, group=self.group,
+                                                        async_op=True)])
+        got = torch.empty_like(recv)
+        work = dist.all_to_all_single(got, self.torch_order(send, nbytes), group=self.group,
+                                      async_op=True)
+
+        def to_rank_order():
+            for t, c in enumerate(self.t2c):
+                recv[c * nbytes:(c + 1) * nbytes].copy_(got[t * nbytes:(t + 1) * nbytes])
+
+        return self.request([work], to_rank_order)
 
     def allreduce(self, buf, op):
         work = dist.all_reduce(buf, op=_REDUCE[op], group=self.group, async_op=True)
@@ -250,6 +303,15 @@ def _barrier(c):
     return OK
 
 
+@_op
+def _split(c, color, key, comm_out):
+    comm_out[0] = None
+    sub = c.split(color, key)
+    if sub is not None:
+        comm_out[0] = _handle(sub).value
+    return OK
+
+
 def _cancel(comm, req):
     # torch works cannot be cancelled: wait a moment for the transfer, else keep it referenced
     # (its buffers may still be touched until the process group is destroyed).
@@ -272,7 +334,8 @@ def _destroy(comm):
 
 _CALLBACKS = dict(destroy=_destroy, sendrecv=_sendrecv, allgather=_allgather,
                   reduce_scatter=_reduce_scatter, alltoall=_alltoall, wait=_wait_op,
-                  cancel=_cancel, allreduce_i64=_allreduce_i64, barrier=_barrier, test=_test)
+                  cancel=_cancel, allreduce_i64=_allreduce_i64, barrier=_barrier, test=_test,
+                  split=_split)
 _OPS = _Ops(version=2, struct_size=ctypes.sizeof(_Ops), name=b"torch",
             **{n: _TYPES[n](f) for n, f in _CALLBACKS.items()})
 
@@ -299,6 +362,11 @@ def process_group(group_or_mesh):
 def create(group_or_mesh):
     """(handle, state) of a new ctxpar comm over the group; the state must outlive the handle."""
     state = TorchComm(process_group(group_or_mesh))
+    return _handle(state), state
+
+
+def _handle(state):
+    """A new ctxpar comm over state (kept in _comms until the comm's destroy)."""
     impl = next(_impl_ids)
     _comms[impl] = state
     h = ctypes.c_void_p()
@@ -308,5 +376,4 @@ def create(group_or_mesh):
     except Exception:
         _comms.pop(impl, None)
         raise
-    return h, state
-
+    return h

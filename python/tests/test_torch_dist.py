@@ -15,8 +15,8 @@ SEEDS = [f"seed:{d}:{m}:512" for d in ("float32", "bfloat16") for m in ("causal"
 
 
 @pytest.mark.parametrize("P,cases", [
-    (2, ["comm_ops", "algorithms", "buffers"] + SEEDS + ["timeout"]),  # timeout: last
-    (4, ["comm_ops", "algorithms", "buffers"] + SEEDS),
+    (2, ["comm_ops", "split", "algorithms", "buffers"] + SEEDS + ["timeout"]),  # timeout: last
+    (4, ["comm_ops", "split", "algorithms", "buffers"] + SEEDS),
 ])
 def test_process_group(P, cases):
     if not (dist.is_available() and dist.is_gloo_available()):

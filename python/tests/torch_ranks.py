@@ -108,29 +108,68 @@ def case_comm_ops():
 
 def case_algorithms():
     """ctxpar.Context over the process group, each algorithm the comm serves, forward and
-    backward (GQA, uneven shards: S = 16 P + 3) against the float64 oracle; "hybrid" needs
-    split, which this comm lacks: a clear NOT_SUPPORTED."""
+    backward (GQA, uneven shards: S = 16 P + 3) against the float64 oracle; the hybrid with
+    groups of 2 (the comm's split)."""
     rng = np.random.default_rng(3)
     s = 16 * P + 3
     q, k, v, do = (rng.standard_normal((1, s, h, 16), dtype=np.float32) for h in (4, 2, 2, 4))
     ref = ctxpar.oracle(q, k, v, do)
     ctx = ctxpar.Context("cpu", dist.group.WORLD, num_threads=1)
     worst = 0.0
-    for algo in ("ring", "allgather", "alltoall"):
+    for algo in ("ring", "allgather", "alltoall", "hybrid"):
+        kw = dict(algo=algo, seq_len_global=s, ulysses=2 if algo == "hybrid" else 0)
         local = [ctxpar.shard(x, RANK, P) for x in (q, k, v, do)]
-        out, lse = ctx.attention(*local[:3], algo=algo, seq_len_global=s)
-        grads = ctx.attention_backward(*local[:3], out, lse, local[3], algo=algo,
-                                       seq_len_global=s)
+        out, lse = ctx.attention(*local[:3], **kw)
+        grads = ctx.attention_backward(*local[:3], out, lse, local[3], **kw)
         for name, got in zip(("out", "dq", "dk", "dv"), (out,) + grads):
             whole = ct.context_parallel_unshard(None, [torch.from_numpy(got)], [1])[0]
             worst = max(worst, max_error(whole.numpy(), ref[name]))
     report("algorithms", worst, 4e-6)
-    try:
-        ctx.attention(*local[:3], algo="hybrid", seq_len_global=s)
-        raise AssertionError("hybrid ran without split")
-    except ctxpar.CtxparError as e:
-        assert e.name == "CTXPAR_ERR_NOT_SUPPORTED", e
-    report("hybrid_not_supported")
+
+
+def case_split():
+    """The comm's split called as the library calls it: colors by parity, keys reversing the
+    order (rank and size in the sub-comm, a sum over it, a ring shift and an all-to-all in its
+    order), a rank that joins none, and a sub-comm's own split refused (torch makes groups with
+    every process)."""
+    comm = ctxpar.Comm.torch(None)
+    base = ctypes.cast(comm._handle, ctypes.POINTER(_torch_comm._CommBase))
+    ops = _torch_comm._OPS
+    sub_h, req = ctypes.c_void_p(), ctypes.c_void_p()
+
+    def ok(status):
+        assert status == 0, ctxpar._lib.lib.ctxpar_last_error().decode()
+
+    ok(ops.split(base, RANK % 2, -RANK, ctypes.byref(sub_h)))
+    sub = ctypes.cast(sub_h, ctypes.POINTER(_torch_comm._CommBase))
+    mates = sorted((r for r in range(P) if r % 2 == RANK % 2), reverse=True)  # by key -r
+    n = len(mates)
+    assert (sub.contents.rank, sub.contents.size) == (mates.index(RANK), n), "rank, size"
+    vals = np.array([RANK], np.int64)
+    ok(ops.allreduce_i64(sub, vals.ctypes.data, 1, 0))
+    assert vals[0] == sum(mates), "sum over the sub-comm"
+    me = mates.index(RANK)
+    if n > 1:  # (2 processes: sub-comms of one)
+        send, recv = np.full(64, RANK, np.uint8), np.zeros(64, np.uint8)
+        ok(ops.sendrecv(sub, send.ctypes.data, 64, (me + 1) % n, recv.ctypes.data, 64,
+                        (me - 1) % n, 0, None, ctypes.byref(req)))
+        ok(ops.wait(sub, req, None))
+        assert (recv == mates[(me - 1) % n]).all(), "ring shift in the sub-comm's order"
+    send = np.array([[RANK * 16 + j] * 8 for j in range(n)], np.uint8)  # block j for rank j
+    recv = np.zeros((n, 8), np.uint8)
+    ok(ops.alltoall(sub, send.ctypes.data, recv.ctypes.data, 8, None, ctypes.byref(req)))
+    ok(ops.wait(sub, req, None))
+    assert all((recv[j] == mates[j] * 16 + me).all() for j in range(n)), "all-to-all order"
+    nested = ctypes.c_void_p()
+    assert ops.split(sub, 0, 0, ctypes.byref(nested)) == -3 and not nested.value, "nested"
+    ctxpar._lib.lib.ctxpar_comm_destroy(sub_h)
+    none = ctypes.c_void_p(1)
+    ok(ops.split(base, -1 if RANK == 0 else 5, 0, ctypes.byref(none)))
+    assert (none.value is None) == (RANK == 0), "a negative color joins no sub-comm"
+    if none.value:
+        ctxpar._lib.lib.ctxpar_comm_destroy(none)
+    comm.close()
+    report("split")
 
 
 def case_seed(dtype_name, causal, seq=512):
@@ -206,7 +245,8 @@ def case_timeout():
     os._exit(0)  # no destroy_process_group on a group gloo has closed
 
 
-CASES = {"comm_ops": case_comm_ops, "timeout": case_timeout, "algorithms": case_algorithms, "buffers": case_buffers}
+CASES = {"comm_ops": case_comm_ops, "timeout": case_timeout, "algorithms": case_algorithms,
+         "buffers": case_buffers, "split": case_split}
 for name in sys.argv[1:]:
     if name.startswith("seed:"):
         _, dtype_name, causal, seq = name.split(":")

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "ctxpar.h"
+#include "ctxpar_bins.h"
 #include "ctxpar_half.h"
 
 #ifdef __cplusplus
@@ -428,6 +429,37 @@ struct ctxpar_device_ops {
      * a faster path was not taken. A NUL-terminated line in buf (n bytes, n >= 1); no side
      * effects. default: the ops table's name. */
     void (*describe)(const struct ctxpar_device *dev, char *buf, size_t n);
+
+    /* ---- binned accumulators (optional, all six or none): reproducible mode
+     * (params.reproducible, docs/numerics.md). Without them that mode is NOT_SUPPORTED. Each
+     * op works on a block laid out as ctxpar_bins_bytes says and must give exactly the bits
+     * ctxpar_bins.h's reference functions give (the conformance suite compares them). */
+
+    /* Every row of the block empty (top -inf, bins and specials 0). */
+    ctxpar_status (*bins_clear)(struct ctxpar_device *dev, void *bins, int64_t rows, int64_t width,
+                                ctxpar_stream *stream);
+    /* Adds src [B, len, H, width] (F32, dense) into the rows (b*seq + off + s)*H + h of a block
+     * of B*seq*H rows: every value one term. */
+    ctxpar_status (*bins_add)(struct ctxpar_device *dev, void *bins, const float *src,
+                              const ctxpar_bins_shape *shape, ctxpar_stream *stream);
+    /* Adds one forward partial per row: with L = lse_b + lse_lo_b (lse_lo_b may be NULL),
+     * value d < width - 1 gets out_b[d] e^L and value width - 1 gets e^L, for out_b
+     * [B, len, H, width - 1] and lse_b, lse_lo_b [B, H, len] (F32, dense; rows as bins_add). */
+    ctxpar_status (*bins_add_attn)(struct ctxpar_device *dev, void *bins, const float *out_b,
+                                   const float *lse_b, const float *lse_lo_b,
+                                   const ctxpar_bins_shape *shape, ctxpar_stream *stream);
+    /* dst += src, row by row (two blocks of the same rows and width). */
+    ctxpar_status (*bins_merge)(struct ctxpar_device *dev, void *dst, const void *src, int64_t rows,
+                                int64_t width, ctxpar_stream *stream);
+    /* dst [rows, width] F32 = each sum, rounded once. */
+    ctxpar_status (*bins_finish)(struct ctxpar_device *dev, const void *bins, int64_t rows,
+                                 int64_t width, float *dst, ctxpar_stream *stream);
+    /* The attention rows of a bins_add_attn block of B*seq*H rows: out [B, seq, H, width - 1]
+     * = value d / value width-1; lse, lse_lo [B, H, seq] = log(value width - 1) as
+     * ctxpar_attn_block.lse_lo splits it (lse_lo may be NULL). An empty row: out 0, lse -inf. */
+    ctxpar_status (*bins_finish_attn)(struct ctxpar_device *dev, const void *bins,
+                                      const ctxpar_bins_shape *shape, float *out, float *lse,
+                                      float *lse_lo, ctxpar_stream *stream);
 };
 
 /* The base object a backend's ops receive. The dispatch layer creates it (ctxpar_device_create)

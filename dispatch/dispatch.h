@@ -72,6 +72,23 @@ ctxpar_status ctxpar_dev_fill(ctxpar_device *dev, float *dst, float value, size_
 ctxpar_status ctxpar_dev_checksum(ctxpar_device *dev, const void *data, size_t bytes,
                                   ctxpar_stream *stream, uint64_t *sum_out);
 ctxpar_status ctxpar_dev_attn_supported(const ctxpar_device *dev, const ctxpar_attn_query *query);
+/* Binned accumulators (reproducible mode; dispatch_bins.c): NOT_SUPPORTED on a device without
+ * them. Shapes and NULLs are checked here, as for every op. */
+int ctxpar_dev_has_bins(const ctxpar_device *dev);
+ctxpar_status ctxpar_dev_bins_clear(ctxpar_device *dev, void *bins, int64_t rows, int64_t width,
+                                    ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_bins_add(ctxpar_device *dev, void *bins, const float *src,
+                                  const ctxpar_bins_shape *shape, ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_bins_add_attn(ctxpar_device *dev, void *bins, const float *out_b,
+                                       const float *lse_b, const float *lse_lo_b,
+                                       const ctxpar_bins_shape *shape, ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_bins_merge(ctxpar_device *dev, void *dst, const void *src, int64_t rows,
+                                    int64_t width, ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_bins_finish(ctxpar_device *dev, const void *bins, int64_t rows,
+                                     int64_t width, float *dst, ctxpar_stream *stream);
+ctxpar_status ctxpar_dev_bins_finish_attn(ctxpar_device *dev, const void *bins,
+                                          const ctxpar_bins_shape *shape, float *out, float *lse,
+                                          float *lse_lo, ctxpar_stream *stream);
 /* The device's describe op into buf (n >= 1), else its name. */
 void ctxpar_dev_describe(const ctxpar_device *dev, char *buf, size_t n);
 

@@ -48,6 +48,15 @@ typedef struct device_state {
     X(event_record)                                                                               \
     X(stream_wait_event)
 
+// Reproducible mode's binned accumulators (ctxpar_bins.h): all or none.
+#define BINS_OPS(X)                                                                                \
+    X(bins_clear)                                                                                  \
+    X(bins_add)                                                                                    \
+    X(bins_add_attn)                                                                               \
+    X(bins_merge)                                                                                  \
+    X(bins_finish)                                                                                 \
+    X(bins_finish_attn)
+
 ctxpar_status ctxpar_device_create(const DEV_OPS *ops, void *impl, int host_memory,
                                    ctxpar_device **device_out) {
     if (!ops || !device_out)
@@ -76,6 +85,17 @@ ctxpar_status ctxpar_device_create(const DEV_OPS *ops, void *impl, int host_memo
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "device '%s' sets %d of the %d stream/event ops: all or none", name,
                             n_stream, n_stream_total);
+    int n_bins = 0, n_bins_total = 0;
+#define COUNT_BINS(member)                                                                         \
+    n_bins_total++;                                                                                \
+    if (CTXPAR_OPS_HAS(ops, DEV_OPS, member))                                                      \
+        n_bins++;
+    BINS_OPS(COUNT_BINS)
+#undef COUNT_BINS
+    if (n_bins != 0 && n_bins != n_bins_total)
+        return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
+                            "device '%s' sets %d of the %d bins ops: all or none", name, n_bins,
+                            n_bins_total);
     device_state *d = calloc(1, sizeof *d);
     if (!d)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "cannot allocate a device object");

@@ -44,8 +44,8 @@ lib="$prefix/lib"
 mkdir -p "$inc" "$lib/pkgconfig" "$lib/cmake/ctxpar" "$prefix/bin" \
     "$lib/python3/site-packages/ctxpar"
 
-install -m 644 api/ctxpar.h api/ctxpar_backend.h api/ctxpar_cpu.h api/ctxpar_half.h \
-    api/ctxpar_local.h api/ctxpar_mpi.h "$inc/"
+install -m 644 api/ctxpar.h api/ctxpar_backend.h api/ctxpar_bins.h api/ctxpar_cpu.h \
+    api/ctxpar_half.h api/ctxpar_local.h api/ctxpar_mpi.h "$inc/"
 
 # A shared library PATH/NAME.so as NAME.so.VERSION with the soname link NAME.so.MAJOR and the
 # link NAME.so.

@@ -195,6 +195,12 @@ static const struct ctxpar_device_ops cpu_ops = {
     .fill = ctxpar_cpu_fill,
     .attn_supported = cpu_attn_supported,
     .describe = cpu_describe,
+    .bins_clear = ctxpar_cpu_bins_clear,
+    .bins_add = ctxpar_cpu_bins_add,
+    .bins_add_attn = ctxpar_cpu_bins_add_attn,
+    .bins_merge = ctxpar_cpu_bins_merge,
+    .bins_finish = ctxpar_cpu_bins_finish,
+    .bins_finish_attn = ctxpar_cpu_bins_finish_attn,
 };
 
 ctxpar_status ctxpar_device_create_cpu(const ctxpar_cpu_options *options,

@@ -154,6 +154,21 @@ ctxpar_status ctxpar_cpu_add(ctxpar_device *dev, float *dst, const float *src, s
                              ctxpar_stream *stream);
 ctxpar_status ctxpar_cpu_fill(ctxpar_device *dev, float *dst, float value, size_t n,
                               ctxpar_stream *stream);
+/* The binned accumulators of reproducible mode (cpu_bins.c; ctxpar_backend.h's bins_* ops). */
+ctxpar_status ctxpar_cpu_bins_clear(ctxpar_device *dev, void *bins, int64_t rows, int64_t width,
+                                    ctxpar_stream *stream);
+ctxpar_status ctxpar_cpu_bins_add(ctxpar_device *dev, void *bins, const float *src,
+                                  const ctxpar_bins_shape *shape, ctxpar_stream *stream);
+ctxpar_status ctxpar_cpu_bins_add_attn(ctxpar_device *dev, void *bins, const float *out_b,
+                                       const float *lse_b, const float *lse_lo_b,
+                                       const ctxpar_bins_shape *shape, ctxpar_stream *stream);
+ctxpar_status ctxpar_cpu_bins_merge(ctxpar_device *dev, void *dst, const void *src, int64_t rows,
+                                    int64_t width, ctxpar_stream *stream);
+ctxpar_status ctxpar_cpu_bins_finish(ctxpar_device *dev, const void *bins, int64_t rows,
+                                     int64_t width, float *dst, ctxpar_stream *stream);
+ctxpar_status ctxpar_cpu_bins_finish_attn(ctxpar_device *dev, const void *bins,
+                                          const ctxpar_bins_shape *shape, float *out, float *lse,
+                                          float *lse_lo, ctxpar_stream *stream);
 
 #ifdef __cplusplus
 }

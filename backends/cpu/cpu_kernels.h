@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "ctxpar.h"
+#include "ctxpar_bins.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -99,6 +100,10 @@ typedef struct ctxpar_cpu_kernels {
     /* The register tile, "MRxNR": MR vectors of lanes x NR rows of the other operand (lane_block
      * = MR x vector_lanes). Tables of one instruction set differ only in it, never in bits. */
     const char *tiles;
+
+    /* Reproducible mode: ctxpar_bins_add_row (ctxpar_bins.h), bit for bit, compiled for this
+     * instruction set so that its branch-free loop is vectorised. */
+    void (*bins_add_row)(ctxpar_bins_view b, int64_t i0, const float *x, int64_t n, int64_t k);
 
     /* Soft-capping: s[i] = C tanh(mul s[i]) with tanh in F64 (relative error < 1e-15, see
      * cpu_kernels_impl.h) rounded once to F32, and with dcap dcap[i] = 1 - tanh^2, for i < n;

@@ -520,6 +520,12 @@ static float fma_chains(int64_t iters) {
     return total;
 }
 
+// Reproducible mode's row of terms into binned accumulators: the SDK's function, inlined here so
+// that its loop is vectorised for this table's instruction set.
+static void bins_add_row(ctxpar_bins_view b, int64_t i0, const float *x, int64_t n, int64_t k) {
+    ctxpar_bins_add_row(b, i0, x, n, k);
+}
+
 #define CPU_STR_(x) #x
 #define CPU_STR(x) CPU_STR_(x)
 const ctxpar_cpu_kernels KERNELS_TABLE = {
@@ -539,4 +545,5 @@ const ctxpar_cpu_kernels KERNELS_TABLE = {
     .tiles = CPU_STR(MR) "x" CPU_STR(NR),
     .softcap = softcap,
     .transpose = transpose,
+    .bins_add_row = bins_add_row,
 };

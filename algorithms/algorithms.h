@@ -89,6 +89,7 @@ typedef struct ctxpar_problem {
      * seq_local and the map are the keys' shards); q_span: their positions with q_len. */
     int64_t q_len;
     ctxpar_span q_span;
+    int reproducible; /* params.reproducible: chunked blocks, binned sums (repro.h) */
 } ctxpar_problem;
 
 /* Rank j's token count and positions in a problem. */

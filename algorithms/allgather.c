@@ -7,6 +7,7 @@
 #include "algorithms.h"
 #include "ctxpar_count.h"
 #include "registry.h"
+#include "repro.h"
 
 // Gathers every rank's packed K/V and writes it in global order into kv_global
 // ([2][B, S, Hkv, D]). `gathered` holds P packed blocks.
@@ -63,7 +64,30 @@ typedef struct allgather_ws {
     void *fold; // the sinks' fold (NULL without sinks)
     float *dq_acc, *delta;
     void *dkv_global, *dkv_blocks, *dkv_mine;
+    // Reproducible mode: the bins of out or dQ, the global dK/dV's and P blocks' of them each
+    // way, and the chunk pairs' temporaries.
+    void *bins, *send, *recv;
+    ctxpar_repro_scratch rs;
 } allgather_ws;
+
+// Reproducible mode's backward: dQ's bins, the global dK/dV bins, P blocks of them to send and
+// P received (summed into the first), this rank's F32 dK/dV.
+static size_t allgather_repro_bwd_layout(const ctxpar_problem *pb, ctxpar_carve *c,
+                                         allgather_ws *w) {
+    const int P = pb->nranks;
+    const size_t block = ctxpar_repro_dkv_bytes(pb, pb->seq_max, pb->heads_kv);
+    w->dq_acc = ctxpar_carve_take(
+        c, ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim) * sizeof(float));
+    w->delta = ctxpar_carve_take(c, ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) *
+                                        sizeof(float));
+    w->bins = ctxpar_carve_take(c, ctxpar_repro_dq_bytes(pb, pb->seq_local, pb->heads_q));
+    w->dkv_global = ctxpar_carve_take(c, ctxpar_repro_dkv_bytes(pb, pb->seq_global, pb->heads_kv));
+    w->send = ctxpar_carve_take(c, block * (size_t)P);
+    w->recv = P > 1 ? ctxpar_carve_take(c, block * (size_t)P) : w->send;
+    w->dkv_mine = ctxpar_carve_take(c, ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_max));
+    ctxpar_repro_scratch_carve(pb, pb->seq_local, 1, c, &w->rs);
+    return c->used;
+}
 
 static size_t allgather_layout(const ctxpar_problem *pb, int backward, char *base,
                                allgather_ws *w) {
@@ -86,8 +110,14 @@ static size_t allgather_layout(const ctxpar_problem *pb, int backward, char *bas
             w->fold = ctxpar_carve_take(
                 &c, ctxpar_sinks_fold_bytes(pb, ctxpar_problem_q_rows(pb), pb->heads_q));
         w->lse_lo = ctxpar_carve_take(&c, row_n * sizeof(float));
+        if (pb->reproducible) {
+            w->bins = ctxpar_carve_take(&c, ctxpar_repro_out_bytes(pb, pb->seq_local, pb->heads_q));
+            ctxpar_repro_scratch_carve(pb, pb->seq_local, 0, &c, &w->rs);
+        }
         return c.used;
     }
+    if (pb->reproducible)
+        return allgather_repro_bwd_layout(pb, &c, w);
     w->dq_acc = ctxpar_carve_take(&c, q_n * sizeof(float));
     w->delta = ctxpar_carve_take(&c, row_n * sizeof(float));
     w->dkv_global = ctxpar_carve_take(&c, dkv_global);
@@ -134,9 +164,16 @@ static ctxpar_status ctxpar_allgather_fwd(const ctxpar_run *run, const ctxpar_pr
     CTXPAR_CHECK(ctxpar_dev_fill(run->dev, w.lse_lo, 0.0f,
                                  ctxpar_count(pb->batch, pb->heads_q, ctxpar_problem_q_rows(pb), 1),
                                  run->stream));
-    // The kernel handles rows that see nothing (out 0, lse -inf), so it runs unless this rank
-    // holds no rows at all.
-    if (ctxpar_problem_q_rows(pb) > 0) {
+    if (pb->reproducible) {
+        CTXPAR_CHECK(ctxpar_repro_clear(run, pb, w.bins, 0, pb->seq_local, pb->heads_q));
+        double t0 = ctxpar_now();
+        CTXPAR_CHECK(ctxpar_repro_fwd_block(run, pb, &blk, w.bins, &w.rs));
+        ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", -1, -1, t0, ctxpar_now(), 0);
+        CTXPAR_CHECK(ctxpar_repro_fwd_finish(run, pb, w.bins, pb->seq_local, pb->heads_q, w.out_acc,
+                                             w.lse_acc, w.lse_lo));
+    } else if (ctxpar_problem_q_rows(pb) > 0) {
+        // The kernel handles rows that see nothing (out 0, lse -inf), so it runs unless this
+        // rank holds no rows at all.
         double t0 = ctxpar_now();
         CTXPAR_CHECK(
             ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc, 0, run->stream));
@@ -163,6 +200,62 @@ static ctxpar_status scatter_order(const ctxpar_run *run, const ctxpar_problem *
     return CTXPAR_OK;
 }
 
+// Reproducible mode: the chunk pairs into bins; each rank's dK/dV bins go to it whole (exact
+// sums cannot travel as F32) and are summed there.
+static ctxpar_status allgather_repro_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
+                                         allgather_ws *w, const ctxpar_tensor *q,
+                                         const ctxpar_tensor *out, const float *lse,
+                                         const ctxpar_tensor *dout, ctxpar_tensor *dq,
+                                         ctxpar_tensor *dk, ctxpar_tensor *dv) {
+    const int P = pb->nranks;
+    const int64_t S = pb->seq_global, M = pb->seq_max, Hkv = pb->heads_kv;
+    const size_t block = ctxpar_repro_dkv_bytes(pb, M, Hkv);
+    CTXPAR_CHECK(ctxpar_dev_attn_bwd_prep(run->dev, out, dout, w->delta, run->stream));
+    CTXPAR_CHECK(ctxpar_repro_clear(run, pb, w->bins, 1, pb->seq_local, pb->heads_q));
+    CTXPAR_CHECK(ctxpar_repro_clear(run, pb, w->dkv_global, 2, S, Hkv));
+    ctxpar_span all = {0, S, 1};
+    ctxpar_attn_block blk =
+        whole_block(pb, ctxpar_problem_spans(pb, pb->rank), &all, q, w->kv_global);
+    if (ctxpar_block_account(run, pb, blk.q_pos, blk.k_pos)) {
+        double t0 = ctxpar_now();
+        CTXPAR_CHECK(ctxpar_repro_bwd_block(run, pb, &blk, dout, lse, pb->lse_lo, w->delta, w->bins,
+                                            w->dkv_global, S, &w->rs));
+        ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", -1, -1, t0, ctxpar_now(), 0);
+    }
+    for (int j = 0; j < P; j++) { // rank j's rows, at the front of its block
+        char *to = (char *)w->send + (size_t)j * block;
+        CTXPAR_CHECK(ctxpar_repro_clear(run, pb, to, 2, M, Hkv));
+        ctxpar_spans sp = ctxpar_problem_spans(pb, j);
+        int64_t row = 0;
+        for (int i = 0; i < sp.count; row += sp.span[i].len, i++)
+            CTXPAR_CHECK(ctxpar_repro_dkv_move(run, pb, w->dkv_global, S, sp.span[i].start, to, M,
+                                               row, sp.span[i].len, Hkv));
+    }
+    if (P > 1) {
+        ctxpar_request *req = NULL;
+        double t0 = ctxpar_now();
+        CTXPAR_CHECK(ctxpar_comm_alltoall(run->comm, w->send, w->recv, block, run->stream, &req));
+        CTXPAR_CHECK(ctxpar_comm_wait(run->comm, req, run->stream));
+        double t1 = ctxpar_now();
+        ctxpar_run_trace(run, CTXPAR_EVENT_TRANSFER, "alltoall_dkv_bins", -1, -1, t0, t1,
+                         block * (uint64_t)(P - 1));
+        ctxpar_run_trace(run, CTXPAR_EVENT_WAIT, "alltoall_dkv_bins", -1, -1, t0, t1, 0);
+    }
+    for (int i = 1; i < P; i++)
+        CTXPAR_CHECK(
+            ctxpar_repro_dkv_merge(run, pb, w->recv, (char *)w->recv + (size_t)i * block, M, Hkv));
+    CTXPAR_CHECK(ctxpar_repro_dq_finish(run, pb, w->bins, pb->seq_local, pb->heads_q, w->dq_acc));
+    CTXPAR_CHECK(ctxpar_repro_dkv_finish(run, pb, w->recv, M, Hkv, w->dkv_mine));
+    ctxpar_tensor dq_t = ctxpar_tensor_bshd(w->dq_acc, CTXPAR_DTYPE_F32, pb->batch, pb->seq_local,
+                                            pb->heads_q, pb->head_dim);
+    ctxpar_tensor dk_t = ctxpar_packed_kv(w->dkv_mine, CTXPAR_DTYPE_F32, pb, M, 0);
+    ctxpar_tensor dv_t = ctxpar_packed_kv(w->dkv_mine, CTXPAR_DTYPE_F32, pb, M, 1);
+    dk_t.shape[1] = dv_t.shape[1] = pb->seq_local; // rows beyond the shard stay behind
+    CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &dq_t, dq, run->stream));
+    CTXPAR_CHECK(ctxpar_dev_cast(run->dev, &dk_t, dk, run->stream));
+    return ctxpar_dev_cast(run->dev, &dv_t, dv, run->stream);
+}
+
 static ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_problem *pb,
                                           const ctxpar_tensor *q, const ctxpar_tensor *k,
                                           const ctxpar_tensor *v, const ctxpar_tensor *out,
@@ -175,6 +268,8 @@ static ctxpar_status ctxpar_allgather_bwd(const ctxpar_run *run, const ctxpar_pr
     allgather_ws w;
     ctxpar_status st;
     CTXPAR_CHECK(setup(run, pb, 1, k, v, &w));
+    if (pb->reproducible)
+        return allgather_repro_bwd(run, pb, &w, q, out, lse, dout, dq, dk, dv);
     float *dq_acc = w.dq_acc, *delta = w.delta;
     void *kv_global = w.kv_global, *dkv_global = w.dkv_global, *dkv_blocks = w.dkv_blocks,
          *dkv_mine = w.dkv_mine;
@@ -245,19 +340,26 @@ static void allgather_blocks(const ctxpar_problem *pb, ctxpar_attn_query *q) {
     q->seq_k = pb->seq_global;
 }
 
-static ctxpar_status any_problem(const ctxpar_problem *pb) {
-    (void)pb;
-    return CTXPAR_OK;
+static ctxpar_status allgather_check(const ctxpar_problem *pb) {
+    if (!pb->reproducible)
+        return CTXPAR_OK;
+    if (pb->q_len)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "reproducible mode does not take queries shorter than the keys "
+                            "(params.q_len %lld)",
+                            (long long)pb->q_len);
+    return ctxpar_repro_check_shards(pb, "allgather");
 }
 
 const ctxpar_algorithm ctxpar_allgather_algorithm = {
     .id = CTXPAR_ALGO_ALLGATHER,
     .name = "allgather",
-    .check = any_problem,
+    .check = allgather_check,
     .forward = ctxpar_allgather_fwd,
     .backward = ctxpar_allgather_bwd,
     .blocks = allgather_blocks,
     .workspace_bytes = ctxpar_allgather_workspace_bytes,
     .cost = allgather_cost,
     .short_queries = 1,
+    .reproducible = 1,
 };

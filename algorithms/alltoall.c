@@ -10,6 +10,7 @@
 #include "algorithms.h"
 #include "ctxpar_count.h"
 #include "registry.h"
+#include "repro.h"
 
 ctxpar_heads_plan ctxpar_a2a_plan_heads(const ctxpar_problem *pb) {
     ctxpar_heads_plan h;
@@ -27,6 +28,12 @@ static int64_t ctxpar_a2a_kv_head(const ctxpar_heads_plan *h, int j, int64_t i) 
 
 static ctxpar_status ctxpar_alltoall_check(const ctxpar_problem *pb) {
     const int P = pb->nranks;
+    if (pb->reproducible && pb->heads_kv % P != 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "reproducible mode with alltoall needs the k/v heads (%lld) to divide "
+                            "by the ranks (%d): a k/v head's gradient would be split between "
+                            "ranks; use ring or allgather",
+                            (long long)pb->heads_kv, P);
     if (pb->heads_q % P != 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "alltoall needs the query heads (%lld) to divide by the ranks (%d)",
@@ -166,7 +173,19 @@ typedef struct a2a_ws {
     void *acc;
     float *lse, *lse_lo, *delta, *dkv_sum;
     void *fold; // the sinks' fold (forward with sinks)
+    // Reproducible mode: the out or dQ bins, dK/dV's, the chunk pairs' temporaries.
+    void *bins, *dkv_bins;
+    ctxpar_repro_scratch rs;
 } a2a_ws;
+
+// The problem as this rank's share of the heads sees it (reproducible mode's accumulators).
+static ctxpar_problem heads_problem(const ctxpar_problem *pb) {
+    const ctxpar_heads_plan h = ctxpar_a2a_plan_heads(pb);
+    ctxpar_problem hp = *pb;
+    hp.heads_q = h.hq;
+    hp.heads_kv = h.hk;
+    return hp;
+}
 
 // Floats of the backward's delta buffer: the global rows of this rank's heads, or the local
 // rows of every head when an uneven shard makes those more.
@@ -211,6 +230,14 @@ static size_t a2a_layout(const ctxpar_problem *pb, int backward, char *base, a2a
         if (h.replicate)
             w->dkv_sum = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->seq_local, D + Dv, 1) *
                                                    (size_t)pb->heads_kv * sizeof(float));
+    }
+    if (pb->reproducible) {
+        const ctxpar_problem hp = heads_problem(pb);
+        w->bins = ctxpar_carve_take(&c, backward ? ctxpar_repro_dq_bytes(&hp, S, h.hq)
+                                                 : ctxpar_repro_out_bytes(&hp, S, h.hq));
+        if (backward)
+            w->dkv_bins = ctxpar_carve_take(&c, ctxpar_repro_dkv_bytes(&hp, S, h.hk));
+        ctxpar_repro_scratch_carve(&hp, S, backward, &c, &w->rs);
     }
     return c.used;
 }
@@ -264,12 +291,23 @@ static ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_pro
     CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.lse_lo, 0.0f,
                                       ctxpar_count(pb->batch, S, h.hq, 1), run->stream),
                       st, done);
-    ctxpar_problem heads_pb = *pb; // this rank's share of the work, for the statistics
-    heads_pb.heads_q = h.hq;
+    // This rank's share of the work: for the statistics (which count K/V heads as the problem's)
+    // and reproducible mode's accumulators.
+    ctxpar_problem heads_pb = heads_problem(pb);
+    heads_pb.heads_kv = pb->heads_kv;
     (void)ctxpar_block_account(run, &heads_pb, blk.q_pos, blk.k_pos);
+    heads_pb.heads_kv = h.hk;
     double t0 = ctxpar_now();
-    CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_fwd(run->dev, &blk, out_acc, lse_acc, 0, run->stream),
-                      st, done);
+    if (pb->reproducible) {
+        CTXPAR_CHECK_GOTO(ctxpar_repro_clear(run, &heads_pb, w.bins, 0, S, h.hq), st, done);
+        CTXPAR_CHECK_GOTO(ctxpar_repro_fwd_block(run, &heads_pb, &blk, w.bins, &w.rs), st, done);
+        CTXPAR_CHECK_GOTO(
+            ctxpar_repro_fwd_finish(run, &heads_pb, w.bins, S, h.hq, out_acc, lse_acc, w.lse_lo),
+            st, done);
+    } else {
+        CTXPAR_CHECK_GOTO(
+            ctxpar_dev_attn_block_fwd(run->dev, &blk, out_acc, lse_acc, 0, run->stream), st, done);
+    }
     ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", -1, -1, t0, ctxpar_now(), 0);
     if (pb->sinks) { // this rank's heads, every row: once, on the finished rows
         CTXPAR_CHECK_GOTO(ctxpar_sinks_fold(run, pb, out_acc, lse_acc, S, h.hq,
@@ -423,12 +461,26 @@ static ctxpar_status ctxpar_alltoall_bwd(const ctxpar_run *run, const ctxpar_pro
     blk.lse_lo = w.lse_lo;
     ctxpar_problem heads_pb = *pb;
     heads_pb.heads_q = h.hq;
+    const ctxpar_problem hp = heads_problem(pb);
+    if (pb->reproducible) {
+        CTXPAR_CHECK_GOTO(ctxpar_repro_clear(run, &hp, w.bins, 1, S, h.hq), st, done);
+        CTXPAR_CHECK_GOTO(ctxpar_repro_clear(run, &hp, w.dkv_bins, 2, S, h.hk), st, done);
+    }
     if (ctxpar_block_account(run, &heads_pb, blk.q_pos, blk.k_pos)) {
         double t0 = ctxpar_now();
-        CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_bwd(run->dev, &blk, &g[4], lse_g, delta, gr[0].data,
-                                                    gr[1].data, gr[2].data, run->stream),
+        CTXPAR_CHECK_GOTO(pb->reproducible
+                              ? ctxpar_repro_bwd_block(run, &hp, &blk, &g[4], lse_g, w.lse_lo,
+                                                       delta, w.bins, w.dkv_bins, S, &w.rs)
+                              : ctxpar_dev_attn_block_bwd(run->dev, &blk, &g[4], lse_g, delta,
+                                                          gr[0].data, gr[1].data, gr[2].data,
+                                                          run->stream),
                           st, done);
         ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", -1, -1, t0, ctxpar_now(), 0);
+    }
+    if (pb->reproducible) {
+        CTXPAR_CHECK_GOTO(ctxpar_repro_dq_finish(run, &hp, w.bins, S, h.hq, gr[0].data), st, done);
+        CTXPAR_CHECK_GOTO(ctxpar_repro_dkv_finish(run, &hp, w.dkv_bins, S, h.hk, gr[1].data), st,
+                          done);
     }
     CTXPAR_CHECK_GOTO(pack_tokens(run, pb, back, 3, gr, send, back_b), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_a2a_exchange(run, pb, send, recv, back_b, "alltoall_grads"), st, done);
@@ -460,4 +512,5 @@ const ctxpar_algorithm ctxpar_alltoall_algorithm = {
     .blocks = alltoall_blocks,
     .workspace_bytes = ctxpar_alltoall_workspace_bytes,
     .cost = alltoall_cost,
+    .reproducible = 1,
 };

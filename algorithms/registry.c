@@ -32,9 +32,19 @@ ctxpar_status ctxpar_algorithm_check(const ctxpar_algorithm *algo, const ctxpar_
                             "the %s algorithm does not take queries shorter than the keys "
                             "(params.q_len %lld): use decode or allgather",
                             algo->name, (long long)pb->q_len);
+    if (pb->reproducible && !algo->reproducible)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "the %s algorithm has no reproducible mode (params.reproducible): use "
+                            "ring, allgather or alltoall",
+                            algo->name);
     CTXPAR_CHECK(algo->check(pb));
     if (!dev)
         return CTXPAR_OK;
+    if (pb->reproducible && !ctxpar_dev_has_bins(dev))
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "reproducible mode (params.reproducible) needs a device with binned "
+                            "accumulators; device '%s' has none",
+                            dev->ops->name ? dev->ops->name : "(unnamed)");
     if (pb->q_len > 0) // forward only: ctxpar_attn_bwd refuses such a problem
         backward = 0;
     ctxpar_attn_query q = {pb->dtype,      pb->batch,   ctxpar_problem_q_rows(pb),

@@ -51,6 +51,10 @@ typedef struct ctxpar_algorithm {
      * problem is NOT_SUPPORTED for it, before its own check runs. */
     int short_queries;
 
+    /* 1: it runs reproducible mode (params.reproducible; repro.h), its check saying where not;
+     * 0: reproducible problems are NOT_SUPPORTED for it. */
+    int reproducible;
+
     /* State kept between calls (the hybrid's sub-comms): the caller of ctxpar_call_forward /
      * _backward (a context; a rank of a dry run) keeps one zeroed block of state_bytes for the
      * algorithm, made at its first call and passed to every call as run->state; state_release

@@ -10,6 +10,7 @@
 
 #include "ctxpar_count.h"
 #include "registry.h"
+#include "repro.h"
 #include "ring_plan.h"
 #include "transfer.h"
 
@@ -72,6 +73,8 @@ typedef struct ring_fwd_ws {
     void *kv[2];
     float *out_acc, *lse_acc, *lse_lo;
     void *fold; // the sinks' fold (NULL without sinks)
+    void *bins; // reproducible mode: the out accumulator, and its chunks' temporaries
+    ctxpar_repro_scratch rs;
 } ring_fwd_ws;
 
 static size_t ring_fwd_layout(const ctxpar_problem *pb, char *base, ring_fwd_ws *w) {
@@ -88,6 +91,10 @@ static size_t ring_fwd_layout(const ctxpar_problem *pb, char *base, ring_fwd_ws 
                         : NULL;
     w->lse_lo = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) *
                                           sizeof(float));
+    if (pb->reproducible) {
+        w->bins = ctxpar_carve_take(&c, ctxpar_repro_out_bytes(pb, pb->seq_local, pb->heads_q));
+        ctxpar_repro_scratch_carve(pb, pb->seq_local, 0, &c, &w->rs);
+    }
     return c.used;
 }
 
@@ -110,6 +117,9 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
     CTXPAR_CHECK_GOTO(ctxpar_pack_kv(run, pb, k, v, w.kv[0]), st, done);
     // 0 stands for a device that does not keep the low part (ctxpar_attn_block.lse_lo).
     CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.lse_lo, 0.0f, lse_n, run->stream), st, done);
+    if (pb->reproducible)
+        CTXPAR_CHECK_GOTO(ctxpar_repro_clear(run, pb, w.bins, 0, pb->seq_local, pb->heads_q), st,
+                          done);
 
     const ctxpar_spans qs = ctxpar_problem_spans(pb, pb->rank);
     int have = 0; // whether out_acc/lse_acc hold a partial yet
@@ -123,8 +133,10 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
             block_for_step(run, pb, &plan, qs, s, q, cur, &blk)) {
             blk.lse_lo = w.lse_lo;
             double t0 = run->trace ? ctxpar_now() : 0.0; // the clock only for the trace
-            CTXPAR_CHECK_GOTO(ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc, have,
-                                                        run->stream),
+            CTXPAR_CHECK_GOTO(pb->reproducible
+                                  ? ctxpar_repro_fwd_block(run, pb, &blk, w.bins, &w.rs)
+                                  : ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc,
+                                                              have, run->stream),
                               st, done);
             if (run->trace)
                 ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", s, block_at(pb, s), t0,
@@ -133,7 +145,11 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
         }
         CTXPAR_CHECK_GOTO(ctxpar_xfer_wait(run, &x), st, done);
     }
-    if (!have) { // no query of this rank sees any key: out 0, lse -inf
+    if (pb->reproducible)
+        CTXPAR_CHECK_GOTO(ctxpar_repro_fwd_finish(run, pb, w.bins, pb->seq_local, pb->heads_q,
+                                                  w.out_acc, w.lse_acc, w.lse_lo),
+                          st, done);
+    else if (!have) { // no query of this rank sees any key: out 0, lse -inf
         CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.out_acc, 0.0f, out_n, run->stream), st,
                           done);
         CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.lse_acc, -INFINITY, lse_n, run->stream), st,
@@ -160,7 +176,18 @@ typedef struct ring_bwd {
     float *d[2];
     float *dq_acc, *delta;
     size_t dkv_n, dkv_bytes;
+    // Reproducible mode: the partial sums are bins blocks of seq_max rows (repro.h); dQ's bins,
+    // the chunk pairs' temporaries, and the finished F32 dK/dV.
+    void *dq_bins;
+    ctxpar_repro_scratch rs;
+    float *dkv_f32;
 } ring_bwd;
+
+// Bytes of one block's dK/dV partial sum: F32, or bins in reproducible mode.
+static size_t dkv_sum_bytes(const ctxpar_problem *pb) {
+    return pb->reproducible ? ctxpar_repro_dkv_bytes(pb, pb->seq_max, pb->heads_kv)
+                            : ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_max);
+}
 
 // Where the partial sum of the block held at step s goes next: along its path (sum_last), then
 // home to its owner (or nowhere: it is the owner's).
@@ -175,7 +202,7 @@ static int dkv_destination(const ctxpar_problem *pb, const ctxpar_ring_plan *pla
 // (1), for every mask and layout (docs/algorithms.md).
 static size_t ring_bwd_layout(const ctxpar_problem *pb, char *base, ring_bwd *w) {
     const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_max);
-    const size_t dkv_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_max);
+    const size_t dkv_bytes = dkv_sum_bytes(pb);
     const int P = pb->nranks;
     ctxpar_carve c = {base, 0};
     w->kv[0] = ctxpar_carve_take(&c, kv_bytes + CTXPAR_XFER_TRAILER);
@@ -186,7 +213,32 @@ static size_t ring_bwd_layout(const ctxpar_problem *pb, char *base, ring_bwd *w)
         &c, ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim) * sizeof(float));
     w->delta = ctxpar_carve_take(&c, ctxpar_count(pb->batch, pb->heads_q, pb->seq_local, 1) *
                                          sizeof(float));
+    if (pb->reproducible) {
+        w->dq_bins = ctxpar_carve_take(&c, ctxpar_repro_dq_bytes(pb, pb->seq_local, pb->heads_q));
+        ctxpar_repro_scratch_carve(pb, pb->seq_local, 1, &c, &w->rs);
+        w->dkv_f32 =
+            ctxpar_carve_take(&c, ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_max));
+    }
     return c.used;
+}
+
+// Empties a block's dK/dV partial sum.
+static ctxpar_status dkv_clear(const ctxpar_run *run, const ctxpar_problem *pb, const ring_bwd *w,
+                               void *acc) {
+    if (pb->reproducible)
+        return ctxpar_repro_clear(run, pb, acc, 2, pb->seq_max, pb->heads_kv);
+    return ctxpar_dev_fill(run->dev, acc, 0.0f, w->dkv_n, run->stream);
+}
+
+// Adds a block's backward to dQ and to its dK/dV partial sum `acc` (block j's).
+static ctxpar_status block_bwd(const ctxpar_run *run, const ctxpar_problem *pb, const ring_bwd *w,
+                               const ctxpar_attn_block *blk, const ctxpar_tensor *dout,
+                               const float *lse, float *acc, int j) {
+    if (pb->reproducible)
+        return ctxpar_repro_bwd_block(run, pb, blk, dout, lse, pb->lse_lo, w->delta, w->dq_bins,
+                                      acc, pb->seq_max, &w->rs);
+    return ctxpar_dev_attn_block_bwd(run->dev, blk, dout, lse, w->delta, w->dq_acc, acc,
+                                     dv_part(pb, acc, j), run->stream);
 }
 
 static size_t ctxpar_ring_workspace_bytes(const ctxpar_problem *pb) {
@@ -214,14 +266,12 @@ static ctxpar_status bwd_step(const ctxpar_run *run, const ctxpar_problem *pb, r
     float *acc = w->d[s % 2];
     if (has_sum) {
         if (s == 0) // this rank's own block: the first contribution to its sum
-            CTXPAR_CHECK(ctxpar_dev_fill(run->dev, acc, 0.0f, w->dkv_n, run->stream));
+            CTXPAR_CHECK(dkv_clear(run, pb, w, acc));
         ctxpar_attn_block blk;
         if (holds && block_for_step(run, pb, &w->plan, qs, s, q, cur, &blk)) {
             blk.lse_lo = pb->lse_lo;
             double t0 = run->trace ? ctxpar_now() : 0.0; // the clock only for the trace
-            CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc,
-                                                   acc, dv_part(pb, acc, block_at(pb, s)),
-                                                   run->stream));
+            CTXPAR_CHECK(block_bwd(run, pb, w, &blk, dout, lse, acc, block_at(pb, s)));
             if (run->trace)
                 ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", s, block_at(pb, s), t0,
                                  ctxpar_now(), 0);
@@ -251,7 +301,7 @@ static ctxpar_status own_block_bwd(const ctxpar_run *run, const ctxpar_problem *
                                    ctxpar_spans qs, const ctxpar_tensor *q,
                                    const ctxpar_tensor *k, const ctxpar_tensor *v,
                                    const ctxpar_tensor *dout, const float *lse) {
-    CTXPAR_CHECK(ctxpar_dev_fill(run->dev, w->d[0], 0.0f, w->dkv_n, run->stream));
+    CTXPAR_CHECK(dkv_clear(run, pb, w, w->d[0]));
     if (!ctxpar_block_account(run, pb, qs, qs))
         return CTXPAR_OK;
     ctxpar_attn_block blk = {.struct_size = sizeof blk,
@@ -266,8 +316,7 @@ static ctxpar_status own_block_bwd(const ctxpar_run *run, const ctxpar_problem *
                              .lse_lo = pb->lse_lo};
     float *acc = w->d[0];
     double t0 = ctxpar_now();
-    CTXPAR_CHECK(ctxpar_dev_attn_block_bwd(run->dev, &blk, dout, lse, w->delta, w->dq_acc, acc,
-                                           dv_part(pb, acc, pb->rank), run->stream));
+    CTXPAR_CHECK(block_bwd(run, pb, w, &blk, dout, lse, acc, pb->rank));
     ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "bwd", 0, pb->rank, t0, ctxpar_now(), 0);
     return CTXPAR_OK;
 }
@@ -281,7 +330,7 @@ static ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem
     const size_t kv_bytes = ctxpar_packed_kv_bytes(pb->dtype, pb, pb->seq_max);
     const size_t q_n = ctxpar_count(pb->batch, pb->seq_local, pb->heads_q, pb->head_dim);
     ring_bwd w = {0};
-    w.dkv_bytes = ctxpar_packed_kv_bytes(CTXPAR_DTYPE_F32, pb, pb->seq_max);
+    w.dkv_bytes = dkv_sum_bytes(pb);
     w.dkv_n = w.dkv_bytes / sizeof(float);
     void *base = NULL;
     ctxpar_status st;
@@ -292,7 +341,10 @@ static ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem
     CTXPAR_CHECK_GOTO(ctxpar_pack_kv(run, pb, k, v, w.kv[0]), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_dev_attn_bwd_prep(run->dev, out, dout, w.delta, run->stream), st,
                       done);
-    CTXPAR_CHECK_GOTO(ctxpar_dev_fill(run->dev, w.dq_acc, 0.0f, q_n, run->stream), st, done);
+    CTXPAR_CHECK_GOTO(pb->reproducible
+                          ? ctxpar_repro_clear(run, pb, w.dq_bins, 1, pb->seq_local, pb->heads_q)
+                          : ctxpar_dev_fill(run->dev, w.dq_acc, 0.0f, q_n, run->stream),
+                      st, done);
 
     const ctxpar_spans qs = ctxpar_problem_spans(pb, pb->rank);
     for (int s = 0; s < P; s++)
@@ -308,10 +360,21 @@ static ctxpar_status ctxpar_ring_bwd(const ctxpar_run *run, const ctxpar_problem
         dkv = w.d[(ctxpar_ring_dist(pb->rank, own_last, P) + 1) % 2];
     else if (P > 1)
         CTXPAR_CHECK_GOTO(own_block_bwd(run, pb, &w, qs, q, k, v, dout, lse), st, done);
+    int64_t rows = pb->seq_local; // of the finished dK/dV
+    if (pb->reproducible) {
+        CTXPAR_CHECK_GOTO(
+            ctxpar_repro_dq_finish(run, pb, w.dq_bins, pb->seq_local, pb->heads_q, w.dq_acc), st,
+            done);
+        CTXPAR_CHECK_GOTO(
+            ctxpar_repro_dkv_finish(run, pb, dkv, pb->seq_max, pb->heads_kv, w.dkv_f32), st, done);
+        dkv = w.dkv_f32;
+        rows = pb->seq_max;
+    }
     ctxpar_tensor dq_t = ctxpar_tensor_bshd(w.dq_acc, CTXPAR_DTYPE_F32, pb->batch, pb->seq_local,
                                             pb->heads_q, pb->head_dim);
-    ctxpar_tensor dk_t = ctxpar_packed_kv((void *)dkv, CTXPAR_DTYPE_F32, pb, pb->seq_local, 0);
-    ctxpar_tensor dv_t = ctxpar_packed_kv((void *)dkv, CTXPAR_DTYPE_F32, pb, pb->seq_local, 1);
+    ctxpar_tensor dk_t = ctxpar_packed_kv((void *)dkv, CTXPAR_DTYPE_F32, pb, rows, 0);
+    ctxpar_tensor dv_t = ctxpar_packed_kv((void *)dkv, CTXPAR_DTYPE_F32, pb, rows, 1);
+    dk_t.shape[1] = dv_t.shape[1] = pb->seq_local;
     CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &dq_t, dq, run->stream), st, done);
     CTXPAR_CHECK_GOTO(ctxpar_dev_cast(run->dev, &dk_t, dk, run->stream), st, done);
     st = ctxpar_dev_cast(run->dev, &dv_t, dv, run->stream);
@@ -355,15 +418,14 @@ static void ring_dry_free(void *dry) {
     free(dry);
 }
 
-static ctxpar_status any_problem(const ctxpar_problem *pb) {
-    (void)pb;
-    return CTXPAR_OK;
+static ctxpar_status ring_check(const ctxpar_problem *pb) {
+    return pb->reproducible ? ctxpar_repro_check_shards(pb, "ring") : CTXPAR_OK;
 }
 
 const ctxpar_algorithm ctxpar_ring_algorithm = {
     .id = CTXPAR_ALGO_RING,
     .name = "ring",
-    .check = any_problem,
+    .check = ring_check,
     .forward = ctxpar_ring_fwd,
     .backward = ctxpar_ring_bwd,
     .blocks = ring_blocks,
@@ -371,4 +433,5 @@ const ctxpar_algorithm ctxpar_ring_algorithm = {
     .cost = ring_cost,
     .dry_make = ring_dry_make,
     .dry_free = ring_dry_free,
+    .reproducible = 1,
 };

@@ -53,30 +53,73 @@ ctxpar_status ctxpar_sinks_fold(const ctxpar_run *run, const ctxpar_problem *pb,
                                  pb->head_dim_v, run->stream);
 }
 
+// A rank's part of the gradient: F32 per head, or (reproducible mode) a bins block of one value
+// per head, so that the parts add up to the same bits for any split of the rows.
+static size_t part_bytes(const ctxpar_problem *pb) {
+    return pb->reproducible ? ctxpar_bins_bytes(pb->heads_q, 1)
+                            : (size_t)pb->heads_q * sizeof(float);
+}
+
 size_t ctxpar_sinks_backward_bytes(const ctxpar_problem *pb) {
     if (!pb->sinks || !pb->dsinks)
         return 0;
     ctxpar_carve c = {NULL, 0};
     (void)ctxpar_carve_take(&c, rows_of(pb, pb->seq_local, pb->heads_q) * sizeof(float));
-    (void)ctxpar_carve_take(&c, (size_t)pb->heads_q * sizeof(float));
-    (void)ctxpar_carve_take(&c, (size_t)pb->heads_q * (size_t)pb->nranks * sizeof(float));
+    (void)ctxpar_carve_take(&c, part_bytes(pb));
+    (void)ctxpar_carve_take(&c, part_bytes(pb) * (size_t)pb->nranks);
     return c.used;
 }
 
-// This rank's part of every head's gradient: -sum over its rows of e^(sink - lse) delta.
+// This rank's part of every head's gradient: -sum over its rows of e^(sink - lse) delta, as F32
+// per head, or (reproducible mode) binned terms (ctxpar_bins.h) in the block `part` points to.
 static void local_part(const ctxpar_problem *pb, const float *sink, const float *lse,
                        const float *delta, float *part) {
     const int64_t S = pb->seq_local, H = pb->heads_q;
+    ctxpar_bins_view bins = ctxpar_bins_at(part, H, 1);
     for (int64_t h = 0; h < H; h++) {
         double sum = 0.0;
+        if (pb->reproducible)
+            ctxpar_bins_clear_value(bins, h);
         for (int64_t b = 0; b < pb->batch; b++)
             for (int64_t s = 0; s < S; s++) {
                 size_t i = (size_t)((b * H + h) * S + s);
                 // delta is 0 on a row that sees nothing (out 0), whose P_sink is 1: no term.
-                sum += exp((double)sink[h] - (double)lse[i]) * (double)delta[i];
+                double t = exp((double)sink[h] - (double)lse[i]) * (double)delta[i];
+                if (pb->reproducible) { // as two F32 terms: about 48 bits of it
+                    const float hi = (float)-t;
+                    ctxpar_bins_add_term(bins, h, hi, 0);
+                    ctxpar_bins_add_term(bins, h, (float)(-t - (double)hi), 0);
+                } else
+                    sum += t;
             }
-        part[h] = (float)-sum;
+        if (!pb->reproducible)
+            part[h] = (float)-sum;
     }
+}
+
+// Every rank's parts (P blocks of part_bytes) into dsinks per head, on every rank alike: F32
+// parts added in rank order, or bins merged (in any order: the same bits).
+static void total(const ctxpar_problem *pb, const float *all, float *dsinks) {
+    const int64_t H = pb->heads_q;
+    const int P = pb->nranks;
+    if (!pb->reproducible) {
+        for (int64_t h = 0; h < H; h++) {
+            double sum = 0.0;
+            for (int r = 0; r < P; r++)
+                sum += (double)all[(size_t)r * (size_t)H + (size_t)h];
+            dsinks[h] = (float)sum;
+        }
+        return;
+    }
+    const size_t bytes = part_bytes(pb);
+    ctxpar_bins_view first = ctxpar_bins_at((void *)all, H, 1);
+    for (int r = 1; r < P; r++) {
+        ctxpar_bins_view b = ctxpar_bins_at((char *)all + (size_t)r * bytes, H, 1);
+        for (int64_t h = 0; h < H; h++)
+            ctxpar_bins_merge_value(first, h, b, h);
+    }
+    for (int64_t h = 0; h < H; h++)
+        dsinks[h] = (float)ctxpar_bins_value(first, h);
 }
 
 ctxpar_status ctxpar_sinks_backward(const ctxpar_run *run, const ctxpar_problem *pb,
@@ -89,13 +132,16 @@ ctxpar_status ctxpar_sinks_backward(const ctxpar_run *run, const ctxpar_problem 
     CTXPAR_CHECK(ctxpar_run_workspace(run, ctxpar_sinks_backward_bytes(pb), &base));
     ctxpar_carve c = {base, 0};
     float *delta = ctxpar_carve_take(&c, rows * sizeof(float));
-    float *send = ctxpar_carve_take(&c, (size_t)H * sizeof(float));
-    float *recv = ctxpar_carve_take(&c, (size_t)H * (size_t)P * sizeof(float));
-    // Host copies: delta and lse of the local rows, the sinks, every rank's parts.
-    float *host = malloc((2 * rows + (size_t)H * (size_t)(P + 1) + 1) * sizeof(float));
+    const size_t part = part_bytes(pb);
+    float *send = ctxpar_carve_take(&c, part);
+    float *recv = ctxpar_carve_take(&c, part * (size_t)P);
+    // Host copies: delta and lse of the local rows, the sinks, every rank's parts (8-aligned:
+    // bins blocks hold doubles).
+    const size_t lead = (2 * rows + (size_t)H + 1) & ~(size_t)1;
+    float *host = malloc(lead * sizeof(float) + part * (size_t)P);
     if (!host)
         return CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY, "dsinks: cannot allocate host buffers");
-    float *h_delta = host, *h_lse = host + rows, *h_sink = h_lse + rows, *h_all = h_sink + H;
+    float *h_delta = host, *h_lse = host + rows, *h_sink = h_lse + rows, *h_all = host + lead;
     ctxpar_status st = ctxpar_dev_attn_bwd_prep(run->dev, out, dout, delta, run->stream);
     if (st == CTXPAR_OK && rows > 0)
         st = ctxpar_dev_copy(run->dev, h_delta, delta, rows * sizeof(float), CTXPAR_COPY_D2H,
@@ -109,33 +155,25 @@ ctxpar_status ctxpar_sinks_backward(const ctxpar_run *run, const ctxpar_problem 
         st = ctxpar_sinks_read(run->dev, pb->sinks, 0, H, h_sink);
     if (st == CTXPAR_OK) {
         local_part(pb, h_sink, h_lse, h_delta, h_all);
-        st = ctxpar_dev_copy(run->dev, send, h_all, (size_t)H * sizeof(float), CTXPAR_COPY_H2D,
-                             run->stream);
+        st = ctxpar_dev_copy(run->dev, send, h_all, part, CTXPAR_COPY_H2D, run->stream);
     }
     if (st == CTXPAR_OK && P > 1) {
         ctxpar_request *req = NULL;
         double t0 = ctxpar_now();
-        st = ctxpar_comm_allgather(run->comm, send, recv, (size_t)H * sizeof(float), run->stream,
-                                   &req);
+        st = ctxpar_comm_allgather(run->comm, send, recv, part, run->stream, &req);
         if (st == CTXPAR_OK)
             st = ctxpar_comm_wait(run->comm, req, run->stream);
         if (st == CTXPAR_OK)
             ctxpar_run_trace(run, CTXPAR_EVENT_TRANSFER, "allgather_dsinks", -1, -1, t0,
-                             ctxpar_now(), (uint64_t)H * sizeof(float) * (uint64_t)(P - 1));
+                             ctxpar_now(), (uint64_t)part * (uint64_t)(P - 1));
         if (st == CTXPAR_OK)
-            st = ctxpar_dev_copy(run->dev, h_all, recv, (size_t)H * (size_t)P * sizeof(float),
-                                 CTXPAR_COPY_D2H, run->stream);
+            st = ctxpar_dev_copy(run->dev, h_all, recv, part * (size_t)P, CTXPAR_COPY_D2H,
+                                 run->stream);
         if (st == CTXPAR_OK)
             st = ctxpar_dev_stream_sync(run->dev, run->stream);
     }
     if (st == CTXPAR_OK) {
-        // Every rank adds the same parts in rank order: the same bits everywhere.
-        for (int64_t h = 0; h < H; h++) {
-            double sum = 0.0;
-            for (int r = 0; r < P; r++)
-                sum += (double)h_all[(size_t)r * (size_t)H + (size_t)h];
-            h_sink[h] = (float)sum;
-        }
+        total(pb, h_all, h_sink); // the same bits on every rank
         st = ctxpar_dev_copy(run->dev, pb->dsinks, h_sink, (size_t)H * sizeof(float),
                              CTXPAR_COPY_H2D, run->stream);
     }

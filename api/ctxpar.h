@@ -175,13 +175,20 @@ typedef struct ctxpar_attn_params {
      * Forward only, with CTXPAR_ALGO_DECODE or CTXPAR_ALGO_ALLGATHER (or AUTO); the other
      * algorithms and ctxpar_attn_bwd return CTXPAR_ERR_NOT_SUPPORTED. */
     int64_t q_len;
+    /* Reproducible mode: 1 = out, lse (with lse_lo), dq, dk, dv and dsinks have the same bits for
+     * every number of ranks, layout and algorithm (docs/numerics.md, "Reproducible mode"); the
+     * sums are binned so that no order of partial results shows. 0 = off (the fastest
+     * schedules). The ranks must agree. CTXPAR_ERR_NOT_SUPPORTED where the device has no
+     * binned accumulators, with the hybrid and decode algorithms, with q_len, and (ring,
+     * allgather) where a rank's shard is not whole chunks of 256 positions. */
+    int64_t reproducible;
 } ctxpar_attn_params;
 
 /* A new field is also a line of core/params_table.h (the build fails until it is). */
 #define CTXPAR_ATTN_PARAMS_INIT                                                                    \
     {                                                                                              \
         sizeof(ctxpar_attn_params), CTXPAR_ALGO_AUTO, CTXPAR_LAYOUT_CONTIGUOUS, CTXPAR_MASK_NONE,  \
-            0, NULL, 0, 0.0f, 0, 0, NULL, NULL, 0.0f, NULL, 0, 0, NULL, 0                          \
+            0, NULL, 0, 0.0f, 0, 0, NULL, NULL, 0.0f, NULL, 0, 0, NULL, 0, 0                       \
     }
 
 /* "auto", "ring", ...;  "contiguous", "zigzag", "striped", "custom";  "none", "causal". */

@@ -94,7 +94,11 @@
       "q_len", p->q_len,                                                                          \
       "--q-len", "N",                                                                             \
       "queries at the last N positions of the seq keys, the same on every rank (decode, a "      \
-      "prefill chunk over a cache)")
+      "prefill chunk over a cache)")                                                             \
+    X(reproducible, int64_t, INT, 0, NULL, 0, "off",                                              \
+      "reproducible", p->reproducible,                                                            \
+      "--reproducible", NULL,                                                                     \
+      "the same bits for any number of ranks, layout and algorithm (binned sums)")
 // clang-format on
 
 #ifdef __cplusplus

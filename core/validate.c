@@ -225,6 +225,9 @@ ctxpar_status ctxpar_validate_params(const ctxpar_attn_params *p, int64_t seq_gl
     if (p->ulysses != 0 && p->algo != CTXPAR_ALGO_HYBRID && p->algo != CTXPAR_ALGO_AUTO)
         return BAD("params.ulysses (%lld) applies to the hybrid algorithm only (algo is %s)",
                    (long long)p->ulysses, ctxpar_algo_name(p->algo));
+    if (p->reproducible > 1)
+        return BAD("params.reproducible (%lld) must be 0 (off) or 1 (on)",
+                   (long long)p->reproducible);
     return validate_cu_seqlens(p, seq_global, batch);
 }
 
@@ -340,6 +343,7 @@ ctxpar_status ctxpar_validate_problem(const ctxpar_attn_params *p, const ctxpar_
     pb.sinks = p->sinks;
     pb.dsinks = p->dsinks;
     pb.lse_lo = p->lse_lo;
+    pb.reproducible = (int)p->reproducible;
     *pb_out = pb;
     return CTXPAR_OK;
 }

@@ -26,7 +26,7 @@ class AttnParams(ctypes.Structure):
                 ("window_right", c_int64), ("sinks", c_void_p), ("dsinks", c_void_p),
                 ("softcap", ctypes.c_float), ("assignment", ctypes.POINTER(ctypes.c_int32)),
                 ("ulysses", c_int64), ("cu_seqlens_rows", c_int64), ("lse_lo", c_void_p),
-                ("q_len", c_int64)]
+                ("q_len", c_int64), ("reproducible", c_int64)]
 
 
 class CpuOptions(ctypes.Structure):

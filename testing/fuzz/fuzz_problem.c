@@ -130,6 +130,8 @@ static int decode_features(const reader *r, int64_t seq_global, fuzz_problem *pb
     // Half the inputs keep q a shard (most shapes are drawn for that).
     const int ql = ext(r, FUZZ_EXT_Q_LEN);
     p->q_len = ql < 128 ? 0 : ql - 132;
+    const int rp = ext(r, FUZZ_EXT_REPRO);
+    p->reproducible = rp < 192 ? 0 : rp - 224;
     const size_t hq = (size_t)pb->heads_q;
     if (fl & FUZZ_EXT_SINKS) {
         const int sc = ext(r, FUZZ_EXT_SINK_SCALE);

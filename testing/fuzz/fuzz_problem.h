@@ -62,6 +62,7 @@ enum {
     FUZZ_EXT_ASSIGN_RANK = 8,  /*   this byte; every other token is on rank 0 (the only one) */
     FUZZ_EXT_SINK_SCALE = 9,   /* sinks are [-1, 1) values times 1 + b; 255: one is NaN */
     FUZZ_EXT_Q_LEN = 10,       /* below 128: q_len 0; else q_len = b - 132 (negatives too) */
+    FUZZ_EXT_REPRO = 11,       /* below 192: reproducible 0; else b - 224 (negatives, > 1 too) */
     FUZZ_EXT_SIZE = 16,
 };
 

@@ -115,6 +115,13 @@ static const opt options[] = {
 };
 #define N_OPTIONS (sizeof options / sizeof options[0])
 
+// Whether an option is a switch: a flag, or an integer parameter whose table line gives no value
+// form (params_table.h: on when given, 1).
+static int is_switch(const opt *o) {
+    return o->flag || (o->id >= O_PARAM && !o->value &&
+                       ctxpar_param_fields[o->id - O_PARAM].kind == CTXPAR_KIND_INT);
+}
+
 static const char *const dtype_names[] = {"f32", "f16", "bf16"};
 static const char *const comm_names[] = {"local", "mpi"};
 
@@ -307,7 +314,7 @@ void cpt_cli_usage(const char *cmd, FILE *out) {
         if (!o->name || !(o->cmds & bit))
             continue;
         char lhs[96], def[48], forms[80];
-        const char *value = o->flag ? NULL : value_text(o, forms, sizeof forms);
+        const char *value = is_switch(o) ? NULL : value_text(o, forms, sizeof forms);
         snprintf(lhs, sizeof lhs, "%s%s%s", o->name, value ? " " : "", value ? value : "");
         default_text(o, &d, def, sizeof def);
         fprintf(out, "  %-36s %s%s%s%s\n", lhs, o->help, def[0] ? " [" : "", def,
@@ -756,12 +763,15 @@ int cpt_cli_parse(const char *cmd, int argc, char **argv, cpt_cli *cli, FILE *ou
                     bit == A && (o->cmds & C) ? " (the shapes come from the input files)" : "");
             return CPT_EXIT_USAGE;
         }
-        if (o->flag) {
+        if (is_switch(o)) {
             if (eq) {
                 fprintf(err, "ctxpar %s: %s takes no value\n", cmd, o->name);
                 return CPT_EXIT_USAGE;
             }
-            set_flag(o, cli);
+            if (o->flag)
+                set_flag(o, cli);
+            else
+                (void)set_param(o->id - O_PARAM, "1", cli);
             continue;
         }
         const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);

@@ -229,6 +229,10 @@ static const char *const notes_check =
     "Runs context-parallel attention on generated inputs (a counter-based hash of seed, tensor\n"
     "and position) and compares the gathered global result with full attention in float64 and\n"
     "with the same backend on one rank (error ratio, bitwise equality).\n"
+    "--algo all: every algorithm that accepts the problem (decode with --q-len), one after\n"
+    "another on the same inputs (the fp64 reference computed once), then whether their results\n"
+    "agree bit for bit (the first pair and tensor that differ); the others are listed as\n"
+    "refused. With --reproducible they must agree (exit status 1 if not).\n"
     "Exit status: 0 every element within its per-element bound (docs/numerics.md) and the\n"
     "P-rank error within 2x the P = 1 error, 1 outside or a failed run, 2 bad usage.\n";
 
@@ -270,6 +274,8 @@ static const char *const notes_bench =
     "% of peak (CPU backend): FLOP/s over the measured FP32 FMA peak of one core (`--peak`\n"
     "prints it; measured at the start of every bench) times the cores in use, that is\n"
     "ranks x threads per rank, at most the cores of this machine (ranks are assumed to share it).\n"
+    "--reproducible: the default mode is also run on the same ranks, and its times, memory and\n"
+    "bytes sent are shown beside, with the ratios reproducible/default.\n"
     "--sweep: --seq and --ranks take comma lists (e.g. --seq 2048,4096 --ranks 1,2,4); one\n"
     "markdown table row per pair. Exit status: 0 ok, 1 a failed run (or out of tolerance with\n"
     "--check), 2 bad usage.\n";

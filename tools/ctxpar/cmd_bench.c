@@ -193,9 +193,31 @@ static void speedup_range(const bench_numbers *p, const bench_numbers *base, int
           (backward ? p->fwd_bwd_min_s : p->fwd_min_s);
 }
 
-static void print_json(const cpt_run_config *c, const char *comm,
-                       const cpt_run_result *r, const bench_numbers *p,
-                       const bench_numbers *base, const cpt_peak_info *peak) {
+// reproducible / default of one quantity, NAN where the default's is 0 or not finite.
+static double over(double repro, double dflt) {
+    return dflt != 0 && isfinite(dflt) ? repro / dflt : NAN;
+}
+
+// --reproducible: the default mode's numbers (the same ranks, in the same run) and the ratios.
+static void json_default(FILE *f, const bench_numbers *p, const bench_numbers *d, int backward) {
+    fputs(",\"default_mode\":{", f);
+    json_numbers(f, d, backward);
+    fputs("},\"reproducible_over_default\":{\"fwd_time\":", f);
+    cpt_json_num(f, over(p->fwd_s, d->fwd_s));
+    if (backward) {
+        fputs(",\"fwd_bwd_time\":", f);
+        cpt_json_num(f, over(p->fwd_bwd_s, d->fwd_bwd_s));
+    }
+    fputs(",\"peak_bytes_per_rank\":", f);
+    cpt_json_num(f, over((double)p->peak_bytes, (double)d->peak_bytes));
+    fputs(",\"bytes_sent_per_rank\":", f);
+    cpt_json_num(f, over((double)p->bytes_sent, (double)d->bytes_sent));
+    fputc('}', f);
+}
+
+static void print_json(const cpt_run_config *c, const char *comm, const cpt_run_result *r,
+                       const bench_numbers *p, const bench_numbers *base, const bench_numbers *dflt,
+                       const cpt_peak_info *peak) {
     fprintf(stdout, "{\"ok\":%s,\"status\":\"%s\",\"config\":{", r->ok ? "true" : "false",
             ctxpar_status_string(r->status));
     cpt_json_config_members(stdout, c, r->algo);
@@ -217,7 +239,10 @@ static void print_json(const cpt_run_config *c, const char *comm,
     cpt_json_num(stdout, hi);
     fputs(",\"baseline\":{", stdout);
     json_numbers(stdout, base, c->backward);
-    fputs("},\"flops_convention\":", stdout);
+    fputc('}', stdout);
+    if (dflt)
+        json_default(stdout, p, dflt, c->backward);
+    fputs(",\"flops_convention\":", stdout);
     cpt_json_string(stdout, flops_convention);
     if (c->compare_oracle) {
         fputc(',', stdout);
@@ -254,19 +279,51 @@ static void row(const char *label, const char *a, const char *b) {
     printf("  %-26s %-16s %s\n", label, a, b);
 }
 
+// --reproducible: the reproducible run against the default mode's on the same ranks, measured in
+// the same bench.
+static void print_default_block(const cpt_run_config *c, const bench_numbers *p,
+                                const bench_numbers *d) {
+    char a[32], b[32], q[32];
+    printf("\n  reproducible against the default mode (%d rank%s each, same run):\n", p->ranks,
+           p->ranks > 1 ? "s" : "");
+    printf("  %-26s %-16s %-16s %s\n", "", "reproducible", "default", "reproducible/default");
+    ms_cell(a, sizeof a, p->fwd_s);
+    ms_cell(b, sizeof b, d->fwd_s);
+    snprintf(q, sizeof q, "%.2fx", over(p->fwd_s, d->fwd_s));
+    printf("  %-26s %-16s %-16s %s\n", "forward (median)", a, b, q);
+    if (c->backward) {
+        ms_cell(a, sizeof a, p->fwd_bwd_s);
+        ms_cell(b, sizeof b, d->fwd_bwd_s);
+        snprintf(q, sizeof q, "%.2fx", over(p->fwd_bwd_s, d->fwd_bwd_s));
+        printf("  %-26s %-16s %-16s %s\n", "forward + backward", a, b, q);
+    }
+    snprintf(a, sizeof a, "%.2f", p->peak_bytes / 1048576.0);
+    snprintf(b, sizeof b, "%.2f", d->peak_bytes / 1048576.0);
+    snprintf(q, sizeof q, "%.2fx", over((double)p->peak_bytes, (double)d->peak_bytes));
+    printf("  %-26s %-16s %-16s %s\n", "peak memory per rank, MiB", a, b, q);
+    snprintf(a, sizeof a, "%.2f", p->bytes_sent / 1048576.0);
+    snprintf(b, sizeof b, "%.2f", d->bytes_sent / 1048576.0);
+    if (d->bytes_sent > 0)
+        snprintf(q, sizeof q, "%.2fx", over((double)p->bytes_sent, (double)d->bytes_sent));
+    else
+        snprintf(q, sizeof q, "-");
+    printf("  %-26s %-16s %-16s %s\n", "sent per rank, MiB", a, b, q);
+}
+
 static void print_table(const cpt_run_config *c, const char *comm, const cpt_run_result *r,
                         const bench_numbers *p, const bench_numbers *base,
-                        const cpt_peak_info *peak) {
-    printf("ctxpar bench: %s (%s), %s layout, %s mask, %s, %s\n"
+                        const bench_numbers *dflt, const cpt_peak_info *peak) {
+    printf("ctxpar bench: %s (%s), %s layout, %s mask, %s, %s%s\n"
            "              batch %lld, seq %lld, heads %lld/%lld, dim %lld; %d ranks x %lld "
            "tokens\n"
            "              %s backend, %s comm; median of %d calls after %d warm-up\n\n",
            ctxpar_algo_name(r->algo), ctxpar_algo_name(c->params.algo),
            ctxpar_layout_name(c->params.layout), ctxpar_mask_name(c->params.mask),
            ctxpar_dtype_name(c->dtype), c->backward ? "forward + backward" : "forward",
-           (long long)c->batch, (long long)c->seq, (long long)c->heads, (long long)c->kv_heads,
-           (long long)c->head_dim, c->ranks, (long long)((c->seq + c->ranks - 1) / c->ranks),
-           cpt_run_backend_name(c->backend), comm, c->repeat, c->warmup);
+           c->params.reproducible ? ", reproducible" : "", (long long)c->batch, (long long)c->seq,
+           (long long)c->heads, (long long)c->kv_heads, (long long)c->head_dim, c->ranks,
+           (long long)((c->seq + c->ranks - 1) / c->ranks), cpt_run_backend_name(c->backend), comm,
+           c->repeat, c->warmup);
     printf("              device: %s\n\n", r->device);
     if (peak->have)
         printf("              peak: %.1f GFLOP/s per core (%s FMA, measured), %d cores; core "
@@ -339,6 +396,8 @@ static void print_table(const cpt_run_config *c, const char *comm, const cpt_run
     printf("\n  speedup over 1 rank: %.2fx (%s; %.2fx - %.2fx from the repeats' min and max)\n",
            timed_s(base, c->backward) / timed_s(p, c->backward),
            c->backward ? "forward + backward" : "forward", lo, hi);
+    if (dflt)
+        print_default_block(c, p, dflt);
     if (oversubscribed(p))
         printf("  warning: %d ranks x %d threads on %d cores: the ranks share cores, so these "
                "times measure the sharing\n",
@@ -369,16 +428,25 @@ static void print_sweep_header(const cpt_run_config *c, const char *comm,
     printf(
         "| seq | ranks | threads/rank | fwd ms | fwd ms min - max | fwd GFLOP/s | fwd %% of peak "
         "|%s tokens/s | speedup | speedup min - max | peak MiB/rank | MiB sent/rank | hidden "
-        "|\n",
+        "|%s\n",
         c->backward ? " fwd+bwd ms | fwd+bwd ms min - max | fwd+bwd GFLOP/s | fwd+bwd % of "
                       "peak |"
-                    : "");
-    printf("|---:|---:|---:|---:|---:|---:|---:|%s---:|---:|---:|---:|---:|---:|\n",
-           c->backward ? "---:|---:|---:|---:|" : "");
+                    : "",
+        !c->params.reproducible ? ""
+        : c->backward
+            ? " default fwd ms | reproducible/default fwd | default fwd+bwd ms | "
+              "reproducible/default fwd+bwd | default peak MiB/rank | default MiB sent/rank |"
+            : " default fwd ms | reproducible/default fwd | default peak MiB/rank | default MiB "
+              "sent/rank |");
+    printf("|---:|---:|---:|---:|---:|---:|---:|%s---:|---:|---:|---:|---:|---:|%s\n",
+           c->backward ? "---:|---:|---:|---:|" : "",
+           !c->params.reproducible ? ""
+           : c->backward           ? "---:|---:|---:|---:|---:|---:|"
+                                   : "---:|---:|---:|---:|");
 }
 
 static void print_sweep_row(const cpt_run_config *c, const bench_numbers *p,
-                            const bench_numbers *base) {
+                            const bench_numbers *base, const bench_numbers *dflt) {
     char pct[16];
     pct_cell(pct, sizeof pct, p->fwd_flops_per_s, p->peak_flops);
     // An oversubscribed row's threads are marked: its times measure cores shared between ranks.
@@ -395,9 +463,16 @@ static void print_sweep_row(const cpt_run_config *c, const bench_numbers *p,
         snprintf(hidden, sizeof hidden, "%.0f %%", 100 * p->hidden);
     double lo, hi;
     speedup_range(p, base, c->backward, &lo, &hi);
-    printf(" %.0f | %.2fx | %.2fx - %.2fx | %.2f | %.2f | %s |\n", p->tokens_per_s,
+    printf(" %.0f | %.2fx | %.2fx - %.2fx | %.2f | %.2f | %s |", p->tokens_per_s,
            timed_s(base, c->backward) / timed_s(p, c->backward), lo, hi, p->peak_bytes / 1048576.0,
            p->bytes_sent / 1048576.0, hidden);
+    if (dflt) {
+        printf(" %.2f | %.2fx |", dflt->fwd_s * 1e3, over(p->fwd_s, dflt->fwd_s));
+        if (c->backward)
+            printf(" %.2f | %.2fx |", dflt->fwd_bwd_s * 1e3, over(p->fwd_bwd_s, dflt->fwd_bwd_s));
+        printf(" %.2f | %.2f |", dflt->peak_bytes / 1048576.0, dflt->bytes_sent / 1048576.0);
+    }
+    printf("\n");
     fflush(stdout);
 }
 
@@ -459,6 +534,35 @@ static int bench_one(cpt_session *s, const cpt_cli *cli, const cpt_run_config *c
         }
         rc = cfg->compare_oracle && !r->ok ? CPT_EXIT_FAIL : CPT_EXIT_OK;
     }
+    // --reproducible: the default mode on the same ranks, in the same run, for the ratios.
+    bench_numbers dn, *dflt = NULL;
+    if (cfg->params.reproducible) {
+        char stage[96];
+        snprintf(stage, sizeof stage, "ranks %d, seq %lld%s, default mode: ", cfg->ranks,
+                 (long long)cfg->seq, of);
+        cpt_session_stage(s, stage);
+        cpt_run_config c0 = *cfg;
+        c0.params.reproducible = 0;
+        c0.compare_oracle = c0.compare_single = c0.keep_oracle = 0;
+        cpt_run_result d;
+        int drc = CPT_EXIT_USAGE;
+        if (cpt_session_run(s, &c0, 0, &d) == CTXPAR_OK) {
+            drc = CPT_EXIT_OK;
+            if (d.status != CTXPAR_OK) {
+                cpt_session_error(s, "default mode: %s", d.message);
+                drc = cpt_exit_code(&d);
+            } else {
+                dn = numbers(&c0, c0.ranks, &d, peak);
+                dflt = &dn;
+            }
+            cpt_run_result_free(&d);
+        }
+        if (drc != CPT_EXIT_OK) {
+            if (!reuse)
+                cpt_run_result_free(r);
+            return drc;
+        }
+    }
     if (s->rank == 0) {
         const char *comm = s->mpi ? "mpi" : "local";
         bench_numbers p = reuse ? base->n : numbers(cfg, cfg->ranks, r, peak);
@@ -471,12 +575,12 @@ static int bench_one(cpt_session *s, const cpt_cli *cli, const cpt_run_config *c
                               p.ranks, p.threads, p.cores);
         if (cli->json) {
             fputs(sep, stdout);
-            print_json(cfg, comm, r, &p, &base->n, peak);
+            print_json(cfg, comm, r, &p, &base->n, dflt, peak);
             fputs("\n", stdout);
         } else if (cli->sweep) {
-            print_sweep_row(cfg, &p, &base->n);
+            print_sweep_row(cfg, &p, &base->n, dflt);
         } else {
-            print_table(cfg, comm, r, &p, &base->n, peak);
+            print_table(cfg, comm, r, &p, &base->n, dflt, peak);
         }
         fflush(stdout);
     }

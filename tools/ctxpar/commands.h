@@ -33,7 +33,7 @@ void cpt_json_num(FILE *f, double x);
 /* The members (no braces) every command's "config" echoes: ranks, batch, seq, heads, kv_heads,
  * dim, v_dim, dtype, mask, window, window_right, softcap, scale (the one used), sinks, ulysses,
  * docs, docs_per_row, algo, algo_resolved (`resolved`: what AUTO chose), layout, backward,
- * seed. */
+ * seed, reproducible. */
 void cpt_json_config_members(FILE *f, const cpt_run_config *c, ctxpar_algo resolved);
 
 /* ---------------------------------------------------------------- Chrome trace */

@@ -40,10 +40,12 @@ void cpt_json_config_members(FILE *f, const cpt_run_config *c, ctxpar_algo resol
     fprintf(f,
             ",\"sinks\":%s,\"q_len\":%lld,\"ulysses\":%lld,\"docs\":%lld,\"docs_per_row\":%s,"
             "\"algo\":\"%s\","
-            "\"algo_resolved\":\"%s\",\"layout\":\"%s\",\"backward\":%s,\"seed\":%llu",
+            "\"algo_resolved\":\"%s\",\"layout\":\"%s\",\"backward\":%s,\"seed\":%llu,"
+            "\"reproducible\":%s",
             p->sinks ? "true" : "false", (long long)p->q_len, (long long)p->ulysses,
             (long long)(p->num_docs > 0 ? p->num_docs : c->docs),
             p->cu_seqlens_rows > 0 ? "true" : "false", ctxpar_algo_name(p->algo),
             ctxpar_algo_name(resolved), ctxpar_layout_name(p->layout),
-            c->backward ? "true" : "false", (unsigned long long)c->seed);
+            c->backward ? "true" : "false", (unsigned long long)c->seed,
+            p->reproducible ? "true" : "false");
 }

@@ -1,5 +1,6 @@
-// The planner's device (see plan_device.h): every op succeeds at once and touches nothing; the
-// forward block op records what it would compute for the coverage proof.
+// The planner's device (see plan_device.h): every op succeeds at once and touches nothing (the
+// binned accumulators of reproducible mode included); the forward block op records what it
+// would compute for the coverage proof.
 #include <stdlib.h>
 #include <string.h>
 
@@ -429,6 +430,41 @@ static ctxpar_status pd_checksum(ctxpar_device *dev, const void *data, size_t by
     return CTXPAR_OK;
 }
 
+// The binned accumulators of reproducible mode: no data, so nothing to add or round. The
+// algorithms' allocations and transfers of the bins blocks are what the plan counts.
+static ctxpar_status pd_bins_clear(ctxpar_device *dev, void *bins, int64_t rows, int64_t width,
+                                   ctxpar_stream *stream) {
+    (void)dev, (void)bins, (void)rows, (void)width, (void)stream;
+    return CTXPAR_OK;
+}
+static ctxpar_status pd_bins_add(ctxpar_device *dev, void *bins, const float *src,
+                                 const ctxpar_bins_shape *shape, ctxpar_stream *stream) {
+    (void)dev, (void)bins, (void)src, (void)shape, (void)stream;
+    return CTXPAR_OK;
+}
+static ctxpar_status pd_bins_add_attn(ctxpar_device *dev, void *bins, const float *out_b,
+                                      const float *lse_b, const float *lse_lo_b,
+                                      const ctxpar_bins_shape *shape, ctxpar_stream *stream) {
+    (void)dev, (void)bins, (void)out_b, (void)lse_b, (void)lse_lo_b, (void)shape, (void)stream;
+    return CTXPAR_OK;
+}
+static ctxpar_status pd_bins_merge(ctxpar_device *dev, void *dst, const void *src, int64_t rows,
+                                   int64_t width, ctxpar_stream *stream) {
+    (void)dev, (void)dst, (void)src, (void)rows, (void)width, (void)stream;
+    return CTXPAR_OK;
+}
+static ctxpar_status pd_bins_finish(ctxpar_device *dev, const void *bins, int64_t rows,
+                                    int64_t width, float *dst, ctxpar_stream *stream) {
+    (void)dev, (void)bins, (void)rows, (void)width, (void)dst, (void)stream;
+    return CTXPAR_OK;
+}
+static ctxpar_status pd_bins_finish_attn(ctxpar_device *dev, const void *bins,
+                                         const ctxpar_bins_shape *shape, float *out, float *lse,
+                                         float *lse_lo, ctxpar_stream *stream) {
+    (void)dev, (void)bins, (void)shape, (void)out, (void)lse, (void)lse_lo, (void)stream;
+    return CTXPAR_OK;
+}
+
 static void pd_destroy(ctxpar_device *dev) {
     plan_dev *p = dev->impl;
     for (int i = 0; i < CLASS_SETS; i++)
@@ -453,6 +489,12 @@ static const struct ctxpar_device_ops plan_ops = {
     .add = pd_add,
     .fill = pd_fill,
     .checksum = pd_checksum,
+    .bins_clear = pd_bins_clear,
+    .bins_add = pd_bins_add,
+    .bins_add_attn = pd_bins_add_attn,
+    .bins_merge = pd_bins_merge,
+    .bins_finish = pd_bins_finish,
+    .bins_finish_attn = pd_bins_finish_attn,
 };
 
 ctxpar_status cpt_plan_device_create(ctxpar_device **dev_out) {

@@ -39,6 +39,7 @@ struct PlanCase {
     int64_t heads = 12;
     int64_t head_dim_v = 0; // MLA when set (head_dim is 16)
     bool sinks = false;
+    bool repro = false; // params.reproducible (binned sums: larger accumulators and transfers)
 };
 
 // Whether the library refuses the case: only the head rules of all-to-all and of the hybrid's
@@ -59,7 +60,8 @@ std::string Name(const testing::TestParamInfo<PlanCase> &info) {
            ctxpar_layout_name(c.layout) + "_" + mask[c.mask] + "_KV" + std::to_string(c.kv_heads) +
            "_U" + std::to_string(c.ulysses) + (c.seq == 192 ? "" : "_S" + std::to_string(c.seq)) +
            (c.heads == 12 ? "" : "_H" + std::to_string(c.heads)) +
-           (c.head_dim_v ? "_DV" + std::to_string(c.head_dim_v) : "") + (c.sinks ? "_sinks" : "");
+           (c.head_dim_v ? "_DV" + std::to_string(c.head_dim_v) : "") + (c.sinks ? "_sinks" : "") +
+           (c.repro ? "_repro" : "");
 }
 
 ctxpar_attn_params Params(const PlanCase &c) {
@@ -74,6 +76,7 @@ ctxpar_attn_params Params(const PlanCase &c) {
         p.num_docs = 5;
     }
     p.ulysses = c.ulysses;
+    p.reproducible = c.repro ? 1 : 0;
     return p;
 }
 
@@ -359,6 +362,69 @@ std::vector<PlanCase> FeatureCases() {
 
 INSTANTIATE_TEST_SUITE_P(Features, PlanMatchesRun, testing::ValuesIn(FeatureCases()), Name);
 
+// Reproducible mode (params.reproducible): its bins accumulators and its dK/dV transfers in bins
+// form, counted by the plan as the real run counts them. Every rank's shard whole chunks of
+// CTXPAR_REPRO_CHUNK (256) positions for the ring and the all-gather (contiguous: seq 256 P;
+// zigzag: 512 P), all-to-all's K/V heads divisible by P; causal, no mask, windows; 2 heads.
+std::vector<PlanCase> ReproCases() {
+    std::vector<PlanCase> v;
+    auto add = [&](ctxpar_algo a, int p, ctxpar_layout l, int mask, int64_t kv, int64_t seq) {
+        PlanCase c = {a, p, l, mask, kv, 0, seq, 2};
+        c.repro = true;
+        v.push_back(c);
+    };
+    add(CTXPAR_ALGO_RING, 1, CTXPAR_LAYOUT_CONTIGUOUS, 1, 2, 512);
+    add(CTXPAR_ALGO_RING, 2, CTXPAR_LAYOUT_CONTIGUOUS, 1, 1, 512);
+    add(CTXPAR_ALGO_RING, 4, CTXPAR_LAYOUT_CONTIGUOUS, 2, 2, 1024);
+    add(CTXPAR_ALGO_RING, 2, CTXPAR_LAYOUT_ZIGZAG, 1, 2, 1024);
+    add(CTXPAR_ALGO_RING, 4, CTXPAR_LAYOUT_ZIGZAG, 0, 1, 2048);
+    add(CTXPAR_ALGO_ALLGATHER, 4, CTXPAR_LAYOUT_CONTIGUOUS, 1, 2, 1024);
+    add(CTXPAR_ALGO_ALLGATHER, 2, CTXPAR_LAYOUT_ZIGZAG, 4, 1, 1024);
+    add(CTXPAR_ALGO_ALLTOALL, 2, CTXPAR_LAYOUT_ZIGZAG, 1, 2, 512);
+    return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Reproducible, PlanMatchesRun, testing::ValuesIn(ReproCases()), Name);
+
+// The same problem planned both ways: reproducible mode sends more (dK/dV as bins, not F32) and
+// needs more workspace (the accumulators) on every rank.
+TEST(PlanReproducible, CostsMoreThanTheDefault) {
+    for (ctxpar_algo a : {CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER}) {
+        SCOPED_TRACE(ctxpar_algo_name(a));
+        cpt_plan_config pc = {};
+        pc.ranks = 8;
+        pc.batch = 1;
+        pc.seq = 65536;
+        pc.heads = 4;
+        pc.kv_heads = 4;
+        pc.head_dim = 64;
+        pc.dtype = CTXPAR_DTYPE_BF16;
+        pc.params = Params({a, 8, CTXPAR_LAYOUT_ZIGZAG, 1, 4, 0});
+        pc.backward = 1;
+        pc.group_size = 8;
+        pc.coverage = 1;
+        cpt_plan_result def, rep;
+        ASSERT_EQ(cpt_plan_run(&pc, &def), CTXPAR_OK) << ctxpar_last_error();
+        pc.params.reproducible = 1;
+        ASSERT_EQ(cpt_plan_run(&pc, &rep), CTXPAR_OK) << ctxpar_last_error();
+        EXPECT_TRUE(rep.coverage_ok);
+        EXPECT_EQ(rep.algo, a);
+        EXPECT_GT(rep.workspace_bytes, def.workspace_bytes);
+        for (int r = 0; r < pc.ranks; r++) {
+            EXPECT_GT(rep.rank[r].bytes_sent, def.rank[r].bytes_sent) << "rank " << r;
+            EXPECT_GT(rep.rank[r].workspace_bytes, def.rank[r].workspace_bytes) << "rank " << r;
+            EXPECT_EQ(rep.rank[r].flops_fwd, def.rank[r].flops_fwd) << "rank " << r;
+        }
+        cpt_plan_result_free(&def);
+        cpt_plan_result_free(&rep);
+        // A shard that is not whole chunks: refused like the library refuses it.
+        pc.seq = 65536 - 8;
+        pc.params.reproducible = 1;
+        cpt_plan_result bad;
+        EXPECT_EQ(cpt_plan_run(&pc, &bad), CTXPAR_ERR_NOT_SUPPORTED);
+    }
+}
+
 // Refused by both: 12 query heads over 8 ranks (all-to-all), groups of 3 and 4 that do not fit.
 std::vector<PlanCase> RefusalCases() {
     return {{CTXPAR_ALGO_ALLTOALL, 8, CTXPAR_LAYOUT_ZIGZAG, 1, 12, 0},
@@ -455,8 +521,7 @@ TEST(PlanBruteForce, StripedAndCustomCounts) {
                                    {CTXPAR_ALGO_HYBRID, 4},
                                    {CTXPAR_ALGO_ALLGATHER, 0}})
                 for (int64_t S : {240, 241})
-                    if (S == 240 || std::strcmp(l, "striped") == 0 ||
-                        std::strcmp(l, "evenly") == 0)
+                    if (S == 240 || std::strcmp(l, "striped") == 0 || std::strcmp(l, "evenly") == 0)
                         cases.push_back({l, S, mask, algo, u});
     // Tokens at random at 4,096: each rank's queries are more runs than a block is classified
     // pair by pair for (the ring's dry run then counts each row once, not block by block).

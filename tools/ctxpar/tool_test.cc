@@ -972,10 +972,117 @@ TEST(Bench, SweepPrintsOneRowPerPair) {
     EXPECT_EQ(j["sweep"].items[3]["ranks"].num, 2);
 }
 
+// --reproducible: the default mode measured on the same ranks in the same run, beside it, with
+// the ratios reproducible/default of the forward and forward + backward times, memory and bytes.
+TEST(Bench, ReproducibleBesideTheDefault) {
+    const std::string args = "bench --reproducible --seq 512 --ranks 2 --threads 1 --heads 2 "
+                             "--dim 16 --layout contiguous --backward --warmup 0 --repeat 1";
+    Outcome o = Tool(args);
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    EXPECT_NE(o.out.find("reproducible against the default mode (2 ranks each, same run)"),
+              std::string::npos)
+        << o.out;
+    for (const char *row : {"forward (median)", "forward + backward", "peak memory per rank, MiB",
+                            "sent per rank, MiB"}) {
+        const size_t at = o.out.find(std::string("  ") + row, o.out.find("reproducible/default"));
+        ASSERT_NE(at, std::string::npos) << row << "\n" << o.out;
+        const std::string line = o.out.substr(at, o.out.find('\n', at) - at);
+        EXPECT_EQ(line.back(), 'x') << line; // the ratio closes the row
+    }
+    o = Tool(args + " --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    for (const char *f : kBenchFields)
+        EXPECT_TRUE(j["default_mode"].Has(f)) << f;
+    const Json &q = j["reproducible_over_default"];
+    EXPECT_NEAR(q["fwd_time"].num, j["fwd_time_s"].num / j["default_mode"]["fwd_time_s"].num,
+                1e-6 * q["fwd_time"].num);
+    EXPECT_NEAR(q["fwd_bwd_time"].num,
+                j["fwd_bwd_time_s"].num / j["default_mode"]["fwd_bwd_time_s"].num,
+                1e-6 * q["fwd_bwd_time"].num);
+    // The bins accumulators and the dK/dV sent as bins: more memory and more bytes.
+    EXPECT_GT(q["peak_bytes_per_rank"].num, 1);
+    EXPECT_GT(q["bytes_sent_per_rank"].num, 1);
+    EXPECT_GT(j["bytes_sent_per_rank"].num, j["default_mode"]["bytes_sent_per_rank"].num);
+    // Without --reproducible there is no second run.
+    o = Tool("bench --seq 256 --ranks 2 --heads 2 --dim 16 --warmup 0 --repeat 1 --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json plain;
+    ASSERT_TRUE(ParseJson(o.out, &plain)) << o.out;
+    EXPECT_FALSE(plain.Has("default_mode"));
+}
+
 TEST(Bench, ListsNeedSweep) {
     Outcome o = Tool("bench --seq 128,256");
     EXPECT_EQ(o.code, 2);
     EXPECT_NE(o.err.find("needs --sweep"), std::string::npos) << o.err;
+}
+
+// --algo all: every algorithm that accepts the problem on the same inputs, and whether their
+// results agree bit for bit. Reproducible mode promises they do (ring, allgather, alltoall: the
+// shards of 256 tokens are whole chunks, 2 k/v heads over 2 ranks); the hybrid refuses it and is
+// listed, not counted. The fp64 reference is computed once.
+TEST(Check, AllAlgorithmsAgreeBitForBitWhenReproducible) {
+    const std::string args = "check --algo all --reproducible --seq 512 --ranks 2 --heads 2 "
+                             "--dim 16 --layout contiguous --backward";
+    Outcome o = Tool(args);
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    EXPECT_NE(o.out.find("all algorithms agree bit for bit: yes (ring, allgather, alltoall)"),
+              std::string::npos)
+        << o.out;
+    EXPECT_NE(o.out.find("hybrid     refused: the hybrid algorithm has no reproducible mode"),
+              std::string::npos)
+        << o.out;
+    EXPECT_NE(o.out.find("fp64 reference computed once"), std::string::npos) << o.out;
+    o = Tool(args + " --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_TRUE(j["ok"].b);
+    EXPECT_TRUE(j["reproducible"].b);
+    ASSERT_EQ(j["bitwise_agree"].kind, Json::Bool);
+    EXPECT_TRUE(j["bitwise_agree"].b);
+    EXPECT_EQ(j["first_difference"].kind, Json::Null);
+    ASSERT_EQ(j["compared"].items.size(), 3u);
+    EXPECT_EQ(j["compared"].items[2].str, "alltoall");
+    EXPECT_TRUE(j["refused"].Has("hybrid"));
+    ASSERT_EQ(j["algorithms"].items.size(), 4u);
+    for (const Json &a : j["algorithms"].items) {
+        SCOPED_TRACE(a["algo"].str);
+        EXPECT_EQ(a["refused"].b, a["algo"].str == "hybrid");
+        EXPECT_EQ(a["ok"].b, a["algo"].str != "hybrid");
+        EXPECT_EQ(a["config"]["algo"].str, a["algo"].str);
+    }
+}
+
+// Without reproducible mode the ring's merges and the all-gather's differ in the last bits at
+// P = 4: the agreement says no and names the first pair and tensor; all-to-all refuses 2 heads
+// over 4 ranks. Not a failure: every algorithm is within its bound.
+TEST(Check, AllAlgorithmsDifferWithoutReproducible) {
+    Outcome o = Tool("check --algo all --seq 512 --ranks 4 --heads 2 --dim 16 --backward");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    EXPECT_NE(o.out.find("all algorithms agree bit for bit: no (ring and allgather differ first "
+                         "in "),
+              std::string::npos)
+        << o.out;
+    EXPECT_NE(o.out.find("alltoall   refused: "), std::string::npos) << o.out;
+    EXPECT_NE(o.out.find("  hybrid     OK"), std::string::npos) << o.out;
+    o = Tool("check --algo all --seq 512 --ranks 4 --heads 2 --dim 16 --backward --json");
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    Json j;
+    ASSERT_TRUE(ParseJson(o.out, &j)) << o.out;
+    EXPECT_FALSE(j["bitwise_agree"].b);
+    EXPECT_EQ(j["first_difference"]["a"].str, "ring");
+    EXPECT_EQ(j["first_difference"]["b"].str, "allgather");
+    EXPECT_GT(j["first_difference"]["elements_differing"].num, 0);
+    // Nothing accepts the problem: a usage error; --report takes one algorithm.
+    o = Tool("check --algo all --reproducible --seq 512 --ranks 4 --heads 2 --dim 16");
+    EXPECT_EQ(o.code, 2) << o.out;
+    EXPECT_NE(o.out.find("no algorithm accepted the problem"), std::string::npos) << o.out;
+    o = Tool("check --algo all --seq 512 --ranks 2 --report '" + TempDir() + "/all.html'");
+    EXPECT_EQ(o.code, 2) << o.out;
+    EXPECT_NE(o.err.find("--algo all takes no --report"), std::string::npos) << o.err;
 }
 
 TEST(Check, GeneratedDocuments) {

@@ -101,12 +101,15 @@ def _context(group):
 
 @contextlib.contextmanager
 def context_parallel(mesh, *, buffers=None, buffer_seq_dims=None, no_restore_buffers=None,
-                     layout="zigzag"):
+                     layout="zigzag", reproducible=False):
     """PyTorch's context_parallel with ctxpar's attention (see the module's docstring).
 
     mesh: a 1-D DeviceMesh, a ProcessGroup, or None (the default group). buffers: tensors
     sharded in place along buffer_seq_dims. no_restore_buffers: a subset of buffers that keep
     their shard after the block. layout: "zigzag", "contiguous" or "striped".
+    reproducible=True: the block's attention output and gradients have the same bits for any
+    number of ranks and layout; the attention call raises CtxparError where a rank's shard is
+    not whole chunks of positions (e.g. zigzag needs S/(2P) a multiple of the chunk).
     """
     buffers = list(buffers or ())
     dims = _dims(buffers, buffer_seq_dims or ())
@@ -114,6 +117,7 @@ def context_parallel(mesh, *, buffers=None, buffer_seq_dims=None, no_restore_buf
     if not all(any(b is k for b in buffers) for k in keep):
         raise ValueError("no_restore_buffers must be a subset of buffers")
     _core._choice("layout", _core.LAYOUTS, layout)
+    reproducible = bool(_core._flag("reproducible", reproducible))
     group, rank, nranks = _group_rank_size(mesh)
     ctx = _context(group)
     seqs = {b.shape[d] for b, d in zip(buffers, dims)}
@@ -123,7 +127,7 @@ def context_parallel(mesh, *, buffers=None, buffer_seq_dims=None, no_restore_buf
     wholes = [b.data for b in buffers]
     for b, shard in zip(buffers, context_parallel_shard(group, wholes, dims, layout)):
         b.data = shard
-    patched = _patch_sdpa(ctx, layout, rank, nranks, seqs)
+    patched = _patch_sdpa(ctx, layout, rank, nranks, seqs, reproducible)
     try:
         yield
     finally:
@@ -133,7 +137,7 @@ def context_parallel(mesh, *, buffers=None, buffer_seq_dims=None, no_restore_buf
                 b.data = whole
 
 
-def _patch_sdpa(ctx, layout, rank, nranks, seqs):
+def _patch_sdpa(ctx, layout, rank, nranks, seqs, reproducible=False):
     """Points F.scaled_dot_product_attention at ctxpar on ctx; returns the undo."""
     from . import torch as ctxpar_torch
     had = hasattr(F, "scaled_dot_product_attention")
@@ -148,7 +152,8 @@ def _patch_sdpa(ctx, layout, rank, nranks, seqs):
                     if _core.shard_count(layout, s, rank, nranks) == local), 0)
         return ctxpar_torch.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-            scale=scale, enable_gqa=enable_gqa, ctx=ctx, layout=layout, seq_len_global=seq)
+            scale=scale, enable_gqa=enable_gqa, ctx=ctx, layout=layout, seq_len_global=seq,
+            reproducible=reproducible)
 
     F.scaled_dot_product_attention = sdpa
 

@@ -67,13 +67,21 @@ def _assignment(layout, assignment, seq_global):
     return None
 
 
+def _flag(name, value):
+    """A 0/1 parameter from a bool (or 0/1); anything else is a ValueError here, not a bit
+    pattern the library would read."""
+    if isinstance(value, (bool, np.bool_)) or value in (0, 1):
+        return int(bool(value))
+    raise ValueError(f"{name} must be True or False, not {value!r}")
+
+
 def _ptr(a, ctype):
     return None if a is None else a.ctypes.data_as(ctypes.POINTER(ctype))
 
 
 def _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global, *, assignment=None,
             ulysses=0, sinks=None, softcap=0.0, heads=None, lse_lo=None, rows=None,
-            like=None, q_len=0):
+            like=None, q_len=0, reproducible=False):
     """ctxpar_attn_params, and the buffers it points to (keep both alive). Everything the
     library would read or write past a buffer's end is checked here: assignment's length
     (seq_len_global), the sinks' (heads) and lse_lo's shape (rows: the lse's [B, Hq, S/P]); the
@@ -107,6 +115,7 @@ def _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global, *, as
     p.ulysses = int(ulysses)
     p.softcap = float(softcap or 0.0)
     p.q_len = int(q_len or 0)  # its range and shapes are the library's to judge
+    p.reproducible = _flag("reproducible", reproducible)
     if sinks is not None:
         sk = np.ascontiguousarray(_host_array(sinks), dtype=np.float32)
         if sk.ndim != 1 or (heads is not None and sk.shape[0] != heads):
@@ -339,7 +348,7 @@ class Context:
     def attention(self, q, k, v, *, algo="ring", layout="zigzag", mask="causal", window=0,
                   cu_seqlens=None, scale=None, seq_len_global=0, assignment=None, ulysses=0,
                   sinks=None, softcap=0.0, format="bshd", dtype=None, out=None, lse=None,
-                  lse_lo=None, q_len=0):
+                  lse_lo=None, q_len=0, reproducible=False):
         """Forward attention on this rank's shard (collective over the comm): (out, lse).
 
         q [B, S/P, Hq, D], k [B, S/P, Hkv, D] and v [B, S/P, Hkv, Dv] in `format` (Dv: v's own
@@ -355,6 +364,10 @@ class Context:
         q_len N > 0: q [B, N, Hq, D] holds the queries at the last N global positions, the same on
         every rank (k and v stay this rank's shard; set seq_len_global); out and lse are the
         whole [B, N, ...] result on every rank. Forward only; algo "decode" or "allgather".
+        reproducible=True: out and lse (and lse_lo) have the same bits for every number of
+        ranks, layout and algorithm (every rank must pass it); refused (CtxparError,
+        NOT_SUPPORTED) with algo "hybrid" or "decode", with q_len, and for ring/allgather where
+        a rank's shard is not whole chunks of positions.
         """
         q, k, v = (T.prepare(x, format, self.memory) for x in (q, k, v))
         tensors = {"q": q, "k": k, "v": v}
@@ -369,7 +382,7 @@ class Context:
         params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global,
                                assignment=assignment, ulysses=ulysses, sinks=sinks,
                                softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s),
-                               like=q, q_len=q_len)
+                               like=q, q_len=q_len, reproducible=reproducible)
         views = [T.view(x, format, dtype) for x in (q, k, v, out)]
         with self._stream(q) as stream:
             _lib.check(_lib.lib.ctxpar_attn_fwd(self._ctx, ctypes.byref(params),
@@ -382,11 +395,13 @@ class Context:
                            mask="causal", window=0, cu_seqlens=None, scale=None,
                            seq_len_global=0, assignment=None, ulysses=0, sinks=None,
                            softcap=0.0, format="bshd", dtype=None, dq=None, dk=None, dv=None,
-                           lse_lo=None, dsinks=None, q_len=0):
+                           lse_lo=None, dsinks=None, q_len=0, reproducible=False):
         """Backward of attention() with the same arguments, out and lse (and lse_lo when the
         forward wrote one): (dq, dk, dv), or (dq, dk, dv, dsinks) with sinks (float32 [Hq], the
         sinks' gradient summed over batch and rows; written into dsinks when given). q_len > 0
-        is forward only: the library refuses it."""
+        is forward only: the library refuses it. reproducible=True: dq, dk, dv and dsinks have
+        the same bits for every number of ranks, layout and algorithm; refused as in
+        attention()."""
         q, k, v, out, dout = (T.prepare(x, format, self.memory) for x in (q, k, v, out, dout))
         tensors = {"q": q, "k": k, "v": v, "out": out, "dout": dout}
         for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
@@ -400,7 +415,7 @@ class Context:
         params, keep = _params(algo, layout, mask, window, cu_seqlens, scale, seq_len_global,
                                assignment=assignment, ulysses=ulysses, sinks=sinks,
                                softcap=softcap, heads=hq, lse_lo=lse_lo, rows=(b, hq, s),
-                               like=q, q_len=q_len)
+                               like=q, q_len=q_len, reproducible=reproducible)
         if sinks is not None:
             if dsinks is None:
                 dsinks = T.empty_lse(q, 1, 1, hq).reshape(hq)
@@ -476,7 +491,7 @@ def unshard(local, rank, nranks, out, layout="zigzag", format="bshd", assignment
 def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="causal",
              window=0, cu_seqlens=None, scale=None, assignment=None, ulysses=0, sinks=None,
              softcap=0.0, lse_lo=False, dtype=None, format="bshd", num_threads=None,
-             timeout=None, q_len=0):
+             timeout=None, q_len=0, reproducible=False):
     """Context-parallel attention over `ranks` ranks as threads of this process.
 
     q [B, S, Hq, D], k [B, S, Hkv, D] and v [B, S, Hkv, Dv] (Dv: v's own head_dim, MLA; dout
@@ -497,6 +512,9 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
     q_len N > 0: q [B, N, Hq, D] holds the queries at the last N positions of k's S, every rank
     gets all of it (k and v are sharded), and out and lse are [B, N, ...]; forward only, with
     algo "decode" or "allgather" (docs/algorithms.md). Every rank must return the same bits.
+    reproducible=True: every result has the same bits for any ranks, layout and algorithm
+    (docs/numerics.md); refused (CtxparError) with "hybrid", "decode" and q_len, and for ring
+    and allgather where a rank's shard is not whole chunks of positions.
     """
     P = int(ranks)
     if P < 1:
@@ -521,7 +539,8 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
     # Argument errors surface here, on the caller's thread, before any rank starts.
     Context._views(inputs, format, dtype, q_len)
     _, keep = _params(algo, layout, mask, window, cu_seqlens, scale, s, assignment=assignment,
-                      ulysses=ulysses, sinks=sinks, softcap=softcap, heads=hq)
+                      ulysses=ulysses, sinks=sinks, softcap=softcap, heads=hq,
+                      reproducible=reproducible)
     asg = _assignment(layout, assignment, s)
     if num_threads is None:
         num_threads = max(1, (os.cpu_count() or 1) // P)
@@ -530,7 +549,8 @@ def simulate(q, k, v, dout=None, *, ranks, algo="ring", layout="zigzag", mask="c
     results, errors = [None] * P, [None] * P
     kw = dict(algo=algo, layout=layout, mask=mask, window=window, cu_seqlens=cu_seqlens,
               scale=scale, seq_len_global=s, assignment=asg, ulysses=ulysses, sinks=sinks,
-              softcap=softcap, format=format, dtype=dtype, q_len=q_len)
+              softcap=softcap, format=format, dtype=dtype, q_len=q_len,
+              reproducible=reproducible)
     whole = ("q", "dout") if q_len else ()  # every rank holds all the queries
 
     def rank_main(r):

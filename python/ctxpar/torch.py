@@ -90,7 +90,7 @@ class Attention(torch.autograd.Function):
 
 def attention(q, k, v, *, ctx=None, algo="ring", layout="zigzag", mask="causal", window=0,
               cu_seqlens=None, scale=None, seq_len_global=0, assignment=None, ulysses=0,
-              sinks=None, softcap=0.0, format="bshd"):
+              sinks=None, softcap=0.0, format="bshd", reproducible=False):
     """Context-parallel attention of this rank's shard, differentiable in q, k, v and sinks.
 
     The options are Context.attention's: window W or (left, right); layout "custom" with
@@ -99,6 +99,9 @@ def attention(q, k, v, *, ctx=None, algo="ring", layout="zigzag", mask="causal",
     added once to every row's softmax denominator); its gradient is the sum over this rank's
     rows only, so that summing gradients over the ranks (autograd across in-process ranks, or
     the trainer's all-reduce over the context-parallel group) gives the whole gradient once.
+    reproducible=True: the output and q, k, v's gradients have the same bits for any number of
+    ranks, layout and algorithm (the sinks' per-rank share is not covered); refused
+    (CtxparError) with "hybrid" and for ring/allgather shards that are not whole chunks.
     """
     if sinks is not None and not isinstance(sinks, torch.Tensor):
         sinks = torch.as_tensor(sinks, dtype=torch.float32)
@@ -106,10 +109,11 @@ def attention(q, k, v, *, ctx=None, algo="ring", layout="zigzag", mask="causal",
         return _in_float32(attention, q, k, v, ctx=ctx, algo=algo, layout=layout, mask=mask,
                            window=window, cu_seqlens=cu_seqlens, scale=scale,
                            seq_len_global=seq_len_global, assignment=assignment,
-                           ulysses=ulysses, sinks=sinks, softcap=softcap, format=format)
+                           ulysses=ulysses, sinks=sinks, softcap=softcap, format=format,
+                           reproducible=reproducible)
     options = dict(algo=algo, layout=layout, mask=mask, window=window, cu_seqlens=cu_seqlens,
                    scale=scale, seq_len_global=seq_len_global, assignment=assignment,
-                   ulysses=ulysses, softcap=softcap, format=format)
+                   ulysses=ulysses, softcap=softcap, format=format, reproducible=reproducible)
     return Attention.apply(q, k, v, sinks, ctx if ctx is not None else _default_context(q),
                            options)
 
@@ -126,9 +130,11 @@ def _in_float32(fn, q, k, v, **kw):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False, *, ctx=None,
-                                 algo="ring", layout="zigzag", seq_len_global=0):
+                                 algo="ring", layout="zigzag", seq_len_global=0,
+                                 reproducible=False):
     """F.scaled_dot_product_attention's signature over ctxpar: [B, H, S, D] tensors (non-causal
-    unless is_causal, as PyTorch's). float64 is computed in float32 (F64_NOTE)."""
+    unless is_causal, as PyTorch's). float64 is computed in float32 (F64_NOTE). reproducible:
+    as in attention() (the same bits for any ranks, layout and algorithm; "hybrid" refused)."""
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported: ctxpar masks are is_causal, windows and "
                          "documents (ctxpar.torch.attention)")
@@ -141,4 +147,4 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                          "enable_gqa=True for grouped-query attention")
     return attention(query, key, value, ctx=ctx, algo=algo, layout=layout,
                      mask="causal" if is_causal else "none", scale=scale,
-                     seq_len_global=seq_len_global, format="bhsd")
+                     seq_len_global=seq_len_global, format="bhsd", reproducible=reproducible)

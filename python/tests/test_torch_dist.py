@@ -15,7 +15,8 @@ SEEDS = [f"seed:{d}:{m}:512" for d in ("float32", "bfloat16") for m in ("causal"
 
 
 @pytest.mark.parametrize("P,cases", [
-    (2, ["comm_ops", "split", "algorithms", "buffers"] + SEEDS + ["timeout"]),  # timeout: last
+    # timeout: last
+    (2, ["comm_ops", "split", "algorithms", "buffers", "repro"] + SEEDS + ["timeout"]),
     (4, ["comm_ops", "split", "algorithms", "buffers"] + SEEDS),
 ])
 def test_process_group(P, cases):

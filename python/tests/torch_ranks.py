@@ -222,6 +222,33 @@ def case_buffers():
     report("buffers")
 
 
+def case_repro():
+    """context_parallel(reproducible=True): F.scaled_dot_product_attention (causal) in the block
+    and a loss whose dout is a fixed tensor's shard; the unsharded output and q, k, v gradients
+    have the bits of the same attention on the whole sequence by this process alone (a one-rank
+    context, reproducible too). Zigzag shards of whole 256-position chunks: S = 512 P."""
+    import torch.nn.functional as F
+    seq = 512 * P
+    g = torch.Generator().manual_seed(11)
+    whole = [torch.randn(1, 4, seq, 32, generator=g) for _ in range(3)]
+    weight = torch.randn(1, 4, seq, 32, generator=g)  # d loss / d out
+    qkv = [x.clone().requires_grad_() for x in whole]
+    (w_local,) = ct.context_parallel_shard(None, [weight], [2])
+    with ct.context_parallel(dist.group.WORLD, buffers=tuple(qkv), buffer_seq_dims=(2, 2, 2),
+                             reproducible=True):
+        output = F.scaled_dot_product_attention(*qkv, is_causal=True)
+    (output * w_local).sum().backward()
+    got = ct.context_parallel_unshard(dist.group.WORLD, [output] + [x.grad for x in qkv],
+                                      [2, 2, 2, 2])
+    alone = [x.clone().requires_grad_() for x in whole]
+    out1 = ct.scaled_dot_product_attention(*alone, is_causal=True, reproducible=True)
+    (out1 * weight).sum().backward()
+    want = [out1.detach()] + [x.grad for x in alone]
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"repro: {name} bits"
+    report("repro")
+
+
 def case_timeout():
     """A receive from a peer that never sends gives CTXPAR_ERR_TIMEOUT after the comm's
     timeout (ctxpar_comm_set_timeout), not a hang. gloo then closes its connections: the
@@ -246,7 +273,7 @@ def case_timeout():
 
 
 CASES = {"comm_ops": case_comm_ops, "timeout": case_timeout, "algorithms": case_algorithms,
-         "buffers": case_buffers, "split": case_split}
+         "buffers": case_buffers, "split": case_split, "repro": case_repro}
 for name in sys.argv[1:]:
     if name.startswith("seed:"):
         _, dtype_name, causal, seq = name.split(":")

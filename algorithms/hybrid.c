@@ -14,15 +14,17 @@
 #include "a2a_parts.h"
 #include "ctxpar_count.h"
 #include "registry.h"
+#include "repro.h"
 #include "ring_plan.h"
 
 extern const ctxpar_algorithm ctxpar_ring_algorithm;
 
 // Whether u ranks per group can run this problem: u divides P and Hq, Hkv divides by u or u by
-// Hkv, u <= CTXPAR_MAX_ULYSSES.
+// Hkv (by u in reproducible mode: a K/V head's gradient must not be split between members),
+// u <= CTXPAR_MAX_ULYSSES.
 static int valid_u(const ctxpar_problem *pb, int64_t u) {
     return u >= 1 && u <= CTXPAR_MAX_ULYSSES && pb->nranks % u == 0 && pb->heads_q % u == 0 &&
-           (pb->heads_kv % u == 0 || u % pb->heads_kv == 0);
+           (pb->heads_kv % u == 0 || (u % pb->heads_kv == 0 && !pb->reproducible));
 }
 
 // The problem of the all-to-all inside a group: rank pb->rank % u of u.
@@ -111,6 +113,14 @@ static ctxpar_status hybrid_check(const ctxpar_problem *pb) {
                             "hybrid: params.ulysses (%lld) is above the largest group supported "
                             "(%d)",
                             (long long)pb->ulysses, CTXPAR_MAX_ULYSSES);
+    ctxpar_problem fast = *pb; // the same problem outside reproducible mode
+    fast.reproducible = 0;
+    if (pb->reproducible && ulysses_of(pb) == 0 && ulysses_of(&fast) != 0)
+        return CTXPAR_ERROR(CTXPAR_ERR_NOT_SUPPORTED,
+                            "reproducible mode with hybrid needs the k/v heads (%lld) to divide "
+                            "by the group size (params.ulysses %lld; 0 = any): a k/v head's "
+                            "gradient would be split between the group's ranks",
+                            (long long)pb->heads_kv, (long long)pb->ulysses);
     if (ulysses_of(pb) == 0)
         return CTXPAR_ERROR(CTXPAR_ERR_INVALID_ARG,
                             "hybrid needs params.ulysses (%lld; 0 = any) to divide the ranks (%d) "
@@ -118,7 +128,8 @@ static ctxpar_status hybrid_check(const ctxpar_problem *pb) {
                             "it by them",
                             (long long)pb->ulysses, pb->nranks, (long long)pb->heads_q,
                             (long long)pb->heads_kv);
-    return CTXPAR_OK;
+    // Reproducible mode: the ring across groups takes whole chunks when every member's shard is.
+    return pb->reproducible ? ctxpar_repro_check_shards(pb, "hybrid") : CTXPAR_OK;
 }
 
 // Plus ½ so that it loses ties (it needs two sub-comms): with the all-to-all and the ring at
@@ -565,4 +576,5 @@ const ctxpar_algorithm ctxpar_hybrid_algorithm = {
     .dry_make = hybrid_dry_make,
     .dry_free = hybrid_dry_free,
     .splits = hybrid_splits,
+    .reproducible = 1,
 };

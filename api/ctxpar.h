@@ -176,11 +176,13 @@ typedef struct ctxpar_attn_params {
      * algorithms and ctxpar_attn_bwd return CTXPAR_ERR_NOT_SUPPORTED. */
     int64_t q_len;
     /* Reproducible mode: 1 = out, lse (with lse_lo), dq, dk, dv and dsinks have the same bits for
-     * every number of ranks, layout and algorithm (docs/numerics.md, "Reproducible mode"); the
-     * sums are binned so that no order of partial results shows. 0 = off (the fastest
-     * schedules). The ranks must agree. CTXPAR_ERR_NOT_SUPPORTED where the device has no
-     * binned accumulators, with the hybrid and decode algorithms, with q_len, and (ring,
-     * allgather) where a rank's shard is not whole chunks of 256 positions. */
+     * every number of ranks, layout and algorithm (docs/numerics.md, "Reproducible mode"): the
+     * sequence is cut into chunks of 256 positions, the same for every P, and their partial
+     * results are summed in binned accumulators, whose bits do not depend on the order. 0 = off
+     * (the fastest schedules). The ranks must agree. CTXPAR_ERR_NOT_SUPPORTED on a device
+     * without binned accumulators, with the decode algorithm and q_len, where a rank's shard is
+     * not whole chunks (ring, allgather, hybrid), and where a K/V head would be split between
+     * ranks (alltoall with fewer K/V heads than ranks; the hybrid's groups likewise). */
     int64_t reproducible;
 } ctxpar_attn_params;
 

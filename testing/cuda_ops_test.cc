@@ -34,10 +34,12 @@ TEST(CudaOps, NotBuilt) {
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <thread>
 #include <vector>
 
 #include "dispatch.h"
+#include "ctxpar_bins.h"
 #include "ctxpar_cpu.h"
 #include "ctxpar_cuda.h"
 #include "ctxpar_half.h"
@@ -781,6 +783,321 @@ TEST_F(Gpu, FreeIsStreamOrderedAndNeverBlocks) {
     EXPECT_EQ(cudaStreamDestroy(held_raw), cudaSuccess);
     EXPECT_EQ(cudaStreamDestroy(other_raw), cudaSuccess);
     EXPECT_EQ(cudaStreamDestroy(gone_raw), cudaSuccess);
+}
+
+
+// ---------------------------------------------------------------- binned accumulators
+// The six bins ops of reproducible mode (api/ctxpar_bins.h) on the GPU against the SDK's own
+// functions run here on the host (not the CPU device): raw blocks (top, hi, mid, lo, special)
+// compared byte for byte after every step, finished floats bit for bit (any NaN equals any NaN:
+// the specials are canonical in the block, but a NaN converted float -> double -> float on the
+// GPU need not keep the host's payload).
+
+// The host's copy of a block, through the SDK's functions.
+struct HostBins {
+    int64_t rows, width;
+    std::vector<unsigned char> mem;
+    HostBins(int64_t r, int64_t w) : rows(r), width(w), mem(ctxpar_bins_bytes(r, w)) {
+        for (int64_t i = 0; i < r * w; i++)
+            ctxpar_bins_clear_value(View(), i);
+    }
+    ctxpar_bins_view View() { return ctxpar_bins_at(mem.data(), rows, width); }
+};
+
+// Source row r of [B, len, H] lands at block row (b*seq + off + s)*H + h; li indexes [B, H, len].
+int64_t BinsRow(const ctxpar_bins_shape &sh, int64_t r, int64_t *li) {
+    const int64_t h = r % sh.heads, s = (r / sh.heads) % sh.len, b = r / (sh.heads * sh.len);
+    *li = (b * sh.heads + h) * sh.len + s;
+    return (b * sh.seq + sh.off + s) * sh.heads + h;
+}
+
+// A term for the bins: zeros of both signs, subnormals, every normal exponent (or those within
+// `spread` of 2^0, so that values share bins and carry), the largest floats, and now and then
+// (nonfinite) an infinity or a NaN with a payload.
+float BinsTerm(std::mt19937_64 &g, int spread, bool nonfinite) {
+    const uint64_t r = g();
+    const uint32_t sign = (uint32_t)(r >> 63) << 31, mant = (uint32_t)(r >> 8) & 0x7fffffu;
+    uint32_t bits;
+    switch (r % 64) {
+    case 0:
+    case 1:
+        bits = nonfinite ? sign | 0x7f800000u : sign; // +-inf
+        break;
+    case 2:
+        bits = nonfinite ? sign | 0x7f800000u | (mant ? mant : 1u) : 0u; // NaN
+        break;
+    case 3:
+    case 4:
+        bits = sign; // +-0
+        break;
+    case 5:
+    case 6:
+    case 7:
+        bits = sign | mant; // subnormal
+        break;
+    case 8:
+        bits = sign | (254u << 23) | mant; // near FLT_MAX
+        break;
+    default: {
+        const int lo = spread >= 126 ? 1 : 127 - spread, hi = spread >= 126 ? 254 : 127 + spread;
+        const uint32_t e = (uint32_t)(lo + (int)((r >> 32) % (uint64_t)(hi - lo + 1)));
+        bits = sign | (e << 23) | mant;
+    }
+    }
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+// Where two raw blocks first differ: the array and the value.
+std::string BinsDiff(const std::vector<unsigned char> &want, const std::vector<unsigned char> &got,
+                     int64_t rows, int64_t width) {
+    if (want.size() != got.size())
+        return "sizes differ";
+    if (std::memcmp(want.data(), got.data(), want.size()) == 0)
+        return "";
+    const int64_t n = rows * width;
+    static const char *const names[5] = {"top", "hi", "mid", "lo", "special"};
+    size_t count = 0, first = SIZE_MAX;
+    int first_arr = 0;
+    for (int a = 0; a < 5; a++) {
+        const size_t size = a < 4 ? 8 : 4, base = (size_t)a * 8 * (size_t)n;
+        for (int64_t i = 0; i < n; i++)
+            if (std::memcmp(want.data() + base + (size_t)i * size, got.data() + base + (size_t)i * size,
+                            size) != 0) {
+                if (first == SIZE_MAX) {
+                    first = (size_t)i;
+                    first_arr = a;
+                }
+                count++;
+            }
+    }
+    if (first == SIZE_MAX)
+        return "padding differs";
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%zu value slots differ; first: %s[%zu] (row %zu, value %zu)",
+                  count, names[first_arr], first, first / (size_t)width, first % (size_t)width);
+    return buf;
+}
+
+// Floats equal bit for bit, or both NaN; the count of those that are not.
+size_t BinsFloatDiff(const std::vector<float> &want, const std::vector<float> &got,
+                     size_t *first = nullptr) {
+    if (want.size() != got.size())
+        return SIZE_MAX;
+    size_t bad = 0;
+    for (size_t i = 0; i < want.size(); i++) {
+        const bool same = std::memcmp(&want[i], &got[i], sizeof(float)) == 0 ||
+                          (std::isnan(want[i]) && std::isnan(got[i]));
+        if (!same && bad++ == 0 && first)
+            *first = i;
+    }
+    return bad;
+}
+
+// A block on the GPU.
+struct DevBins {
+    Space *sp;
+    int64_t rows, width;
+    void *p;
+    DevBins(Space *s, int64_t r, int64_t w)
+        : sp(s), rows(r), width(w), p(s->Put(nullptr, ctxpar_bins_bytes(r, w))) {}
+    std::vector<unsigned char> Get() {
+        std::vector<unsigned char> v(ctxpar_bins_bytes(rows, width));
+        sp->Get(v.data(), p, v.size());
+        return v;
+    }
+};
+
+TEST_F(Gpu, BinsAddMergeFinishBitwiseAsSdk) {
+    Device d(true);
+    ASSERT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_TRUE(ctxpar_dev_has_bins(d.dev));
+    const int64_t B = 2, S = 11, H = 3, W = 37, rows = B * S * H;
+    // (off, len) of each add: whole blocks, slices, one row.
+    const int64_t parts[][2] = {{0, S}, {3, 5}, {10, 1}, {0, S}, {2, 9}, {0, 4}};
+    for (int spread : {126, 20, 3}) {
+        std::mt19937_64 g(0x5eed0000u + (unsigned)spread);
+        Space sp(d.dev);
+        HostBins ha(rows, W), hb(rows, W);
+        DevBins da(&sp, rows, W), db(&sp, rows, W);
+        ASSERT_EQ(ctxpar_dev_bins_clear(d.dev, da.p, rows, W, nullptr), CTXPAR_OK)
+            << ctxpar_last_error();
+        ASSERT_EQ(ctxpar_dev_bins_clear(d.dev, db.p, rows, W, nullptr), CTXPAR_OK);
+        ASSERT_EQ(BinsDiff(ha.mem, da.Get(), rows, W), "") << "clear";
+        int step = 0;
+        for (HostBins *hx : {&ha, &hb}) {
+            DevBins *dx = hx == &ha ? &da : &db;
+            for (const auto &pt : parts) {
+                const ctxpar_bins_shape sh = {B, S, H, W, pt[0], pt[1]};
+                // The second block sees only finite terms through its first adds.
+                const bool nonfinite = hx == &ha || step % 3 == 2;
+                std::vector<float> src((size_t)(B * pt[1] * H * W));
+                for (float &x : src)
+                    x = BinsTerm(g, spread, nonfinite);
+                for (int64_t r = 0; r < B * pt[1] * H; r++) {
+                    int64_t li;
+                    ctxpar_bins_add_row(hx->View(), BinsRow(sh, r, &li) * W,
+                                        src.data() + r * W, W, 0);
+                }
+                ASSERT_EQ(ctxpar_dev_bins_add(d.dev, dx->p, sp.Put(src), &sh, nullptr),
+                          CTXPAR_OK)
+                    << ctxpar_last_error();
+                ASSERT_EQ(BinsDiff(hx->mem, dx->Get(), rows, W), "")
+                    << "add " << step << " (spread " << spread << ")";
+                step++;
+            }
+        }
+        // finish of each block, then a += b (and b += a's earlier state via a third block).
+        for (HostBins *hx : {&ha, &hb}) {
+            DevBins *dx = hx == &ha ? &da : &db;
+            std::vector<float> want((size_t)(rows * W));
+            for (int64_t i = 0; i < rows * W; i++)
+                want[(size_t)i] = (float)ctxpar_bins_value(hx->View(), i);
+            float *out = (float *)sp.Put(nullptr, want.size() * sizeof(float));
+            ASSERT_EQ(ctxpar_dev_bins_finish(d.dev, dx->p, rows, W, out, nullptr), CTXPAR_OK)
+                << ctxpar_last_error();
+            size_t first = 0;
+            EXPECT_EQ(BinsFloatDiff(want, sp.Get(out, want.size()), &first), 0u)
+                << "finish (spread " << spread << "), first at " << first;
+        }
+        const ctxpar_bins_view hav = ha.View(), hbv = hb.View();
+        for (int64_t i = 0; i < rows * W; i++)
+            ctxpar_bins_merge_value(hbv, i, hav, i);
+        ASSERT_EQ(ctxpar_dev_bins_merge(d.dev, db.p, da.p, rows, W, nullptr), CTXPAR_OK)
+            << ctxpar_last_error();
+        ASSERT_EQ(BinsDiff(hb.mem, db.Get(), rows, W), "") << "merge (spread " << spread << ")";
+        // Into an empty block, and an empty one into a full one.
+        HostBins he(rows, W);
+        DevBins de(&sp, rows, W);
+        ASSERT_EQ(ctxpar_dev_bins_clear(d.dev, de.p, rows, W, nullptr), CTXPAR_OK);
+        ASSERT_EQ(ctxpar_dev_bins_merge(d.dev, db.p, de.p, rows, W, nullptr), CTXPAR_OK);
+        ASSERT_EQ(BinsDiff(hb.mem, db.Get(), rows, W), "") << "merge of an empty block";
+        for (int64_t i = 0; i < rows * W; i++)
+            ctxpar_bins_merge_value(he.View(), i, hbv, i);
+        ASSERT_EQ(ctxpar_dev_bins_merge(d.dev, de.p, db.p, rows, W, nullptr), CTXPAR_OK);
+        ASSERT_EQ(BinsDiff(he.mem, de.Get(), rows, W), "") << "merge into an empty block";
+        std::vector<float> want((size_t)(rows * W));
+        for (int64_t i = 0; i < rows * W; i++)
+            want[(size_t)i] = (float)ctxpar_bins_value(hbv, i);
+        float *out = (float *)sp.Put(nullptr, want.size() * sizeof(float));
+        ASSERT_EQ(ctxpar_dev_bins_finish(d.dev, db.p, rows, W, out, nullptr), CTXPAR_OK);
+        size_t first = 0;
+        EXPECT_EQ(BinsFloatDiff(want, sp.Get(out, want.size()), &first), 0u)
+            << "finish after merge (spread " << spread << "), first at " << first;
+    }
+}
+
+// One attention partial per add: out_b values as BinsTerm's (finite mostly), lse in [-50, 50]
+// with rows at -inf and a few at +inf or NaN, lse_lo small or absent.
+struct AttnPart {
+    std::vector<float> out, lse, lse_lo;
+};
+
+AttnPart MakeAttnPart(std::mt19937_64 &g, int64_t rows, int64_t dv, bool nonfinite) {
+    AttnPart p;
+    p.out.resize((size_t)(rows * dv));
+    for (float &x : p.out)
+        x = g() % 4 ? (float)std::ldexp((double)(int64_t)(g() >> 40) - (double)(1 << 23), -22)
+                    : BinsTerm(g, 126, nonfinite);
+    p.lse.resize((size_t)rows);
+    p.lse_lo.resize((size_t)rows);
+    for (size_t i = 0; i < (size_t)rows; i++) {
+        const uint64_t r = g();
+        const double u = (double)(r >> 11) * 0x1p-53; // [0, 1)
+        float l = (float)(-50.0 + 100.0 * u);
+        if (r % 11 == 0)
+            l = -INFINITY;
+        else if (nonfinite && r % 29 == 1)
+            l = (r >> 8) % 2 ? INFINITY : NAN;
+        p.lse[i] = l;
+        p.lse_lo[i] = std::isfinite(l) ? (float)std::ldexp(u - 0.5, -24) * std::fabs(l) : 0.0f;
+    }
+    return p;
+}
+
+TEST_F(Gpu, BinsAttnAddMergeFinishBitwiseAsSdk) {
+    Device d(true);
+    ASSERT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
+    ASSERT_TRUE(ctxpar_dev_has_bins(d.dev));
+    const int64_t B = 2, S = 13, H = 3;
+    const int64_t parts[][2] = {{0, S}, {4, 6}, {12, 1}, {0, S}, {1, 11}};
+    for (int64_t dv : {1, 24, 64}) {
+        const int64_t W = dv + 1, rows = B * S * H;
+        std::mt19937_64 g(0xa77e0000u + (unsigned)dv);
+        Space sp(d.dev);
+        HostBins ha(rows, W), hb(rows, W);
+        DevBins da(&sp, rows, W), db(&sp, rows, W);
+        ASSERT_EQ(ctxpar_dev_bins_clear(d.dev, da.p, rows, W, nullptr), CTXPAR_OK)
+            << ctxpar_last_error();
+        ASSERT_EQ(ctxpar_dev_bins_clear(d.dev, db.p, rows, W, nullptr), CTXPAR_OK);
+        std::vector<float> tmp((size_t)(3 * dv));
+        int step = 0;
+        for (HostBins *hx : {&ha, &hb}) {
+            DevBins *dx = hx == &ha ? &da : &db;
+            for (const auto &pt : parts) {
+                const ctxpar_bins_shape sh = {B, S, H, W, pt[0], pt[1]};
+                const int64_t src_rows = B * pt[1] * H;
+                AttnPart p = MakeAttnPart(g, src_rows, dv, hx == &hb && step % 2 == 1);
+                const bool with_lo = step % 3 != 1;
+                for (int64_t r = 0; r < src_rows; r++) {
+                    int64_t li;
+                    const int64_t row = BinsRow(sh, r, &li);
+                    const double L =
+                        (double)p.lse[(size_t)li] + (with_lo ? (double)p.lse_lo[(size_t)li] : 0.0);
+                    ctxpar_bins_add_attn_row(hx->View(), row * W, W, p.out.data() + r * dv, 1, L,
+                                             tmp.data());
+                }
+                ASSERT_EQ(ctxpar_dev_bins_add_attn(d.dev, dx->p, sp.Put(p.out), sp.Put(p.lse),
+                                                   with_lo ? sp.Put(p.lse_lo) : nullptr, &sh,
+                                                   nullptr),
+                          CTXPAR_OK)
+                    << ctxpar_last_error();
+                ASSERT_EQ(BinsDiff(hx->mem, dx->Get(), rows, W), "")
+                    << "add_attn " << step << " (dv " << dv << (with_lo ? ", lse_lo" : "") << ")";
+                step++;
+            }
+        }
+        const ctxpar_bins_view hav = ha.View(), hbv = hb.View();
+        for (int64_t i = 0; i < rows * W; i++)
+            ctxpar_bins_merge_value(hbv, i, hav, i);
+        ASSERT_EQ(ctxpar_dev_bins_merge(d.dev, db.p, da.p, rows, W, nullptr), CTXPAR_OK)
+            << ctxpar_last_error();
+        ASSERT_EQ(BinsDiff(hb.mem, db.Get(), rows, W), "") << "merge (dv " << dv << ")";
+        // finish_attn of both blocks, with and without lse_lo.
+        for (HostBins *hx : {&ha, &hb}) {
+            DevBins *dx = hx == &ha ? &da : &db;
+            std::vector<float> out((size_t)(rows * dv)), lse((size_t)rows), lo((size_t)rows);
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t h = r % H, s = (r / H) % S, b = r / (H * S);
+                const size_t li = (size_t)((b * H + h) * S + s);
+                const double L = ctxpar_bins_finish_attn_row(hx->View(), r * W, W,
+                                                             out.data() + r * dv, 1);
+                lse[li] = (float)L; // as the CPU's ctxpar_cpu_store_lse
+                lo[li] = std::isinf(lse[li]) ? 0.0f : (float)(L - (double)lse[li]);
+            }
+            for (int with_lo = 0; with_lo < 2; with_lo++) {
+                const ctxpar_bins_shape sh = {B, S, H, W, 0, S};
+                float *o = (float *)sp.Put(nullptr, out.size() * sizeof(float));
+                float *l = (float *)sp.Put(nullptr, lse.size() * sizeof(float));
+                float *ll = with_lo ? (float *)sp.Put(nullptr, lo.size() * sizeof(float)) : nullptr;
+                ASSERT_EQ(ctxpar_dev_bins_finish_attn(d.dev, dx->p, &sh, o, l, ll, nullptr),
+                          CTXPAR_OK)
+                    << ctxpar_last_error();
+                size_t first = 0;
+                EXPECT_EQ(BinsFloatDiff(out, sp.Get(o, out.size()), &first), 0u)
+                    << "finish_attn out (dv " << dv << "), first at " << first;
+                EXPECT_EQ(BinsFloatDiff(lse, sp.Get(l, lse.size()), &first), 0u)
+                    << "finish_attn lse (dv " << dv << "), first at " << first;
+                if (with_lo) {
+                    EXPECT_EQ(BinsFloatDiff(lo, sp.Get(ll, lo.size()), &first), 0u)
+                        << "finish_attn lse_lo (dv " << dv << "), first at " << first;
+                }
+            }
+            // The block is only read.
+            ASSERT_EQ(BinsDiff(hx->mem, dx->Get(), rows, W), "") << "finish_attn wrote the block";
+        }
+    }
 }
 
 } // namespace

@@ -1,6 +1,6 @@
 // End to end: reproducible mode (params.reproducible). Every tensor (out, lse, dq, dk, dv,
-// dsinks) of ring, all-gather and all-to-all at P ranks must have exactly the bits of the same
-// algorithm at P = 1 and of every other algorithm, for chunk-aligned layouts (contiguous, zigzag,
+// dsinks) of ring, all-gather, all-to-all and the hybrid at P ranks must have exactly the bits of
+// the same algorithm at P = 1 and of every other algorithm, for chunk-aligned layouts (contiguous, zigzag,
 // a random custom assignment of whole chunks with a short last chunk and ranks that may hold
 // nothing), masks and features in rotation, F32/BF16/F16 and 1 or 3 threads; each run is also
 // judged against the fp64 oracle's per-element bound. Problems the mode does not run are refused
@@ -177,10 +177,14 @@ TEST_P(Reproducible, SameBitsForEveryRankCountAndAlgorithm) {
     Make(c, CTXPAR_ALGO_ALLTOALL, &probe);
     if (probe.cfg.heads % c.ranks == 0 && probe.cfg.kv_heads % c.ranks == 0)
         algos.push_back(CTXPAR_ALGO_ALLTOALL);
+    if (c.ranks % 2 == 0 && c.ranks > 2) // groups of 2 (the library's choice or not), rings of P/2
+        algos.push_back(CTXPAR_ALGO_HYBRID);
     std::vector<cpt_run_result> results(algos.size());
     CptShardedRun s;
     for (size_t i = 0; i < algos.size(); i++) {
         Make(c, algos[i], &s);
+        if (algos[i] == CTXPAR_ALGO_HYBRID)
+            s.cfg.params.ulysses = 2;
         cpt_run_result &r = results[i];
         ASSERT_EQ(cpt_run(&s.cfg, &r), CTXPAR_OK) << ctxpar_last_error();
         ASSERT_EQ(r.status, CTXPAR_OK) << ctxpar_algo_name(algos[i]) << ": " << r.message;
@@ -246,14 +250,16 @@ TEST(Reproducible, RefusesWhatItDoesNotRun) {
     struct Refused {
         ctxpar_algo algo;
         ctxpar_layout layout;
-        int64_t seq;
-        int64_t kv_heads;
+        int64_t seq, kv_heads, ulysses, q_len;
         const char *says;
     } cases[] = {
-        {CTXPAR_ALGO_HYBRID, CTXPAR_LAYOUT_CONTIGUOUS, 1024, 8, "no reproducible mode"},
-        {CTXPAR_ALGO_RING, CTXPAR_LAYOUT_STRIPED, 1024, 8, "whole chunks"},
-        {CTXPAR_ALGO_ALLGATHER, CTXPAR_LAYOUT_CONTIGUOUS, 1000, 8, "whole chunks"},
-        {CTXPAR_ALGO_ALLTOALL, CTXPAR_LAYOUT_CONTIGUOUS, 1024, 2, "k/v heads"},
+        {CTXPAR_ALGO_DECODE, CTXPAR_LAYOUT_CONTIGUOUS, 1024, 8, 0, 64, "no reproducible mode"},
+        {CTXPAR_ALGO_ALLGATHER, CTXPAR_LAYOUT_CONTIGUOUS, 1024, 8, 0, 64, "q_len"},
+        {CTXPAR_ALGO_RING, CTXPAR_LAYOUT_STRIPED, 1024, 8, 0, 0, "whole chunks"},
+        {CTXPAR_ALGO_ALLGATHER, CTXPAR_LAYOUT_CONTIGUOUS, 1000, 8, 0, 0, "whole chunks"},
+        {CTXPAR_ALGO_HYBRID, CTXPAR_LAYOUT_ZIGZAG, 1024, 8, 2, 0, "whole chunks"},
+        {CTXPAR_ALGO_ALLTOALL, CTXPAR_LAYOUT_CONTIGUOUS, 1024, 2, 0, 0, "k/v heads"},
+        {CTXPAR_ALGO_HYBRID, CTXPAR_LAYOUT_CONTIGUOUS, 1024, 1, 2, 0, "k/v head's gradient"},
     };
     for (const Refused &c : cases) {
         cpt_run_config cfg;
@@ -266,6 +272,8 @@ TEST(Reproducible, RefusesWhatItDoesNotRun) {
         cfg.threads = 1;
         cfg.params.algo = c.algo;
         cfg.params.layout = c.layout;
+        cfg.params.ulysses = c.ulysses;
+        cfg.params.q_len = c.q_len;
         cfg.params.reproducible = 1;
         cpt_run_result r;
         ASSERT_EQ(cpt_run(&cfg, &r), CTXPAR_OK) << ctxpar_last_error();

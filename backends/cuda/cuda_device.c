@@ -347,6 +347,12 @@ const struct ctxpar_device_ops ctxpar_cuda_device_ops = {
     .checksum = ctxpar_cuda_checksum,
     .attn_supported = ctxpar_cuda_attn_supported,
     .describe = cuda_describe,
+    .bins_clear = ctxpar_cuda_bins_clear,
+    .bins_add = ctxpar_cuda_bins_add,
+    .bins_add_attn = ctxpar_cuda_bins_add_attn,
+    .bins_merge = ctxpar_cuda_bins_merge,
+    .bins_finish = ctxpar_cuda_bins_finish,
+    .bins_finish_attn = ctxpar_cuda_bins_finish_attn,
 };
 
 // CTXPAR_CUDNN's value: unset or empty is AUTO.

@@ -120,6 +120,21 @@ ctxpar_status ctxpar_cuda_fill(struct ctxpar_device *dev, float *dst, float valu
                                ctxpar_stream *stream);
 ctxpar_status ctxpar_cuda_checksum(struct ctxpar_device *dev, const void *data, size_t bytes,
                                    ctxpar_stream *stream, uint64_t *sum_out);
+// The binned accumulators of reproducible mode (cuda_bins.c, kernels in bins.cu).
+ctxpar_status ctxpar_cuda_bins_clear(struct ctxpar_device *dev, void *bins, int64_t rows,
+                                     int64_t width, ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_bins_add(struct ctxpar_device *dev, void *bins, const float *src,
+                                   const ctxpar_bins_shape *shape, ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_bins_add_attn(struct ctxpar_device *dev, void *bins, const float *out_b,
+                                        const float *lse_b, const float *lse_lo_b,
+                                        const ctxpar_bins_shape *shape, ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_bins_merge(struct ctxpar_device *dev, void *dst, const void *src,
+                                     int64_t rows, int64_t width, ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_bins_finish(struct ctxpar_device *dev, const void *bins, int64_t rows,
+                                      int64_t width, float *dst, ctxpar_stream *stream);
+ctxpar_status ctxpar_cuda_bins_finish_attn(struct ctxpar_device *dev, const void *bins,
+                                           const ctxpar_bins_shape *shape, float *out, float *lse,
+                                           float *lse_lo, ctxpar_stream *stream);
 // Whether the kernels can run a problem (cuda_supported.c).
 ctxpar_status ctxpar_cuda_attn_supported(const struct ctxpar_device *dev,
                                          const ctxpar_attn_query *query);

@@ -785,7 +785,6 @@ TEST_F(Gpu, FreeIsStreamOrderedAndNeverBlocks) {
     EXPECT_EQ(cudaStreamDestroy(gone_raw), cudaSuccess);
 }
 
-
 // ---------------------------------------------------------------- binned accumulators
 // The six bins ops of reproducible mode (api/ctxpar_bins.h) on the GPU against the SDK's own
 // functions run here on the host (not the CPU device): raw blocks (top, hi, mid, lo, special)
@@ -863,8 +862,8 @@ std::string BinsDiff(const std::vector<unsigned char> &want, const std::vector<u
     for (int a = 0; a < 5; a++) {
         const size_t size = a < 4 ? 8 : 4, base = (size_t)a * 8 * (size_t)n;
         for (int64_t i = 0; i < n; i++)
-            if (std::memcmp(want.data() + base + (size_t)i * size, got.data() + base + (size_t)i * size,
-                            size) != 0) {
+            if (std::memcmp(want.data() + base + (size_t)i * size,
+                            got.data() + base + (size_t)i * size, size) != 0) {
                 if (first == SIZE_MAX) {
                     first = (size_t)i;
                     first_arr = a;
@@ -891,6 +890,13 @@ size_t BinsFloatDiff(const std::vector<float> &want, const std::vector<float> &g
                           (std::isnan(want[i]) && std::isnan(got[i]));
         if (!same && bad++ == 0 && first)
             *first = i;
+        if (!same && bad == 1) {
+            uint32_t w, g;
+            std::memcpy(&w, &want[i], sizeof w);
+            std::memcpy(&g, &got[i], sizeof g);
+            std::printf("bins: first float difference at %zu: want %a (0x%08x), got %a (0x%08x)\n",
+                        i, (double)want[i], w, (double)got[i], g);
+        }
     }
     return bad;
 }
@@ -914,8 +920,8 @@ TEST_F(Gpu, BinsAddMergeFinishBitwiseAsSdk) {
     ASSERT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
     ASSERT_TRUE(ctxpar_dev_has_bins(d.dev));
     const int64_t B = 2, S = 11, H = 3, W = 37, rows = B * S * H;
-    // (off, len) of each add: whole blocks, slices, one row.
-    const int64_t parts[][2] = {{0, S}, {3, 5}, {10, 1}, {0, S}, {2, 9}, {0, 4}};
+    // (off, len) of each add: slices and single rows; row s = S - 1 stays empty.
+    const int64_t parts[][2] = {{0, S - 1}, {3, 5}, {9, 1}, {0, S - 1}, {2, 8}, {0, 4}};
     for (int spread : {126, 20, 3}) {
         std::mt19937_64 g(0x5eed0000u + (unsigned)spread);
         Space sp(d.dev);
@@ -937,11 +943,10 @@ TEST_F(Gpu, BinsAddMergeFinishBitwiseAsSdk) {
                     x = BinsTerm(g, spread, nonfinite);
                 for (int64_t r = 0; r < B * pt[1] * H; r++) {
                     int64_t li;
-                    ctxpar_bins_add_row(hx->View(), BinsRow(sh, r, &li) * W,
-                                        src.data() + r * W, W, 0);
+                    ctxpar_bins_add_row(hx->View(), BinsRow(sh, r, &li) * W, src.data() + r * W, W,
+                                        0);
                 }
-                ASSERT_EQ(ctxpar_dev_bins_add(d.dev, dx->p, sp.Put(src), &sh, nullptr),
-                          CTXPAR_OK)
+                ASSERT_EQ(ctxpar_dev_bins_add(d.dev, dx->p, sp.Put(src), &sh, nullptr), CTXPAR_OK)
                     << ctxpar_last_error();
                 ASSERT_EQ(BinsDiff(hx->mem, dx->Get(), rows, W), "")
                     << "add " << step << " (spread " << spread << ")";
@@ -1021,7 +1026,8 @@ TEST_F(Gpu, BinsAttnAddMergeFinishBitwiseAsSdk) {
     ASSERT_EQ(d.st, CTXPAR_OK) << ctxpar_last_error();
     ASSERT_TRUE(ctxpar_dev_has_bins(d.dev));
     const int64_t B = 2, S = 13, H = 3;
-    const int64_t parts[][2] = {{0, S}, {4, 6}, {12, 1}, {0, S}, {1, 11}};
+    // Row s = S - 1 stays empty (as do rows whose every partial has lse -inf).
+    const int64_t parts[][2] = {{0, S - 1}, {4, 6}, {11, 1}, {0, S - 1}, {1, 10}};
     for (int64_t dv : {1, 24, 64}) {
         const int64_t W = dv + 1, rows = B * S * H;
         std::mt19937_64 g(0xa77e0000u + (unsigned)dv);
@@ -1071,8 +1077,8 @@ TEST_F(Gpu, BinsAttnAddMergeFinishBitwiseAsSdk) {
             for (int64_t r = 0; r < rows; r++) {
                 const int64_t h = r % H, s = (r / H) % S, b = r / (H * S);
                 const size_t li = (size_t)((b * H + h) * S + s);
-                const double L = ctxpar_bins_finish_attn_row(hx->View(), r * W, W,
-                                                             out.data() + r * dv, 1);
+                const double L =
+                    ctxpar_bins_finish_attn_row(hx->View(), r * W, W, out.data() + r * dv, 1);
                 lse[li] = (float)L; // as the CPU's ctxpar_cpu_store_lse
                 lo[li] = std::isinf(lse[li]) ? 0.0f : (float)(L - (double)lse[li]);
             }

@@ -33,13 +33,14 @@ __device__ __forceinline__ int64_t land(const ctxpar_bins_shape &sh, int64_t r, 
 }
 
 #define GRID_STRIDE(i, n)                                                                          \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                     \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
          i += (int64_t)gridDim.x * blockDim.x)
 
 __global__ void clear_kernel(void *bins, int64_t rows, int64_t width) {
     const ctxpar_bins_view v = ctxpar_bins_at(bins, rows, width);
-    GRID_STRIDE(i, rows * width)
-    ctxpar_bins_clear_value(v, i);
+    GRID_STRIDE(i, rows * width) {
+        ctxpar_bins_clear_value(v, i);
+    }
 }
 
 // One thread per source value. ctxpar_bins_add_row puts finite terms and sends non-finite ones
@@ -93,14 +94,16 @@ __global__ void add_attn_kernel(void *bins, const float *out_b, const float *lse
 __global__ void merge_kernel(void *dst, const void *src, int64_t rows, int64_t width) {
     const ctxpar_bins_view to = ctxpar_bins_at(dst, rows, width);
     const ctxpar_bins_view from = ctxpar_bins_at(const_cast<void *>(src), rows, width); // read
-    GRID_STRIDE(i, rows * width)
-    ctxpar_bins_merge_value(to, i, from, i);
+    GRID_STRIDE(i, rows * width) {
+        ctxpar_bins_merge_value(to, i, from, i);
+    }
 }
 
 __global__ void finish_kernel(const void *bins, int64_t rows, int64_t width, float *dst) {
     const ctxpar_bins_view v = ctxpar_bins_at(const_cast<void *>(bins), rows, width);
-    GRID_STRIDE(i, rows * width)
-    dst[i] = (float)ctxpar_bins_value(v, i);
+    GRID_STRIDE(i, rows * width) {
+        dst[i] = (float)ctxpar_bins_value(v, i);
+    }
 }
 
 // One thread per row. The LSE double is stored as the CPU's ctxpar_cpu_store_lse stores it:
@@ -153,9 +156,8 @@ extern "C" cudaError_t ctxpar_cuda_launch_bins_merge(void *dst, const void *src,
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t ctxpar_cuda_launch_bins_finish(const void *bins, int64_t rows,
-                                                      int64_t width, float *dst,
-                                                      cudaStream_t stream) {
+extern "C" cudaError_t ctxpar_cuda_launch_bins_finish(const void *bins, int64_t rows, int64_t width,
+                                                      float *dst, cudaStream_t stream) {
     finish_kernel<<<blocks_for(rows * width), kThreads, 0, stream>>>(bins, rows, width, dst);
     return cudaGetLastError();
 }

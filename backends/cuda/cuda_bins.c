@@ -1,8 +1,8 @@
 // The binned-accumulator ops of the CUDA device (reproducible mode, api/ctxpar_bins.h): each
 // enqueues one kernel of bins.cu on the caller's stream. Sizes, shapes and buffers are checked by
 // the dispatch (dispatch_bins.c), which calls an op only with at least one row.
-#include "cuda_args.h"
 #include "cuda_bins.h"
+#include "cuda_args.h"
 
 ctxpar_status ctxpar_cuda_bins_clear(struct ctxpar_device *dev, void *bins, int64_t rows,
                                      int64_t width, ctxpar_stream *stream) {

@@ -203,6 +203,9 @@ build_from_source() {
         for f in "$ROOT"/backends/cuda/*.cu; do
             printf '%q -c -O3 -std=c++17 -gencode arch=compute_%s,code=sm_%s' \
                 "$NVCC" "$cc_arch" "$cc_arch"
+            # The binned sums' bits are the SDK's only without contracted multiply-adds (as
+            # backends/cuda/BUILD builds bins.cu).
+            case "$f" in */bins.cu) printf ' --fmad=false' ;; esac
             printf ' -Xcompiler -fPIC %s %q -o %q\n' "$inc" "$f" "$(obj "$f")"
         done
     } | xargs -P "$jobs" -d '\n' -I{} bash -c '{}' || return 1

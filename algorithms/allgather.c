@@ -167,7 +167,7 @@ static ctxpar_status ctxpar_allgather_fwd(const ctxpar_run *run, const ctxpar_pr
     if (pb->reproducible) {
         CTXPAR_CHECK(ctxpar_repro_clear(run, pb, w.bins, 0, pb->seq_local, pb->heads_q));
         double t0 = ctxpar_now();
-        CTXPAR_CHECK(ctxpar_repro_fwd_block(run, pb, &blk, w.bins, &w.rs));
+        CTXPAR_CHECK(ctxpar_repro_fwd_block(run, &blk, w.bins, &w.rs));
         ctxpar_run_trace(run, CTXPAR_EVENT_COMPUTE, "fwd", -1, -1, t0, ctxpar_now(), 0);
         CTXPAR_CHECK(ctxpar_repro_fwd_finish(run, pb, w.bins, pb->seq_local, pb->heads_q, w.out_acc,
                                              w.lse_acc, w.lse_lo));

@@ -300,7 +300,7 @@ static ctxpar_status ctxpar_alltoall_fwd(const ctxpar_run *run, const ctxpar_pro
     double t0 = ctxpar_now();
     if (pb->reproducible) {
         CTXPAR_CHECK_GOTO(ctxpar_repro_clear(run, &heads_pb, w.bins, 0, S, h.hq), st, done);
-        CTXPAR_CHECK_GOTO(ctxpar_repro_fwd_block(run, &heads_pb, &blk, w.bins, &w.rs), st, done);
+        CTXPAR_CHECK_GOTO(ctxpar_repro_fwd_block(run, &blk, w.bins, &w.rs), st, done);
         CTXPAR_CHECK_GOTO(
             ctxpar_repro_fwd_finish(run, &heads_pb, w.bins, S, h.hq, out_acc, lse_acc, w.lse_lo),
             st, done);

@@ -5,18 +5,59 @@
 
 #define C CTXPAR_REPRO_CHUNK
 
-static int span_aligned(const ctxpar_span *sp, int64_t seq_global) {
-    if (sp->len <= 0)
-        return 1;
-    if (sp->stride != 1 && sp->len > 1)
+// The chunk pieces of a span list, in order: each piece's first local row and its positions. A
+// piece runs on into the next span when that one continues the positions (a zigzag rank's two
+// halves at P = 1, a custom layout's runs), so that a chunk is one piece wherever it lies.
+typedef struct chunk_iter {
+    ctxpar_spans s;
+    int i;
+    int64_t in_span, local;
+} chunk_iter;
+
+static int next_chunk(chunk_iter *it, int64_t *local, ctxpar_span *pos) {
+    while (it->i < it->s.count && it->in_span >= it->s.span[it->i].len) {
+        it->i++;
+        it->in_span = 0;
+    }
+    if (it->i >= it->s.count)
         return 0;
-    const int64_t end = sp->start + sp->len;
-    return sp->start % C == 0 && (end % C == 0 || end == seq_global);
+    const ctxpar_span *sp = &it->s.span[it->i];
+    const int64_t start = sp->start + it->in_span * sp->stride;
+    int64_t n = 1;
+    if (sp->stride == 1 || sp->len == 1) {
+        const int64_t edge = (start / C + 1) * C; // the chunk's end
+        n = 0;
+        for (int64_t at = start; it->i < it->s.count && at < edge;) {
+            const ctxpar_span *cur = &it->s.span[it->i];
+            if (cur->stride != 1 && cur->len > 1)
+                break;
+            const int64_t from = cur->start + it->in_span, left = cur->len - it->in_span;
+            if (from != at)
+                break; // a gap: the piece ends here
+            const int64_t take = left < edge - at ? left : edge - at;
+            n += take;
+            at += take;
+            it->in_span += take;
+            if (it->in_span < cur->len)
+                break;
+            it->i++;
+            it->in_span = 0;
+        }
+    } else {
+        it->in_span += 1;
+    }
+    *local = it->local;
+    *pos = (ctxpar_span){start, n, 1};
+    it->local += n;
+    return 1;
 }
 
 int ctxpar_repro_aligned(ctxpar_spans s, int64_t seq_global) {
-    for (int i = 0; i < s.count; i++)
-        if (!span_aligned(&s.span[i], seq_global))
+    chunk_iter it = {s, 0, 0, 0};
+    int64_t local;
+    ctxpar_span pos;
+    while (next_chunk(&it, &local, &pos))
+        if (pos.start % C != 0 || (pos.len != C && pos.start + pos.len != seq_global))
             return 0;
     return 1;
 }
@@ -42,36 +83,6 @@ ctxpar_status ctxpar_repro_check_shards(const ctxpar_problem *pb, const char *al
                         "%d positions (rank %d's is not, sequence %lld); use a contiguous or "
                         "zigzag layout whose shards are multiples of %d, or alltoall",
                         algo, C, bad, (long long)pb->seq_global, C);
-}
-
-// The chunk pieces of a span list, in order: each piece's first local row and its positions.
-typedef struct chunk_iter {
-    ctxpar_spans s;
-    int i;
-    int64_t in_span, local;
-} chunk_iter;
-
-static int next_chunk(chunk_iter *it, int64_t *local, ctxpar_span *pos) {
-    while (it->i < it->s.count) {
-        const ctxpar_span *sp = &it->s.span[it->i];
-        if (it->in_span >= sp->len) {
-            it->i++;
-            it->in_span = 0;
-            continue;
-        }
-        const int64_t start = sp->start + it->in_span * sp->stride;
-        int64_t n = 1;
-        if (sp->stride == 1) {
-            const int64_t left = sp->len - it->in_span, to_edge = (start / C + 1) * C - start;
-            n = left < to_edge ? left : to_edge;
-        }
-        *local = it->local;
-        *pos = (ctxpar_span){start, n, 1};
-        it->local += n;
-        it->in_span += n;
-        return 1;
-    }
-    return 0;
 }
 
 void ctxpar_repro_scratch_carve(const ctxpar_problem *pb, int64_t q_rows, int backward,
@@ -125,12 +136,10 @@ ctxpar_status ctxpar_repro_clear(const ctxpar_run *run, const ctxpar_problem *pb
                                  run->stream);
 }
 
-ctxpar_status ctxpar_repro_fwd_block(const ctxpar_run *run, const ctxpar_problem *pb,
-                                     const ctxpar_attn_block *blk, void *out,
-                                     const ctxpar_repro_scratch *s) {
+ctxpar_status ctxpar_repro_fwd_block(const ctxpar_run *run, const ctxpar_attn_block *blk,
+                                     void *out, const ctxpar_repro_scratch *s) {
     const int64_t B = blk->q.shape[0], Sq = blk->q.shape[1], H = blk->q.shape[2];
     const ctxpar_bins_shape sh = {B, Sq, H, blk->v.shape[3] + 1, 0, Sq};
-    (void)pb;
     // 0 stands for a device that does not keep the LSE's low part.
     CTXPAR_CHECK(
         ctxpar_dev_fill(run->dev, s->lse_lo, 0.0f, ctxpar_count(B, H, Sq, 1), run->stream));

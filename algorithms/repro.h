@@ -22,8 +22,9 @@ extern "C" {
 
 #define CTXPAR_REPRO_CHUNK 256
 
-/* Whether every span is a run of whole canonical chunks: starts at a multiple of the chunk and
- * ends at one or at the sequence's end (single positions: only a one-position last chunk). */
+/* Whether the positions are whole canonical chunks: every chunk they touch lies in runs of
+ * consecutive positions (adjacent spans continue each other), from its start to its end or the
+ * sequence's. */
 int ctxpar_repro_aligned(ctxpar_spans s, int64_t seq_global);
 
 /* OK when every rank's shard is whole chunks (the ring's and the all-gather's condition), else
@@ -49,9 +50,8 @@ ctxpar_status ctxpar_repro_clear(const ctxpar_run *run, const ctxpar_problem *pb
 
 /* Adds blk's forward (every key chunk of blk.k_pos against all its query rows) into `out`, a
  * bins block of blk.q's rows and heads. blk.k_pos must be chunk-aligned runs. */
-ctxpar_status ctxpar_repro_fwd_block(const ctxpar_run *run, const ctxpar_problem *pb,
-                                     const ctxpar_attn_block *blk, void *out,
-                                     const ctxpar_repro_scratch *s);
+ctxpar_status ctxpar_repro_fwd_block(const ctxpar_run *run, const ctxpar_attn_block *blk,
+                                     void *out, const ctxpar_repro_scratch *s);
 
 /* out_acc [B, rows, H, Dv], lse_acc and lse_lo [B, H, rows] from the out accumulator. */
 ctxpar_status ctxpar_repro_fwd_finish(const ctxpar_run *run, const ctxpar_problem *pb,

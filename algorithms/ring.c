@@ -134,7 +134,7 @@ static ctxpar_status ctxpar_ring_fwd(const ctxpar_run *run, const ctxpar_problem
             blk.lse_lo = w.lse_lo;
             double t0 = run->trace ? ctxpar_now() : 0.0; // the clock only for the trace
             CTXPAR_CHECK_GOTO(pb->reproducible
-                                  ? ctxpar_repro_fwd_block(run, pb, &blk, w.bins, &w.rs)
+                                  ? ctxpar_repro_fwd_block(run, &blk, w.bins, &w.rs)
                                   : ctxpar_dev_attn_block_fwd(run->dev, &blk, w.out_acc, w.lse_acc,
                                                               have, run->stream),
                               st, done);

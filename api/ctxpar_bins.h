@@ -251,7 +251,8 @@ CTXPAR_BINS_FN double ctxpar_bins_value(ctxpar_bins_view b, int64_t i) {
 /* The terms of one attention row's forward partial (out_b[d stride], d < n, and its LSE L, the
  * low part added): with t = L log2(e), k = floor(t) and s = 2^(t - k) split into F32
  * s_hi + s_lo (48 bits of it), numerator d gets out_b[d] s_hi (exact, as two F32: tmp[d] and
- * tmp[n + d]) and (F32)(out_b[d] s_lo) (tmp[2n + d]), each times 2^k (k into *k_out), and the
+ * tmp[n + d]) and (F32)(out_b[d] s_lo) (tmp[2n + d]; a non-finite out_b[d] all in tmp[d], the
+ * others 0), each times 2^k (k into *k_out), and the
  * denominator s_hi 2^k and s_lo 2^k (den[0..1]): the weights of both sides to 48 bits. Returns
  * 1 with terms; 0 for a row that saw no key (L = -inf: no term); -1 for an infinite or NaN L
  * (every value of the row gets the special NaN, the denominator L). */
@@ -269,10 +270,12 @@ CTXPAR_BINS_FN int ctxpar_bins_attn_terms(double L, const float *out_b, int64_t 
     den[0] = (float)s;
     den[1] = (float)(s - (double)den[0]);
     for (int64_t d = 0; d < n; d++) {
-        const double p = (double)out_b[d * stride] * (double)den[0]; // 48 bits: exact
+        const double o = (double)out_b[d * stride], p = o * (double)den[0]; // 48 bits: exact
         tmp[d] = (float)p;
-        tmp[n + d] = (float)(p - (double)tmp[d]);
-        tmp[2 * n + d] = (float)((double)out_b[d * stride] * (double)den[1]);
+        // A non-finite partial goes whole into the first term (inf - inf, inf x 0 are NaN).
+        const int fin = isfinite(o);
+        tmp[n + d] = fin ? (float)(p - (double)tmp[d]) : 0.0f;
+        tmp[2 * n + d] = fin ? (float)(o * (double)den[1]) : 0.0f;
     }
     return 1;
 }

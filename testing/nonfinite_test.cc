@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <ostream>
 #include <string>
@@ -135,7 +136,8 @@ struct Outputs {
 };
 
 // Runs forward and backward on P threads (one rank each) and gathers the results by position.
-Outputs RunRanks(const Scenario &sc, const Inputs &in, ctxpar_algo algo, int P) {
+Outputs RunRanks(const Scenario &sc, const Inputs &in, ctxpar_algo algo, int P,
+                 int reproducible) {
     Outputs res;
     const int64_t s = S / P;
     res.t[0].assign(B * S * HQ * D, 0.0f);
@@ -171,6 +173,7 @@ Outputs RunRanks(const Scenario &sc, const Inputs &in, ctxpar_algo algo, int P) 
         ctxpar_attn_params p = CTXPAR_ATTN_PARAMS_INIT;
         p.algo = algo;
         p.layout = sc.layout;
+        p.reproducible = reproducible;
         p.mask = sc.mask;
         p.window_left = sc.window;
         if (sc.docs) {
@@ -268,12 +271,26 @@ int64_t CountNonFinite(const std::vector<double> &x) {
     return n;
 }
 
-using Param = std::tuple<Scenario, ctxpar_algo, int>;
+using Param = std::tuple<Scenario, ctxpar_algo, int, int>; // ..., P, reproducible
 
 std::string ParamName(const testing::TestParamInfo<Param> &info) {
     return std::string(std::get<0>(info.param).name) + "_" +
            ctxpar_algo_name(std::get<1>(info.param)) + "_P" +
-           std::to_string(std::get<2>(info.param));
+           std::to_string(std::get<2>(info.param)) +
+           (std::get<3>(info.param) ? "_reproducible" : "");
+}
+
+// The same bits, every NaN counting as one value (reproducible mode's NaN is canonical; the
+// bits of the finite elements must agree exactly).
+void ExpectSameBits(const std::vector<float> &a, const std::vector<float> &b, const char *name) {
+    ASSERT_EQ(a.size(), b.size()) << name;
+    int64_t differ = 0, first = -1;
+    for (size_t i = 0; i < a.size(); i++) {
+        const bool same = (a[i] != a[i] && b[i] != b[i]) || std::memcmp(&a[i], &b[i], 4) == 0;
+        if (!same && differ++ == 0)
+            first = static_cast<int64_t>(i);
+    }
+    EXPECT_EQ(differ, 0) << name << ": first at " << first;
 }
 
 class NonFinite : public testing::TestWithParam<Param> {
@@ -299,8 +316,18 @@ class NonFinite : public testing::TestWithParam<Param> {
         ASSERT_GT(bad, 0) << "the oracle is finite: the scenario tests nothing";
         ASSERT_LT(bad, total) << "the oracle is all non-finite: the scenario tests nothing";
 
-        Outputs got = RunRanks(sc, in, std::get<1>(GetParam()), std::get<2>(GetParam()));
+        const int repro = std::get<3>(GetParam());
+        Outputs got =
+            RunRanks(sc, in, std::get<1>(GetParam()), std::get<2>(GetParam()), repro);
         ASSERT_EQ(got.status, CTXPAR_OK) << got.message;
+        if (repro) { // and the bits of one rank's ring in the mode
+            Scenario whole = sc; // one rank holds the sequence in order
+            whole.layout = CTXPAR_LAYOUT_CONTIGUOUS;
+            Outputs one = RunRanks(whole, in, CTXPAR_ALGO_RING, 1, 1);
+            ASSERT_EQ(one.status, CTXPAR_OK) << one.message;
+            for (int i = first; i < last; i++)
+                ExpectSameBits(got.t[i], one.t[i], kTensorName[i]);
+        }
         SCOPED_TRACE(std::string(kWhichName[sc.which]) + "[" + std::to_string(sc.pos) +
                      "] = " + std::to_string(sc.value));
         for (int i = first; i < last; i++)
@@ -334,7 +361,22 @@ TEST_P(NonFinite, BackwardPropagatesAsTheOracleSays) {
 INSTANTIATE_TEST_SUITE_P(All, NonFinite,
                          testing::Combine(testing::ValuesIn(kScenarios),
                                           testing::Values(CTXPAR_ALGO_RING, CTXPAR_ALGO_ALLGATHER),
-                                          testing::Values(1, 2, 4)),
+                                          testing::Values(1, 2, 4), testing::Values(0)),
+                         ParamName);
+
+// Reproducible mode (docs/numerics.md): the same non-finite outputs as the oracle, and the bits
+// of one rank's ring in the mode, from all-to-all over 2 ranks (any layout) and all-gather on
+// one in the scenario's layout (at S = 32 a shard of 2 or 4 ranks is not whole chunks of 256:
+// the ring and all-gather refuse it).
+INSTANTIATE_TEST_SUITE_P(Reproducible, NonFinite,
+                         testing::Combine(testing::ValuesIn(kScenarios),
+                                          testing::Values(CTXPAR_ALGO_ALLTOALL),
+                                          testing::Values(2), testing::Values(1)),
+                         ParamName);
+INSTANTIATE_TEST_SUITE_P(ReproducibleOneRank, NonFinite,
+                         testing::Combine(testing::ValuesIn(kScenarios),
+                                          testing::Values(CTXPAR_ALGO_ALLGATHER),
+                                          testing::Values(1), testing::Values(1)),
                          ParamName);
 
 } // namespace

@@ -89,10 +89,11 @@ void ctxpar_repro_scratch_carve(const ctxpar_problem *pb, int64_t q_rows, int ba
                                 ctxpar_carve *c, ctxpar_repro_scratch *s) {
     const int64_t B = pb->batch, Hq = pb->heads_q, Hkv = pb->heads_kv;
     *s = (ctxpar_repro_scratch){0};
+    (void)q_rows; // the blocks' pieces are at most a chunk of rows either way
     if (!backward) {
-        s->out = ctxpar_carve_take(c, ctxpar_count(B, q_rows, Hq, pb->head_dim_v) * sizeof(float));
-        s->lse = ctxpar_carve_take(c, ctxpar_count(B, Hq, q_rows, 1) * sizeof(float));
-        s->lse_lo = ctxpar_carve_take(c, ctxpar_count(B, Hq, q_rows, 1) * sizeof(float));
+        s->out = ctxpar_carve_take(c, ctxpar_count(B, C, Hq, pb->head_dim_v) * sizeof(float));
+        s->lse = ctxpar_carve_take(c, ctxpar_count(B, Hq, C, 1) * sizeof(float));
+        s->lse_lo = ctxpar_carve_take(c, ctxpar_count(B, Hq, C, 1) * sizeof(float));
         return;
     }
     s->dq = ctxpar_carve_take(c, ctxpar_count(B, C, Hq, pb->head_dim) * sizeof(float));
@@ -139,25 +140,34 @@ ctxpar_status ctxpar_repro_clear(const ctxpar_run *run, const ctxpar_problem *pb
 ctxpar_status ctxpar_repro_fwd_block(const ctxpar_run *run, const ctxpar_attn_block *blk,
                                      void *out, const ctxpar_repro_scratch *s) {
     const int64_t B = blk->q.shape[0], Sq = blk->q.shape[1], H = blk->q.shape[2];
-    const ctxpar_bins_shape sh = {B, Sq, H, blk->v.shape[3] + 1, 0, Sq};
-    // 0 stands for a device that does not keep the LSE's low part.
-    CTXPAR_CHECK(
-        ctxpar_dev_fill(run->dev, s->lse_lo, 0.0f, ctxpar_count(B, H, Sq, 1), run->stream));
-    chunk_iter it = {blk->k_pos, 0, 0, 0};
-    int64_t local;
-    ctxpar_span pos;
-    while (next_chunk(&it, &local, &pos)) {
-        ctxpar_spans kp = {&pos, 1};
-        if (!ctxpar_spans_interact(&blk->mask, blk->q_pos, kp))
-            continue; // no row sees the chunk: it adds no term
-        ctxpar_attn_block c = *blk;
-        c.k = ctxpar_tensor_rows(&blk->k, local, pos.len);
-        c.v = ctxpar_tensor_rows(&blk->v, local, pos.len);
-        c.k_pos = kp;
-        c.lse_lo = s->lse_lo;
-        CTXPAR_CHECK(ctxpar_dev_attn_block_fwd(run->dev, &c, s->out, s->lse, 0, run->stream));
+    // Query rows a chunk's worth at a time (a row's bits do not depend on the others), so that
+    // their accumulators stay in cache while the key chunks come by.
+    chunk_iter qi = {blk->q_pos, 0, 0, 0};
+    int64_t ql, kl;
+    ctxpar_span qpos, kpos;
+    while (next_chunk(&qi, &ql, &qpos)) {
+        const int64_t n = qpos.len;
+        const ctxpar_spans qp = {&qpos, 1};
+        const ctxpar_bins_shape sh = {B, Sq, H, blk->v.shape[3] + 1, ql, n};
+        // 0 stands for a device that does not keep the LSE's low part.
         CTXPAR_CHECK(
-            ctxpar_dev_bins_add_attn(run->dev, out, s->out, s->lse, s->lse_lo, &sh, run->stream));
+            ctxpar_dev_fill(run->dev, s->lse_lo, 0.0f, ctxpar_count(B, H, n, 1), run->stream));
+        chunk_iter ki = {blk->k_pos, 0, 0, 0};
+        while (next_chunk(&ki, &kl, &kpos)) {
+            const ctxpar_spans kp = {&kpos, 1};
+            if (!ctxpar_spans_interact(&blk->mask, qp, kp))
+                continue; // no row sees the chunk: it adds no term
+            ctxpar_attn_block c = *blk;
+            c.q = ctxpar_tensor_rows(&blk->q, ql, n);
+            c.k = ctxpar_tensor_rows(&blk->k, kl, kpos.len);
+            c.v = ctxpar_tensor_rows(&blk->v, kl, kpos.len);
+            c.q_pos = qp;
+            c.k_pos = kp;
+            c.lse_lo = s->lse_lo;
+            CTXPAR_CHECK(ctxpar_dev_attn_block_fwd(run->dev, &c, s->out, s->lse, 0, run->stream));
+            CTXPAR_CHECK(ctxpar_dev_bins_add_attn(run->dev, out, s->out, s->lse, s->lse_lo, &sh,
+                                                  run->stream));
+        }
     }
     return CTXPAR_OK;
 }

@@ -177,6 +177,20 @@ CTXPAR_BINS_FN void ctxpar_bins_merge_value(ctxpar_bins_view to, int64_t a, ctxp
     }
 }
 
+/* Leading zero bits of x != 0. */
+CTXPAR_BINS_FN int ctxpar_bins_clz64(uint64_t x) {
+#if defined(__CUDA_ARCH__)
+    return __clzll((long long)x);
+#elif defined(__GNUC__)
+    return __builtin_clzll(x);
+#else
+    int n = 0;
+    for (; !(x >> 63); x <<= 1)
+        n++;
+    return n;
+#endif
+}
+
 /* hi 2^64 + lo as a double, rounded to odd: truncated to 53 bits, the last of them set when a
  * bit below was. Rounding that double to float (or to any format of at most 51 bits) is then
  * exactly rounding the integer itself once; a correctly rounded double would round twice (an
@@ -191,10 +205,11 @@ CTXPAR_BINS_FN double ctxpar_bins_u128_to_double(uint64_t hi, uint64_t lo) {
         lo = 0;
         e = -64;
     }
-    while (!(hi >> 63)) { // normalise: the leading 1 to bit 127
-        hi = (hi << 1) | (lo >> 63);
-        lo <<= 1;
-        e--;
+    const int z = ctxpar_bins_clz64(hi); // normalise: the leading 1 to bit 127
+    if (z) {
+        hi = (hi << z) | (lo >> (64 - z));
+        lo <<= z;
+        e -= z;
     }
     // The top 53 bits, and the sticky bit into the last of them.
     const uint64_t m = (hi >> 11) | (uint64_t)((hi & 0x7ff) != 0 || lo != 0);

@@ -133,7 +133,7 @@ ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
                                         const float *delta, float *dq_acc, float *dk_acc,
                                         float *dv_acc, ctxpar_stream *stream) {
     (void)stream;
-    const ctxpar_cpu_device *cpu = dev->impl;
+    ctxpar_cpu_device *cpu = dev->impl;
     ctxpar_cpu_plan p;
     CTXPAR_CHECK(ctxpar_cpu_plan_init(blk, "attn_block_bwd", &p));
     ctxpar_status st = CTXPAR_OK; // the dispatch checked dout, lse and delta
@@ -167,7 +167,7 @@ ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
     const int nt = ctxpar_cpu_threads(cpu);
     size_t per_thread;
     (void)ctxpar_bwd_ws_at(NULL, ws_dim(&p), a.group, &per_thread); // only measures
-    ws = ctxpar_cpu_aligned_alloc((size_t)nt * per_thread * sizeof(float));
+    ws = ctxpar_cpu_kernel_ws(cpu, (size_t)nt * per_thread * sizeof(float));
     if (!ws) {
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY,
                           "attn_block_bwd: cannot allocate %d workspaces of %zu bytes", nt,
@@ -179,7 +179,6 @@ ctxpar_status ctxpar_cpu_attn_block_bwd(ctxpar_device *dev, const ctxpar_attn_bl
     else
         run_two_pass(&a, ws, per_thread, nt);
 done:
-    free(ws);
     ctxpar_cpu_plan_release(&p);
     return st;
 }

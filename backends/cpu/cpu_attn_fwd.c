@@ -271,7 +271,7 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
                                         float *out_acc, float *lse_acc, int merge,
                                         ctxpar_stream *stream) {
     (void)stream; // synchronous device
-    const ctxpar_cpu_device *cpu = dev->impl;
+    ctxpar_cpu_device *cpu = dev->impl;
     ctxpar_cpu_plan p;
     CTXPAR_CHECK(ctxpar_cpu_plan_init(blk, "attn_block_fwd", &p));
     ctxpar_status st = CTXPAR_OK; // the dispatch checked merge and the accumulators
@@ -287,7 +287,7 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
     }
     size_t per_thread;
     (void)fwd_ws_at(NULL, p.dim, p.dim_v, group, &per_thread); // only measures
-    float *ws = ctxpar_cpu_aligned_alloc((size_t)nt * per_thread * sizeof(float));
+    float *ws = ctxpar_cpu_kernel_ws(cpu, (size_t)nt * per_thread * sizeof(float));
     if (!ws) {
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY,
                           "attn_block_fwd: cannot allocate %d workspaces of %zu bytes", nt,
@@ -296,7 +296,6 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
     }
     group_cost *order = group_order(&p, group, groups);
     if (!order) {
-        free(ws);
         st = CTXPAR_ERROR(CTXPAR_ERR_OUT_OF_MEMORY,
                           "attn_block_fwd: cannot allocate the order of %lld query tile groups",
                           (long long)groups);
@@ -318,7 +317,6 @@ ctxpar_status ctxpar_cpu_attn_block_fwd(ctxpar_device *dev, const ctxpar_attn_bl
         }
     }
     free(order);
-    free(ws);
 done:
     ctxpar_cpu_plan_release(&p);
     return st;

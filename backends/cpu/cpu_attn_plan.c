@@ -114,6 +114,18 @@ void *ctxpar_cpu_aligned_alloc(size_t bytes) {
     return aligned_alloc(64, rounded ? rounded : 64);
 }
 
+void *ctxpar_cpu_kernel_ws(ctxpar_cpu_device *cpu, size_t bytes) {
+    if (bytes > cpu->kernel_ws_bytes) {
+        void *p = ctxpar_cpu_aligned_alloc(bytes);
+        if (!p)
+            return NULL;
+        free(cpu->kernel_ws);
+        cpu->kernel_ws = p;
+        cpu->kernel_ws_bytes = bytes;
+    }
+    return cpu->kernel_ws;
+}
+
 void ctxpar_cpu_softcap(const ctxpar_cpu_kernels *kern, const ctxpar_attn_block *blk, float *s,
                         float *dcap, const uint32_t *vis, int64_t lds, int64_t rows) {
     const double cap = blk->softcap;

@@ -104,6 +104,7 @@ static ctxpar_status choose_kernels(ctxpar_cpu_isa want, const ctxpar_cpu_kernel
 }
 
 static void cpu_destroy(ctxpar_device *dev) {
+    free(((ctxpar_cpu_device *)dev->impl)->kernel_ws);
     free(dev->impl);
 }
 

@@ -31,6 +31,8 @@ typedef struct ctxpar_cpu_device {
     const ctxpar_cpu_kernels *kern; /* instruction set and register tile */
     ctxpar_cpu_bwd_schedule bwd;
     ctxpar_cpu_uarch uarch; /* the core class the tile was chosen for (never AUTO) */
+    void *kernel_ws;        /* the block kernels' per-thread workspaces (ctxpar_cpu_kernel_ws) */
+    size_t kernel_ws_bytes;
 } ctxpar_cpu_device;
 
 /* Threads of a parallel region of this device (the size workspaces are made for). */
@@ -126,6 +128,12 @@ static inline void ctxpar_cpu_store_lse(float *lse, float *lo, double x) {
 
 /* 64-byte aligned allocation of `bytes` (rounded up); free with free(). NULL on failure. */
 void *ctxpar_cpu_aligned_alloc(size_t bytes);
+
+/* The block kernels' per-thread workspaces: one 64-byte aligned block the device keeps and grows
+ * to the largest call (a block mapped afresh for each call cost a page fault per page, every
+ * call, where a ring or reproducible mode makes many small calls). NULL when it cannot grow.
+ * One call at a time uses it (a device serves one rank). */
+void *ctxpar_cpu_kernel_ws(ctxpar_cpu_device *cpu, size_t bytes);
 
 /* dev's CPU state, or NULL when dev is NULL or not a CPU device. */
 const ctxpar_cpu_device *ctxpar_cpu_device_of(const ctxpar_device *dev);

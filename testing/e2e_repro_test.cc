@@ -202,24 +202,26 @@ TEST_P(Reproducible, SameBitsForEveryRankCountAndAlgorithm) {
         cpt_run_result_free(&r);
 }
 
-// Contiguous shards at every P (S = 256 P), zigzag ones to P = 4 (S = 512 P) and random whole
-// chunks with a short last one (S = 805) at four P, two feature/dtype/thread draws each. Under
+// Contiguous shards at every P to 8 and at 16 (S = 256 P), zigzag ones to P = 4 (S = 512 P) and
+// random whole chunks with a short last one (S = 805) at four P, two feature/dtype/thread draws
+// each (one at 16). Under
 // AddressSanitizer (about 4x slower) the cases with P <= 4 run; the plain suite runs them all.
 std::vector<Case> AllCases() {
 #if defined(__SANITIZE_ADDRESS__)
     const int max_p = 4;
 #else
-    const int max_p = 8;
+    const int max_p = 16;
 #endif
     std::vector<Case> cases;
     int n = 0;
-    auto add = [&](LayoutKind l, int p) {
-        for (int k = 0; k < 2 && p <= max_p; k++, n++)
+    auto add = [&](LayoutKind l, int p, int draws = 2) {
+        for (int k = 0; k < draws && p <= max_p; k++, n++)
             cases.push_back(
                 {l, p, static_cast<Feature>(n % kFeatureCount), n % 3, 1 + 2 * (n % 2)});
     };
     for (int p : {1, 2, 3, 4, 5, 6, 8})
         add(kContiguous, p);
+    add(kContiguous, 16, 1);
     for (int p : {1, 2, 3, 4})
         add(kZigzag, p);
     for (int p : {2, 3, 5, 8})

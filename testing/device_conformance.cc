@@ -871,18 +871,22 @@ TEST_P(DeviceTest, MaskIsTheOraclesPairByPair) {
                     delta += P(i, j) * g[(size_t)(i * D + j)];
                     delta_mag += P(i, j) * std::fabs(g[(size_t)(i * D + j)]);
                 }
+                const double *gi = &g[(size_t)(i * D)], *qi = &q[(size_t)(i * D)];
                 for (int64_t j = 0; j < Sk; j++) {
-                    if (P(i, j) == 0.0)
+                    const double pij = P(i, j);
+                    if (pij == 0.0)
                         continue;
-                    const double ds = P(i, j) * (g[(size_t)(i * D + j)] - delta);
-                    const double ds_mag = P(i, j) * (std::fabs(g[(size_t)(i * D + j)]) + delta_mag);
+                    const double *kj = &k[(size_t)(j * D)];
+                    const double ds = pij * (gi[j] - delta);
+                    const double ds_mag = pij * (std::fabs(gi[j]) + delta_mag);
+                    // A zero factor adds nothing (q is one-hot, dO too in the first round).
                     for (int64_t d = 0; d < D; d++) {
-                        dq.Add(i * D + d, scale * ds * k[(size_t)(j * D + d)],
-                               scale * ds_mag * std::fabs(k[(size_t)(j * D + d)]));
-                        dk.Add(j * D + d, scale * ds * q[(size_t)(i * D + d)],
-                               scale * ds_mag * std::fabs(q[(size_t)(i * D + d)]));
-                        dv.Add(j * D + d, P(i, j) * g[(size_t)(i * D + d)],
-                               P(i, j) * std::fabs(g[(size_t)(i * D + d)]));
+                        dq.Add(i * D + d, scale * ds * kj[d], scale * ds_mag * std::fabs(kj[d]));
+                        if (qi[d] != 0.0)
+                            dk.Add(j * D + d, scale * ds * qi[d],
+                                   scale * ds_mag * std::fabs(qi[d]));
+                        if (gi[d] != 0.0)
+                            dv.Add(j * D + d, pij * gi[d], pij * std::fabs(gi[d]));
                     }
                 }
             }

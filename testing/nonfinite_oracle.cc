@@ -37,18 +37,20 @@ std::vector<Row> MinusInfRows(const Inputs &in) {
         for (int64_t i = 0; i < Sq; i++)
             for (int64_t h = 0; h < Hq; h++) {
                 const int64_t g = h / (Hq / Hkv);
-                int64_t seen = 0, minus_inf = 0;
-                for (int64_t j = 0; j < Sk; j++) {
+                const double *qi = in.q + ((b * Sq + i) * Hq + h) * D;
+                int64_t seen = 0;
+                bool all_minus_inf = true; // until a visible score says otherwise
+                for (int64_t j = 0; j < Sk && all_minus_inf; j++) {
                     if (!vis[(size_t)(i * Sk + j)])
                         continue;
+                    const double *kj = in.k + ((b * Sk + j) * Hkv + g) * D;
                     double dot = 0;
                     for (int64_t d = 0; d < D; d++)
-                        dot += in.q[((b * Sq + i) * Hq + h) * D + d] *
-                               in.k[((b * Sk + j) * Hkv + g) * D + d];
+                        dot += qi[d] * kj[d];
                     seen++;
-                    minus_inf += in.scale * dot == -kInf;
+                    all_minus_inf = in.scale * dot == -kInf;
                 }
-                if (seen > 0 && minus_inf == seen)
+                if (seen > 0 && all_minus_inf)
                     rows.push_back({b, i, h});
             }
     return rows;

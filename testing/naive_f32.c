@@ -39,17 +39,54 @@ static void axpy_f32(float w, const float *restrict x, float *restrict acc, int6
         acc[i] += w * x[i];
 }
 
+// s[t] = dot_f32(a, rows[t], d) for four rows at once: each sum adds its terms in dot_f32's order
+// (the same bits), and the four chains of additions overlap instead of waiting on each other.
+static void dot4_f32(const float *a, const float *const rows[4], int64_t d, float s[4]) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    for (int64_t i = 0; i < d; i++) {
+        s0 += a[i] * rows[0][i];
+        s1 += a[i] * rows[1][i];
+        s2 += a[i] * rows[2][i];
+        s3 += a[i] * rows[3][i];
+    }
+    s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+}
+
+// out[j] = dot_f32(a, row j of t) for the keys j that row i of (b, kv head hk) sees.
+static void visible_dots(const naive *n, int64_t b, int64_t hk, int64_t i, const float *a,
+                         const float *t, float *out) {
+    const int64_t D = n->sh.head_dim;
+    const float *rows[4];
+    int64_t js[4];
+    int c = 0;
+    for (int64_t j = 0; j < n->sh.seq_k; j++) {
+        if (!sees(n, i, j))
+            continue;
+        rows[c] = row_kv(n, t, b, j, hk);
+        js[c++] = j;
+        if (c == 4) {
+            float s[4];
+            dot4_f32(a, rows, D, s);
+            for (int u = 0; u < 4; u++)
+                out[js[u]] = s[u];
+            c = 0;
+        }
+    }
+    for (int u = 0; u < c; u++)
+        out[js[u]] = dot_f32(a, rows[u], D);
+}
+
 // Softmax row i of (b, h): p[j] = P_ij (0 where masked); returns lse (-inf: sees nothing).
 static float softmax_row(const naive *n, int64_t b, int64_t h, int64_t i, float *p) {
-    const int64_t Sk = n->sh.seq_k, D = n->sh.head_dim, hk = h / (n->sh.heads_q / n->sh.heads_kv);
-    const float *qi = row_q(n, n->q, b, i, h);
+    const int64_t Sk = n->sh.seq_k, hk = h / (n->sh.heads_q / n->sh.heads_kv);
+    memset(p, 0, (size_t)Sk * sizeof *p);
+    visible_dots(n, b, hk, i, row_q(n, n->q, b, i, h), n->k, p);
     float m = -INFINITY;
     int any = 0;
     for (int64_t j = 0; j < Sk; j++) {
-        p[j] = 0.0f;
         if (!sees(n, i, j))
             continue;
-        p[j] = dot_f32(qi, row_kv(n, n->k, b, j, hk), D) * n->scale;
+        p[j] *= n->scale;
         if (!any || p[j] > m)
             m = p[j];
         any = 1;
@@ -86,9 +123,8 @@ static void blocked_gemv(const naive *n, int64_t i, const float *w, const float 
     }
 }
 
-void cpt_naive_f32_fwd(const cpt_oracle_shape *sh, const float *q, const float *k,
-                          const float *v, const uint8_t *vis, float scale, float *out,
-                          float *lse) {
+void cpt_naive_f32_fwd(const cpt_oracle_shape *sh, const float *q, const float *k, const float *v,
+                       const uint8_t *vis, float scale, float *out, float *lse) {
     const naive n = {*sh, q, k, v, vis, scale};
     const int64_t Sq = sh->seq_q, H = sh->heads_q, D = sh->head_dim;
     const int64_t rows = sh->batch * H * Sq, group = H / sh->heads_kv;
@@ -124,9 +160,9 @@ static void flush(float *dk, float *dv, float *bk, float *bv, int64_t Sk, int64_
     memset(bv, 0, sizeof(float) * (size_t)(Sk * D));
 }
 
-void cpt_naive_f32_bwd(const cpt_oracle_shape *sh, const float *q, const float *k,
-                          const float *v, const uint8_t *vis, float scale, const float *out,
-                          const float *dout, float *dq, float *dk, float *dv) {
+void cpt_naive_f32_bwd(const cpt_oracle_shape *sh, const float *q, const float *k, const float *v,
+                       const uint8_t *vis, float scale, const float *out, const float *dout,
+                       float *dq, float *dk, float *dv) {
     const naive n = {*sh, q, k, v, vis, scale};
     const int64_t Sq = sh->seq_q, Sk = sh->seq_k, H = sh->heads_q, Hk = sh->heads_kv;
     const int64_t D = sh->head_dim, group = H / Hk;
@@ -151,10 +187,9 @@ void cpt_naive_f32_bwd(const cpt_oracle_shape *sh, const float *q, const float *
                 }
                 const float *doi = dout + off, *qi = q + off;
                 const float delta = dot_f32(doi, out + off, D);
+                visible_dots(&n, b, hk, i, doi, v, ds);
                 for (int64_t j = 0; j < Sk; j++)
-                    ds[j] = sees(&n, i, j)
-                                ? p[j] * (dot_f32(doi, row_kv(&n, v, b, j, hk), D) - delta)
-                                : 0.0f;
+                    ds[j] = sees(&n, i, j) ? p[j] * (ds[j] - delta) : 0.0f;
                 blocked_gemv(&n, i, ds, k, b, hk, acc, dqi);
                 for (int64_t d = 0; d < D; d++)
                     dqi[d] *= scale;

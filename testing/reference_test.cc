@@ -2,6 +2,7 @@
 // plain bound (magnitudes M, M16), feature by feature, at sizes that cross several tiles; the
 // selection of rows against the whole computation; thread-count invariance; non-finite inputs.
 #include "reference/reference.h"
+#include "reference/reference_gemm.h"
 
 #include <omp.h>
 
@@ -424,6 +425,60 @@ TEST(Reference, BadArgumentsFillNaNAndSayWhy) {
                             nullptr, nullptr, 1.0, &sel, nullptr, &o),
               CTXPAR_ERR_INVALID_ARG);
     EXPECT_TRUE(std::isnan(out[0]));
+}
+
+// The product used where OpenBLAS is not built in (valgrind's run), in every build: each
+// transpose, sizes on and off its blocks (4 x 8 corners, 64-wide panels) and strides wider than
+// the rows, against the sum written out here; beta 0 must not read C (NaN there stays unseen).
+TEST(Reference, PlainMatrixProductIsTheWrittenOutSum) {
+    uint64_t x = 12345;
+    auto rnd = [&x]() {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        return (double)(x >> 11) / 9007199254740992.0 - 0.5;
+    };
+    const int64_t sizes[][3] = {{1, 1, 1}, {4, 8, 3}, {5, 9, 64}, {67, 130, 65}, {64, 64, 129}};
+    for (const auto &sz : sizes)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (double beta : {0.0, 0.5}) {
+                    const int64_t m = sz[0], n = sz[1], k = sz[2], pad = 3;
+                    const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+                    Vec A((size_t)((ta ? k : m) * lda)), B((size_t)((tb ? n : k) * ldb));
+                    Vec C((size_t)(m * ldc));
+                    for (double &a : A)
+                        a = rnd();
+                    for (double &b : B)
+                        b = rnd();
+                    for (double &c : C)
+                        c = beta == 0.0 ? NAN : rnd();
+                    const Vec C0 = C;
+                    ref_dgemm_plain(ta, tb, m, n, k, 1.5, A.data(), lda, B.data(), ldb, beta,
+                                    C.data(), ldc);
+                    size_t wrong = 0;
+                    for (int64_t i = 0; i < m; i++)
+                        for (int64_t j = 0; j < n; j++) {
+                            double s = 0.0, mag = 0.0;
+                            for (int64_t l = 0; l < k; l++) {
+                                const double t =
+                                    (ta ? A[(size_t)(l * lda + i)] : A[(size_t)(i * lda + l)]) *
+                                    (tb ? B[(size_t)(j * ldb + l)] : B[(size_t)(l * ldb + j)]);
+                                s += t;
+                                mag += std::fabs(t);
+                            }
+                            const double c0 = C0[(size_t)(i * ldc + j)];
+                            const double want = 1.5 * s + (beta == 0.0 ? 0.0 : beta * c0);
+                            const double tol =
+                                1e-14 * (1.5 * mag + (beta == 0.0 ? 0.0 : std::fabs(beta * c0)));
+                            wrong += !(std::fabs(C[(size_t)(i * ldc + j)] - want) <= tol);
+                        }
+                    // The padding between rows of C is left as it was.
+                    for (int64_t i = 0; i < m; i++)
+                        for (int64_t j = n; j < ldc; j++)
+                            wrong += std::memcmp(&C[(size_t)(i * ldc + j)],
+                                                 &C0[(size_t)(i * ldc + j)], sizeof(double)) != 0;
+                    EXPECT_EQ(wrong, 0u)
+                        << m << "x" << n << "x" << k << " trans " << ta << tb << " beta " << beta;
+                }
 }
 
 } // namespace
